@@ -1,0 +1,90 @@
+//! The kvcache-operator's API: the five kinds in `worker.gpustack.ai/v1`, their defaults, their
+//! CRDs, and their admission rules as pure functions.
+//!
+//! Nothing here talks to a cluster: other tools embed this crate to read, check and write these
+//! objects offline.
+
+pub mod admission;
+pub mod backend;
+pub mod crd;
+pub mod manifest;
+pub mod model;
+pub mod pool;
+pub mod quantity;
+pub mod rules;
+pub mod settings;
+
+pub use backend::{KVCacheBackend, KVCacheBackendSpec, KVCacheBackendStatus};
+pub use model::{InstanceType, InstanceTypeSpec, ModelDeployment, ModelDeploymentSpec};
+pub use pool::{
+    KVCachePool, KVCachePoolBinding, KVCachePoolBindingSpec, KVCachePoolBindingStatus,
+    KVCachePoolSpec, KVCachePoolStatus,
+};
+pub use quantity::Quantity;
+pub use settings::Settings;
+
+/// The API group of every kind here.
+pub const GROUP: &str = "worker.gpustack.ai";
+/// The API version of every kind here.
+pub const VERSION: &str = "v1";
+
+/// What can go wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A byte quantity that does not parse.
+    #[error(
+        "{field}: {value:?} is not a byte size: {reason}; write a whole number of bytes with an optional suffix, such as 512Mi, 8Gi or 4Ti"
+    )]
+    Quantity {
+        /// Where the value sits, e.g. `spec.quota.total`.
+        field: String,
+        /// The value as written.
+        value: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// A manifest that is not YAML or JSON.
+    #[error("{source_name}: document {index} is not valid YAML: {message}")]
+    ManifestSyntax {
+        /// File or other source name.
+        source_name: String,
+        /// 1-based document index in the source.
+        index: usize,
+        /// The parser's message.
+        message: String,
+    },
+    /// A manifest of a kind this operator does not handle.
+    #[error(
+        "{source_name}: document {index} is {api_version}/{kind}, which is not one of this operator's kinds (worker.gpustack.ai/v1 KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment, InstanceType)"
+    )]
+    UnknownKind {
+        /// File or other source name.
+        source_name: String,
+        /// 1-based document index.
+        index: usize,
+        /// The document's apiVersion.
+        api_version: String,
+        /// The document's kind.
+        kind: String,
+    },
+    /// A manifest whose fields do not fit its kind.
+    #[error("{source_name}: {kind} {name:?} does not fit its schema: {message}")]
+    ManifestShape {
+        /// File or other source name.
+        source_name: String,
+        /// The kind.
+        kind: String,
+        /// The object's name, if it has one.
+        name: String,
+        /// What does not fit.
+        message: String,
+    },
+    /// A CRD that could not be serialised.
+    #[error("could not write the {kind} CRD: {message}")]
+    CrdOutput {
+        /// The kind.
+        kind: String,
+        /// The serialiser's message.
+        message: String,
+    },
+}

@@ -1,0 +1,179 @@
+//! The command line.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use kvcache_api::Settings;
+use kvcache_api::manifest::{self, Manifest};
+
+/// The kvcache-operator: a shared Mooncake KV cache for vLLM and SGLang, driven by kubectl apply.
+#[derive(Parser, Debug)]
+#[command(name = "kvcache-operator", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print every CustomResourceDefinition as YAML (what `kubectl apply -f` installs).
+    Crds,
+    /// Check manifests offline against the admission rules, as `kubectl apply` would be judged.
+    ///
+    /// Prints each refusal (field and reason) and each warning; exits 1 when anything is
+    /// refused. With --old, objects found in both are judged as updates of the old ones.
+    Validate {
+        /// A manifest file or a directory of them (`*.yaml`, `*.yml`, `*.json`), read in name order.
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<PathBuf>,
+        /// The stored objects the manifests would replace (file or directory).
+        #[arg(long)]
+        old: Option<PathBuf>,
+        /// Cluster settings as YAML (`kv-cache-backend-image`, `model-deployment-kv-cache-dtype-owned`).
+        #[arg(long)]
+        settings: Option<PathBuf>,
+    },
+}
+
+/// What a command can fail with before it judges anything.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A file or directory that cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A manifest that cannot be parsed.
+    #[error(transparent)]
+    Api(#[from] kvcache_api::Error),
+    /// Writing to standard output failed.
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let mut out = std::io::stdout().lock();
+    match cli.command {
+        Command::Crds => {
+            for (i, crd) in kvcache_api::crd::all().iter().enumerate() {
+                if i > 0 {
+                    writeln!(out, "---")?;
+                }
+                write!(out, "{}", kvcache_api::crd::to_yaml(crd)?)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Validate {
+            files,
+            old,
+            settings,
+        } => {
+            let settings = match settings {
+                Some(path) => Settings::from_yaml(&path.display().to_string(), &read(&path)?)?,
+                None => Settings::default(),
+            };
+            let mut new = Vec::new();
+            for f in &files {
+                new.extend(load(f)?);
+            }
+            let old = match old {
+                Some(path) => load(&path)?,
+                None => Vec::new(),
+            };
+            let refused = validate(&new, &old, &settings, &mut out)?;
+            Ok(if refused {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<String, CliError> {
+    std::fs::read_to_string(path).map_err(|source| CliError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Every manifest in a file, or in the manifest files of a directory in name order.
+pub fn load(path: &Path) -> Result<Vec<Manifest>, CliError> {
+    let meta = std::fs::metadata(path).map_err(|source| CliError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let files = if meta.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(|source| CliError::Read {
+                path: path.to_owned(),
+                source,
+            })?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml" | "yml" | "json")
+                )
+            })
+            .collect();
+        files.sort();
+        files
+    } else {
+        vec![path.to_owned()]
+    };
+    let mut out = Vec::new();
+    for f in files {
+        out.extend(manifest::parse(&f.display().to_string(), &read(&f)?)?);
+    }
+    Ok(out)
+}
+
+/// Judges every manifest (as an update where `old` holds the same object) and prints the
+/// outcome. Returns whether anything was refused.
+pub fn validate(
+    new: &[Manifest],
+    old: &[Manifest],
+    settings: &Settings,
+    out: &mut impl Write,
+) -> Result<bool, CliError> {
+    let mut refused = false;
+    for m in new {
+        let what = m.object.describe();
+        let previous = old.iter().find(|o| o.object.describe() == what);
+        let verdict = match previous.and_then(|o| m.object.validate_update(&o.object, settings)) {
+            Some(v) => v,
+            None => m.object.validate_create(settings),
+        };
+        let mode = if previous.is_some() { "update" } else { "create" };
+        let mut strict = Vec::new();
+        for field in &m.unknown_fields {
+            strict.push(format!(
+                "{field}: unknown field (strict decoding error); the API server would drop it"
+            ));
+        }
+        if verdict.allowed() && strict.is_empty() {
+            writeln!(out, "ok       {what} ({mode}, {}#{})", m.source, m.index)?;
+        } else {
+            refused = true;
+            writeln!(out, "refused  {what} ({mode}, {}#{})", m.source, m.index)?;
+        }
+        for line in strict {
+            writeln!(out, "  - {line}")?;
+        }
+        for v in &verdict.violations {
+            writeln!(out, "  - {v}")?;
+        }
+        for w in &verdict.warnings {
+            writeln!(out, "  warning: {w}")?;
+        }
+    }
+    Ok(refused)
+}
