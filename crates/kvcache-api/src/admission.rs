@@ -254,7 +254,10 @@ fn env_names(field: &str, env: &[EnvVar], rendered: &[&str], v: &mut Verdict) {
 
 fn member_static(b: &KVCacheBackend, i: usize, g: &MemberGroup, v: &mut Verdict) {
     let gf = format!("{MANAGED}.members[{i}]");
-    match g.capacity_per_member.bytes(&format!("{gf}.capacityPerMember")) {
+    match g
+        .capacity_per_member
+        .bytes(&format!("{gf}.capacityPerMember"))
+    {
         Ok(0) => v.refuse(
             format!("{gf}.capacityPerMember"),
             "must be above zero: it is the segment this group contributes",
@@ -287,8 +290,7 @@ fn member_static(b: &KVCacheBackend, i: usize, g: &MemberGroup, v: &mut Verdict)
     for (j, arg) in g.extra_args.iter().enumerate() {
         let ok = arg.split_once('=').is_some_and(|(k, _)| {
             !k.is_empty()
-                && k
-                    .chars()
+                && k.chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
         });
         if !ok {
@@ -330,7 +332,9 @@ fn member_static(b: &KVCacheBackend, i: usize, g: &MemberGroup, v: &mut Verdict)
                 "must not be /dev/infiniband: device plugins inject the granted devices, and mounting the tree breaks partial grants",
             );
         }
-        if g.tier().is_some_and(|t| t.path.trim_end_matches('/') == mount) {
+        if g.tier()
+            .is_some_and(|t| t.path.trim_end_matches('/') == mount)
+        {
             v.refuse(
                 &hf,
                 "must not be the group's own localDisks[].path: the tier is mounted there already",
@@ -444,7 +448,8 @@ fn tier_floors(i: usize, g: &MemberGroup, old: Option<&MemberGroup>, v: &mut Ver
         }
     }
     let moved_keys = old_tier.is_none_or(|o| o.key_limit != tier.key_limit);
-    if moved_keys && let Some(keys) = tier.key_limit
+    if moved_keys
+        && let Some(keys) = tier.key_limit
         && keys < BUCKET_KEYS
     {
         v.refuse(
@@ -495,9 +500,11 @@ fn group_identity(new: &Managed, old: &Managed, v: &mut Verdict) {
         if old.members.get(i) == Some(n) {
             continue;
         }
-        let moved_from = old.members.iter().enumerate().find(|(j, o)| {
-            *j != i && *o == n && new.members.get(*j) != Some(*o)
-        });
+        let moved_from = old
+            .members
+            .iter()
+            .enumerate()
+            .find(|(j, o)| *j != i && *o == n && new.members.get(*j) != Some(*o));
         if let Some((j, _)) = moved_from {
             v.refuse(
                 format!("{MANAGED}.members[{i}]"),
@@ -574,7 +581,10 @@ pub fn is_host_port(address: &str) -> bool {
         && port.bytes().all(|b| b.is_ascii_digit())
         && port.parse::<u32>().is_ok_and(|p| (1..=65535).contains(&p));
     let host_ok = if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        !inner.is_empty() && inner.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        !inner.is_empty()
+            && inner
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
     } else {
         !host.is_empty()
             && !host
@@ -597,7 +607,10 @@ fn quota_bytes(field: &str, q: &Quantity, v: &mut Verdict) -> Option<u64> {
             None
         }
         Ok(b) if b > MAX_QUOTA_BYTES => {
-            v.refuse(field, "must be at most 8Ei (the store counts quota in signed 64-bit bytes)");
+            v.refuse(
+                field,
+                "must be at most 8Ei (the store counts quota in signed 64-bit bytes)",
+            );
             None
         }
         Ok(b) => Some(b),
@@ -842,10 +855,17 @@ fn md_static(md: &ModelDeployment, v: &mut Verdict) {
             .and_then(|res| res.accelerator)
             .is_some_and(|a| a < 0)
         {
-            v.refuse(format!("{rf}.resources.accelerator"), "must not be negative");
+            v.refuse(
+                format!("{rf}.resources.accelerator"),
+                "must not be negative",
+            );
         }
     }
-    let version_missing = s.engine.version.as_deref().is_none_or(|v| v.trim().is_empty());
+    let version_missing = s
+        .engine
+        .version
+        .as_deref()
+        .is_none_or(|v| v.trim().is_empty());
     if version_missing && s.roles.iter().any(|r| r.image.is_none()) {
         v.refuse(
             "spec.engine.version",
@@ -864,7 +884,10 @@ impl Admission for InstanceType {
             v.refuse("spec.resources.memory", e.to_string());
         }
         if self.spec.resources.cpu.0.trim().is_empty() {
-            v.refuse("spec.resources.cpu", "must be a CPU quantity such as 8 or 7500m");
+            v.refuse(
+                "spec.resources.cpu",
+                "must be a CPU quantity such as 8 or 7500m",
+            );
         }
         if let Some(a) = &self.spec.accelerator
             && a.resource_name.trim().is_empty()

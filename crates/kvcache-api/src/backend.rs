@@ -1,6 +1,9 @@
 //! `KVCacheBackend`: one Mooncake store, run by the operator (managed) or somewhere else
 //! (external).
 
+// kube's `printcolumn(..)` attributes repeat `type_ = "string"`, which clippy takes for duplicates.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{EnvVar, LocalObjectReference, SecurityContext};
@@ -27,7 +30,11 @@ use crate::rules;
     printcolumn(name = "Type", type_ = "string", json_path = ".spec.type"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint"),
-    printcolumn(name = "Capacity", type_ = "string", json_path = ".status.capacity.total")
+    printcolumn(
+        name = "Capacity",
+        type_ = "string",
+        json_path = ".status.capacity.total"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct KVCacheBackendSpec {
@@ -667,7 +674,9 @@ pub struct MemberStatus {
 }
 
 /// A reference to another object (a consumer).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[derive(
+    Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectRef {
     /// Kind, e.g. `KVCachePool`.

@@ -3,7 +3,9 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{Error, InstanceType, KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
+use crate::{
+    Error, InstanceType, KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment,
+};
 
 /// Every CRD, in creation order (backend, pool, binding, model deployment, instance type).
 pub fn all() -> Vec<CustomResourceDefinition> {

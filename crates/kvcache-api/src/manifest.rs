@@ -120,12 +120,12 @@ fn typed<T: DeserializeOwned>(
             unknown.push(path);
         }
     })
-        .map_err(|e| Error::ManifestShape {
-            source_name: source.to_owned(),
-            kind: kind.to_owned(),
-            name,
-            message: e.to_string(),
-        })?;
+    .map_err(|e| Error::ManifestShape {
+        source_name: source.to_owned(),
+        kind: kind.to_owned(),
+        name,
+        message: e.to_string(),
+    })?;
     Ok((object, unknown))
 }
 
@@ -149,29 +149,28 @@ pub fn parse(source: &str, text: &str) -> Result<Vec<Manifest>, Error> {
                 message: e.to_string(),
             })?;
         let ours = meta.api_version == format!("{GROUP}/{VERSION}");
-        let (object, unknown_fields) = match (ours, meta.kind.as_str()) {
-            (true, "KVCacheBackend") => {
-                typed(value, source, &meta.kind).map(|(o, u)| (Object::Backend(Box::new(o)), u))?
-            }
-            (true, "KVCachePool") => {
-                typed(value, source, &meta.kind).map(|(o, u)| (Object::Pool(Box::new(o)), u))?
-            }
-            (true, "KVCachePoolBinding") => {
-                typed(value, source, &meta.kind).map(|(o, u)| (Object::Binding(Box::new(o)), u))?
-            }
-            (true, "ModelDeployment") => typed(value, source, &meta.kind)
-                .map(|(o, u)| (Object::ModelDeployment(Box::new(o)), u))?,
-            (true, "InstanceType") => typed(value, source, &meta.kind)
-                .map(|(o, u)| (Object::InstanceType(Box::new(o)), u))?,
-            _ => {
-                return Err(Error::UnknownKind {
-                    source_name: source.to_owned(),
-                    index,
-                    api_version: meta.api_version,
-                    kind: meta.kind,
-                });
-            }
-        };
+        let (object, unknown_fields) =
+            match (ours, meta.kind.as_str()) {
+                (true, "KVCacheBackend") => typed(value, source, &meta.kind)
+                    .map(|(o, u)| (Object::Backend(Box::new(o)), u))?,
+                (true, "KVCachePool") => {
+                    typed(value, source, &meta.kind).map(|(o, u)| (Object::Pool(Box::new(o)), u))?
+                }
+                (true, "KVCachePoolBinding") => typed(value, source, &meta.kind)
+                    .map(|(o, u)| (Object::Binding(Box::new(o)), u))?,
+                (true, "ModelDeployment") => typed(value, source, &meta.kind)
+                    .map(|(o, u)| (Object::ModelDeployment(Box::new(o)), u))?,
+                (true, "InstanceType") => typed(value, source, &meta.kind)
+                    .map(|(o, u)| (Object::InstanceType(Box::new(o)), u))?,
+                _ => {
+                    return Err(Error::UnknownKind {
+                        source_name: source.to_owned(),
+                        index,
+                        api_version: meta.api_version,
+                        kind: meta.kind,
+                    });
+                }
+            };
         out.push(Manifest {
             source: source.to_owned(),
             index,

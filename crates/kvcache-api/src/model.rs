@@ -1,5 +1,8 @@
 //! `ModelDeployment` (the parts the KV cache touches) and `InstanceType`.
 
+// kube's `printcolumn(..)` attributes repeat `type_ = "string"`, which clippy takes for duplicates.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ContainerPort, EnvVar, Toleration};
@@ -26,9 +29,17 @@ use crate::{Quantity, rules};
     doc = "A model served by vLLM or SGLang, optionally attached to a shared KV cache through a KVCachePoolBinding.",
     printcolumn(name = "Model", type_ = "string", json_path = ".spec.model.name"),
     printcolumn(name = "Engine", type_ = "string", json_path = ".spec.engine.name"),
-    printcolumn(name = "Binding", type_ = "string", json_path = ".spec.kvCache.poolRef.name"),
+    printcolumn(
+        name = "Binding",
+        type_ = "string",
+        json_path = ".spec.kvCache.poolRef.name"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = rules::immutable_on("self.model == oldSelf.model", "spec.model", "a different model means a new ModelDeployment"))]
@@ -109,7 +120,10 @@ pub struct KvCache {
 #[serde(rename_all = "camelCase")]
 pub struct BindingRef {
     /// Name of a KVCachePoolBinding in this namespace.
-    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
     pub name: String,
 }
 
@@ -126,7 +140,10 @@ pub enum Connector {
 #[serde(rename_all = "camelCase")]
 pub struct Role {
     /// Role name, a DNS label. Frozen.
-    #[schemars(length(min = 1, max = 40), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 40),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
     pub name: String,
     /// `Server` (default), `Prefill` or `Decode`. Frozen.
     #[serde(default)]
@@ -288,10 +305,22 @@ pub struct RoleStatus {
     shortname = "it",
     derive = "PartialEq",
     doc = "A kind of machine that ModelDeployment roles name in roles[].instanceType.",
-    printcolumn(name = "Accelerator", type_ = "string", json_path = ".spec.accelerator.resourceName"),
+    printcolumn(
+        name = "Accelerator",
+        type_ = "string",
+        json_path = ".spec.accelerator.resourceName"
+    ),
     printcolumn(name = "CPU", type_ = "string", json_path = ".spec.resources.cpu"),
-    printcolumn(name = "Memory", type_ = "string", json_path = ".spec.resources.memory"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Memory",
+        type_ = "string",
+        json_path = ".spec.resources.memory"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceTypeSpec {

@@ -1,6 +1,9 @@
 //! `KVCachePool` and `KVCachePoolBinding`: the quota layer over one backend, and the namespaced
 //! grant that authorizes a namespace to use it.
 
+// kube's `printcolumn(..)` attributes repeat `type_ = "string"`, which clippy takes for duplicates.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -22,9 +25,17 @@ use crate::{Quantity, rules};
     doc = "A quota layer over one KVCacheBackend; namespaces reach it through a KVCachePoolBinding.",
     printcolumn(name = "Backend", type_ = "string", json_path = ".spec.backends[0]"),
     printcolumn(name = "Total", type_ = "string", json_path = ".spec.quota.total"),
-    printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.clientEndpoint"),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        json_path = ".status.clientEndpoint"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct KVCachePoolSpec {
@@ -107,10 +118,18 @@ pub enum PoolPhase {
     doc = "Authorizes a namespace to use a KVCachePool, with a quota ceiling and one immutable reuse domain.",
     printcolumn(name = "Pool", type_ = "string", json_path = ".spec.poolRef.name"),
     printcolumn(name = "Domain", type_ = "string", json_path = ".spec.domain.name"),
-    printcolumn(name = "Effective", type_ = "string", json_path = ".status.effectiveQuota"),
+    printcolumn(
+        name = "Effective",
+        type_ = "string",
+        json_path = ".status.effectiveQuota"
+    ),
     printcolumn(name = "Usage", type_ = "string", json_path = ".status.usage"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct KVCachePoolBindingSpec {

@@ -147,17 +147,13 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .ok_or_else(too_large)?;
     let mut numerator = mantissa;
     if exp >= 0 {
-        let factor = base
-            .checked_pow(exp.unsigned_abs())
-            .ok_or_else(too_large)?;
+        let factor = base.checked_pow(exp.unsigned_abs()).ok_or_else(too_large)?;
         numerator = numerator.checked_mul(factor).ok_or_else(too_large)?;
     } else {
-        let factor = base
-            .checked_pow(exp.unsigned_abs())
-            .ok_or_else(too_large)?;
+        let factor = base.checked_pow(exp.unsigned_abs()).ok_or_else(too_large)?;
         denominator = denominator.checked_mul(factor).ok_or_else(too_large)?;
     }
-    if numerator % denominator != 0 {
+    if !numerator.is_multiple_of(denominator) {
         return Err("it is not a whole number of bytes".into());
     }
     u64::try_from(numerator / denominator).map_err(|_| too_large())
@@ -172,7 +168,7 @@ pub fn format_bytes(bytes: u64) -> String {
     let mut value = bytes;
     let mut suffix = "";
     for s in SUFFIXES {
-        if value % 1024 != 0 {
+        if !value.is_multiple_of(1024) {
             break;
         }
         value /= 1024;

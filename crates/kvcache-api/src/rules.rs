@@ -28,7 +28,11 @@ pub struct RefusedFlags {
 /// The refused leader flags.
 pub const REFUSED_LEADER_FLAGS: &[RefusedFlags] = &[
     RefusedFlags {
-        keys: &["enable_snapshot", "enable_snapshot_restore", "memory_allocator"],
+        keys: &[
+            "enable_snapshot",
+            "enable_snapshot_restore",
+            "memory_allocator",
+        ],
         prefixes: &["snapshot_"],
         reason: "snapshots are not offered: restoring one can make the cache serve another key's bytes instead of a miss",
     },
@@ -62,7 +66,13 @@ pub const REFUSED_LEADER_FLAGS: &[RefusedFlags] = &[
         reason: "set leader.allocationStrategy instead",
     },
     RefusedFlags {
-        keys: &["rpc_port", "port", "metrics_port", "rpc_address", "rpc_interface"],
+        keys: &[
+            "rpc_port",
+            "port",
+            "metrics_port",
+            "rpc_address",
+            "rpc_interface",
+        ],
         prefixes: &[],
         reason: "the leader listens where the Service and the members dial (the Pod IP, ports 50051 and 9003)",
     },
@@ -147,8 +157,7 @@ pub const DRAM_DEVICE_VISIBILITY_ENV: &[&str] = &[
 ];
 
 /// Why an environment name is refused in extraEnv (same words for leader and members).
-pub const RENDERED_ENV_REASON: &str =
-    "the operator renders this variable, and with two entries of one name the runtime picks the winner";
+pub const RENDERED_ENV_REASON: &str = "the operator renders this variable, and with two entries of one name the runtime picks the winner";
 
 /// The device tree no member mounts: device plugins inject the granted devices.
 pub const INFINIBAND_DIR: &str = "/dev/infiniband";
@@ -254,7 +263,9 @@ pub fn host_path_not_tier() -> Rule {
 pub fn dram_visibility_env() -> Rule {
     let vis = cel_list(DRAM_DEVICE_VISIBILITY_ENV);
     rule_expr(
-        format!("self.medium != 'DRAM' || !has(self.extraEnv) || self.extraEnv.all(e, !(e.name in {vis}))"),
+        format!(
+            "self.medium != 'DRAM' || !has(self.extraEnv) || self.extraEnv.all(e, !(e.name in {vis}))"
+        ),
         format!(
             "'extraEnv: ' + self.extraEnv.filter(e, e.name in {vis})[0].name + ' is refused on a DRAM group: the operator sets it to void so the member cannot take accelerator memory'"
         ),
@@ -280,7 +291,8 @@ pub fn one_tier_per_backend() -> Rule {
 }
 
 fn common_prefix_equal(projection: &str) -> String {
-    let n = "(size(self.members) < size(oldSelf.members) ? size(self.members) : size(oldSelf.members))";
+    let n =
+        "(size(self.members) < size(oldSelf.members) ? size(self.members) : size(oldSelf.members))";
     format!(
         "self.members.map(m, {projection}).slice(0, {n}) == oldSelf.members.map(m, {projection}).slice(0, {n})"
     )
@@ -322,10 +334,7 @@ pub fn tier_segment_floor() -> Rule {
 
 /// `localDisks[].path`: absolute.
 pub fn tier_path_absolute() -> Rule {
-    rule(
-        "self.startsWith('/')",
-        "localDisks[].path must be absolute",
-    )
+    rule("self.startsWith('/')", "localDisks[].path must be absolute")
 }
 
 /// `localDisks[].path`: not the root.
@@ -454,9 +463,7 @@ pub fn roles_frozen() -> Rule {
 /// A frozen field checked at the spec level (so adding or removing it counts as an edit).
 pub fn immutable_on(expr: &str, what: &str, fix: &str) -> Rule {
     Rule::new(expr)
-        .message(Message::Message(format!(
-            "{what} cannot be edited: {fix}"
-        )))
+        .message(Message::Message(format!("{what} cannot be edited: {fix}")))
         .reason(Reason::FieldValueForbidden)
 }
 

@@ -152,7 +152,11 @@ pub fn validate(
             Some(v) => v,
             None => m.object.validate_create(settings),
         };
-        let mode = if previous.is_some() { "update" } else { "create" };
+        let mode = if previous.is_some() {
+            "update"
+        } else {
+            "create"
+        };
         let mut strict = Vec::new();
         for field in &m.unknown_fields {
             strict.push(format!(

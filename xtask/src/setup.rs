@@ -1,0 +1,162 @@
+//! Installing what the end-to-end tests, the demo and the benchmarks run: a Debian package, the
+//! store's Python virtualenv and the Kubernetes control plane built from published Go modules.
+//! Everything lands in a cache outside the checkout, so a fresh clone on the same machine reuses it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+
+use crate::crds::root;
+
+/// The Kubernetes release the control plane is built from.
+pub const KUBERNETES_VERSION: &str = "v1.34.4";
+/// The etcd release Kubernetes v1.34.4 pins.
+pub const ETCD_VERSION: &str = "v3.6.4";
+/// The store package on PyPI and its pinned version.
+pub const MOONCAKE_PACKAGE: &str = "mooncake-transfer-engine-non-cuda";
+/// The pinned store version.
+pub const MOONCAKE_VERSION: &str = "0.3.13.post1";
+
+/// Where the project caches what it builds and installs.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join("kvcache-operator")
+}
+
+/// The directory holding etcd, kube-apiserver, kube-controller-manager and kube-scheduler.
+pub fn k8s_bin_dir() -> PathBuf {
+    cache_dir().join("k8s").join(KUBERNETES_VERSION).join("bin")
+}
+
+/// The store's virtualenv.
+pub fn mooncake_venv() -> PathBuf {
+    cache_dir().join(format!("mooncake-{MOONCAKE_VERSION}"))
+}
+
+/// What the tests are told about the installed parts.
+pub struct Installed {
+    pub k8s_bin: PathBuf,
+    pub mooncake_venv: PathBuf,
+}
+
+/// Installs everything missing; fast when all is in place.
+pub fn all() -> anyhow::Result<Installed> {
+    debian_packages()?;
+    let mooncake_venv = store_venv()?;
+    let k8s_bin = control_plane()?;
+    Ok(Installed {
+        k8s_bin,
+        mooncake_venv,
+    })
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let shown = format!("{cmd:?}");
+    let status = cmd.status().with_context(|| format!("starting {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed with {status}");
+    }
+    Ok(())
+}
+
+/// `libibverbs1`: the one shared library the store's binaries need beyond the base image.
+fn debian_packages() -> anyhow::Result<()> {
+    let installed = Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", "libibverbs1"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false);
+    if installed {
+        return Ok(());
+    }
+    println!("setup: installing Debian package libibverbs1 (the store binaries link it)");
+    let apt = |args: &[&str]| {
+        let mut c = Command::new("apt-get");
+        c.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        c
+    };
+    run(&mut apt(&["update", "-qq"]))?;
+    run(&mut apt(&["install", "-y", "-qq", "libibverbs1"]))
+}
+
+fn store_venv() -> anyhow::Result<PathBuf> {
+    let venv = mooncake_venv();
+    let marker = venv.join(".kvcache-installed");
+    if marker.exists() {
+        return Ok(venv);
+    }
+    println!(
+        "setup: creating the store virtualenv {} ({MOONCAKE_PACKAGE}=={MOONCAKE_VERSION}, ~50 MB)",
+        venv.display()
+    );
+    let started = Instant::now();
+    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+    run(Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check"])
+        .arg(format!("{MOONCAKE_PACKAGE}=={MOONCAKE_VERSION}")))?;
+    std::fs::write(&marker, MOONCAKE_VERSION)?;
+    println!("setup: store virtualenv ready in {:.0?}", started.elapsed());
+    Ok(venv)
+}
+
+const COMPONENTS: [&str; 3] = [
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+];
+
+fn control_plane() -> anyhow::Result<PathBuf> {
+    let bin = k8s_bin_dir();
+    let marker = bin.join(".kvcache-built");
+    let want = format!("kubernetes {KUBERNETES_VERSION}, etcd {ETCD_VERSION}\n");
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
+        return Ok(bin);
+    }
+    std::fs::create_dir_all(&bin)?;
+    let go = root().join("xtask/go");
+    println!(
+        "setup: building the control plane from Go modules into {} (first time only: about 10 minutes on 2 cores)",
+        bin.display()
+    );
+    go_build(&go.join("etcd"), ".", &bin.join("etcd"), "-s -w")?;
+    let minor = KUBERNETES_VERSION
+        .trim_start_matches('v')
+        .split('.')
+        .nth(1)
+        .unwrap_or("0");
+    let stamp = format!(
+        "-s -w -X k8s.io/component-base/version.gitVersion={v} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor={minor} -X k8s.io/client-go/pkg/version.gitVersion={v} -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor={minor}",
+        v = KUBERNETES_VERSION
+    );
+    for component in COMPONENTS {
+        go_build(
+            &go.join("k8s"),
+            &format!("k8s.io/kubernetes/cmd/{component}"),
+            &bin.join(component),
+            &stamp,
+        )?;
+    }
+    std::fs::write(&marker, want)?;
+    Ok(bin)
+}
+
+fn go_build(module: &Path, package: &str, out: &Path, ldflags: &str) -> anyhow::Result<()> {
+    let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("?");
+    println!("setup: go build {name} …");
+    let started = Instant::now();
+    run(Command::new("go")
+        .current_dir(module)
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .env("CGO_ENABLED", "0")
+        .args(["build", "-trimpath", "-ldflags", ldflags, "-o"])
+        .arg(out)
+        .arg(package))?;
+    println!("setup: built {name} in {:.0?}", started.elapsed());
+    Ok(())
+}
