@@ -1,0 +1,83 @@
+//! The offline commands, run as a user runs them.
+
+use std::process::Command;
+
+fn operator(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvcache-operator"))
+        .args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .output()
+        .expect("runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn the_examples_validate_clean() {
+    let (code, out) = operator(&[
+        "validate",
+        "-f",
+        "examples/walkthrough",
+        "-f",
+        "examples/disk-heavy",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("ok ")).count(),
+        6,
+        "{out}"
+    );
+}
+
+#[test]
+fn refusals_name_the_field_and_exit_1() {
+    let dir = std::env::temp_dir().join(format!("kvcache-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {name: b}\nspec:\n  metadata: {}\n  connection:\n    managed:\n      leader: {extraArgs: [enable_snapshot=true]}\n      members: [{medium: DRAM, capacityPerMember: 8Mi, localDisks: [{path: /var/lib/kvcache}]}]\n",
+    )
+    .expect("write");
+    let (code, out) = operator(&["validate", "-f", bad.to_str().expect("utf-8")]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("spec.metadata: unknown field"), "{out}");
+    assert!(
+        out.contains("spec.connection.managed.leader.extraArgs[0]: enable_snapshot is refused"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "spec.connection.managed.members[0].capacityPerMember: must hold one bucket (16Mi)"
+        ),
+        "{out}"
+    );
+
+    // As an update of itself, the stored 8Mi segment is not re-judged (ratcheting).
+    let (_, out) = operator(&[
+        "validate",
+        "-f",
+        bad.to_str().expect("utf-8"),
+        "--old",
+        bad.to_str().expect("utf-8"),
+    ]);
+    assert!(out.contains("(update,"), "{out}");
+    assert!(!out.contains("capacityPerMember"), "{out}");
+
+    let missing = operator(&["validate", "-f", "does/not/exist.yaml"]);
+    assert_eq!(missing.0, 2);
+    assert!(
+        missing.1.contains("cannot read does/not/exist.yaml"),
+        "{}",
+        missing.1
+    );
+}
+
+#[test]
+fn crds_prints_all_five() {
+    let (code, out) = operator(&["crds"]);
+    assert_eq!(code, 0);
+    assert_eq!(out.matches("kind: CustomResourceDefinition").count(), 5);
+}
