@@ -1,1 +1,85 @@
+//! The end-to-end harness: a real Kubernetes control plane (etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler built from published Go modules) and a real Mooncake
+//! store (`mooncake_master`, `mc_store_rest_server`, the Python client from PyPI), all as local
+//! processes on 127.0.0.1.
+//!
+//! `cargo xtask test` installs the parts and tells this crate where they are through
+//! `KVCACHE_K8S_BIN` and `KVCACHE_MOONCAKE_VENV`; run alone, it looks in the default cache.
 
+pub mod cluster;
+pub mod paths;
+pub mod pki;
+pub mod process;
+pub mod store;
+
+pub use cluster::{ControlPlane, TestCluster, shared};
+pub use store::{Master, MasterOptions, Member, MemberOptions};
+
+/// What the harness can fail with; every message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A part that `cargo xtask setup` installs is missing.
+    #[error(
+        "{what} not found at {path}: run `cargo xtask setup` (or `cargo xtask test`), which installs it"
+    )]
+    Missing {
+        /// What is missing.
+        what: String,
+        /// Where it was looked for.
+        path: std::path::PathBuf,
+    },
+    /// A process that would not start.
+    #[error("cannot start {what}: {source}")]
+    Spawn {
+        /// The process.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A process that did not become ready in time.
+    #[error("{what} was not ready after {seconds}s; its log is {log}")]
+    NotReady {
+        /// The process.
+        what: String,
+        /// How long we waited.
+        seconds: u64,
+        /// Where its output went.
+        log: String,
+    },
+    /// File system trouble in the harness's own directories.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Certificate generation failed.
+    #[error("generating certificates: {0}")]
+    Pki(#[from] rcgen::Error),
+    /// The Kubernetes client failed.
+    #[error("kubernetes client: {0}")]
+    Kube(#[from] kube::Error),
+    /// The kubeconfig could not be read back.
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    /// An HTTP read against a store process failed.
+    #[error("HTTP {url}: {message}")]
+    Http {
+        /// The URL.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The store's Python client reported a failure.
+    #[error("store client: {0}")]
+    Client(String),
+}
+
+/// Result with the harness error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let context = context.into();
+    move |source| Error::Io { context, source }
+}

@@ -8,10 +8,9 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use k8s_openapi::api::core::v1::EnvVar;
-
 use crate::backend::{
-    Connection, ElectionBackend, EndpointName, External, LocalDisk, Managed, Medium, MemberGroup,
+    Connection, ElectionBackend, EndpointName, External, ExtraEnv, LocalDisk, Managed, Medium,
+    MemberGroup,
 };
 use crate::model::InstanceType;
 use crate::pool::{DEFAULT_DOMAIN, KVCachePool, KVCachePoolBinding};
@@ -234,7 +233,7 @@ fn managed_static(b: &KVCacheBackend, m: &Managed, v: &mut Verdict) {
     }
 }
 
-fn env_names(field: &str, env: &[EnvVar], rendered: &[&str], v: &mut Verdict) {
+fn env_names(field: &str, env: &[ExtraEnv], rendered: &[&str], v: &mut Verdict) {
     let mut seen = BTreeSet::new();
     for (i, e) in env.iter().enumerate() {
         if rendered.contains(&e.name.as_str()) || e.name.starts_with(rules::ELECTOR_ENV_PREFIX) {

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, LocalObjectReference, SecurityContext};
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, LocalObjectReference, SecurityContext};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -240,7 +240,7 @@ pub struct Leader {
     /// Extra master flags, `key=value` (or a bare boolean `key`), rendered as `-key=value` after the
     /// flags the operator derives. Flags the operator derives or that break the store are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = 64), inner(length(max = 256)))]
     #[x_kube(validation = rules::leader_flags_refused(0))]
     #[x_kube(validation = rules::leader_flags_refused(1))]
     #[x_kube(validation = rules::leader_flags_refused(2))]
@@ -256,7 +256,7 @@ pub struct Leader {
     #[schemars(length(max = 64))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     #[x_kube(validation = rules::leader_env_allowed())]
-    pub extra_env: Vec<EnvVar>,
+    pub extra_env: Vec<ExtraEnv>,
 }
 
 impl Default for Leader {
@@ -294,6 +294,32 @@ fn default_replicas() -> i32 {
 
 fn default_true() -> bool {
     true
+}
+
+/// An environment variable for a store container: a name and a value or a source, as on a Pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtraEnv {
+    /// Variable name.
+    #[schemars(length(min = 1, max = 128))]
+    pub name: String,
+    /// Literal value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32768))]
+    pub value: Option<String>,
+    /// Where the value comes from instead (a Secret, a ConfigMap, a field of the Pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSource>,
+}
+
+impl From<&ExtraEnv> for EnvVar {
+    fn from(e: &ExtraEnv) -> Self {
+        EnvVar {
+            name: e.name.clone(),
+            value: e.value.clone(),
+            value_from: e.value_from.clone(),
+        }
+    }
 }
 
 /// How the serving leader is chosen.
@@ -369,7 +395,7 @@ pub struct MemberGroup {
     pub fabric_interface_count: Option<i32>,
     /// Store configuration overrides, `key=value`, rendered as `-D key=value`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = 64), inner(length(max = 256)))]
     #[x_kube(validation = rules::member_args_shape())]
     pub extra_args: Vec<String>,
     /// Extra environment for the member container (e.g. extra offload knobs, or
@@ -378,7 +404,7 @@ pub struct MemberGroup {
     #[schemars(length(max = 64))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     #[x_kube(validation = rules::member_env_allowed())]
-    pub extra_env: Vec<EnvVar>,
+    pub extra_env: Vec<ExtraEnv>,
     /// Runtime class for the member Pods (a vendor runtime for VRAM groups).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_class_name: Option<String>,
@@ -607,6 +633,7 @@ pub struct KVCacheBackendStatus {
     pub endpoint: Option<String>,
     /// For an external store, its two declared addresses, verbatim.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2))]
     pub endpoints: Vec<ExternalEndpoint>,
     /// Capacity read from the serving leader; absent until it serves. Never derived from the spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -227,7 +227,7 @@ pub fn leader_env_allowed() -> Rule {
     rule_expr(
         format!("self.all(e, !(e.name in {names}) && !e.name.startsWith('{ELECTOR_ENV_PREFIX}'))"),
         format!(
-            "'extraEnv: ' + self.filter(e, e.name in {names} || e.name.startsWith('{ELECTOR_ENV_PREFIX}'))[0].name + ' is refused: {RENDERED_ENV_REASON}'"
+            "'extraEnv: ' + self.map(e, e.name).filter(n, n in {names} || n.startsWith('{ELECTOR_ENV_PREFIX}'))[0] + ' is refused: {RENDERED_ENV_REASON}'"
         ),
     )
 }
@@ -238,7 +238,7 @@ pub fn member_env_allowed() -> Rule {
     rule_expr(
         format!("self.all(e, !(e.name in {names}) && !e.name.startsWith('{ELECTOR_ENV_PREFIX}'))"),
         format!(
-            "'extraEnv: ' + self.filter(e, e.name in {names} || e.name.startsWith('{ELECTOR_ENV_PREFIX}'))[0].name + ' is refused: {RENDERED_ENV_REASON}'"
+            "'extraEnv: ' + self.map(e, e.name).filter(n, n in {names} || n.startsWith('{ELECTOR_ENV_PREFIX}'))[0] + ' is refused: {RENDERED_ENV_REASON}'"
         ),
     )
 }
@@ -267,7 +267,7 @@ pub fn dram_visibility_env() -> Rule {
             "self.medium != 'DRAM' || !has(self.extraEnv) || self.extraEnv.all(e, !(e.name in {vis}))"
         ),
         format!(
-            "'extraEnv: ' + self.extraEnv.filter(e, e.name in {vis})[0].name + ' is refused on a DRAM group: the operator sets it to void so the member cannot take accelerator memory'"
+            "'extraEnv: ' + self.extraEnv.map(e, e.name).filter(n, n in {vis})[0] + ' is refused on a DRAM group: the operator sets it to void so the member cannot take accelerator memory'"
         ),
     )
 }
@@ -290,12 +290,21 @@ pub fn one_tier_per_backend() -> Rule {
     )
 }
 
+/// The most member groups a backend holds (the schema's `maxItems`).
+pub const MAX_GROUPS: usize = 32;
+
+/// The projection of each group agrees between old and new at every index both have (groups are
+/// appended or dropped at the end). Kubernetes CEL has no index iteration or list slicing, so
+/// the comparison is unrolled over the schema's `maxItems`, which keeps its cost constant.
 fn common_prefix_equal(projection: &str) -> String {
-    let n =
-        "(size(self.members) < size(oldSelf.members) ? size(self.members) : size(oldSelf.members))";
-    format!(
-        "self.members.map(m, {projection}).slice(0, {n}) == oldSelf.members.map(m, {projection}).slice(0, {n})"
-    )
+    (0..MAX_GROUPS)
+        .map(|i| {
+            let new = projection.replace("m.", &format!("self.members[{i}]."));
+            let old = projection.replace("m.", &format!("oldSelf.members[{i}]."));
+            format!("(size(self.members) <= {i} || size(oldSelf.members) <= {i} || {new} == {old})")
+        })
+        .collect::<Vec<_>>()
+        .join(" && ")
 }
 
 /// `managed`: a group's medium never changes (groups are identified by position).
@@ -309,7 +318,7 @@ pub fn medium_immutable() -> Rule {
 /// `managed`: a group's tier is chosen once (not added, removed or repathed).
 pub fn tier_path_immutable() -> Rule {
     rule(
-        common_prefix_equal(&format!("{HAS_TIER} ? m.localDisks[0].path : ''")),
+        common_prefix_equal(&format!("({HAS_TIER} ? m.localDisks[0].path : '')")),
         "members[].localDisks is chosen when the group is created: adding a tier to an existing group, removing it or changing its path is refused (capacity, keyLimit and eviction stay editable); append a new group instead",
     )
 }

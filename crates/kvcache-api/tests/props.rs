@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::EnvVar;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kvcache_api::Settings;
 use kvcache_api::admission::Admission;
@@ -40,14 +39,14 @@ fn protocol() -> impl Strategy<Value = Protocol> {
     ]
 }
 
-fn env() -> impl Strategy<Value = Vec<EnvVar>> {
+fn env() -> impl Strategy<Value = Vec<ExtraEnv>> {
     prop::collection::vec(
         prop_oneof![
             "[A-Z_]{1,12}",
             Just("MC_TE_METRIC".to_string()),
             Just("CUDA_VISIBLE_DEVICES".to_string())
         ]
-        .prop_map(|name| EnvVar {
+        .prop_map(|name| ExtraEnv {
             name,
             value: Some("x".into()),
             value_from: None,

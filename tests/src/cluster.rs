@@ -1,0 +1,398 @@
+//! A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver (Node,RBAC authorization),
+//! kube-controller-manager and kube-scheduler, with generated certificates and a kubeconfig.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use crate::pki::{self, PkiFiles};
+use crate::process::{Proc, free_port, reaper, wait_for, wait_tcp};
+use crate::{Error, Result, paths};
+
+/// How to start a control plane.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Also run kube-controller-manager and kube-scheduler (Deployments and DaemonSets then
+    /// create and place Pods).
+    pub controllers: bool,
+    /// Start a watchdog that stops everything when this process exits (for harnesses that live
+    /// in a `static`). `cargo xtask cluster up` runs without one.
+    pub reaper: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            controllers: true,
+            reaper: true,
+        }
+    }
+}
+
+/// A running control plane. Dropping it stops every process.
+pub struct ControlPlane {
+    /// Its working directory (certificates, etcd data, logs, kubeconfig).
+    pub dir: PathBuf,
+    /// The admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// `https://127.0.0.1:<port>`.
+    pub server: String,
+    /// The certificates.
+    pub pki: PkiFiles,
+    procs: Vec<Proc>,
+    reaper: Option<Child>,
+}
+
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+impl ControlPlane {
+    /// Starts etcd and the control plane in `dir` and waits until the API server is ready.
+    /// Must not be called from inside a tokio runtime (it runs its own for the readiness check).
+    pub fn start(dir: &Path, options: &Options) -> Result<ControlPlane> {
+        let bin = paths::k8s_bin()?;
+        std::fs::create_dir_all(dir).map_err(crate::io(format!("creating {}", dir.display())))?;
+        let pki = pki::control_plane(dir)?;
+        let mut procs = Vec::new();
+
+        let etcd_client = free_port()?;
+        let etcd_peer = free_port()?;
+        let mut etcd = Command::new(bin.join("etcd"));
+        etcd.arg(format!("--data-dir={}", dir.join("etcd").display()))
+            .arg(format!(
+                "--listen-client-urls=http://127.0.0.1:{etcd_client}"
+            ))
+            .arg(format!(
+                "--advertise-client-urls=http://127.0.0.1:{etcd_client}"
+            ))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"
+            ))
+            .arg(format!(
+                "--initial-cluster=default=http://127.0.0.1:{etcd_peer}"
+            ))
+            .arg("--unsafe-no-fsync")
+            .arg("--log-level=warn");
+        let mut etcd = Proc::spawn("etcd", etcd, &dir.join("etcd.log"))?;
+        wait_tcp(
+            &mut etcd,
+            SocketAddr::from(([127, 0, 0, 1], etcd_client)),
+            READY_TIMEOUT,
+        )?;
+        procs.push(etcd);
+
+        let port = free_port()?;
+        let server = format!("https://127.0.0.1:{port}");
+        let mut api = Command::new(bin.join("kube-apiserver"));
+        api.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg("--advertise-address=127.0.0.1")
+            .arg(format!("--secure-port={port}"))
+            .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
+            .arg(format!(
+                "--tls-private-key-file={}",
+                pki.serving_key.display()
+            ))
+            .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
+            .arg(format!(
+                "--service-account-key-file={}",
+                pki.sa_pub.display()
+            ))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                pki.sa_key.display()
+            ))
+            .arg("--service-account-issuer=https://kubernetes.default.svc")
+            .arg("--authorization-mode=Node,RBAC")
+            .arg("--service-cluster-ip-range=10.96.0.0/16")
+            .arg(format!(
+                "--cert-dir={}",
+                dir.join("apiserver-certs").display()
+            ))
+            .arg("--enable-priority-and-fairness=false")
+            .arg("--v=1");
+        let mut api = Proc::spawn("kube-apiserver", api, &dir.join("kube-apiserver.log"))?;
+        wait_tcp(
+            &mut api,
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            READY_TIMEOUT,
+        )?;
+
+        let kubeconfig = dir.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &server, &pki)?;
+        wait_ready(&mut api, &kubeconfig)?;
+        procs.push(api);
+
+        if options.controllers {
+            let mut kcm = Command::new(bin.join("kube-controller-manager"));
+            kcm.arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .arg(format!("--authentication-kubeconfig={}", kubeconfig.display()))
+                .arg(format!("--authorization-kubeconfig={}", kubeconfig.display()))
+                .arg("--leader-elect=false")
+                .arg("--bind-address=127.0.0.1")
+                .arg(format!("--secure-port={}", free_port()?))
+                .arg(format!("--cert-dir={}", dir.join("kcm-certs").display()))
+                .arg(format!("--service-account-private-key-file={}", pki.sa_key.display()))
+                .arg(format!("--root-ca-file={}", pki.ca_cert.display()))
+                .arg("--use-service-account-credentials=false")
+                .arg("--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service-lb-controller,-route")
+                .arg("--v=1");
+            procs.push(Proc::spawn(
+                "kube-controller-manager",
+                kcm,
+                &dir.join("kube-controller-manager.log"),
+            )?);
+            let mut sched = Command::new(bin.join("kube-scheduler"));
+            sched
+                .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                .arg(format!(
+                    "--authentication-kubeconfig={}",
+                    kubeconfig.display()
+                ))
+                .arg(format!(
+                    "--authorization-kubeconfig={}",
+                    kubeconfig.display()
+                ))
+                .arg("--leader-elect=false")
+                .arg("--bind-address=127.0.0.1")
+                .arg(format!("--secure-port={}", free_port()?))
+                .arg(format!(
+                    "--cert-dir={}",
+                    dir.join("scheduler-certs").display()
+                ))
+                .arg("--v=1");
+            procs.push(Proc::spawn(
+                "kube-scheduler",
+                sched,
+                &dir.join("kube-scheduler.log"),
+            )?);
+        }
+
+        let reaper = if options.reaper {
+            let pids: Vec<u32> = procs.iter().map(Proc::pid).collect();
+            Some(reaper(&pids)?)
+        } else {
+            None
+        };
+        Ok(ControlPlane {
+            dir: dir.to_owned(),
+            kubeconfig,
+            server,
+            pki,
+            procs,
+            reaper,
+        })
+    }
+
+    /// The process ids, in start order (etcd, kube-apiserver, then the controllers).
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(Proc::pid).collect()
+    }
+
+    /// Whether the controller manager and scheduler are still running (they exit on bad flags).
+    pub fn controllers_running(&mut self) -> bool {
+        self.procs.iter_mut().skip(2).all(|p| !p.exited())
+    }
+
+    /// A client for the admin user, on the caller's runtime.
+    pub async fn client(&self) -> Result<Client> {
+        client_from(&self.kubeconfig).await
+    }
+
+    /// Stops every process (controllers first, etcd last).
+    pub fn stop(&mut self) {
+        while let Some(mut p) = self.procs.pop() {
+            p.stop(Duration::from_secs(5));
+        }
+        if let Some(mut r) = self.reaper.take() {
+            let _ = r.kill();
+            let _ = r.wait();
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A client built from a kubeconfig file.
+pub async fn client_from(kubeconfig: &Path) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+fn write_kubeconfig(path: &Path, server: &str, pki: &PkiFiles) -> Result<()> {
+    let read = |p: &Path| -> Result<String> {
+        let bytes = std::fs::read(p).map_err(crate::io(format!("reading {}", p.display())))?;
+        Ok(B64.encode(bytes))
+    };
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: kvcache-e2e\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\ncontexts:\n- name: kvcache-e2e\n  context:\n    cluster: kvcache-e2e\n    user: admin\ncurrent-context: kvcache-e2e\n",
+        ca = read(&pki.ca_cert)?,
+        cert = read(&pki.admin_cert)?,
+        key = read(&pki.admin_key)?,
+    );
+    std::fs::write(path, text).map_err(crate::io(format!("writing {}", path.display())))
+}
+
+/// Runs `f` on a private runtime on its own thread (so it works from sync and async callers).
+pub fn block_on<T: Send + 'static>(
+    f: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(crate::io("starting a runtime"))?;
+        rt.block_on(f)
+    })
+    .join()
+    .unwrap_or_else(|_| Err(Error::Client("the harness thread panicked".into())))
+}
+
+fn wait_ready(api: &mut Proc, kubeconfig: &Path) -> Result<()> {
+    let kubeconfig = kubeconfig.to_owned();
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let kc = kubeconfig.clone();
+        let ready = block_on(async move {
+            let client = client_from(&kc).await?;
+            let req = http_get("/readyz")?;
+            Ok(client
+                .request_text(req)
+                .await
+                .is_ok_and(|t| t.trim() == "ok"))
+        })
+        .unwrap_or(false);
+        if ready {
+            return Ok(());
+        }
+        wait_for(api, Duration::from_millis(300), || false).or_else(|e| {
+            if api.exited() || Instant::now() >= deadline {
+                Err(e)
+            } else {
+                Ok(())
+            }
+        })?;
+    }
+}
+
+fn http_get(path: &str) -> Result<http::Request<Vec<u8>>> {
+    http::Request::get(path)
+        .body(Vec::new())
+        .map_err(|e| Error::Client(format!("building a request for {path}: {e}")))
+}
+
+/// Applies the CRDs in `dir` (every `*.yaml`) with server-side apply and waits until each is
+/// Established. Returns their names.
+pub async fn install_crds(client: &Client, dir: &Path) -> Result<Vec<String>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(crate::io(format!("reading {}", dir.display())))?
+        .filter_map(std::result::Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let mut crds = Vec::new();
+    for f in files {
+        let text =
+            std::fs::read_to_string(&f).map_err(crate::io(format!("reading {}", f.display())))?;
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&text)
+            .map_err(|e| Error::Client(format!("{} is not a CRD: {e}", f.display())))?;
+        crds.push(crd);
+    }
+    apply_crds(client, &crds).await
+}
+
+/// Applies CRD objects and waits until each is Established.
+pub async fn apply_crds(client: &Client, crds: &[CustomResourceDefinition]) -> Result<Vec<String>> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut names = Vec::new();
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(
+            &name,
+            &PatchParams::apply("kvcache-e2e").force(),
+            &Patch::Apply(crd),
+        )
+        .await?;
+        names.push(name);
+    }
+    for name in &names {
+        let cond = kube::runtime::conditions::is_crd_established();
+        kube::runtime::wait::await_condition(api.clone(), name, cond)
+            .await
+            .map_err(|e| Error::Client(format!("waiting for CRD {name}: {e}")))?;
+    }
+    Ok(names)
+}
+
+/// A control plane shared by every test of one test binary, with the CRDs from `deploy/crds/`
+/// installed. Each test makes its own client and its own namespace.
+pub struct TestCluster {
+    /// The control plane.
+    pub control_plane: ControlPlane,
+}
+
+static SHARED: OnceLock<std::result::Result<TestCluster, String>> = OnceLock::new();
+
+/// The repository's `deploy/crds/`.
+pub fn crds_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds")
+}
+
+/// The shared cluster of this test binary, started on first use.
+pub fn shared() -> &'static TestCluster {
+    let result = SHARED.get_or_init(|| {
+        let start = || -> Result<TestCluster> {
+            let dir = paths::scratch("cluster")?;
+            let control_plane = ControlPlane::start(&dir, &Options::default())?;
+            let kubeconfig = control_plane.kubeconfig.clone();
+            block_on(async move {
+                let client = client_from(&kubeconfig).await?;
+                install_crds(&client, &crds_dir()).await
+            })?;
+            Ok(TestCluster { control_plane })
+        };
+        start().map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(cluster) => cluster,
+        Err(e) => panic!("the end-to-end control plane could not start: {e}"),
+    }
+}
+
+impl TestCluster {
+    /// A client on the caller's runtime.
+    pub async fn client(&self) -> Result<Client> {
+        self.control_plane.client().await
+    }
+
+    /// A fresh namespace named after `prefix`.
+    pub async fn namespace(&self, client: &Client, prefix: &str) -> Result<String> {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let name = format!("{prefix}-{}", N.fetch_add(1, Ordering::Relaxed));
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+        }))
+        .map_err(|e| Error::Client(e.to_string()))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        Ok(name)
+    }
+}

@@ -1,0 +1,79 @@
+//! Where the installed parts are.
+
+use std::path::PathBuf;
+
+use crate::{Error, Result};
+
+/// The Kubernetes release the control plane is built from (see `xtask/src/setup.rs`).
+pub const KUBERNETES_VERSION: &str = "v1.34.4";
+/// The pinned store version.
+pub const MOONCAKE_VERSION: &str = "0.3.13.post1";
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join("kvcache-operator")
+}
+
+/// The directory with etcd and the Kubernetes control-plane binaries.
+pub fn k8s_bin() -> Result<PathBuf> {
+    let dir = std::env::var_os("KVCACHE_K8S_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join("k8s").join(KUBERNETES_VERSION).join("bin"));
+    let apiserver = dir.join("kube-apiserver");
+    if !apiserver.exists() {
+        return Err(Error::Missing {
+            what: "kube-apiserver".into(),
+            path: apiserver,
+        });
+    }
+    Ok(dir)
+}
+
+/// The store's virtualenv.
+pub fn mooncake_venv() -> Result<PathBuf> {
+    let dir = std::env::var_os("KVCACHE_MOONCAKE_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join(format!("mooncake-{MOONCAKE_VERSION}")));
+    let python = dir.join("bin/python");
+    if !python.exists() {
+        return Err(Error::Missing {
+            what: "the store's virtualenv".into(),
+            path: dir,
+        });
+    }
+    Ok(dir)
+}
+
+/// The real `mooncake_master` binary inside the virtualenv (not the Python wrapper).
+pub fn mooncake_master() -> Result<PathBuf> {
+    let venv = mooncake_venv()?;
+    let lib = venv.join("lib");
+    let entries =
+        std::fs::read_dir(&lib).map_err(crate::io(format!("reading {}", lib.display())))?;
+    for entry in entries.filter_map(std::result::Result::ok) {
+        let candidate = entry.path().join("site-packages/mooncake/mooncake_master");
+        if candidate.exists() {
+            return Ok(candidate);
+        }
+    }
+    Err(Error::Missing {
+        what: "mooncake_master".into(),
+        path: lib,
+    })
+}
+
+/// A fresh scratch directory for one harness instance.
+pub fn scratch(prefix: &str) -> Result<PathBuf> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "kvcache-{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(crate::io(format!("creating {}", dir.display())))?;
+    Ok(dir)
+}

@@ -1,0 +1,169 @@
+//! Child processes that never outlive the harness.
+
+use std::fs::File;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::{Error, Result};
+
+/// A free TCP port on 127.0.0.1 (taken by binding port 0 and releasing it).
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(crate::io("binding a loopback port"))?;
+    Ok(l.local_addr()
+        .map_err(crate::io("reading a loopback port"))?
+        .port())
+}
+
+/// A running process with its log file. Dropping it kills the process.
+#[derive(Debug)]
+pub struct Proc {
+    /// A short name for messages.
+    pub name: String,
+    /// Where stdout and stderr go.
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Proc> {
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(crate::io(format!("opening {}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(crate::io(format!("opening {}", log.display())))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|source| Error::Spawn {
+                what: name.to_owned(),
+                source,
+            })?;
+        Ok(Proc {
+            name: name.to_owned(),
+            log: log.to_owned(),
+            child: Some(child),
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Whether the process has exited.
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => !matches!(c.try_wait(), Ok(None)),
+            None => true,
+        }
+    }
+
+    /// Sends a signal (SIGTERM for a graceful stop, SIGKILL for a crash).
+    pub fn signal(&self, signal: Signal) {
+        if let Ok(pid) = i32::try_from(self.pid()) {
+            let _ = kill(Pid::from_raw(pid), signal);
+        }
+    }
+
+    /// Sends SIGTERM and waits up to `grace` for the exit, then SIGKILL.
+    pub fn stop(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        self.signal_child(&child, Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn signal_child(&self, child: &Child, signal: Signal) {
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = kill(Pid::from_raw(pid), signal);
+        }
+    }
+
+    /// The last lines of the log, for failure messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A watchdog process that kills `pids` once this test process is gone, so that a harness kept
+/// in a `static` (never dropped) still leaves nothing behind.
+pub fn reaper(pids: &[u32]) -> Result<Child> {
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let script = format!(
+        "while kill -0 {parent} 2>/dev/null; do sleep 0.5; done; kill -TERM {list} 2>/dev/null; sleep 2; kill -KILL {list} 2>/dev/null; exit 0",
+        parent = std::process::id(),
+        list = list.join(" ")
+    );
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    cmd.spawn().map_err(|source| Error::Spawn {
+        what: "the reaper".into(),
+        source,
+    })
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_tcp(proc: &mut Proc, addr: SocketAddr, timeout: Duration) -> Result<()> {
+    wait_for(proc, timeout, || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+    })
+}
+
+/// Polls `ready` every 50 ms until it holds, the process exits, or `timeout` passes.
+pub fn wait_for(proc: &mut Proc, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        if proc.exited() || Instant::now() >= deadline {
+            return Err(Error::NotReady {
+                what: format!("{} (last log lines:\n{})", proc.name, proc.log_tail(15)),
+                seconds: timeout.as_secs(),
+                log: proc.log.display().to_string(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

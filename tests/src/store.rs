@@ -1,0 +1,314 @@
+//! A real Mooncake store on loopback: the master binary, members (`mc_store_rest_server`'s module,
+//! configured through the same `MOONCAKE_*` environment the render layer uses), and the Python
+//! client for puts and gets.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::process::{Proc, free_port, wait_for, wait_tcp};
+use crate::{Error, Result, paths};
+
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How to start a master.
+#[derive(Clone, Debug, Default)]
+pub struct MasterOptions {
+    /// Seconds before a silent member is dropped (the store's default is 10).
+    pub client_ttl: Option<u32>,
+    /// Extra flags, `-key=value`, after the harness's own.
+    pub extra_args: Vec<String>,
+    /// Fixed ports (RPC, metrics) instead of free ones: a restarted master keeps its address.
+    pub ports: Option<(u16, u16)>,
+}
+
+/// A running `mooncake_master`.
+pub struct Master {
+    /// The process.
+    pub proc: Proc,
+    /// RPC port (what members and clients dial).
+    pub rpc_port: u16,
+    /// Admin and metrics port.
+    pub metrics_port: u16,
+    dir: PathBuf,
+    options: MasterOptions,
+}
+
+impl Master {
+    /// Starts a master in `dir` and waits for `/health` to answer.
+    pub fn start(dir: &Path, options: MasterOptions) -> Result<Master> {
+        let (rpc_port, metrics_port) = match options.ports {
+            Some(p) => p,
+            None => (free_port()?, free_port()?),
+        };
+        let mut cmd = Command::new(paths::mooncake_master()?);
+        cmd.current_dir(dir)
+            .arg("--rpc_address=127.0.0.1")
+            .arg(format!("--rpc_port={rpc_port}"))
+            .arg("--metrics_host=127.0.0.1")
+            .arg(format!("--metrics_port={metrics_port}"))
+            .arg("--default_kv_lease_ttl=500");
+        if let Some(ttl) = options.client_ttl {
+            cmd.arg(format!("--client_ttl={ttl}"));
+        }
+        cmd.args(&options.extra_args);
+        let mut proc = Proc::spawn(
+            "mooncake_master",
+            cmd,
+            &dir.join(format!("master-{rpc_port}.log")),
+        )?;
+        let health = format!("http://127.0.0.1:{metrics_port}/health");
+        wait_for(&mut proc, START_TIMEOUT, || http_get(&health).is_ok())?;
+        Ok(Master {
+            proc,
+            rpc_port,
+            metrics_port,
+            dir: dir.to_owned(),
+            options: MasterOptions {
+                ports: Some((rpc_port, metrics_port)),
+                ..options
+            },
+        })
+    }
+
+    /// `127.0.0.1:<rpc port>`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.rpc_port)
+    }
+
+    /// `http://127.0.0.1:<metrics port>`.
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.metrics_port)
+    }
+
+    /// A gauge or counter from `/metrics` (without labels).
+    pub fn metric(&self, name: &str) -> Result<f64> {
+        let text = http_get(&format!("{}/metrics", self.admin_url()))?;
+        metric_value(&text, name).ok_or_else(|| Error::Http {
+            url: format!("{}/metrics", self.admin_url()),
+            message: format!("no {name} in the exposition"),
+        })
+    }
+
+    /// `master_total_capacity_bytes`.
+    pub fn capacity_bytes(&self) -> Result<u64> {
+        // Gauges are printed as integers or floats; byte counts are exact either way.
+        Ok(self.metric("master_total_capacity_bytes")? as u64)
+    }
+
+    /// `/health` as JSON.
+    pub fn health(&self) -> Result<serde_json::Value> {
+        let url = format!("{}/health", self.admin_url());
+        let text = http_get(&url)?;
+        serde_json::from_str(&text).map_err(|e| Error::Http {
+            url,
+            message: e.to_string(),
+        })
+    }
+
+    /// Kills the master (SIGKILL) and starts it again on the same ports.
+    pub fn restart(&mut self) -> Result<()> {
+        self.proc.kill();
+        let fresh = Master::start(&self.dir, self.options.clone())?;
+        *self = fresh;
+        Ok(())
+    }
+}
+
+/// The value of an unlabelled sample in Prometheus text exposition.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (key, value) = l.split_once(' ')?;
+        (key == name).then(|| value.trim().parse().ok()).flatten()
+    })
+}
+
+/// How to start a member.
+#[derive(Clone, Debug)]
+pub struct MemberOptions {
+    /// `MOONCAKE_MASTER`.
+    pub master: String,
+    /// `MOONCAKE_GLOBAL_SEGMENT_SIZE`, bytes.
+    pub segment_bytes: u64,
+    /// `MOONCAKE_LOCAL_BUFFER_SIZE`, bytes.
+    pub local_buffer_bytes: u64,
+    /// More environment (`MOONCAKE_OFFLOAD_*`, `MOONCAKE_TENANT_ID`, …).
+    pub env: Vec<(String, String)>,
+}
+
+impl MemberOptions {
+    /// A member contributing `segment_bytes` to the master at `master`.
+    pub fn new(master: impl Into<String>, segment_bytes: u64) -> Self {
+        MemberOptions {
+            master: master.into(),
+            segment_bytes,
+            local_buffer_bytes: 16 << 20,
+            env: Vec::new(),
+        }
+    }
+}
+
+/// A running member (`python -m mooncake.mooncake_store_service`, the real process of the
+/// `mc_store_rest_server` entry point).
+pub struct Member {
+    /// The process.
+    pub proc: Proc,
+    /// Its REST port.
+    pub port: u16,
+}
+
+/// The environment every store process on loopback gets.
+fn loopback_env(cmd: &mut Command) {
+    cmd.env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        .env("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE")
+        .env("MOONCAKE_PROTOCOL", "tcp")
+        .env("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1")
+        .env("PYTHONUNBUFFERED", "1");
+}
+
+impl Member {
+    /// Starts a member in `dir` and waits until its REST port answers (it mounts before serving).
+    pub fn start(dir: &Path, options: &MemberOptions) -> Result<Member> {
+        let venv = paths::mooncake_venv()?;
+        let port = free_port()?;
+        let mut cmd = Command::new(venv.join("bin/python"));
+        cmd.current_dir(dir)
+            .args(["-m", "mooncake.mooncake_store_service", "--port"])
+            .arg(port.to_string());
+        loopback_env(&mut cmd);
+        cmd.env("MOONCAKE_MASTER", &options.master)
+            .env(
+                "MOONCAKE_GLOBAL_SEGMENT_SIZE",
+                options.segment_bytes.to_string(),
+            )
+            .env(
+                "MOONCAKE_LOCAL_BUFFER_SIZE",
+                options.local_buffer_bytes.to_string(),
+            )
+            .envs(options.env.iter().map(|(k, v)| (k, v)));
+        let mut proc = Proc::spawn(
+            "mc_store_rest_server",
+            cmd,
+            &dir.join(format!("member-{port}.log")),
+        )?;
+        wait_tcp(
+            &mut proc,
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            START_TIMEOUT,
+        )?;
+        Ok(Member { proc, port })
+    }
+}
+
+/// The Python client, one process per call.
+const CLIENT: &str = r#"
+import sys
+from mooncake.store import MooncakeDistributedStore
+master, op, key = sys.argv[1], sys.argv[2], sys.argv[3]
+tenant = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None
+cfg = {"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+       "global_segment_size": 0, "local_buffer_size": 16 * 1024 * 1024,
+       "protocol": "tcp", "rdma_devices": "", "master_server_addr": master}
+if tenant:
+    cfg["tenant_id"] = tenant
+store = MooncakeDistributedStore()
+rc = store.setup(cfg)
+if rc != 0:
+    print("RESULT setup", rc)
+    sys.exit(0)
+if op == "put":
+    size = int(sys.argv[5]) if len(sys.argv) > 5 else 4096
+    print("RESULT put", store.put(key, bytes([7]) * size))
+else:
+    value = store.get(key)
+    print("RESULT get", len(value))
+store.close()
+"#;
+
+fn client(master: &str, op: &str, key: &str, tenant: Option<&str>, size: usize) -> Result<i64> {
+    let venv = paths::mooncake_venv()?;
+    let mut cmd = Command::new(venv.join("bin/python"));
+    cmd.arg("-c")
+        .arg(CLIENT)
+        .args([master, op, key, tenant.unwrap_or(""), &size.to_string()]);
+    loopback_env(&mut cmd);
+    let out = cmd.output().map_err(|source| Error::Spawn {
+        what: "the store's Python client".into(),
+        source,
+    })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .ok_or_else(|| {
+            Error::Client(format!(
+                "no result from the client ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .rev()
+                    .take(5)
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            ))
+        })?;
+    let (what, code) = line.split_once(' ').unwrap_or((line, ""));
+    let code: i64 = code
+        .trim()
+        .parse()
+        .map_err(|_| Error::Client(format!("unreadable client result {line:?}")))?;
+    if what == "setup" {
+        return Err(Error::Client(format!(
+            "client setup against {master} returned {code}"
+        )));
+    }
+    Ok(code)
+}
+
+/// Puts `size` bytes under `key` as `tenant` (None: the store's default). Returns the store's
+/// code: 0 is success, negative codes are the store's errors (-1701 `TENANT_NOT_REGISTERED`).
+pub fn put(master: &str, key: &str, tenant: Option<&str>, size: usize) -> Result<i64> {
+    client(master, "put", key, tenant, size)
+}
+
+/// Reads `key`; returns the number of bytes (0 for a miss).
+pub fn get(master: &str, key: &str, tenant: Option<&str>) -> Result<usize> {
+    client(master, "get", key, tenant, 0).map(|n| usize::try_from(n).unwrap_or(0))
+}
+
+/// A plain HTTP GET on loopback; a non-200 answer is an error.
+pub fn http_get(url: &str) -> Result<String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .max_redirects(0)
+        .build()
+        .into();
+    let mut response = agent.get(url).call().map_err(|e| Error::Http {
+        url: url.to_owned(),
+        message: e.to_string(),
+    })?;
+    response
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| Error::Http {
+            url: url.to_owned(),
+            message: e.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metric_value;
+
+    #[test]
+    fn reads_unlabelled_samples() {
+        let text = "# HELP x\nmaster_total_capacity_bytes 134217728\nsegment_total_capacity_bytes{segment=\"a\"} 1\nmaster_key_count 0\n";
+        assert_eq!(
+            metric_value(text, "master_total_capacity_bytes"),
+            Some(134_217_728.0)
+        );
+        assert_eq!(metric_value(text, "master_key_count"), Some(0.0));
+        assert_eq!(metric_value(text, "segment_total_capacity_bytes"), None);
+    }
+}

@@ -1,0 +1,78 @@
+//! The 16Mi segment floor ratchets in the real API server, as the seed describes: an object stored
+//! before the bound existed stays editable; moving its value is judged.
+//! (Own test binary: it replaces the cluster-wide CRD.)
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kvcache_api::KVCacheBackend;
+use kvcache_e2e::cluster::apply_crds;
+use kvcache_e2e::shared;
+
+fn without_floor(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let mut v = serde_json::to_value(&crd).expect("crd json");
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::Array(rules)) =
+                    map.get_mut("x-kubernetes-validations")
+                {
+                    rules.retain(|r| {
+                        !r["message"]
+                            .as_str()
+                            .unwrap_or("")
+                            .contains("capacityPerMember must hold one bucket")
+                    });
+                }
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut v);
+    crd = serde_json::from_value(v).expect("crd back");
+    crd
+}
+
+#[tokio::test]
+async fn the_segment_floor_is_judged_only_when_the_value_moves() {
+    let cluster = shared();
+    let client = cluster.client().await.expect("client");
+    let current = KVCacheBackend::crd();
+    apply_crds(&client, &[without_floor(current.clone())])
+        .await
+        .expect("old CRD");
+
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("worker.gpustack.ai", "v1", "KVCacheBackend"),
+        "kvcachebackends",
+    );
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    let pp = PatchParams::apply("kvcache-e2e").force();
+    let manifest = |capacity: &str, selector: &str| -> DynamicObject {
+        serde_yaml::from_str(&format!(
+            "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: legacy}}\nspec:\n  connection:\n    managed:\n      members:\n        - medium: DRAM\n          capacityPerMember: {capacity}\n          nodeSelector: {{tier: '{selector}'}}\n          localDisks: [{{path: /var/lib/kvcache}}]\n"
+        )).expect("manifest")
+    };
+    api.patch("legacy", &pp, &Patch::Apply(manifest("8Mi", "a")))
+        .await
+        .expect("8Mi admitted before the floor existed");
+
+    apply_crds(&client, &[current]).await.expect("current CRD");
+    api.patch("legacy", &pp, &Patch::Apply(manifest("8Mi", "b")))
+        .await
+        .expect("an unrelated edit (in the same group) of the stored object is admitted");
+    let err = api
+        .patch("legacy", &pp, &Patch::Apply(manifest("12Mi", "b")))
+        .await
+        .expect_err("refused");
+    assert!(
+        err.to_string().contains("must hold one bucket (16Mi)"),
+        "{err}"
+    );
+    api.patch("legacy", &pp, &Patch::Apply(manifest("16Mi", "b")))
+        .await
+        .expect("at the floor");
+}

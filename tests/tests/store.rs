@@ -1,0 +1,81 @@
+//! The real Mooncake store on loopback: capacity is read from the master, members mount and
+//! unmount, a master restart leaves a cold cache.
+
+use std::time::{Duration, Instant};
+
+use kvcache_e2e::paths;
+use kvcache_e2e::store::{self, Master, MasterOptions, Member, MemberOptions};
+
+const SEGMENT: u64 = 64 << 20;
+
+fn wait_capacity(master: &Master, want: u64, within: Duration) -> u64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let got = master.capacity_bytes().unwrap_or(u64::MAX);
+        if got == want || Instant::now() > deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn capacity_follows_members_and_a_restart_is_cold() {
+    let dir = paths::scratch("store").expect("scratch dir");
+    let mut master = Master::start(
+        &dir,
+        MasterOptions {
+            client_ttl: Some(3),
+            ..Default::default()
+        },
+    )
+    .expect("master starts");
+    assert_eq!(
+        master.capacity_bytes().expect("metrics"),
+        0,
+        "no member yet"
+    );
+    let health = master.health().expect("health");
+    assert_eq!(health["service_ready"], true, "{health}");
+
+    let opts = MemberOptions::new(master.address(), SEGMENT);
+    let _first = Member::start(&dir, &opts).expect("first member");
+    assert_eq!(
+        wait_capacity(&master, SEGMENT, Duration::from_secs(10)),
+        SEGMENT
+    );
+    let mut second = Member::start(&dir, &opts).expect("second member");
+    assert_eq!(
+        wait_capacity(&master, 2 * SEGMENT, Duration::from_secs(10)),
+        2 * SEGMENT
+    );
+
+    // A killed member is dropped after the client TTL.
+    second.proc.kill();
+    assert_eq!(
+        wait_capacity(&master, SEGMENT, Duration::from_secs(20)),
+        SEGMENT
+    );
+
+    // A put reads back, then a master restart knows no keys: a cold cache.
+    assert_eq!(
+        store::put(&master.address(), "warm-key", None, 4096).expect("put"),
+        0
+    );
+    assert_eq!(
+        store::get(&master.address(), "warm-key", None).expect("get"),
+        4096
+    );
+    master.restart().expect("master restarts on the same ports");
+    assert_eq!(
+        wait_capacity(&master, SEGMENT, Duration::from_secs(20)),
+        SEGMENT,
+        "the surviving member remounts"
+    );
+    assert_eq!(master.metric("master_key_count").expect("metric"), 0.0);
+    assert_eq!(
+        store::get(&master.address(), "warm-key", None).expect("get"),
+        0,
+        "a miss"
+    );
+}
