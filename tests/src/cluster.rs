@@ -210,6 +210,18 @@ impl ControlPlane {
         client_from(&self.kubeconfig).await
     }
 
+    /// Leaves every process running after this handle is gone; returns their pids (etcd first).
+    pub fn detach(mut self) -> Vec<u32> {
+        if let Some(mut r) = self.reaper.take() {
+            let _ = r.kill();
+            let _ = r.wait();
+        }
+        std::mem::take(&mut self.procs)
+            .into_iter()
+            .map(Proc::detach)
+            .collect()
+    }
+
     /// Stops every process (controllers first, etcd last).
     pub fn stop(&mut self) {
         while let Some(mut p) = self.procs.pop() {

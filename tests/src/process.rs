@@ -40,6 +40,8 @@ impl Proc {
         let err = out
             .try_clone()
             .map_err(crate::io(format!("opening {}", log.display())))?;
+        // Its own process group: a Ctrl-C at the terminal reaches the harness, which stops it.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let child = cmd
             .stdin(Stdio::null())
             .stdout(out)
@@ -93,6 +95,14 @@ impl Proc {
         let _ = child.wait();
     }
 
+    /// Lets the process run on after this handle is gone (for `cargo xtask cluster up`); returns
+    /// its pid.
+    pub fn detach(mut self) -> u32 {
+        let pid = self.pid();
+        self.child = None;
+        pid
+    }
+
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -141,6 +151,28 @@ pub fn reaper(pids: &[u32]) -> Result<Child> {
         what: "the reaper".into(),
         source,
     })
+}
+
+/// Whether a process with this pid is alive.
+pub fn alive(pid: u32) -> bool {
+    i32::try_from(pid).is_ok_and(|p| kill(Pid::from_raw(p), None).is_ok())
+}
+
+/// Stops detached processes by pid: SIGTERM, up to `grace` to exit, then SIGKILL.
+pub fn stop_pids(pids: &[u32], grace: Duration) {
+    let signal_all = |signal: Signal| {
+        for pid in pids {
+            if let Ok(p) = i32::try_from(*pid) {
+                let _ = kill(Pid::from_raw(p), signal);
+            }
+        }
+    };
+    signal_all(Signal::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline && pids.iter().any(|p| alive(*p)) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal_all(Signal::SIGKILL);
 }
 
 /// Waits until something accepts TCP connections on `addr`.

@@ -107,6 +107,11 @@ impl Master {
         })
     }
 
+    /// Leaves the master running after this handle is gone; returns its pid.
+    pub fn detach(self) -> u32 {
+        self.proc.detach()
+    }
+
     /// Kills the master (SIGKILL) and starts it again on the same ports.
     pub fn restart(&mut self) -> Result<()> {
         self.proc.kill();

@@ -1,5 +1,6 @@
 //! `cargo xtask`: the project's own tasks.
 
+mod cluster;
 mod crds;
 mod setup;
 mod test;
@@ -26,6 +27,44 @@ enum Task {
     },
     /// Install what the tests need, without running them.
     Setup,
+    /// The local control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+    /// on 127.0.0.1), with the CRDs installed.
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+    },
+    /// A local Mooncake store (a master and members on 127.0.0.1).
+    Store {
+        #[command(subcommand)]
+        action: StoreAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterAction {
+    /// Start it (building it first if needed) and print the KUBECONFIG line.
+    Up,
+    /// Stop every process it started.
+    Down,
+    /// Show its processes and whether the API server answers.
+    Status,
+    /// Print `export KUBECONFIG=...`.
+    Env,
+}
+
+#[derive(Subcommand)]
+enum StoreAction {
+    /// Start a master and members.
+    Up {
+        /// How many members.
+        #[arg(long, default_value_t = 2)]
+        members: usize,
+        /// Segment per member, MiB.
+        #[arg(long, default_value_t = 64)]
+        segment_mib: u64,
+    },
+    /// Stop them.
+    Down,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,5 +72,18 @@ fn main() -> anyhow::Result<()> {
         Task::Crds => crds::write(),
         Task::Test { args } => test::run(&args),
         Task::Setup => setup::all().map(|_| ()),
+        Task::Cluster { action } => match action {
+            ClusterAction::Up => cluster::up(),
+            ClusterAction::Down => cluster::down(),
+            ClusterAction::Status => cluster::status(),
+            ClusterAction::Env => cluster::env(),
+        },
+        Task::Store { action } => match action {
+            StoreAction::Up {
+                members,
+                segment_mib,
+            } => cluster::store_up(members, segment_mib),
+            StoreAction::Down => cluster::store_down(),
+        },
     }
 }
