@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod backend;
+pub mod condition;
 pub mod crd;
 pub mod manifest;
 pub mod model;

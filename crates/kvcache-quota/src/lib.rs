@@ -1,1 +1,35 @@
+//! The quota layer behind pools and bindings, as pure functions: who each Binding's tenant is,
+//! what the store is told (its policy document and admin-API requests), and how what the store
+//! answers becomes pool and binding status. No I/O: the operator does the HTTP and the writes.
 
+pub mod admin;
+pub mod claims;
+pub mod grant;
+pub mod policy;
+pub mod status;
+
+pub use admin::{AdminError, Outcome, TenantEntry};
+pub use claims::{Claim, DuplicateDomain};
+pub use grant::recut;
+pub use policy::{PolicyDocument, TenantQuota};
+
+/// What can go wrong in this crate.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    /// The policy document would be refused by the store; nothing is rendered.
+    #[error("the tenant policy for backend {backend} was not rendered: {}", problems.join("; "))]
+    PolicyRefused {
+        /// The backend.
+        backend: String,
+        /// Every problem, each naming the Binding.
+        problems: Vec<String>,
+    },
+    /// The store's answer is not what its admin API sends.
+    #[error("the store's admin API answered something unreadable ({context}): {message}")]
+    Unreadable {
+        /// What was asked.
+        context: String,
+        /// The decoder's message.
+        message: String,
+    },
+}

@@ -1,0 +1,378 @@
+//! The master's tenant-ledger admin API (`/api/v1/tenant_quotas` on the admin port): what to send
+//! and what each answer means. The operator does the HTTP.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::Error;
+
+/// The route on the master's admin port (9003 for a managed leader).
+pub const ROUTE: &str = "/api/v1/tenant_quotas";
+
+/// A request to the ledger.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// List every tenant.
+    List,
+    /// One tenant.
+    Get(String),
+    /// Create or change a tenant's ceiling.
+    Upsert {
+        /// The tenant.
+        tenant: String,
+        /// Its ceiling, bytes.
+        bytes: u64,
+    },
+    /// Remove a tenant (refused while it holds data).
+    Delete(String),
+}
+
+impl Request {
+    /// The HTTP method.
+    pub fn method(&self) -> &'static str {
+        match self {
+            Request::List | Request::Get(_) => "GET",
+            Request::Upsert { .. } => "PUT",
+            Request::Delete(_) => "DELETE",
+        }
+    }
+
+    /// Path and query, e.g. `/api/v1/tenant_quotas?tenant_id=team-a`.
+    pub fn path(&self) -> String {
+        match self {
+            Request::List => ROUTE.to_owned(),
+            Request::Get(t) | Request::Upsert { tenant: t, .. } | Request::Delete(t) => {
+                format!("{ROUTE}?tenant_id={}", query_escape(t))
+            }
+        }
+    }
+
+    /// The JSON body, for an upsert.
+    pub fn body(&self) -> Option<String> {
+        match self {
+            Request::Upsert { bytes, .. } => Some(format!("{{\"requested_quota_bytes\":{bytes}}}")),
+            _ => None,
+        }
+    }
+}
+
+fn query_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// One tenant as the ledger reports it, for both entry generations: 0.3.12 reports `used_bytes`,
+/// `reserved_bytes` and counts; 0.3.13 replaces them with `charged_bytes` and adds
+/// `admission_closed`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct TenantEntry {
+    /// The tenant.
+    pub tenant_id: String,
+    /// The ceiling the ledger holds.
+    #[serde(default)]
+    pub requested_quota_bytes: u64,
+    /// The grant the master computed.
+    #[serde(default)]
+    pub effective_quota_bytes: u64,
+    /// 0.3.13: bytes charged to the tenant.
+    #[serde(default)]
+    pub charged_bytes: Option<u64>,
+    /// 0.3.12: bytes committed.
+    #[serde(default)]
+    pub used_bytes: Option<u64>,
+    /// 0.3.12: bytes reserved by puts in flight.
+    #[serde(default)]
+    pub reserved_bytes: Option<u64>,
+    /// 0.3.12: objects committed.
+    #[serde(default)]
+    pub committed_count: Option<u64>,
+    /// 0.3.12: objects in the metadata.
+    #[serde(default)]
+    pub metadata_object_count: Option<u64>,
+    /// 0.3.13: new allocations refused for the tenant.
+    #[serde(default)]
+    pub admission_closed: Option<bool>,
+    /// The master's flag: the grant was recut below current holdings.
+    #[serde(default)]
+    pub over_quota: bool,
+    /// The tenant has an explicit policy (not an orphan of a removed one).
+    #[serde(default)]
+    pub has_explicit_policy: bool,
+}
+
+impl TenantEntry {
+    /// Bytes the tenant holds, whichever generation answered.
+    pub fn usage_bytes(&self) -> u64 {
+        self.charged_bytes.or(self.used_bytes).unwrap_or(0)
+    }
+}
+
+/// A refusal or failure the ledger reports, by its `error_code`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AdminError {
+    /// -600: invalid quota or tenant id.
+    #[error("the master refused the request as invalid: {0}")]
+    Invalid(String),
+    /// -1010: transient (the master is not serving yet); retry.
+    #[error(
+        "the master cannot answer in its current state (UNAVAILABLE_IN_CURRENT_STATUS); it is starting or not the leader yet, retrying"
+    )]
+    UnavailableInCurrentStatus,
+    /// -1011: the master runs without multi-tenancy: there is no ledger.
+    #[error(
+        "the master runs without multi-tenancy (UNAVAILABLE_IN_CURRENT_MODE): it keeps no tenant ledger"
+    )]
+    UnavailableInCurrentMode,
+    /// -1702: the tenant still holds objects.
+    #[error(
+        "the tenant still holds objects (TENANT_NOT_EMPTY); it can be released once its data is evicted or deleted"
+    )]
+    TenantNotEmpty,
+    /// -1503: the policy file could not be written; nothing was applied.
+    #[error(
+        "the master could not write its tenant policy file (PERSISTENT_FAIL); nothing was applied: check that the policy volume is writable"
+    )]
+    PersistentFail,
+    /// -704: the tenant is absent.
+    #[error("the tenant is not in the ledger (OBJECT_NOT_FOUND)")]
+    NotFound,
+    /// Any other answer.
+    #[error("the master answered HTTP {status} with error code {code}: {message}")]
+    Other {
+        /// HTTP status.
+        status: u16,
+        /// The store's error code, if any.
+        code: i64,
+        /// The store's message or the body.
+        message: String,
+    },
+}
+
+#[derive(Deserialize)]
+struct Envelope {
+    #[serde(default)]
+    success: bool,
+    #[serde(default)]
+    data: Value,
+    #[serde(default)]
+    error_code: Option<Value>,
+    #[serde(default)]
+    error_message: Option<String>,
+}
+
+fn code_of(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => match s.as_str() {
+            "INVALID_PARAMS" => Some(-600),
+            "OBJECT_NOT_FOUND" => Some(-704),
+            "UNAVAILABLE_IN_CURRENT_STATUS" => Some(-1010),
+            "UNAVAILABLE_IN_CURRENT_MODE" => Some(-1011),
+            "PERSISTENT_FAIL" => Some(-1503),
+            "TENANT_NOT_EMPTY" => Some(-1702),
+            other => other.parse().ok(),
+        },
+        _ => None,
+    }
+}
+
+fn envelope(status: u16, body: &str) -> Result<Value, AdminError> {
+    let env: Envelope = serde_json::from_str(body).map_err(|e| AdminError::Other {
+        status,
+        code: 0,
+        message: format!(
+            "unreadable body ({e}): {}",
+            body.chars().take(200).collect::<String>()
+        ),
+    })?;
+    if env.success && (200..300).contains(&status) {
+        return Ok(env.data);
+    }
+    let code = env.error_code.as_ref().and_then(code_of).unwrap_or(0);
+    let message = env.error_message.unwrap_or_default();
+    Err(match code {
+        -600 => AdminError::Invalid(message),
+        -704 => AdminError::NotFound,
+        -1010 => AdminError::UnavailableInCurrentStatus,
+        -1011 => AdminError::UnavailableInCurrentMode,
+        -1503 => AdminError::PersistentFail,
+        -1702 => AdminError::TenantNotEmpty,
+        _ => AdminError::Other {
+            status,
+            code,
+            message,
+        },
+    })
+}
+
+/// Decodes the answer to [`Request::List`].
+pub fn decode_list(status: u16, body: &str) -> Result<Vec<TenantEntry>, AdminError> {
+    let data = envelope(status, body)?;
+    serde_json::from_value(data).map_err(|e| AdminError::Other {
+        status,
+        code: 0,
+        message: format!("the tenant list does not decode: {e}"),
+    })
+}
+
+/// Decodes the answer to [`Request::Get`] or [`Request::Upsert`].
+pub fn decode_entry(status: u16, body: &str) -> Result<TenantEntry, AdminError> {
+    let data = envelope(status, body)?;
+    serde_json::from_value(data).map_err(|e| AdminError::Other {
+        status,
+        code: 0,
+        message: format!("the tenant entry does not decode: {e}"),
+    })
+}
+
+/// Decodes the answer to [`Request::Delete`].
+pub fn decode_ack(status: u16, body: &str) -> Result<(), AdminError> {
+    envelope(status, body).map(|_| ())
+}
+
+/// The outcome of a ledger read, as the pool's conditions see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The ledger answered with its tenants.
+    Listed(Vec<TenantEntry>),
+    /// The master keeps no ledger (declared or reported).
+    NoLedger,
+    /// The request failed; the message says why.
+    Unreachable(String),
+    /// Not asked yet.
+    NotObserved,
+}
+
+impl Outcome {
+    /// The outcome of a list call.
+    pub fn from_list(result: Result<Vec<TenantEntry>, AdminError>) -> Self {
+        match result {
+            Ok(entries) => Outcome::Listed(entries),
+            Err(AdminError::UnavailableInCurrentMode) => Outcome::NoLedger,
+            Err(e) => Outcome::Unreachable(e.to_string()),
+        }
+    }
+}
+
+/// Keeps `Error` reachable for callers who want one error type.
+impl From<AdminError> for Error {
+    fn from(e: AdminError) -> Self {
+        Error::Unreadable {
+            context: "tenant ledger".into(),
+            message: e.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_what_the_master_expects() {
+        let up = Request::Upsert {
+            tenant: "team-a".into(),
+            bytes: 1 << 30,
+        };
+        assert_eq!(up.method(), "PUT");
+        assert_eq!(up.path(), "/api/v1/tenant_quotas?tenant_id=team-a");
+        assert_eq!(
+            up.body().as_deref(),
+            Some("{\"requested_quota_bytes\":1073741824}")
+        );
+        assert_eq!(Request::List.path(), "/api/v1/tenant_quotas");
+        assert_eq!(
+            Request::Delete("a b".into()).path(),
+            "/api/v1/tenant_quotas?tenant_id=a%20b"
+        );
+        assert_eq!(Request::Delete("x".into()).method(), "DELETE");
+    }
+
+    #[test]
+    fn both_entry_generations_decode() {
+        // 0.3.13, as the real master answered on loopback.
+        let new = r#"{"success":true,"data":[{"tenant_id":"default","requested_quota_bytes":67108864,"effective_quota_bytes":44739243,"charged_bytes":4096,"admission_closed":false,"over_quota":false,"has_explicit_policy":true}]}"#;
+        let e = &decode_list(200, new).expect("decodes")[0];
+        assert_eq!(
+            (e.effective_quota_bytes, e.usage_bytes()),
+            (44_739_243, 4096)
+        );
+        assert_eq!(e.admission_closed, Some(false));
+        // 0.3.12.
+        let old = r#"{"success":true,"data":{"tenant_id":"team-a","requested_quota_bytes":100,"effective_quota_bytes":50,"used_bytes":40,"reserved_bytes":5,"committed_count":1,"metadata_object_count":1,"over_quota":true,"has_explicit_policy":true}}"#;
+        let e = decode_entry(200, old).expect("decodes");
+        assert_eq!(
+            (e.usage_bytes(), e.reserved_bytes, e.over_quota),
+            (40, Some(5), true)
+        );
+        assert_eq!(e.committed_count, Some(1));
+    }
+
+    #[test]
+    fn every_error_code_decodes() {
+        let body = |code: &str, msg: &str| {
+            format!(r#"{{"success":false,"error_code":{code},"error_message":"{msg}"}}"#)
+        };
+        let cases = [
+            (
+                400,
+                body("-600", "Tenant quota must be in [1, 2^63 - 1] bytes"),
+                AdminError::Invalid("Tenant quota must be in [1, 2^63 - 1] bytes".into()),
+            ),
+            (
+                409,
+                body("-1010", "UNAVAILABLE_IN_CURRENT_STATUS"),
+                AdminError::UnavailableInCurrentStatus,
+            ),
+            (
+                409,
+                body("-1011", "UNAVAILABLE_IN_CURRENT_MODE"),
+                AdminError::UnavailableInCurrentMode,
+            ),
+            (
+                409,
+                body("-1702", "TENANT_NOT_EMPTY"),
+                AdminError::TenantNotEmpty,
+            ),
+            (
+                500,
+                body("-1503", "PERSISTENT_FAIL"),
+                AdminError::PersistentFail,
+            ),
+            (404, body("-704", "OBJECT_NOT_FOUND"), AdminError::NotFound),
+            (
+                409,
+                body("\"TENANT_NOT_EMPTY\"", "x"),
+                AdminError::TenantNotEmpty,
+            ),
+        ];
+        for (status, body, want) in cases {
+            assert_eq!(decode_ack(status, &body), Err(want.clone()), "{body}");
+            assert_eq!(decode_list(status, &body), Err(want), "{body}");
+        }
+        let odd = decode_ack(502, "<html>bad gateway</html>").expect_err("not JSON");
+        assert!(
+            matches!(odd, AdminError::Other { status: 502, .. }),
+            "{odd:?}"
+        );
+        assert!(decode_ack(200, r#"{"success":true,"data":null}"#).is_ok());
+    }
+
+    #[test]
+    fn outcomes() {
+        assert_eq!(
+            Outcome::from_list(Err(AdminError::UnavailableInCurrentMode)),
+            Outcome::NoLedger
+        );
+        assert!(matches!(
+            Outcome::from_list(Err(AdminError::PersistentFail)),
+            Outcome::Unreachable(_)
+        ));
+    }
+}

@@ -1,0 +1,176 @@
+//! Domain claims: a tenant name is held by one Binding per backend object, cluster-wide.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// One Binding's claim on a tenant of a backend.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Claim {
+    /// The backend object the Binding's pool uses.
+    pub backend: String,
+    /// The tenant (the domain name; `default` when omitted).
+    pub tenant: String,
+    /// `namespace/name` of the Binding.
+    pub binding: String,
+    /// The pool the Binding names.
+    pub pool: String,
+}
+
+/// A second claim on a tenant already held on the same backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DuplicateDomain {
+    /// The Binding that holds the name.
+    pub holder: String,
+    /// The shared backend.
+    pub backend: String,
+    /// The tenant.
+    pub tenant: String,
+}
+
+impl fmt::Display for DuplicateDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "domain {:?} is already held on backend {} by KVCachePoolBinding {}: a domain name is claimed once per backend (an omitted name counts as \"default\"); choose another spec.domain.name",
+            self.tenant, self.backend, self.holder
+        )
+    }
+}
+
+/// Admission (catalogue 2.3.3): refuses `candidate` when another Binding already claims its
+/// tenant on the same backend. The same name on another backend is fine.
+pub fn check(existing: &[Claim], candidate: &Claim) -> Result<(), DuplicateDomain> {
+    match existing.iter().find(|c| {
+        c.backend == candidate.backend
+            && c.tenant == candidate.tenant
+            && c.binding != candidate.binding
+    }) {
+        Some(holder) => Err(DuplicateDomain {
+            holder: holder.binding.clone(),
+            backend: holder.backend.clone(),
+            tenant: holder.tenant.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Bindings that raced past admission onto one tenant of one backend: for each Binding in such
+/// a group, the other claimants. Bindings not listed hold their domain alone.
+pub fn contested(claims: &[Claim]) -> BTreeMap<String, Vec<String>> {
+    let mut groups: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
+    for c in claims {
+        groups
+            .entry((c.backend.as_str(), c.tenant.as_str()))
+            .or_default()
+            .push(&c.binding);
+    }
+    let mut out = BTreeMap::new();
+    for holders in groups.values().filter(|h| h.len() > 1) {
+        for b in holders {
+            let mut others: Vec<String> = holders
+                .iter()
+                .filter(|o| *o != b)
+                .map(|o| (*o).to_owned())
+                .collect();
+            others.sort();
+            out.insert((*b).to_owned(), others);
+        }
+    }
+    out
+}
+
+/// Pool admission (catalogue 2.2.3): a pool over a managed backend that declares
+/// `multiTenancy: false` is admitted with this warning. External backends are not inspected.
+pub fn pool_warning(pool: &str, backend: &kvcache_api::KVCacheBackend) -> Option<String> {
+    let managed = backend.spec.connection.managed.as_ref()?;
+    (!managed.leader.multi_tenancy).then(|| {
+        format!(
+            "KVCachePool {pool}: KVCacheBackend {} declares leader.multiTenancy: false, so no per-tenant quota is enforced; Bindings report QuotaGranted=True/Unenforced and every write lands in the store's default tenant",
+            backend.metadata.name.as_deref().unwrap_or_default()
+        )
+    })
+}
+
+/// Binding admission (catalogue 2.3.4): a second distinct domain on a backend. Refused when the
+/// master is known to keep no ledger (it would mix both domains in one tenant); a warning when
+/// the ledger's state is not known.
+pub fn second_domain(
+    backend: &str,
+    ledger: Option<bool>,
+    tenants_on_backend: &[String],
+    candidate: &str,
+) -> Result<Option<String>, String> {
+    let distinct = tenants_on_backend.iter().any(|t| t != candidate);
+    match (distinct, ledger) {
+        (false, _) | (true, Some(true)) => Ok(None),
+        (true, Some(false)) => Err(format!(
+            "KVCacheBackend {backend} keeps no tenant ledger (multi-tenancy off), so it can serve only one reuse domain and already serves {:?}; use that domain, or a backend with multi-tenancy",
+            tenants_on_backend
+                .first()
+                .map(String::as_str)
+                .unwrap_or_default()
+        )),
+        (true, None) => Ok(Some(format!(
+            "tenant support of KVCacheBackend {backend} is unproven (its ledger has not been read): a second domain needs a multi-tenant master, and engine images that forward the tenant id"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(backend: &str, tenant: &str, binding: &str) -> Claim {
+        Claim {
+            backend: backend.into(),
+            tenant: tenant.into(),
+            binding: binding.into(),
+            pool: "p".into(),
+        }
+    }
+
+    #[test]
+    fn claims_are_per_backend_and_cluster_wide() {
+        let existing = [claim("mooncake-dram", "default", "team-a/team-a")];
+        let err = check(
+            &existing,
+            &claim("mooncake-dram", "default", "team-b/cache"),
+        )
+        .expect_err("duplicate across namespaces");
+        let text = err.to_string();
+        assert!(
+            text.contains("team-a/team-a") && text.contains("mooncake-dram"),
+            "{text}"
+        );
+        assert!(
+            check(
+                &existing,
+                &claim("mooncake-disk", "default", "team-b/cache")
+            )
+            .is_ok()
+        );
+        assert!(check(&existing, &claim("mooncake-dram", "chat", "team-b/cache")).is_ok());
+        // Re-admitting the holder itself (an update) is not a duplicate.
+        assert!(
+            check(
+                &existing,
+                &claim("mooncake-dram", "default", "team-a/team-a")
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn raced_claims_are_reported_on_every_claimant() {
+        let claims = [
+            claim("b", "chat", "x/one"),
+            claim("b", "chat", "y/two"),
+            claim("b", "other", "z/three"),
+            claim("c", "chat", "w/four"),
+        ];
+        let c = contested(&claims);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c["x/one"], vec!["y/two".to_string()]);
+        assert_eq!(c["y/two"], vec!["x/one".to_string()]);
+    }
+}

@@ -1,0 +1,526 @@
+//! Pool and Binding status from what the operator observed: phases, figures and conditions as
+//! plain values (the operator stamps times and writes them).
+
+use bytesize::ByteSize;
+use kvcache_api::condition::{Cond, Status, find};
+use kvcache_api::pool::PoolPhase;
+
+use crate::admin::{Outcome, TenantEntry};
+
+/// Condition types on a pool.
+pub mod pool_types {
+    /// The pool's backend exists.
+    pub const BACKEND_RESOLVED: &str = "BackendResolved";
+    /// The master reports capacity to allocate.
+    pub const CAPACITY_ALLOCATABLE: &str = "CapacityAllocatable";
+    /// The master keeps a tenant ledger.
+    pub const QUOTA_LEDGER_AVAILABLE: &str = "QuotaLedgerAvailable";
+    /// The Bindings' ceilings fit `quota.total`.
+    pub const QUOTA_WITHIN_TOTAL: &str = "QuotaWithinTotal";
+    /// Ceilings reach the master.
+    pub const QUOTA_POLICY_WRITABLE: &str = "QuotaPolicyWritable";
+    /// The pool can be released.
+    pub const RELEASABLE: &str = "Releasable";
+}
+
+/// Condition types on a Binding.
+pub mod binding_types {
+    /// The ledger was read for this domain.
+    pub const QUOTA_OBSERVED: &str = "QuotaObserved";
+    /// The master granted this domain a quota.
+    pub const QUOTA_GRANTED: &str = "QuotaGranted";
+    /// No other Binding claims this domain on the same backend.
+    pub const DOMAIN_EXCLUSIVE: &str = "DomainExclusive";
+    /// The Binding can be released.
+    pub const RELEASABLE: &str = "Releasable";
+}
+
+/// A byte figure as users write it (`16Gi`) when exact, else approximately with the exact count.
+fn bytes(b: u64) -> String {
+    let q = kvcache_api::quantity::format_bytes(b);
+    if q.ends_with('i') {
+        q
+    } else {
+        format!("{} ({b} bytes)", ByteSize::b(b).display().iec())
+    }
+}
+
+/// What the pool's backend is, as resolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendView {
+    /// The named backend does not exist.
+    Missing {
+        /// The name the pool gives.
+        name: String,
+    },
+    /// A managed backend.
+    Managed {
+        /// Its name.
+        name: String,
+        /// `leader.multiTenancy` as declared.
+        multi_tenancy: bool,
+        /// The address engines are given.
+        client_endpoint: String,
+    },
+    /// An external backend (its ledger is known only by asking).
+    External {
+        /// Its name.
+        name: String,
+        /// The declared `Client` address.
+        client_endpoint: String,
+    },
+}
+
+/// One Binding of the pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindingView {
+    /// `namespace/name`.
+    pub binding: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its ceiling, bytes.
+    pub ceiling_bytes: u64,
+}
+
+/// Where a deletion stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Not being deleted.
+    NotDeleting,
+    /// Still referenced: by Bindings (for a pool) or workloads (for a Binding).
+    Held(Vec<String>),
+    /// The master holds data for the tenant(s); drain first.
+    LedgerNotReleased(String),
+    /// The ledger request failed; outcome unknown.
+    LedgerRequestFailed(String),
+    /// Released; the finalizer may go.
+    Released,
+}
+
+/// What the operator observed for one pool.
+#[derive(Clone, Debug)]
+pub struct PoolInput<'a> {
+    /// The pool's name.
+    pub pool: &'a str,
+    /// `spec.quota.total` in bytes.
+    pub total_bytes: u64,
+    /// The backend.
+    pub backend: BackendView,
+    /// The last ledger read.
+    pub ledger: &'a Outcome,
+    /// `master_total_capacity_bytes` (allocatable), if read.
+    pub capacity_bytes: Option<u64>,
+    /// The last push of ceilings to the master: `None` when none was attempted.
+    pub policy_write: Option<Result<(), String>>,
+    /// The pool's Bindings.
+    pub bindings: &'a [BindingView],
+    /// Deletion state.
+    pub release: Release,
+}
+
+/// A pool's computed status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolVerdict {
+    /// `Ready`, `Error` or `Deleting`.
+    pub phase: PoolPhase,
+    /// Why not `Ready`.
+    pub phase_message: Option<String>,
+    /// The address engines are given.
+    pub client_endpoint: Option<String>,
+    /// The domains of the pool's Bindings, sorted.
+    pub domains: Vec<String>,
+    /// Whether the master enforces ceilings (it keeps a ledger).
+    pub ledger: Option<bool>,
+    /// Every condition, in a fixed order.
+    pub conditions: Vec<Cond>,
+}
+
+use pool_types as p;
+
+/// Computes a pool's status.
+pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
+    let pool = input.pool;
+    let mut conds = Vec::new();
+    let (backend_name, client_endpoint, declared_off) = match &input.backend {
+        BackendView::Missing { name } => {
+            conds.push(Cond::no(
+                p::BACKEND_RESOLVED,
+                "BackendNotFound",
+                format!("KVCachePool {pool} names KVCacheBackend {name}, which does not exist: create it, or delete this pool and create one over an existing backend"),
+            ));
+            (name.clone(), None, false)
+        }
+        BackendView::Managed {
+            name,
+            multi_tenancy,
+            client_endpoint,
+        } => {
+            conds.push(Cond::yes(
+                p::BACKEND_RESOLVED,
+                "Resolved",
+                format!("managed KVCacheBackend {name}"),
+            ));
+            (name.clone(), Some(client_endpoint.clone()), !*multi_tenancy)
+        }
+        BackendView::External {
+            name,
+            client_endpoint,
+        } => {
+            conds.push(Cond::yes(
+                p::BACKEND_RESOLVED,
+                "Resolved",
+                format!("external KVCacheBackend {name}"),
+            ));
+            (name.clone(), Some(client_endpoint.clone()), false)
+        }
+    };
+
+    conds.push(match input.capacity_bytes {
+        None => Cond::unknown(
+            p::CAPACITY_ALLOCATABLE,
+            "CapacityNotObserved",
+            format!("the capacity of KVCacheBackend {backend_name} has not been read yet"),
+        ),
+        Some(0) => Cond::no(
+            p::CAPACITY_ALLOCATABLE,
+            "NothingToAllocate",
+            format!("the master of KVCacheBackend {backend_name} reports nothing to allocate, so every domain's effective quota is zero: its members are not mounted yet, or have not remounted after a leader restart (this clears by itself once they do)"),
+        ),
+        Some(c) => Cond::yes(p::CAPACITY_ALLOCATABLE, "Allocatable", format!("the master reports {} allocatable", bytes(c))),
+    });
+
+    let ledger = if declared_off || matches!(input.ledger, Outcome::NoLedger) {
+        conds.push(Cond::no(
+            p::QUOTA_LEDGER_AVAILABLE,
+            "MultiTenancyDisabled",
+            format!("KVCacheBackend {backend_name} runs without multi-tenancy: no per-tenant quota is enforced, the pool serves one reuse domain and every write lands in the store's default tenant"),
+        ));
+        Some(false)
+    } else {
+        match input.ledger {
+            Outcome::Listed(_) => {
+                conds.push(Cond::yes(
+                    p::QUOTA_LEDGER_AVAILABLE,
+                    "LedgerAvailable",
+                    format!("the master of {backend_name} keeps a tenant ledger"),
+                ));
+                Some(true)
+            }
+            Outcome::Unreachable(why) => {
+                conds.push(Cond::no(
+                    p::QUOTA_LEDGER_AVAILABLE,
+                    "LedgerUnreachable",
+                    format!("the tenant ledger of KVCacheBackend {backend_name} could not be read: {why}"),
+                ));
+                None
+            }
+            Outcome::NotObserved | Outcome::NoLedger => {
+                conds.push(Cond::unknown(
+                    p::QUOTA_LEDGER_AVAILABLE,
+                    "LedgerNotObserved",
+                    format!(
+                        "the tenant ledger of KVCacheBackend {backend_name} has not been read yet"
+                    ),
+                ));
+                None
+            }
+        }
+    };
+
+    let sum: u128 = input
+        .bindings
+        .iter()
+        .map(|b| u128::from(b.ceiling_bytes))
+        .sum();
+    let sum_text = u64::try_from(sum).map_or_else(|_| format!("{sum} bytes"), bytes);
+    conds.push(if sum <= u128::from(input.total_bytes) {
+        Cond::yes(
+            p::QUOTA_WITHIN_TOTAL,
+            "WithinTotal",
+            format!("the Bindings' ceilings sum to {sum_text}, within quota.total {}", bytes(input.total_bytes)),
+        )
+    } else {
+        Cond::no(
+            p::QUOTA_WITHIN_TOTAL,
+            "Oversubscribed",
+            format!(
+                "the Bindings' ceilings sum to {sum_text}, above quota.total {}: this is reported, not refused; the master recuts grants only when ceilings exceed its allocatable capacity",
+                bytes(input.total_bytes)
+            ),
+        )
+    });
+
+    conds.push(match (ledger, &input.policy_write) {
+        (Some(false), _) => Cond::yes(
+            p::QUOTA_POLICY_WRITABLE,
+            "NoLedger",
+            "the master keeps no ledger, so there is no policy to write",
+        ),
+        (_, Some(Ok(()))) => Cond::yes(
+            p::QUOTA_POLICY_WRITABLE,
+            "Writable",
+            "ceilings reach the master",
+        ),
+        (_, Some(Err(why))) => Cond::no(
+            p::QUOTA_POLICY_WRITABLE,
+            "PolicyNotWritable",
+            format!("ceilings no longer reach the master of {backend_name}: {why}"),
+        ),
+        (_, None) => Cond::unknown(
+            p::QUOTA_POLICY_WRITABLE,
+            "NotAttempted",
+            "no ceiling has been pushed yet",
+        ),
+    });
+
+    conds.push(release_cond(
+        p::RELEASABLE,
+        &input.release,
+        &format!("KVCachePool {pool}"),
+        "KVCachePoolBinding",
+    ));
+
+    let mut domains: Vec<String> = input.bindings.iter().map(|b| b.tenant.clone()).collect();
+    domains.sort();
+    domains.dedup();
+
+    let blocking = conds.iter().find(|c| {
+        c.status == Status::False
+            && matches!(
+                c.reason,
+                "BackendNotFound" | "NothingToAllocate" | "LedgerUnreachable" | "PolicyNotWritable"
+            )
+    });
+    let (phase, phase_message) = if input.release != Release::NotDeleting {
+        let why = find(&conds, p::RELEASABLE).map(|c| c.message.clone());
+        (PoolPhase::Deleting, why)
+    } else if let Some(c) = blocking {
+        (
+            PoolPhase::Error,
+            Some(format!("{}: {}", c.type_, c.message)),
+        )
+    } else {
+        (PoolPhase::Ready, None)
+    };
+    PoolVerdict {
+        phase,
+        phase_message,
+        client_endpoint,
+        domains,
+        ledger,
+        conditions: conds,
+    }
+}
+
+fn release_cond(type_: &'static str, release: &Release, what: &str, holder_kind: &str) -> Cond {
+    match release {
+        Release::NotDeleting => {
+            Cond::yes(type_, "NotDeleting", format!("{what} is not being deleted"))
+        }
+        Release::Held(by) => Cond::no(
+            type_,
+            if holder_kind == "KVCachePoolBinding" {
+                "HeldByBindings"
+            } else {
+                "HeldByWorkloads"
+            },
+            format!(
+                "{what} is held by {holder_kind} {}: delete those first; running workloads keep running",
+                by.join(", ")
+            ),
+        ),
+        Release::LedgerNotReleased(why) => Cond::no(
+            type_,
+            "LedgerNotReleased",
+            format!(
+                "{what} waits for the master to release its tenant entries (retried every 30s): {why}"
+            ),
+        ),
+        Release::LedgerRequestFailed(why) => Cond::no(
+            type_,
+            "LedgerRequestFailed",
+            format!(
+                "the ledger request for {what} failed and its outcome is unknown, so it is held: {why}"
+            ),
+        ),
+        Release::Released => Cond::yes(type_, "Released", format!("{what} is released")),
+    }
+}
+
+/// What the operator observed for one Binding.
+#[derive(Clone, Debug)]
+pub struct BindingInput<'a> {
+    /// `namespace/name`.
+    pub binding: &'a str,
+    /// Its tenant.
+    pub tenant: &'a str,
+    /// Its ceiling, bytes.
+    pub ceiling_bytes: u64,
+    /// Its pool's verdict; `None` when the pool does not exist.
+    pub pool: Option<(&'a str, &'a PoolVerdict)>,
+    /// The tenant's ledger entry, when the ledger was listed.
+    pub entry: Option<&'a TenantEntry>,
+    /// Other Bindings claiming the same tenant on the same backend.
+    pub contested_with: &'a [String],
+    /// Deletion state.
+    pub release: Release,
+}
+
+/// A Binding's computed status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindingVerdict {
+    /// `Ready` or `Error` (`Deleting` while held).
+    pub phase: PoolPhase,
+    /// Why not `Ready`.
+    pub phase_message: Option<String>,
+    /// The grant, when the backend keeps a ledger.
+    pub effective_quota_bytes: Option<u64>,
+    /// Bytes held, when the backend keeps a ledger.
+    pub usage_bytes: Option<u64>,
+    /// The master's over-quota flag.
+    pub over_quota: Option<bool>,
+    /// Every condition, in a fixed order.
+    pub conditions: Vec<Cond>,
+}
+
+use binding_types as b;
+
+/// Computes a Binding's status.
+pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {
+    let who = format!("KVCachePoolBinding {}", input.binding);
+    let tenant = input.tenant;
+    let mut conds = Vec::new();
+    let mut figures = (None, None, None);
+    match input.pool {
+        None => {
+            conds.push(Cond::no(b::QUOTA_OBSERVED, "PoolNotFound", format!("{who} names a KVCachePool that does not exist: ask an administrator to create it")));
+            conds.push(Cond::unknown(
+                b::QUOTA_GRANTED,
+                "PoolNotFound",
+                "no pool, so no grant",
+            ));
+        }
+        Some((pool, verdict)) => match (verdict.ledger, input.entry) {
+            (Some(false), _) => {
+                conds.push(Cond::yes(
+                    b::QUOTA_OBSERVED,
+                    "NoLedger",
+                    format!("the backend of KVCachePool {pool} keeps no tenant ledger"),
+                ));
+                conds.push(Cond::yes(
+                    b::QUOTA_GRANTED,
+                    "Unenforced",
+                    format!("no ceiling is enforced: the backend of KVCachePool {pool} runs without multi-tenancy, engines are given no tenant id and every write lands in the store's default tenant"),
+                ));
+            }
+            (Some(true), Some(entry)) => {
+                conds.push(Cond::yes(
+                    b::QUOTA_OBSERVED,
+                    "Observed",
+                    format!("tenant {tenant} read from the ledger"),
+                ));
+                figures = (
+                    Some(entry.effective_quota_bytes),
+                    Some(entry.usage_bytes()),
+                    Some(entry.over_quota),
+                );
+                conds.push(if entry.effective_quota_bytes == 0 {
+                    Cond::no(
+                        b::QUOTA_GRANTED,
+                        "ZeroGranted",
+                        format!("the master granted tenant {tenant} nothing: check KVCachePool {pool}'s CapacityAllocatable (NothingToAllocate while members mount or remount after a leader restart, about half a minute)"),
+                    )
+                } else if entry.effective_quota_bytes < input.ceiling_bytes {
+                    Cond::yes(
+                        b::QUOTA_GRANTED,
+                        "Recut",
+                        format!(
+                            "granted {} of the {} ceiling: the ceilings on this backend exceed its allocatable capacity, so the master recut every grant in proportion",
+                            bytes(entry.effective_quota_bytes),
+                            bytes(input.ceiling_bytes)
+                        ),
+                    )
+                } else {
+                    Cond::yes(b::QUOTA_GRANTED, "Granted", format!("granted {}", bytes(entry.effective_quota_bytes)))
+                });
+            }
+            (Some(true), None) => {
+                conds.push(Cond::no(
+                    b::QUOTA_OBSERVED,
+                    "TenantNotInLedger",
+                    format!("tenant {tenant} is not in the ledger yet: the operator registers it on its next pass; writes meanwhile fail with TENANT_NOT_REGISTERED"),
+                ));
+                conds.push(Cond::unknown(
+                    b::QUOTA_GRANTED,
+                    "TenantNotInLedger",
+                    format!("tenant {tenant} has no grant yet"),
+                ));
+            }
+            (None, _) => {
+                conds.push(Cond::unknown(
+                    b::QUOTA_OBSERVED,
+                    "LedgerNotObserved",
+                    format!("the ledger of KVCachePool {pool}'s backend is not readable now; see the pool's QuotaLedgerAvailable"),
+                ));
+                conds.push(Cond::unknown(
+                    b::QUOTA_GRANTED,
+                    "LedgerNotObserved",
+                    "no grant read",
+                ));
+            }
+        },
+    }
+    conds.push(if input.contested_with.is_empty() {
+        Cond::yes(b::DOMAIN_EXCLUSIVE, "Exclusive", format!("domain {tenant} is held by this Binding alone"))
+    } else {
+        Cond::no(
+            b::DOMAIN_EXCLUSIVE,
+            "DomainClaimedByMultipleBindings",
+            format!(
+                "domain {tenant} is also claimed on the same backend by {}: they raced past admission; delete all but one, or give each its own spec.domain.name (in a new Binding)",
+                input.contested_with.join(", ")
+            ),
+        )
+    });
+    conds.push(release_cond(
+        b::RELEASABLE,
+        &input.release,
+        &who,
+        "workload",
+    ));
+
+    let blocking = conds
+        .iter()
+        .find(|c| c.status == Status::False && c.type_ != b::RELEASABLE);
+    let pool_error = input
+        .pool
+        .filter(|(_, v)| v.phase == PoolPhase::Error)
+        .and_then(|(name, v)| {
+            v.phase_message
+                .as_ref()
+                .map(|m| format!("KVCachePool {name}: {m}"))
+        });
+    let (phase, phase_message) = if input.release != Release::NotDeleting {
+        (
+            PoolPhase::Deleting,
+            find(&conds, b::RELEASABLE).map(|c| c.message.clone()),
+        )
+    } else if let Some(c) = blocking {
+        (
+            PoolPhase::Error,
+            Some(format!("{}: {}", c.type_, c.message)),
+        )
+    } else if let Some(m) = pool_error {
+        (PoolPhase::Error, Some(m))
+    } else {
+        (PoolPhase::Ready, None)
+    };
+    BindingVerdict {
+        phase,
+        phase_message,
+        effective_quota_bytes: figures.0,
+        usage_bytes: figures.1,
+        over_quota: figures.2,
+        conditions: conds,
+    }
+}

@@ -1,0 +1,421 @@
+//! Pools and Bindings with exact figures: the walkthrough, three namespaces oversubscribing a
+//! pool, a backend without multi-tenancy; the policy documents as snapshots.
+
+use kvcache_api::condition::{Cond, Status, find};
+use kvcache_api::pool::PoolPhase;
+use kvcache_quota::admin::{Outcome, TenantEntry};
+use kvcache_quota::policy::{self, BindingCeiling};
+use kvcache_quota::recut;
+use kvcache_quota::status::*;
+
+const GI: u64 = 1 << 30;
+
+fn cond<'a>(conds: &'a [Cond], t: &str) -> &'a Cond {
+    find(conds, t).unwrap_or_else(|| panic!("no {t} condition in {conds:#?}"))
+}
+
+fn ledger_for(capacity: u64, bindings: &[BindingView]) -> Outcome {
+    let requests: Vec<(String, u64)> = bindings
+        .iter()
+        .map(|b| (b.tenant.clone(), b.ceiling_bytes))
+        .collect();
+    let grants = recut(capacity, &requests);
+    Outcome::Listed(
+        bindings
+            .iter()
+            .map(|b| TenantEntry {
+                tenant_id: b.tenant.clone(),
+                requested_quota_bytes: b.ceiling_bytes,
+                effective_quota_bytes: grants[&b.tenant],
+                charged_bytes: Some(0),
+                has_explicit_policy: true,
+                ..Default::default()
+            })
+            .collect(),
+    )
+}
+
+fn entry<'a>(ledger: &'a Outcome, tenant: &str) -> Option<&'a TenantEntry> {
+    match ledger {
+        Outcome::Listed(e) => e.iter().find(|e| e.tenant_id == tenant),
+        _ => None,
+    }
+}
+
+fn managed(multi_tenancy: bool) -> BackendView {
+    BackendView::Managed {
+        name: "mooncake-dram".into(),
+        multi_tenancy,
+        client_endpoint: "mooncake-dram-leader.gpustack-system.svc:50051".into(),
+    }
+}
+
+#[test]
+fn the_walkthrough() {
+    // Pool 16Gi over two 8Gi members, one Binding at 8Gi, the default tenant.
+    let bindings = [BindingView {
+        binding: "team-a/team-a".into(),
+        tenant: "default".into(),
+        ceiling_bytes: 8 * GI,
+    }];
+    let ledger = ledger_for(16 * GI, &bindings);
+    let pool = pool_status(&PoolInput {
+        pool: "shared-dram",
+        total_bytes: 16 * GI,
+        backend: managed(true),
+        ledger: &ledger,
+        capacity_bytes: Some(16 * GI),
+        policy_write: Some(Ok(())),
+        bindings: &bindings,
+        release: Release::NotDeleting,
+    });
+    assert_eq!(pool.phase, PoolPhase::Ready, "{:#?}", pool.conditions);
+    assert_eq!(pool.phase_message, None);
+    assert_eq!(pool.domains, vec!["default".to_string()]);
+    assert_eq!(
+        pool.client_endpoint.as_deref(),
+        Some("mooncake-dram-leader.gpustack-system.svc:50051")
+    );
+    assert_eq!(
+        cond(&pool.conditions, "QuotaWithinTotal").reason,
+        "WithinTotal"
+    );
+    assert!(
+        cond(&pool.conditions, "QuotaWithinTotal")
+            .message
+            .contains("8Gi")
+    );
+
+    let binding = binding_status(&BindingInput {
+        binding: "team-a/team-a",
+        tenant: "default",
+        ceiling_bytes: 8 * GI,
+        pool: Some(("shared-dram", &pool)),
+        entry: entry(&ledger, "default"),
+        contested_with: &[],
+        release: Release::NotDeleting,
+    });
+    assert_eq!(binding.phase, PoolPhase::Ready);
+    assert_eq!(binding.effective_quota_bytes, Some(8 * GI));
+    assert_eq!(binding.usage_bytes, Some(0));
+    assert_eq!(binding.over_quota, Some(false));
+    assert_eq!(cond(&binding.conditions, "QuotaGranted").reason, "Granted");
+
+    let doc = policy::render(
+        "mooncake-dram",
+        &[BindingCeiling {
+            binding: "team-a/team-a".into(),
+            tenant: "default".into(),
+            ceiling_bytes: 8 * GI,
+        }],
+    )
+    .expect("renders");
+    insta::assert_snapshot!("walkthrough_policy", doc.to_yaml());
+}
+
+#[test]
+fn three_namespaces_oversubscribe_a_pool() {
+    let bindings = [
+        BindingView {
+            binding: "team-a/cache".into(),
+            tenant: "team-a".into(),
+            ceiling_bytes: 8 * GI,
+        },
+        BindingView {
+            binding: "team-b/cache".into(),
+            tenant: "team-b".into(),
+            ceiling_bytes: 8 * GI,
+        },
+        BindingView {
+            binding: "team-c/cache".into(),
+            tenant: "team-c".into(),
+            ceiling_bytes: 16 * GI,
+        },
+    ];
+    // 32Gi of ceilings against a 16Gi total and 16Gi mounted.
+    let ledger = ledger_for(16 * GI, &bindings);
+    let pool = pool_status(&PoolInput {
+        pool: "shared-dram",
+        total_bytes: 16 * GI,
+        backend: managed(true),
+        ledger: &ledger,
+        capacity_bytes: Some(16 * GI),
+        policy_write: Some(Ok(())),
+        bindings: &bindings,
+        release: Release::NotDeleting,
+    });
+    let within = cond(&pool.conditions, "QuotaWithinTotal");
+    assert_eq!(
+        (within.status, within.reason),
+        (Status::False, "Oversubscribed")
+    );
+    assert!(
+        within.message.contains("sum to 32Gi") && within.message.contains("quota.total 16Gi"),
+        "{}",
+        within.message
+    );
+    assert_eq!(
+        pool.phase,
+        PoolPhase::Ready,
+        "oversubscription is reported, never a refusal"
+    );
+
+    let grants: Vec<u64> = bindings
+        .iter()
+        .map(|b| {
+            binding_status(&BindingInput {
+                binding: &b.binding,
+                tenant: &b.tenant,
+                ceiling_bytes: b.ceiling_bytes,
+                pool: Some(("shared-dram", &pool)),
+                entry: entry(&ledger, &b.tenant),
+                contested_with: &[],
+                release: Release::NotDeleting,
+            })
+        })
+        .map(|v| {
+            assert_eq!(cond(&v.conditions, "QuotaGranted").reason, "Recut");
+            v.effective_quota_bytes.expect("figure")
+        })
+        .collect();
+    assert_eq!(grants, vec![4 * GI, 4 * GI, 8 * GI]);
+
+    let ceilings: Vec<BindingCeiling> = bindings
+        .iter()
+        .rev()
+        .map(|b| BindingCeiling {
+            binding: b.binding.clone(),
+            tenant: b.tenant.clone(),
+            ceiling_bytes: b.ceiling_bytes,
+        })
+        .collect();
+    insta::assert_snapshot!(
+        "three_namespaces_policy",
+        policy::render("mooncake-dram", &ceilings)
+            .expect("renders")
+            .to_yaml()
+    );
+}
+
+#[test]
+fn without_multi_tenancy_nothing_is_enforced() {
+    let bindings = [BindingView {
+        binding: "team-a/team-a".into(),
+        tenant: "default".into(),
+        ceiling_bytes: 8 * GI,
+    }];
+    let pool = pool_status(&PoolInput {
+        pool: "shared-dram",
+        total_bytes: 16 * GI,
+        backend: managed(false),
+        ledger: &Outcome::NotObserved,
+        capacity_bytes: Some(16 * GI),
+        policy_write: None,
+        bindings: &bindings,
+        release: Release::NotDeleting,
+    });
+    let ledger = cond(&pool.conditions, "QuotaLedgerAvailable");
+    assert_eq!(
+        (ledger.status, ledger.reason),
+        (Status::False, "MultiTenancyDisabled")
+    );
+    assert!(ledger.message.contains("one reuse domain"));
+    assert_eq!(pool.phase, PoolPhase::Ready);
+    assert_eq!(pool.ledger, Some(false));
+
+    let binding = binding_status(&BindingInput {
+        binding: "team-a/team-a",
+        tenant: "default",
+        ceiling_bytes: 8 * GI,
+        pool: Some(("shared-dram", &pool)),
+        entry: None,
+        contested_with: &[],
+        release: Release::NotDeleting,
+    });
+    let granted = cond(&binding.conditions, "QuotaGranted");
+    assert_eq!(
+        (granted.status, granted.reason),
+        (Status::True, "Unenforced")
+    );
+    assert!(granted.message.contains("no tenant id"));
+    assert_eq!(binding.effective_quota_bytes, None, "no EFFECTIVE figure");
+    assert_eq!(binding.usage_bytes, None);
+    assert_eq!(binding.phase, PoolPhase::Ready);
+
+    // An external master that answers UNAVAILABLE_IN_CURRENT_MODE is the same.
+    let ext = pool_status(&PoolInput {
+        pool: "p",
+        total_bytes: GI,
+        backend: BackendView::External {
+            name: "ext".into(),
+            client_endpoint: "m:50051".into(),
+        },
+        ledger: &Outcome::NoLedger,
+        capacity_bytes: Some(GI),
+        policy_write: None,
+        bindings: &[],
+        release: Release::NotDeleting,
+    });
+    assert_eq!(
+        cond(&ext.conditions, "QuotaLedgerAvailable").reason,
+        "MultiTenancyDisabled"
+    );
+}
+
+#[test]
+fn nothing_to_allocate_after_a_restart() {
+    let bindings = [BindingView {
+        binding: "team-a/team-a".into(),
+        tenant: "default".into(),
+        ceiling_bytes: 8 * GI,
+    }];
+    let ledger = ledger_for(0, &bindings);
+    let pool = pool_status(&PoolInput {
+        pool: "shared-dram",
+        total_bytes: 16 * GI,
+        backend: managed(true),
+        ledger: &ledger,
+        capacity_bytes: Some(0),
+        policy_write: Some(Ok(())),
+        bindings: &bindings,
+        release: Release::NotDeleting,
+    });
+    let c = cond(&pool.conditions, "CapacityAllocatable");
+    assert_eq!((c.status, c.reason), (Status::False, "NothingToAllocate"));
+    assert!(
+        c.message.contains("every domain's effective quota is zero")
+            && c.message.contains("remounted after a leader restart")
+    );
+    assert_eq!(pool.phase, PoolPhase::Error);
+    let binding = binding_status(&BindingInput {
+        binding: "team-a/team-a",
+        tenant: "default",
+        ceiling_bytes: 8 * GI,
+        pool: Some(("shared-dram", &pool)),
+        entry: entry(&ledger, "default"),
+        contested_with: &[],
+        release: Release::NotDeleting,
+    });
+    assert_eq!(
+        cond(&binding.conditions, "QuotaGranted").reason,
+        "ZeroGranted"
+    );
+    assert_eq!(binding.effective_quota_bytes, Some(0));
+    assert_eq!(binding.phase, PoolPhase::Error);
+}
+
+#[test]
+fn failures_and_deletion() {
+    let unreachable = Outcome::Unreachable("connection refused".into());
+    let pool = pool_status(&PoolInput {
+        pool: "p",
+        total_bytes: GI,
+        backend: BackendView::Missing {
+            name: "gone".into(),
+        },
+        ledger: &unreachable,
+        capacity_bytes: None,
+        policy_write: Some(Err("PERSISTENT_FAIL".into())),
+        bindings: &[],
+        release: Release::NotDeleting,
+    });
+    assert_eq!(
+        cond(&pool.conditions, "BackendResolved").reason,
+        "BackendNotFound"
+    );
+    assert!(
+        cond(&pool.conditions, "BackendResolved")
+            .message
+            .contains("KVCacheBackend gone")
+    );
+    assert_eq!(
+        cond(&pool.conditions, "QuotaLedgerAvailable").reason,
+        "LedgerUnreachable"
+    );
+    assert_eq!(
+        cond(&pool.conditions, "QuotaPolicyWritable").reason,
+        "PolicyNotWritable"
+    );
+    assert_eq!(pool.phase, PoolPhase::Error);
+
+    let deleting = pool_status(&PoolInput {
+        pool: "p",
+        total_bytes: GI,
+        backend: managed(true),
+        ledger: &Outcome::Listed(vec![]),
+        capacity_bytes: Some(GI),
+        policy_write: Some(Ok(())),
+        bindings: &[],
+        release: Release::LedgerNotReleased("master did not answer".into()),
+    });
+    assert_eq!(deleting.phase, PoolPhase::Deleting);
+    assert_eq!(
+        cond(&deleting.conditions, "Releasable").reason,
+        "LedgerNotReleased"
+    );
+
+    let held = binding_status(&BindingInput {
+        binding: "team-a/team-a",
+        tenant: "default",
+        ceiling_bytes: GI,
+        pool: Some(("p", &deleting)),
+        entry: None,
+        contested_with: &["team-b/other".to_string()],
+        release: Release::Held(vec!["ModelDeployment team-a/qwen-chat".into()]),
+    });
+    let r = cond(&held.conditions, "Releasable");
+    assert_eq!((r.status, r.reason), (Status::False, "HeldByWorkloads"));
+    assert!(r.message.contains("ModelDeployment team-a/qwen-chat"));
+    let d = cond(&held.conditions, "DomainExclusive");
+    assert_eq!(d.reason, "DomainClaimedByMultipleBindings");
+    assert!(d.message.contains("team-b/other"));
+    for (release, reason) in [
+        (
+            Release::LedgerNotReleased("TENANT_NOT_EMPTY".into()),
+            "LedgerNotReleased",
+        ),
+        (
+            Release::LedgerRequestFailed("timeout".into()),
+            "LedgerRequestFailed",
+        ),
+    ] {
+        let v = binding_status(&BindingInput {
+            binding: "a/b",
+            tenant: "chat",
+            ceiling_bytes: GI,
+            pool: None,
+            entry: None,
+            contested_with: &[],
+            release,
+        });
+        assert_eq!(cond(&v.conditions, "Releasable").reason, reason);
+        assert_eq!(v.phase, PoolPhase::Deleting);
+    }
+}
+
+#[test]
+fn admission_helpers() {
+    use kvcache_quota::claims::{pool_warning, second_domain};
+    let off: kvcache_api::KVCacheBackend = serde_yaml::from_str(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {name: old-store}\nspec:\n  connection:\n    managed:\n      leader: {multiTenancy: false}\n      members: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    )
+    .expect("backend");
+    let w = pool_warning("p", &off).expect("a warning");
+    assert!(w.contains("old-store") && w.contains("Unenforced"), "{w}");
+    let tenants = vec!["default".to_string()];
+    assert!(
+        second_domain("old-store", Some(false), &tenants, "chat")
+            .expect_err("refused")
+            .contains("one reuse domain")
+    );
+    assert!(
+        second_domain("b", None, &tenants, "chat")
+            .expect("admitted")
+            .is_some_and(|w| w.contains("unproven"))
+    );
+    assert_eq!(second_domain("b", Some(true), &tenants, "chat"), Ok(None));
+    assert_eq!(
+        second_domain("b", Some(false), &tenants, "default"),
+        Ok(None)
+    );
+}
