@@ -1,1 +1,48 @@
+//! `kvcache-elector`: Lease-based leadership for Mooncake store processes, so that any upstream
+//! store image can run with standbys.
+//!
+//! - `leader` mode campaigns for the Lease `<backend>-leader`. Only while it holds the Lease does
+//!   it run the master (the command after `--`) and answer ready; a standby runs nothing, holds no
+//!   data and answers not ready. It stops the master at once when it loses the Lease or cannot
+//!   renew it in time, releases the Lease on SIGTERM, and exits non-zero if the master exits.
+//! - `member` mode follows the Lease holder's published address and (re)starts the member
+//!   (the command after `--`) pointed at it, for `memberAddressing: Lease`.
 
+pub mod child;
+pub mod election;
+pub mod lease;
+pub mod leader;
+pub mod member;
+pub mod ready;
+
+pub use election::{Election, LeaseRecord, Plan, Timing};
+
+/// What ends an elector.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration is unusable.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// No Kubernetes client could be built.
+    #[error("cannot reach the API server: {0}")]
+    Client(#[from] kube::Error),
+    /// The store process could not start.
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The store process exited while leading.
+    #[error("the store process exited ({0}) while leading; the Lease was released so a standby takes over")]
+    ChildExited(String),
+    /// The readiness server failed.
+    #[error("cannot serve readiness on {addr}: {source}")]
+    Serve {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,264 @@
+//! `leader` mode: campaign, run the master only while holding the Lease, report readiness.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::child::StoreProcess;
+use crate::election::{Election, Plan, Timing};
+use crate::lease::{LeaseClient, LeaseError};
+use crate::ready::{self, Readiness};
+use crate::Error;
+
+/// How a leader elector is configured.
+#[derive(Clone, Debug)]
+pub struct LeaderConfig {
+    /// The Lease name (`<backend>-leader`).
+    pub lease: String,
+    /// Its namespace (the Pod's).
+    pub namespace: String,
+    /// This elector's identity (the Pod name).
+    pub identity: String,
+    /// The store address to publish on the Lease (`<pod IP>:50051`).
+    pub address: Option<String>,
+    /// Election timing.
+    pub timing: Timing,
+    /// The master's `/health` URL.
+    pub child_health_url: String,
+    /// Where `/readyz` and `/healthz` are served.
+    pub ready_addr: SocketAddr,
+    /// Label this Pod `mooncake.io/store-role=leader` while leading (needs `patch` on its Pod).
+    pub label_pod: bool,
+    /// How long the master gets to exit on SIGTERM.
+    pub stop_grace: Duration,
+    /// The master's command line.
+    pub command: Vec<String>,
+}
+
+/// Whether the master answers as a serving leader whose segments can be listed.
+fn master_serves(health_url: &str) -> bool {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_millis(800)))
+        .max_redirects(0)
+        .build()
+        .into();
+    let Ok(mut response) = agent.get(health_url).call() else {
+        return false;
+    };
+    let Ok(body) = response.body_mut().read_to_string() else {
+        return false;
+    };
+    let Ok(health) = serde_json::from_str::<serde_json::Value>(&body) else {
+        return false;
+    };
+    if health["service_ready"] != true || health["role"] != "leader" {
+        return false;
+    }
+    let segments = health_url.replace("/health", "/get_all_segments");
+    agent.get(&segments).call().is_ok()
+}
+
+struct Campaign {
+    config: LeaderConfig,
+    lease: LeaseClient,
+    election: Election,
+    child: Option<StoreProcess>,
+    ready: watch::Sender<Readiness>,
+    last_error: Option<String>,
+}
+
+impl Campaign {
+    fn set_ready(&self, r: Readiness) {
+        self.ready.send_if_modified(|old| {
+            let changed = *old != r;
+            *old = r;
+            changed
+        });
+    }
+
+    fn report(&mut self, e: &LeaseError) {
+        let text = e.to_string();
+        if self.last_error.as_deref() != Some(&text) {
+            match e {
+                LeaseError::Forbidden { .. } => error!(error = %text, "lease"),
+                _ => warn!(error = %text, "lease"),
+            }
+            self.last_error = Some(text.clone());
+        }
+        if !self.election.leading() {
+            self.set_ready(Readiness::not(format!("standby: {text}")));
+        }
+    }
+
+    async fn lose(&mut self, why: &str) {
+        if let Some(child) = self.child.take() {
+            warn!(why, pid = ?child.pid(), "stopping the master at once");
+            child.kill().await;
+        }
+        self.election.stand_by();
+        self.set_ready(Readiness::not(format!("standby: {why}")));
+        if self.config.label_pod {
+            let _ = self.lease.label_pod(&self.config.identity, false).await;
+        }
+    }
+
+    async fn lead(&mut self) -> Result<(), Error> {
+        let child = StoreProcess::start(&self.config.command, &[]).map_err(|source| Error::Spawn {
+            program: self.config.command.first().cloned().unwrap_or_default(),
+            source,
+        })?;
+        info!(pid = ?child.pid(), program = child.program(), "leading: master started");
+        self.child = Some(child);
+        self.set_ready(Readiness::not("leading: waiting for the master to serve"));
+        if self.config.label_pod
+            && let Err(e) = self.lease.label_pod(&self.config.identity, true).await
+        {
+            warn!(error = %e, "cannot label this Pod as the leader (needs patch on pods); the Service still selects by readiness");
+        }
+        Ok(())
+    }
+
+    async fn release(&mut self) {
+        if !self.election.leading() {
+            return;
+        }
+        let mut record = self.election.observed().cloned().unwrap_or_default();
+        record.holder = Some(String::new());
+        record.address = None;
+        record.duration_seconds = Some(1);
+        match self.lease.write(&record, false).await {
+            Ok(_) => info!("Lease released"),
+            Err(e) => warn!(error = %e, "could not release the Lease; a standby takes over when it expires"),
+        }
+        self.election.stand_by();
+    }
+
+    /// One pass: read, decide, write. Returns an error only when the elector must exit.
+    async fn step(&mut self) -> Result<(), Error> {
+        let now = Instant::now();
+        match self.lease.get().await {
+            Ok(record) => {
+                if let Some(r) = &record
+                    && self.election.leading()
+                    && r.holder() != Some(self.election.identity())
+                {
+                    self.election.observe(record, now);
+                    self.lose("another elector holds the Lease").await;
+                    return Ok(());
+                }
+                self.election.observe(record, now);
+            }
+            Err(e) => self.report(&e),
+        }
+        match self.election.plan(now) {
+            Plan::Wait => {
+                let holder = self
+                    .election
+                    .observed()
+                    .and_then(|r| r.holder().map(str::to_owned))
+                    .unwrap_or_default();
+                self.set_ready(Readiness::not(format!("standby: the Lease is held by {holder}")));
+            }
+            Plan::StepDown => self.lose("the Lease could not be renewed within the renew deadline").await,
+            plan @ (Plan::Acquire | Plan::Renew) => {
+                let acquire = plan == Plan::Acquire;
+                let record = self.election.claim(
+                    self.config.address.as_deref(),
+                    Timestamp::now().to_string(),
+                    acquire,
+                );
+                match self.lease.write(&record, acquire).await {
+                    Ok(written) => {
+                        self.last_error = None;
+                        self.election.wrote(written, now);
+                        if acquire {
+                            info!(identity = self.election.identity(), "acquired the Lease");
+                        }
+                        if self.child.is_none() {
+                            self.lead().await?;
+                        }
+                    }
+                    Err(LeaseError::Conflict) if acquire => {}
+                    Err(LeaseError::Conflict) => {
+                        // Someone wrote the Lease since our read: re-read next pass; the renew
+                        // deadline decides if we keep serving meanwhile.
+                    }
+                    Err(e) => self.report(&e),
+                }
+            }
+        }
+        if let Some(child) = self.child.as_mut()
+            && let Some(status) = child.exited()
+        {
+            self.child = None;
+            self.set_ready(Readiness::not("the master exited"));
+            self.release().await;
+            return Err(Error::ChildExited(status.to_string()));
+        }
+        if self.election.leading() && self.child.is_some() {
+            let url = self.config.child_health_url.clone();
+            let serving = tokio::task::spawn_blocking(move || master_serves(&url))
+                .await
+                .unwrap_or(false);
+            self.set_ready(if serving {
+                Readiness {
+                    ready: true,
+                    reason: format!("leading: the master serves ({})", self.election.identity()),
+                }
+            } else {
+                Readiness::not("leading: waiting for the master to serve")
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Runs a leader elector until SIGTERM (exit 0, Lease released) or the master's exit (error).
+pub async fn run(config: LeaderConfig) -> Result<(), Error> {
+    config.timing.check().map_err(Error::Config)?;
+    if config.command.is_empty() {
+        return Err(Error::Config("no master command after --".into()));
+    }
+    let client = kube::Client::try_default().await?;
+    let lease = LeaseClient::new(client, &config.namespace, &config.lease);
+    let (tx, rx) = watch::channel(Readiness::not("starting"));
+    let addr = config.ready_addr;
+    let server = tokio::spawn(ready::serve(addr, rx));
+    let mut campaign = Campaign {
+        election: Election::new(config.identity.clone(), config.timing),
+        config,
+        lease,
+        child: None,
+        ready: tx,
+        last_error: None,
+    };
+    let mut term = signal(SignalKind::terminate()).map_err(|e| Error::Config(e.to_string()))?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| Error::Config(e.to_string()))?;
+    let mut tick = tokio::time::interval(campaign.config.timing.retry_period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let result = loop {
+        tokio::select! {
+            _ = term.recv() => break Ok(()),
+            _ = interrupt.recv() => break Ok(()),
+            _ = tick.tick() => {
+                if server.is_finished() {
+                    break Err(Error::Serve { addr: addr.to_string(), source: std::io::Error::other("the readiness server stopped") });
+                }
+                if let Err(e) = campaign.step().await {
+                    break Err(e);
+                }
+            }
+        }
+    };
+    campaign.set_ready(Readiness::not("shutting down"));
+    if let Some(child) = campaign.child.take() {
+        child.stop(campaign.config.stop_grace).await;
+    }
+    campaign.release().await;
+    server.abort();
+    result
+}

@@ -1,0 +1,160 @@
+//! Reading and writing the Lease through the API server.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, Error as KubeError};
+
+use crate::election::LeaseRecord;
+
+/// The Lease annotation where the holder publishes its store address.
+pub const ADDRESS_ANNOTATION: &str = "kvcache.gpustack.ai/leader-address";
+/// The label the serving leader's Pod carries.
+pub const ROLE_LABEL: &str = "mooncake.io/store-role";
+
+/// Why a Lease call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// Someone else wrote the Lease first.
+    #[error("the Lease changed under us (someone else wrote it first)")]
+    Conflict,
+    /// RBAC refuses the call.
+    #[error(
+        "permission denied: this Pod's ServiceAccount may not {verb} leases.coordination.k8s.io {name:?} in namespace {namespace} ({message}); grant get, create and update on that Lease to the leader's ServiceAccount (the operator renders this Role as <backend>-leader)"
+    )]
+    Forbidden {
+        /// The verb refused.
+        verb: &'static str,
+        /// The Lease.
+        name: String,
+        /// Its namespace.
+        namespace: String,
+        /// The API server's message.
+        message: String,
+    },
+    /// Anything else (the API server unreachable, say).
+    #[error("{verb} Lease {name}: {source}")]
+    Api {
+        /// The verb.
+        verb: &'static str,
+        /// The Lease.
+        name: String,
+        /// The client error.
+        source: KubeError,
+    },
+}
+
+/// One Lease in one namespace.
+#[derive(Clone)]
+pub struct LeaseClient {
+    api: Api<Lease>,
+    pods: Api<Pod>,
+    name: String,
+    namespace: String,
+}
+
+fn to_record(lease: &Lease) -> LeaseRecord {
+    let spec = lease.spec.clone().unwrap_or_default();
+    LeaseRecord {
+        holder: spec.holder_identity,
+        address: lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ADDRESS_ANNOTATION).cloned()),
+        duration_seconds: spec.lease_duration_seconds,
+        transitions: spec.lease_transitions.unwrap_or(0),
+        renew_time: spec.renew_time.map(|t| t.0.to_string()),
+        resource_version: lease.metadata.resource_version.clone(),
+    }
+}
+
+impl LeaseClient {
+    /// The Lease `name` in `namespace`.
+    pub fn new(client: Client, namespace: &str, name: &str) -> Self {
+        LeaseClient {
+            api: Api::namespaced(client.clone(), namespace),
+            pods: Api::namespaced(client, namespace),
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    fn fail(&self, verb: &'static str, e: KubeError) -> LeaseError {
+        match &e {
+            KubeError::Api(s) if s.code == 403 => LeaseError::Forbidden {
+                verb,
+                name: self.name.clone(),
+                namespace: self.namespace.clone(),
+                message: s.message.clone(),
+            },
+            KubeError::Api(s) if s.code == 409 => LeaseError::Conflict,
+            _ => LeaseError::Api {
+                verb,
+                name: self.name.clone(),
+                source: e,
+            },
+        }
+    }
+
+    /// The Lease, or `None` when it does not exist.
+    pub async fn get(&self) -> Result<Option<LeaseRecord>, LeaseError> {
+        match self.api.get_opt(&self.name).await {
+            Ok(l) => Ok(l.as_ref().map(to_record)),
+            Err(e) => Err(self.fail("get", e)),
+        }
+    }
+
+    /// Writes `record` (create when it has no resourceVersion, replace otherwise).
+    pub async fn write(&self, record: &LeaseRecord, acquire: bool) -> Result<LeaseRecord, LeaseError> {
+        let now = MicroTime(Timestamp::now());
+        let mut annotations = BTreeMap::new();
+        if let Some(a) = &record.address {
+            annotations.insert(ADDRESS_ANNOTATION.to_owned(), a.clone());
+        }
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                namespace: Some(self.namespace.clone()),
+                resource_version: record.resource_version.clone(),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: record.holder.clone(),
+                lease_duration_seconds: record.duration_seconds,
+                lease_transitions: Some(record.transitions),
+                acquire_time: acquire.then(|| now.clone()),
+                renew_time: record.holder().map(|_| now.clone()),
+                ..Default::default()
+            }),
+        };
+        let written = match &record.resource_version {
+            None => self
+                .api
+                .create(&PostParams::default(), &lease)
+                .await
+                .map_err(|e| self.fail("create", e))?,
+            Some(_) => self
+                .api
+                .replace(&self.name, &PostParams::default(), &lease)
+                .await
+                .map_err(|e| self.fail("update", e))?,
+        };
+        Ok(to_record(&written))
+    }
+
+    /// Sets or clears the leader label on a Pod (best effort: the Service selects by readiness).
+    pub async fn label_pod(&self, pod: &str, leader: bool) -> Result<(), KubeError> {
+        let value = if leader { serde_json::json!("leader") } else { serde_json::Value::Null };
+        let patch = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: value}}});
+        self.pods
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+    }
+}
