@@ -50,6 +50,7 @@ pub struct ControlPlane {
     pub server: String,
     /// The certificates.
     pub pki: PkiFiles,
+    ca: pki::Ca,
     procs: Vec<Proc>,
     reaper: Option<Child>,
 }
@@ -62,7 +63,7 @@ impl ControlPlane {
     pub fn start(dir: &Path, options: &Options) -> Result<ControlPlane> {
         let bin = paths::k8s_bin()?;
         std::fs::create_dir_all(dir).map_err(crate::io(format!("creating {}", dir.display())))?;
-        let pki = pki::control_plane(dir)?;
+        let (ca, pki) = pki::control_plane(dir)?;
         let mut procs = Vec::new();
 
         let etcd_client = free_port()?;
@@ -190,9 +191,29 @@ impl ControlPlane {
             kubeconfig,
             server,
             pki,
+            ca,
             procs,
             reaper,
         })
+    }
+
+    /// A kubeconfig for user `name` in group `group` (no rights until RBAC grants some).
+    pub fn user_kubeconfig(&self, name: &str, group: &str) -> Result<PathBuf> {
+        let (cert, key) = self.ca.client(name, group)?;
+        let dir = self.dir.join("users");
+        std::fs::create_dir_all(&dir).map_err(crate::io(format!("creating {}", dir.display())))?;
+        let cert_path = dir.join(format!("{name}.crt"));
+        let key_path = dir.join(format!("{name}.key"));
+        std::fs::write(&cert_path, cert).map_err(crate::io("writing a user certificate"))?;
+        std::fs::write(&key_path, key).map_err(crate::io("writing a user key"))?;
+        let files = PkiFiles {
+            admin_cert: cert_path,
+            admin_key: key_path,
+            ..self.pki.clone()
+        };
+        let path = dir.join(format!("{name}.kubeconfig"));
+        write_kubeconfig(&path, &self.server, &files)?;
+        Ok(path)
     }
 
     /// The process ids, in start order (etcd, kube-apiserver, then the controllers).

@@ -7,6 +7,7 @@
 //! `KVCACHE_K8S_BIN` and `KVCACHE_MOONCAKE_VENV`; run alone, it looks in the default cache.
 
 pub mod cluster;
+pub mod failover;
 pub mod paths;
 pub mod pki;
 pub mod process;

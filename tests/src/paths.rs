@@ -77,3 +77,35 @@ pub fn scratch(prefix: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(&dir).map_err(crate::io(format!("creating {}", dir.display())))?;
     Ok(dir)
 }
+
+/// The `kvcache-elector` binary of this workspace, built on first use.
+pub fn elector_bin() -> Result<PathBuf> {
+    use std::sync::OnceLock;
+    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .current_dir(&root)
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "kvcache-elector",
+                    "--bin",
+                    "kvcache-elector",
+                ])
+                .status()
+                .map_err(|e| format!("running cargo build for kvcache-elector: {e}"))?;
+            if !status.success() {
+                return Err(format!("cargo build -p kvcache-elector failed ({status})"));
+            }
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root.join("target"));
+            Ok(target.join("debug/kvcache-elector"))
+        })
+        .clone()
+        .map_err(Error::Client)
+}

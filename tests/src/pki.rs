@@ -99,8 +99,9 @@ fn write(dir: &Path, file: &str, pem: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Generates and writes every certificate the control plane needs into `dir`.
-pub fn control_plane(dir: &Path) -> Result<PkiFiles> {
+/// Generates and writes every certificate the control plane needs into `dir`; returns the CA
+/// too, so more users can be issued later.
+pub fn control_plane(dir: &Path) -> Result<(Ca, PkiFiles)> {
     let ca = Ca::new("kvcache-e2e-ca")?;
     let (serving_cert, serving_key) = ca.server(&[
         "localhost",
@@ -111,7 +112,7 @@ pub fn control_plane(dir: &Path) -> Result<PkiFiles> {
     ])?;
     let (admin_cert, admin_key) = ca.client("kvcache-admin", "system:masters")?;
     let sa = KeyPair::generate()?;
-    Ok(PkiFiles {
+    let files = PkiFiles {
         ca_cert: write(dir, "ca.crt", &ca.cert_pem())?,
         ca_key: write(dir, "ca.key", &ca.key_pem())?,
         serving_cert: write(dir, "apiserver.crt", &serving_cert)?,
@@ -120,5 +121,6 @@ pub fn control_plane(dir: &Path) -> Result<PkiFiles> {
         admin_key: write(dir, "admin.key", &admin_key)?,
         sa_key: write(dir, "sa.key", &sa.serialize_pem())?,
         sa_pub: write(dir, "sa.pub", &sa.public_key_pem())?,
-    })
+    };
+    Ok((ca, files))
 }

@@ -91,6 +91,7 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        kill_group(child.id());
         let _ = child.kill();
         let _ = child.wait();
     }
@@ -103,9 +104,10 @@ impl Proc {
         pid
     }
 
-    /// SIGKILL and reap.
+    /// SIGKILL the process and everything it started (its process group), and reap it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            kill_group(child.id());
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -131,14 +133,26 @@ impl Drop for Proc {
     }
 }
 
+/// SIGKILL a whole process group (every harness process leads its own).
+fn kill_group(pgid: u32) {
+    if let Ok(p) = i32::try_from(pgid) {
+        let _ = nix::sys::signal::killpg(Pid::from_raw(p), Signal::SIGKILL);
+    }
+}
+
 /// A watchdog process that kills `pids` once this test process is gone, so that a harness kept
 /// in a `static` (never dropped) still leaves nothing behind.
 pub fn reaper(pids: &[u32]) -> Result<Child> {
     let list: Vec<String> = pids.iter().map(u32::to_string).collect();
     let script = format!(
-        "while kill -0 {parent} 2>/dev/null; do sleep 0.5; done; kill -TERM {list} 2>/dev/null; sleep 2; kill -KILL {list} 2>/dev/null; exit 0",
+        "while kill -0 {parent} 2>/dev/null; do sleep 0.5; done; kill -TERM {list} 2>/dev/null; sleep 2; kill -s KILL -- {groups} 2>/dev/null; kill -s KILL {list} 2>/dev/null; exit 0",
         parent = std::process::id(),
-        list = list.join(" ")
+        list = list.join(" "),
+        groups = list
+            .iter()
+            .map(|p| format!("-{p}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     let mut cmd = Command::new("sh");
     cmd.arg("-c")

@@ -1,5 +1,6 @@
 //! `cargo xtask`: the project's own tasks.
 
+mod bench;
 mod cluster;
 mod crds;
 mod setup;
@@ -33,6 +34,11 @@ enum Task {
         #[command(subcommand)]
         action: ClusterAction,
     },
+    /// Benchmarks (figures go in the crate READMEs).
+    Bench {
+        #[command(subcommand)]
+        which: BenchKind,
+    },
     /// A local Mooncake store (a master and members on 127.0.0.1).
     Store {
         #[command(subcommand)]
@@ -50,6 +56,16 @@ enum ClusterAction {
     Status,
     /// Print `export KUBECONFIG=...`.
     Env,
+}
+
+#[derive(Subcommand)]
+enum BenchKind {
+    /// Leader loss to serving and to full capacity, kill -9 and SIGTERM.
+    Failover {
+        /// Rounds of each.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -77,6 +93,9 @@ fn main() -> anyhow::Result<()> {
             ClusterAction::Down => cluster::down(),
             ClusterAction::Status => cluster::status(),
             ClusterAction::Env => cluster::env(),
+        },
+        Task::Bench { which } => match which {
+            BenchKind::Failover { runs } => bench::failover(runs),
         },
         Task::Store { action } => match action {
             StoreAction::Up {

@@ -16,9 +16,9 @@ pub struct StoreProcess {
 impl StoreProcess {
     /// Starts `argv` with `env` added; its output goes to the elector's own.
     pub fn start(argv: &[String], env: &[(String, String)]) -> std::io::Result<StoreProcess> {
-        let (program, args) = argv
-            .split_first()
-            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no command after --"))?;
+        let (program, args) = argv.split_first().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "no command after --")
+        })?;
         let child = Command::new(program)
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -56,7 +56,10 @@ impl StoreProcess {
         if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
         }
-        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
             let _ = self.child.kill().await;
         }
     }

@@ -60,7 +60,10 @@ impl Timing {
             ));
         }
         if self.lease_duration.as_secs() == 0 {
-            return Err("lease duration must be at least one second (the Lease counts whole seconds)".into());
+            return Err(
+                "lease duration must be at least one second (the Lease counts whole seconds)"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -176,7 +179,8 @@ impl Election {
             holder: Some(self.identity.clone()),
             address: address.map(str::to_owned),
             duration_seconds: i32::try_from(self.timing.lease_duration.as_secs()).ok(),
-            transitions: previous.transitions + i32::from(acquire && changes_hands && previous.holder().is_some()),
+            transitions: previous.transitions
+                + i32::from(acquire && changes_hands && previous.holder().is_some()),
             renew_time: Some(renew_time),
             resource_version: previous.resource_version,
         }
@@ -263,9 +267,19 @@ mod tests {
                 took_over = Some(t);
             }
         }
-        let (down, over) = (stepped_down.expect("steps down"), took_over.expect("takes over"));
-        assert!(over > down, "the old master stops before the new one may start");
-        assert!(over - down >= Duration::from_millis(1900), "margin {:?}", over - down);
+        let (down, over) = (
+            stepped_down.expect("steps down"),
+            took_over.expect("takes over"),
+        );
+        assert!(
+            over > down,
+            "the old master stops before the new one may start"
+        );
+        assert!(
+            over - down >= Duration::from_millis(1900),
+            "margin {:?}",
+            over - down
+        );
     }
 
     #[test]
@@ -277,13 +291,24 @@ mod tests {
         assert_eq!(rec.transitions, 1);
         assert_eq!(rec.resource_version.as_deref(), Some("1"));
         e.wrote(rec, now);
-        assert_eq!(e.claim(None, "t3".into(), false).transitions, 1, "a renewal is no transition");
+        assert_eq!(
+            e.claim(None, "t3".into(), false).transitions,
+            1,
+            "a renewal is no transition"
+        );
     }
 
     #[test]
     fn timing_is_checked() {
         assert!(T.check().is_ok());
-        let bad = Timing { renew_deadline: Duration::from_secs(6), ..T };
-        assert!(bad.check().expect_err("refused").contains("shorter than the lease duration"));
+        let bad = Timing {
+            renew_deadline: Duration::from_secs(6),
+            ..T
+        };
+        assert!(
+            bad.check()
+                .expect_err("refused")
+                .contains("shorter than the lease duration")
+        );
     }
 }

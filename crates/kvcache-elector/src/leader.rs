@@ -8,11 +8,11 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
+use crate::Error;
 use crate::child::StoreProcess;
 use crate::election::{Election, Plan, Timing};
 use crate::lease::{LeaseClient, LeaseError};
 use crate::ready::{self, Readiness};
-use crate::Error;
 
 /// How a leader elector is configured.
 #[derive(Clone, Debug)]
@@ -107,10 +107,11 @@ impl Campaign {
     }
 
     async fn lead(&mut self) -> Result<(), Error> {
-        let child = StoreProcess::start(&self.config.command, &[]).map_err(|source| Error::Spawn {
-            program: self.config.command.first().cloned().unwrap_or_default(),
-            source,
-        })?;
+        let child =
+            StoreProcess::start(&self.config.command, &[]).map_err(|source| Error::Spawn {
+                program: self.config.command.first().cloned().unwrap_or_default(),
+                source,
+            })?;
         info!(pid = ?child.pid(), program = child.program(), "leading: master started");
         self.child = Some(child);
         self.set_ready(Readiness::not("leading: waiting for the master to serve"));
@@ -132,7 +133,9 @@ impl Campaign {
         record.duration_seconds = Some(1);
         match self.lease.write(&record, false).await {
             Ok(_) => info!("Lease released"),
-            Err(e) => warn!(error = %e, "could not release the Lease; a standby takes over when it expires"),
+            Err(e) => {
+                warn!(error = %e, "could not release the Lease; a standby takes over when it expires")
+            }
         }
         self.election.stand_by();
     }
@@ -161,9 +164,14 @@ impl Campaign {
                     .observed()
                     .and_then(|r| r.holder().map(str::to_owned))
                     .unwrap_or_default();
-                self.set_ready(Readiness::not(format!("standby: the Lease is held by {holder}")));
+                self.set_ready(Readiness::not(format!(
+                    "standby: the Lease is held by {holder}"
+                )));
             }
-            Plan::StepDown => self.lose("the Lease could not be renewed within the renew deadline").await,
+            Plan::StepDown => {
+                self.lose("the Lease could not be renewed within the renew deadline")
+                    .await
+            }
             plan @ (Plan::Acquire | Plan::Renew) => {
                 let acquire = plan == Plan::Acquire;
                 let record = self.election.claim(
@@ -199,21 +207,27 @@ impl Campaign {
             self.release().await;
             return Err(Error::ChildExited(status.to_string()));
         }
-        if self.election.leading() && self.child.is_some() {
-            let url = self.config.child_health_url.clone();
-            let serving = tokio::task::spawn_blocking(move || master_serves(&url))
-                .await
-                .unwrap_or(false);
-            self.set_ready(if serving {
-                Readiness {
-                    ready: true,
-                    reason: format!("leading: the master serves ({})", self.election.identity()),
-                }
-            } else {
-                Readiness::not("leading: waiting for the master to serve")
-            });
-        }
+        self.check_master().await;
         Ok(())
+    }
+
+    /// While leading, readiness follows whether the master serves.
+    async fn check_master(&mut self) {
+        if !self.election.leading() || self.child.is_none() {
+            return;
+        }
+        let url = self.config.child_health_url.clone();
+        let serving = tokio::task::spawn_blocking(move || master_serves(&url))
+            .await
+            .unwrap_or(false);
+        self.set_ready(if serving {
+            Readiness {
+                ready: true,
+                reason: format!("leading: the master serves ({})", self.election.identity()),
+            }
+        } else {
+            Readiness::not("leading: waiting for the master to serve")
+        });
     }
 }
 
@@ -237,13 +251,21 @@ pub async fn run(config: LeaderConfig) -> Result<(), Error> {
         last_error: None,
     };
     let mut term = signal(SignalKind::terminate()).map_err(|e| Error::Config(e.to_string()))?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| Error::Config(e.to_string()))?;
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(|e| Error::Config(e.to_string()))?;
     let mut tick = tokio::time::interval(campaign.config.timing.retry_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A new leader's master is usually serving within a fraction of a second: look more often
+    // than the Lease is renewed until it is, so a handover is not padded by a retry period.
+    let mut fast = tokio::time::interval(Duration::from_millis(100));
+    fast.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let result = loop {
         tokio::select! {
             _ = term.recv() => break Ok(()),
             _ = interrupt.recv() => break Ok(()),
+            _ = fast.tick(), if campaign.election.leading() && !campaign.ready.borrow().ready => {
+                campaign.check_master().await;
+            }
             _ = tick.tick() => {
                 if server.is_finished() {
                     break Err(Error::Serve { addr: addr.to_string(), source: std::io::Error::other("the readiness server stopped") });

@@ -110,7 +110,11 @@ impl LeaseClient {
     }
 
     /// Writes `record` (create when it has no resourceVersion, replace otherwise).
-    pub async fn write(&self, record: &LeaseRecord, acquire: bool) -> Result<LeaseRecord, LeaseError> {
+    pub async fn write(
+        &self,
+        record: &LeaseRecord,
+        acquire: bool,
+    ) -> Result<LeaseRecord, LeaseError> {
         let now = MicroTime(Timestamp::now());
         let mut annotations = BTreeMap::new();
         if let Some(a) = &record.address {
@@ -150,7 +154,11 @@ impl LeaseClient {
 
     /// Sets or clears the leader label on a Pod (best effort: the Service selects by readiness).
     pub async fn label_pod(&self, pod: &str, leader: bool) -> Result<(), KubeError> {
-        let value = if leader { serde_json::json!("leader") } else { serde_json::Value::Null };
+        let value = if leader {
+            serde_json::json!("leader")
+        } else {
+            serde_json::Value::Null
+        };
         let patch = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: value}}});
         self.pods
             .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))

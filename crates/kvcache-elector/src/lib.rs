@@ -10,8 +10,8 @@
 
 pub mod child;
 pub mod election;
-pub mod lease;
 pub mod leader;
+pub mod lease;
 pub mod member;
 pub mod ready;
 
@@ -35,7 +35,9 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The store process exited while leading.
-    #[error("the store process exited ({0}) while leading; the Lease was released so a standby takes over")]
+    #[error(
+        "the store process exited ({0}) while leading; the Lease was released so a standby takes over"
+    )]
     ChildExited(String),
     /// The readiness server failed.
     #[error("cannot serve readiness on {addr}: {source}")]

@@ -59,10 +59,18 @@ struct LeaderArgs {
     #[arg(long, env = "KVCACHE_ELECTOR_RENEW_DEADLINE", default_value = "4s", value_parser = parse_duration)]
     renew_deadline: Duration,
     /// The master's `/health` URL (its admin port).
-    #[arg(long, env = "KVCACHE_ELECTOR_CHILD_HEALTH_URL", default_value = "http://127.0.0.1:9003/health")]
+    #[arg(
+        long,
+        env = "KVCACHE_ELECTOR_CHILD_HEALTH_URL",
+        default_value = "http://127.0.0.1:9003/health"
+    )]
     child_health_url: String,
     /// Where `/readyz` (200 only on the serving leader) and `/healthz` are served.
-    #[arg(long, env = "KVCACHE_ELECTOR_READY_ADDR", default_value = "0.0.0.0:8090")]
+    #[arg(
+        long,
+        env = "KVCACHE_ELECTOR_READY_ADDR",
+        default_value = "0.0.0.0:8090"
+    )]
     ready_addr: SocketAddr,
     /// Label this Pod `mooncake.io/store-role=leader` while leading (needs patch on its Pod).
     #[arg(long, env = "KVCACHE_ELECTOR_LABEL_POD", default_value_t = false)]
@@ -77,7 +85,11 @@ struct MemberArgs {
     #[command(flatten)]
     common: Common,
     /// The variable the member reads its master address from.
-    #[arg(long, env = "KVCACHE_ELECTOR_MASTER_ENV", default_value = "MOONCAKE_MASTER")]
+    #[arg(
+        long,
+        env = "KVCACHE_ELECTOR_MASTER_ENV",
+        default_value = "MOONCAKE_MASTER"
+    )]
     master_env: String,
     /// The member's command line.
     #[arg(last = true, required = true)]
@@ -90,7 +102,9 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, unit) = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .map_or((t, "s"), |i| t.split_at(i));
-    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration such as 500ms, 2s or 1m"))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 2s or 1m"))?;
     let seconds = match unit {
         "ms" => value / 1000.0,
         "s" => value,
@@ -111,6 +125,7 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match Cli::parse().mode {
         Mode::Leader(a) => {

@@ -34,7 +34,8 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
     let client = kube::Client::try_default().await?;
     let lease = LeaseClient::new(client, &config.namespace, &config.lease);
     let mut term = signal(SignalKind::terminate()).map_err(|e| Error::Config(e.to_string()))?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(|e| Error::Config(e.to_string()))?;
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(|e| Error::Config(e.to_string()))?;
     let mut tick = tokio::time::interval(config.retry_period);
     let mut current: Option<(String, StoreProcess)> = None;
     let mut last_error: Option<String> = None;
@@ -47,7 +48,13 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
         let address = match lease.get().await {
             Ok(record) => {
                 last_error = None;
-                record.and_then(|r| if r.holder().is_some() { r.address } else { None })
+                record.and_then(|r| {
+                    if r.holder().is_some() {
+                        r.address
+                    } else {
+                        None
+                    }
+                })
             }
             Err(e) => {
                 let text = e.to_string();
@@ -70,14 +77,19 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
             continue;
         }
         if let Some((old, child)) = current.take() {
+            // The old master is gone (it lost the Lease), so there is nothing to unmount from:
+            // a quick kill lets the member mount on the new leader at once.
             info!(from = %old, to = %address, "the leader moved; restarting the member toward it");
-            child.stop(config.stop_grace).await;
+            child.kill().await;
         }
-        let child = StoreProcess::start(&config.command, &[(config.master_env.clone(), address.clone())])
-            .map_err(|source| Error::Spawn {
-                program: config.command.first().cloned().unwrap_or_default(),
-                source,
-            })?;
+        let child = StoreProcess::start(
+            &config.command,
+            &[(config.master_env.clone(), address.clone())],
+        )
+        .map_err(|source| Error::Spawn {
+            program: config.command.first().cloned().unwrap_or_default(),
+            source,
+        })?;
         info!(master = %address, pid = ?child.pid(), "member started");
         current = Some((address, child));
     }

@@ -1,0 +1,173 @@
+//! Store leadership with our elector, against the real API server and real store processes:
+//! never two serving masters, failover on kill -9 and on SIGTERM with members following the
+//! Lease, a cold cache afterwards, and a clear refusal without RBAC.
+
+use std::time::{Duration, Instant};
+
+use kvcache_e2e::failover::{LeaseTiming, Rig};
+use kvcache_e2e::store::{self, Member, MemberOptions, http_get};
+use kvcache_e2e::{paths, shared};
+
+const SEGMENT: u64 = 64 << 20;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failover_keeps_one_master_and_members_follow() {
+    let cluster = shared();
+    let client = cluster.client().await.expect("client");
+    let ns = cluster
+        .namespace(&client, "elector")
+        .await
+        .expect("namespace");
+    let kubeconfig = cluster.control_plane.kubeconfig.clone();
+    let timing = LeaseTiming::default();
+    tokio::task::spawn_blocking(move || {
+        let mut rig = Rig::start(&kubeconfig, &ns, "store-leader", 3, 2, SEGMENT, timing)
+            .expect("rig starts");
+        let watch = rig.watch_for_split_brain();
+
+        let first = rig
+            .wait_leader(None, Duration::from_secs(30))
+            .expect("a leader");
+        rig.wait_capacity(first, 2 * SEGMENT, Duration::from_secs(30))
+            .expect("both members mount on the leader");
+        let standbys_ready = rig.leaders.iter().flatten().filter(|s| s.ready()).count();
+        assert_eq!(
+            standbys_ready, 1,
+            "standbys are not ready: 3 desired / 1 ready"
+        );
+        let address = rig.leaders[first].as_ref().expect("slot").address();
+        assert_eq!(
+            store::put(&address, "before-kill", None, 4096).expect("put"),
+            0
+        );
+
+        // kill -9 of the leader elector and its master.
+        let t = Instant::now();
+        rig.stop_leader(first, true);
+        let second = rig
+            .wait_leader(Some(first), Duration::from_secs(30))
+            .expect("a standby takes over");
+        let serving_after = t.elapsed();
+        rig.wait_capacity(second, 2 * SEGMENT, Duration::from_secs(30))
+            .expect("members remount to the new leader");
+        assert!(
+            serving_after < timing.duration + Duration::from_secs(5),
+            "took {serving_after:?}"
+        );
+        let address = rig.leaders[second].as_ref().expect("slot").address();
+        assert_eq!(
+            store::get(&address, "before-kill", None).expect("get"),
+            0,
+            "a failover leaves a cold cache"
+        );
+        assert_eq!(
+            store::put(&address, "before-term", None, 4096).expect("put"),
+            0
+        );
+
+        // SIGTERM: the leader releases the Lease and the last standby takes over at once.
+        let t = Instant::now();
+        rig.stop_leader(second, false);
+        let third = rig
+            .wait_leader(Some(second), Duration::from_secs(30))
+            .expect("handover");
+        let handover = t.elapsed();
+        rig.wait_capacity(third, 2 * SEGMENT, Duration::from_secs(30))
+            .expect("members remount");
+        assert!(
+            handover < timing.duration,
+            "a released Lease is taken without waiting for expiry ({handover:?})"
+        );
+        let address = rig.leaders[third].as_ref().expect("slot").address();
+        assert_eq!(
+            store::get(&address, "before-term", None).expect("get"),
+            0,
+            "cold after a handover too"
+        );
+
+        let (samples, violations) = watch.finish();
+        assert!(samples > 100, "the watch sampled ({samples})");
+        assert_eq!(
+            violations,
+            0,
+            "two masters served at once in {violations} of {samples} samples (logs: {})",
+            rig.dir().display()
+        );
+    })
+    .await
+    .expect("the scenario thread");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_service_mode_member_survives_a_single_leader_restart() {
+    let cluster = shared();
+    let client = cluster.client().await.expect("client");
+    let ns = cluster
+        .namespace(&client, "single")
+        .await
+        .expect("namespace");
+    let kubeconfig = cluster.control_plane.kubeconfig.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut rig = Rig::start(
+            &kubeconfig,
+            &ns,
+            "single-leader",
+            1,
+            0,
+            SEGMENT,
+            LeaseTiming::default(),
+        )
+        .expect("rig");
+        let leader = rig
+            .wait_leader(None, Duration::from_secs(30))
+            .expect("leader");
+        let slot = rig.leaders[leader].as_ref().expect("slot");
+        let ports = (slot.rpc_port, slot.metrics_port, slot.ready_port);
+        // A member in Service mode: a fixed address (the leader Service on a cluster).
+        let dir = paths::scratch("service-member").expect("dir");
+        let _member =
+            Member::start(&dir, &MemberOptions::new(slot.address(), SEGMENT)).expect("member");
+        rig.wait_capacity(leader, SEGMENT, Duration::from_secs(20))
+            .expect("mounted");
+
+        // The single leader dies and comes back (same Pod name, same address).
+        rig.stop_leader(leader, true);
+        let restarted = rig.start_leader("leader-0", Some(ports)).expect("restart");
+        rig.leaders[leader] = Some(restarted);
+        rig.wait_leader(None, Duration::from_secs(30))
+            .expect("the same identity leads again at once");
+        rig.wait_capacity(leader, SEGMENT, Duration::from_secs(30))
+            .expect("the member remounts by heartbeat");
+    })
+    .await
+    .expect("the scenario thread");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_lease_rights_the_elector_says_so_and_stays_not_ready() {
+    let cluster = shared();
+    let client = cluster.client().await.expect("client");
+    let ns = cluster
+        .namespace(&client, "norbac")
+        .await
+        .expect("namespace");
+    let kubeconfig = cluster
+        .control_plane
+        .user_kubeconfig("no-rights", "nobody")
+        .expect("user");
+    tokio::task::spawn_blocking(move || {
+        let rig = Rig::start(&kubeconfig, &ns, "store-leader", 1, 0, SEGMENT, LeaseTiming::default()).expect("rig");
+        std::thread::sleep(Duration::from_secs(4));
+        let slot = rig.leaders[0].as_ref().expect("slot");
+        let readyz = http_get(&format!("http://127.0.0.1:{}/readyz", slot.ready_port));
+        assert!(readyz.is_err(), "not ready without the Lease");
+        assert!(!slot.master_serving(), "no master runs");
+        let log = std::fs::read_to_string(&slot.proc.log).expect("log");
+        assert!(
+            log.contains("permission denied: this Pod's ServiceAccount may not get leases.coordination.k8s.io \"store-leader\""),
+            "{log}"
+        );
+    })
+    .await
+    .expect("the scenario thread");
+}
