@@ -1,1 +1,574 @@
+//! What an engine container is given to reach the shared store, or the exact reason it cannot be
+//! attached. Pure and table-driven ([`engines::ENGINES`]); one entry point, [`inject`], serves both
+//! the ModelDeployment renderer and the Pod injection webhook.
 
+pub mod argv;
+pub mod engines;
+pub mod versions;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, EnvVarSource,
+    ObjectFieldSelector, Volume, VolumeMount,
+};
+use kvcache_api::backend::Protocol;
+use kvcache_api::model::RoleKind;
+use serde::Serialize;
+
+use engines::{DTYPE_FLAG, ENGINES, EngineRow, RESERVED_ENV, Vehicle};
+use versions::Pairing;
+
+/// The Pod annotation holding the rendered client document (vLLM family).
+pub const CLIENT_CONFIG_ANNOTATION: &str = "kvcache.gpustack.ai/client-config";
+/// The Pod annotation holding the decision record.
+pub const INJECTED_ANNOTATION: &str = "kvcache.gpustack.ai/injected";
+/// The projected volume's name.
+pub const VOLUME_NAME: &str = "kvcache-client-config";
+/// Where the client document is mounted.
+pub const MOUNT_PATH: &str = "/etc/gpustack/kvcache";
+/// The client document's file name.
+pub const FILE_NAME: &str = "mooncake.json";
+/// Staging buffer handed to vLLM (add it to the container's memory request and limit).
+pub const LOCAL_BUFFER_BYTES: u64 = 128 << 20;
+/// Observability toggles: defaults the user may override.
+pub const TOGGLES: &[&str] = &["MC_TE_METRIC", "MC_STORE_CLIENT_METRIC_BANDWIDTH"];
+
+/// A refusal: a CamelCase reason and a message naming the key, the engine and the fix.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The container cannot be attached.
+    #[error("{reason}: {message}")]
+    Refused {
+        /// CamelCase, searchable.
+        reason: &'static str,
+        /// What and how to fix.
+        message: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn refused(reason: &'static str, message: impl Into<String>) -> Self {
+        Error::Refused {
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// The CamelCase reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Refused { reason, .. } => reason,
+        }
+    }
+}
+
+/// Who asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The Pod injection webhook: the container is the user's; launchers are inspected and
+    /// injected variables overwrite the user's.
+    Webhook,
+    /// The ModelDeployment renderer: the operator builds the command; a role's own `extraArgs` or
+    /// `env` naming an owned key is refused (the escape is `roles[].command`).
+    ModelDeployment,
+}
+
+/// The pool's ledger, as its `QuotaLedgerAvailable` condition reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ledger {
+    /// True: engines get the Binding's domain as tenant id.
+    Enforced,
+    /// False/MultiTenancyDisabled: engines get no tenant id.
+    Absent,
+    /// Not reported, Unknown, or False for another reason (the message carries it).
+    Unavailable(String),
+}
+
+/// Everything the injection needs.
+#[derive(Clone, Debug)]
+pub struct Request<'a> {
+    /// Webhook or ModelDeployment.
+    pub source: Source,
+    /// The engine row ([`engines::row`]).
+    pub engine: &'a EngineRow,
+    /// The role (`Server` for a plain server).
+    pub role: RoleKind,
+    /// The Binding's name.
+    pub binding: &'a str,
+    /// The Binding's domain (its tenant).
+    pub domain: &'a str,
+    /// The pool's ledger.
+    pub ledger: Ledger,
+    /// The Binding's dtype.
+    pub dtype: &'a str,
+    /// The `model-deployment-kv-cache-dtype-owned` setting.
+    pub dtype_owned: bool,
+    /// The pool's `status.clientEndpoint`.
+    pub client_endpoint: Option<&'a str>,
+    /// The effective protocols of the pool's member groups.
+    pub protocols: &'a [Protocol],
+    /// The store version (from the backend's image), if known.
+    pub store_version: Option<&'a str>,
+    /// The engine version, if known.
+    pub engine_version: Option<&'a str>,
+    /// The container as written.
+    pub container: &'a Container,
+    /// Names of the Pod's volumes.
+    pub pod_volumes: &'a [String],
+    /// `kvcache.gpustack.ai/launch-args-forwarded: "true"`.
+    pub launch_args_forwarded: bool,
+}
+
+/// The decision record (`kvcache.gpustack.ai/injected`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    /// The Binding.
+    pub binding: String,
+    /// The engine, lowercase.
+    pub engine: String,
+    /// `file` or `environment`.
+    pub vehicle: String,
+    /// The domain.
+    pub domain: String,
+    /// Whether a tenant id was injected (an action, not proof the engine uses it).
+    pub tenant_injected: bool,
+    /// The executable after transparent launchers.
+    pub launch_program: String,
+    /// Whether forwarding was declared.
+    pub launch_args_forwarded: bool,
+}
+
+/// What to add to the container and the Pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Injection {
+    /// Arguments appended after the container's own.
+    pub args: Vec<String>,
+    /// Variables set (overwriting the user's, except the observability toggles).
+    pub env: Vec<EnvVar>,
+    /// The projected client document volume (vLLM family).
+    pub volume: Option<Volume>,
+    /// Its mount.
+    pub mount: Option<VolumeMount>,
+    /// The client document, for the `client-config` annotation (vLLM family).
+    pub client_config: Option<String>,
+    /// The decision record.
+    pub record: Record,
+    /// Admitted, but worth knowing (unknown versions, unverified transports).
+    pub warnings: Vec<String>,
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: None,
+                field_path: path.to_owned(),
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+fn kv_role(role: RoleKind) -> &'static str {
+    match role {
+        RoleKind::Server => "kv_both",
+        RoleKind::Prefill => "kv_producer",
+        RoleKind::Decode => "kv_consumer",
+    }
+}
+
+/// The one protocol the pool offers this engine, or the refusal naming every offer.
+fn protocol(req: &Request<'_>) -> Result<(&'static str, Vec<String>), Error> {
+    let row = req.engine;
+    let mut offers: Vec<(&'static str, &'static str)> = req
+        .protocols
+        .iter()
+        .map(|p| (p.artifact(), p.api_value()))
+        .collect();
+    offers.sort_unstable();
+    offers.dedup_by_key(|o| o.0);
+    let listed = || {
+        offers
+            .iter()
+            .map(|(a, api)| format!("{a} ({api})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(first) = offers.first() else {
+        return Err(Error::refused(
+            "NotSupportedTransport",
+            format!(
+                "the pool's backend offers no member group, so {} has no store protocol to use",
+                row.name
+            ),
+        ));
+    };
+    if offers.len() > 1 {
+        return Err(Error::refused(
+            "NotSupportedTransport",
+            format!(
+                "the pool's member groups offer mixed protocols ({}); {} installs one transport and fails with NotSupportedTransport on the others: give every group one protocol (spec.transport.protocol or members[].transport.protocol)",
+                listed(),
+                row.name
+            ),
+        ));
+    }
+    let (artifact, _) = *first;
+    if let Some(only) = row.only_protocols
+        && !only.contains(&artifact)
+    {
+        return Err(Error::refused(
+            "NotSupportedTransport",
+            format!(
+                "{} uses only {} but the pool offers {}: set protocol CANN on the backend (spec.transport.protocol) or on its groups",
+                row.name,
+                only.join(", "),
+                listed()
+            ),
+        ));
+    }
+    if row.refused_protocols.contains(&artifact) {
+        return Err(Error::refused(
+            "NotSupportedTransport",
+            format!(
+                "{} does not support the store protocol {} the pool offers; use a pool whose groups use TCP",
+                row.name,
+                listed()
+            ),
+        ));
+    }
+    let mut warnings = Vec::new();
+    if artifact != "tcp" && row.only_protocols.is_none() {
+        warnings.push(format!("{} over {artifact} is not verified", row.name));
+    }
+    Ok((artifact, warnings))
+}
+
+/// Owned keys a user value may not set, for this source.
+fn refuse_owned(req: &Request<'_>, argv: &[String]) -> Result<(), Error> {
+    let row = req.engine;
+    let c = req.container;
+    let user_env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    let escape = match req.source {
+        Source::Webhook => "remove it: the webhook supplies it",
+        Source::ModelDeployment => {
+            "remove it, or take over the command with roles[].command (the operator then adds no cache settings)"
+        }
+    };
+    let mut args: Vec<&str> = row.mechanism_args.to_vec();
+    let mut envs: Vec<&str> = row.mechanism_env.to_vec();
+    if req.source == Source::ModelDeployment {
+        args.extend_from_slice(row.owned_args);
+        envs.extend_from_slice(row.owned_env);
+        envs.extend_from_slice(RESERVED_ENV);
+    }
+    for flag in args {
+        if let Some(i) = argv::find(argv, flag, row) {
+            return Err(Error::refused(
+                "OwnedKeyPresent",
+                format!(
+                    "{:?} sets {flag}, which the operator owns on {}: two sources would configure the connector; {escape}",
+                    argv[i], row.name
+                ),
+            ));
+        }
+    }
+    for name in envs {
+        if user_env.contains(&name) {
+            return Err(Error::refused(
+                "OwnedKeyPresent",
+                format!(
+                    "env {name} is owned by the operator on {}: two sources would configure the store client; {escape}",
+                    row.name
+                ),
+            ));
+        }
+    }
+    if req.dtype_owned
+        && let Some(i) = argv::find(argv, DTYPE_FLAG, row)
+    {
+        return Err(Error::refused(
+            "DtypeOwned",
+            format!(
+                "{:?} sets {DTYPE_FLAG}, which comes from the Binding's spec.domain.dtype ({}) on attached {} containers: remove it (the setting model-deployment-kv-cache-dtype-owned turns this off)",
+                argv[i], req.dtype, row.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Decides the injection for one container, or the refusal.
+pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
+    let row = req.engine;
+    let c = req.container;
+    if req.binding.is_empty() {
+        return Err(Error::refused(
+            "BindingMissing",
+            "kvcache.gpustack.ai/binding is required: name a KVCachePoolBinding of this namespace",
+        ));
+    }
+    if req.binding.contains('/') {
+        return Err(Error::refused(
+            "CrossNamespaceBinding",
+            format!(
+                "binding {:?} names another namespace; only a KVCachePoolBinding of this namespace can be named: ask an administrator for one here",
+                req.binding
+            ),
+        ));
+    }
+    let tenant = match &req.ledger {
+        Ledger::Enforced => Some(req.domain),
+        Ledger::Absent => None,
+        Ledger::Unavailable(why) => {
+            return Err(Error::refused(
+                "LedgerNotReady",
+                format!(
+                    "the pool of KVCachePoolBinding {} cannot confirm its tenant ledger ({why}); writes could fail with TENANT_NOT_REGISTERED, so Pods are refused until it recovers",
+                    req.binding
+                ),
+            ));
+        }
+    };
+    let Some(endpoint) = req.client_endpoint else {
+        return Err(Error::refused(
+            "NoClientEndpoint",
+            format!(
+                "the pool of KVCachePoolBinding {} publishes no status.clientEndpoint yet, so there is no address to give {}; wait for the pool to be Ready",
+                req.binding, row.name
+            ),
+        ));
+    };
+    let mut warnings = Vec::new();
+    if req.dtype_owned && !row.dtypes.contains(&req.dtype) {
+        return Err(Error::refused(
+            "DtypeNotAccepted",
+            format!(
+                "{} does not accept --kv-cache-dtype {} (the Binding's spec.domain.dtype), so every Pod would fail argument parsing; it accepts {}: use a Binding whose dtype is spelled for {}",
+                row.name,
+                req.dtype,
+                row.dtypes.join(", "),
+                row.name
+            ),
+        ));
+    }
+    let (protocol, transport_warnings) = protocol(req)?;
+    warnings.extend(transport_warnings);
+    match versions::pair(row, req.store_version, req.engine_version) {
+        Pairing::Compatible => {}
+        Pairing::Mismatch { store, client } => {
+            return Err(Error::refused(
+                "StoreVersionMismatch",
+                format!(
+                    "the store runs Mooncake {store} but {} {} carries client {client}: different lines pass every probe and then fail every write (RPC_FAIL -900); pin the backend's spec.image to the {} line, or use an engine version on the store's line",
+                    row.name,
+                    req.engine_version.unwrap_or_default(),
+                    versions::line(&client).unwrap_or_default()
+                ),
+            ));
+        }
+        Pairing::Unknown(why) => warnings.push(why),
+    }
+
+    let user_argv: Vec<String> = c
+        .command
+        .iter()
+        .flatten()
+        .chain(c.args.iter().flatten())
+        .cloned()
+        .collect();
+    let launch = match req.source {
+        Source::Webhook => argv::launch(
+            c.command.as_deref().unwrap_or_default(),
+            c.args.as_deref().unwrap_or_default(),
+            req.launch_args_forwarded,
+            row,
+            ENGINES,
+        )?,
+        Source::ModelDeployment => argv::Launch {
+            program: row.programs.first().copied().unwrap_or_default().to_owned(),
+            module: None,
+            forwarded: false,
+        },
+    };
+    refuse_owned(req, &user_argv)?;
+
+    let mut args = Vec::new();
+    let mut out_env = Vec::new();
+    let (mut volume, mut mount, mut client_config) = (None, None, None);
+    match row.vehicle {
+        Vehicle::File => {
+            let collides_volume = req.pod_volumes.iter().any(|v| v == VOLUME_NAME);
+            let collides_mount =
+                c.volume_mounts.iter().flatten().any(|m| {
+                    m.name == VOLUME_NAME || m.mount_path.trim_end_matches('/') == MOUNT_PATH
+                });
+            if collides_volume || collides_mount {
+                return Err(Error::refused(
+                    "VolumeCollision",
+                    format!(
+                        "the Pod already has a volume named {VOLUME_NAME} or a mount at {MOUNT_PATH}, where the client document goes; rename or move it"
+                    ),
+                ));
+            }
+            let mut doc: BTreeMap<&str, serde_json::Value> = BTreeMap::new();
+            doc.insert("master_server_address", endpoint.into());
+            doc.insert("metadata_server", "P2PHANDSHAKE".into());
+            doc.insert("protocol", protocol.into());
+            doc.insert("device_name", "".into());
+            doc.insert("global_segment_size", 0.into());
+            doc.insert("local_buffer_size", LOCAL_BUFFER_BYTES.into());
+            doc.insert("mode", "standalone-store".into());
+            if let Some(t) = tenant {
+                doc.insert("tenant_id", t.into());
+            }
+            client_config = Some(serde_json::to_string(&doc).unwrap_or_default());
+            let transfer = serde_json::json!({
+                "kv_connector": row.connector.unwrap_or_default(),
+                "kv_role": kv_role(req.role),
+            });
+            args.push("--kv-transfer-config".to_owned());
+            args.push(transfer.to_string());
+            out_env.push(env(
+                "MOONCAKE_CONFIG_PATH",
+                format!("{MOUNT_PATH}/{FILE_NAME}"),
+            ));
+            volume = Some(Volume {
+                name: VOLUME_NAME.to_owned(),
+                downward_api: Some(DownwardAPIVolumeSource {
+                    items: Some(vec![DownwardAPIVolumeFile {
+                        path: FILE_NAME.to_owned(),
+                        field_ref: Some(ObjectFieldSelector {
+                            api_version: None,
+                            field_path: format!(
+                                "metadata.annotations['{CLIENT_CONFIG_ANNOTATION}']"
+                            ),
+                        }),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            mount = Some(VolumeMount {
+                name: VOLUME_NAME.to_owned(),
+                mount_path: MOUNT_PATH.to_owned(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+        }
+        Vehicle::Environment => {
+            args.push("--hicache-storage-backend".to_owned());
+            args.push("mooncake".to_owned());
+            let (flag, extra) = if req.role == RoleKind::Decode {
+                (
+                    "--disaggregation-decode-retraction-backup",
+                    Some("cpu_tensor"),
+                )
+            } else {
+                ("--enable-hierarchical-cache", None)
+            };
+            if argv::find(&user_argv, flag, row).is_none() {
+                args.push(flag.to_owned());
+                args.extend(extra.map(str::to_owned));
+            }
+            out_env.push(env("MOONCAKE_MASTER", endpoint));
+            out_env.push(env("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE"));
+            out_env.push(env("MOONCAKE_PROTOCOL", protocol));
+            out_env.push(env("MOONCAKE_DEVICE", ""));
+            out_env.push(env("MOONCAKE_GLOBAL_SEGMENT_SIZE", "0"));
+            out_env.push(field_env("MOONCAKE_LOCAL_HOSTNAME", "status.podIP"));
+            if let Some(t) = tenant {
+                out_env.push(env("MOONCAKE_TENANT_ID", t));
+            } else if c
+                .env
+                .iter()
+                .flatten()
+                .any(|e| e.name == "MOONCAKE_TENANT_ID")
+            {
+                warnings.push("the container's own MOONCAKE_TENANT_ID is kept, but the store keeps no ledger: every write lands in its default tenant".into());
+            }
+        }
+    }
+    if req.dtype_owned {
+        args.push(DTYPE_FLAG.to_owned());
+        args.push(req.dtype.to_owned());
+    }
+    for t in TOGGLES {
+        out_env.push(env(t, "1"));
+    }
+    Ok(Injection {
+        args,
+        env: out_env,
+        volume,
+        mount,
+        client_config,
+        record: Record {
+            binding: req.binding.to_owned(),
+            engine: row.record.to_owned(),
+            vehicle: row.vehicle.as_str().to_owned(),
+            domain: req.domain.to_owned(),
+            tenant_injected: tenant.is_some(),
+            launch_program: launch.program,
+            launch_args_forwarded: launch.forwarded,
+        },
+        warnings,
+    })
+}
+
+impl Injection {
+    /// The container with the injection applied: arguments appended, variables set in place
+    /// (one entry per name; the user's observability toggles kept), the mount added.
+    pub fn apply(&self, container: &Container) -> Container {
+        let mut c = container.clone();
+        let mut args = c.args.take().unwrap_or_default();
+        args.extend(self.args.iter().cloned());
+        c.args = Some(args);
+        let mut env = c.env.take().unwrap_or_default();
+        for e in &self.env {
+            match env.iter_mut().find(|x| x.name == e.name) {
+                Some(_) if TOGGLES.contains(&e.name.as_str()) => {}
+                Some(existing) => *existing = e.clone(),
+                None => env.push(e.clone()),
+            }
+        }
+        c.env = Some(env);
+        if let Some(m) = &self.mount {
+            c.volume_mounts.get_or_insert_with(Vec::new).push(m.clone());
+        }
+        c
+    }
+
+    /// The decision record as the annotation holds it.
+    pub fn record_json(&self) -> String {
+        serde_json::to_string(&self.record).unwrap_or_default()
+    }
+}
+
+/// Reads the `kvcache.gpustack.ai/role` annotation: absent for a plain server, `Prefill` or
+/// `Decode` otherwise (refusal x).
+pub fn parse_role(value: Option<&str>) -> Result<RoleKind, Error> {
+    match value {
+        None => Ok(RoleKind::Server),
+        Some("Prefill") => Ok(RoleKind::Prefill),
+        Some("Decode") => Ok(RoleKind::Decode),
+        Some(other) => Err(Error::refused(
+            "InvalidRole",
+            format!(
+                "kvcache.gpustack.ai/role {other:?} is not Prefill or Decode; omit it for a plain server"
+            ),
+        )),
+    }
+}
