@@ -89,6 +89,8 @@ pub struct Rig {
     pub segment_bytes: u64,
     /// The timing in force.
     pub timing: LeaseTiming,
+    /// Start electors with `--label-pod` (their identity must name a Pod in the namespace).
+    pub label_pods: bool,
     dir: PathBuf,
     kubeconfig: PathBuf,
     namespace: String,
@@ -121,6 +123,7 @@ impl Rig {
             members: Vec::new(),
             segment_bytes,
             timing,
+            label_pods: false,
             dir,
             kubeconfig: kubeconfig.to_owned(),
             namespace: namespace.to_owned(),
@@ -169,6 +172,7 @@ impl Rig {
                 "--child-health-url=http://127.0.0.1:{metrics_port}/health"
             ))
             .arg(format!("--ready-addr=127.0.0.1:{ready_port}"))
+            .args(self.label_pods.then_some("--label-pod"))
             .arg("--")
             .arg(paths::mooncake_master()?)
             .args(["--rpc_address=127.0.0.1", &format!("--rpc_port={rpc_port}")])

@@ -171,3 +171,85 @@ async fn without_lease_rights_the_elector_says_so_and_stays_not_ready() {
     .await
     .expect("the scenario thread");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_master_that_exits_hands_over_and_the_leader_pod_is_labelled() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, PostParams};
+    let cluster = shared();
+    let client = cluster.client().await.expect("client");
+    let ns = cluster
+        .namespace(&client, "childexit")
+        .await
+        .expect("namespace");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for name in ["leader-0", "leader-1"] {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "leader", "image": "example.invalid/none:1"}]}
+        }))
+        .expect("pod");
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("pod object");
+    }
+    let kubeconfig = cluster.control_plane.kubeconfig.clone();
+    let labelled = tokio::task::spawn_blocking(move || {
+        let mut rig = Rig::start(
+            &kubeconfig,
+            &ns,
+            "exit-leader",
+            0,
+            0,
+            SEGMENT,
+            LeaseTiming::default(),
+        )
+        .expect("rig");
+        rig.label_pods = true;
+        for i in 0..2 {
+            let slot = rig
+                .start_leader(&format!("leader-{i}"), None)
+                .expect("elector");
+            rig.leaders.push(Some(slot));
+        }
+        let first = rig
+            .wait_leader(None, Duration::from_secs(30))
+            .expect("leader");
+        // The master dies on its own: the elector releases the Lease and exits non-zero.
+        let master = kvcache_e2e::failover::children_of(
+            rig.leaders[first].as_ref().expect("slot").proc.pid(),
+        );
+        assert_eq!(master.len(), 1, "one master under the leader elector");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(master[0]),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let t = Instant::now();
+        let second = rig
+            .wait_leader(Some(first), Duration::from_secs(30))
+            .expect("a standby takes over");
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "the Lease was released, not left to expire ({:?})",
+            t.elapsed()
+        );
+        let slot = rig.leaders[first].as_mut().expect("slot");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !slot.proc.exited() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(slot.proc.exited(), "the elector exits when its master does");
+        let log = std::fs::read_to_string(&slot.proc.log).expect("log");
+        assert!(log.contains("the store process exited"), "{log}");
+        format!("leader-{second}")
+    })
+    .await
+    .expect("the scenario thread");
+    let pod = pods.get(&labelled).await.expect("pod");
+    let labels = pod.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels.get("mooncake.io/store-role").map(String::as_str),
+        Some("leader"),
+        "{labels:?}"
+    );
+}

@@ -310,6 +310,40 @@ fn refuse_owned(req: &Request<'_>, argv: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
+/// The ModelDeployment rules on a role's own `extraArgs` and `env` (catalogue 2.4.3, 2.4.4,
+/// 2.4.9, 5.10): keys the operator owns on an attached role are refused, naming the key, the
+/// engine and `roles[].command` as the escape. Take-over roles are not judged.
+pub fn check_role_keys(
+    row: &EngineRow,
+    extra_args: &[String],
+    env: &[EnvVar],
+    dtype_owned: bool,
+) -> Result<(), Error> {
+    let container = Container {
+        args: Some(extra_args.to_vec()),
+        env: Some(env.to_vec()),
+        ..Default::default()
+    };
+    let req = Request {
+        source: Source::ModelDeployment,
+        engine: row,
+        role: RoleKind::Server,
+        binding: "",
+        domain: "",
+        ledger: Ledger::Absent,
+        dtype: "",
+        dtype_owned,
+        client_endpoint: None,
+        protocols: &[],
+        store_version: None,
+        engine_version: None,
+        container: &container,
+        pod_volumes: &[],
+        launch_args_forwarded: false,
+    };
+    refuse_owned(&req, extra_args)
+}
+
 /// Decides the injection for one container, or the refusal.
 pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
     let row = req.engine;

@@ -136,6 +136,32 @@ pub fn load(path: &Path) -> Result<Vec<Manifest>, CliError> {
     Ok(out)
 }
 
+/// The owned-key rules on each attached, non-take-over role (kvcache-inject's table).
+fn role_keys(md: &kvcache_api::ModelDeployment, settings: &Settings) -> Vec<String> {
+    if md.spec.kv_cache.is_none() {
+        return Vec::new();
+    }
+    let Ok(row) = kvcache_inject::engines::row(md.spec.engine.name, None) else {
+        return Vec::new();
+    };
+    md.spec
+        .roles
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.command.is_empty())
+        .filter_map(|(i, r)| {
+            kvcache_inject::check_role_keys(
+                row,
+                &r.extra_args,
+                &r.env,
+                settings.kv_cache_dtype_owned,
+            )
+            .err()
+            .map(|e| format!("spec.roles[{i}]: {e}"))
+        })
+        .collect()
+}
+
 /// Judges every manifest (as an update where `old` holds the same object) and prints the
 /// outcome. Returns whether anything was refused.
 pub fn validate(
@@ -158,6 +184,9 @@ pub fn validate(
             "create"
         };
         let mut strict = Vec::new();
+        if let manifest::Object::ModelDeployment(md) = &m.object {
+            strict.extend(role_keys(md, settings));
+        }
         for field in &m.unknown_fields {
             strict.push(format!(
                 "{field}: unknown field (strict decoding error); the API server would drop it"

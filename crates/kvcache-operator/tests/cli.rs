@@ -76,6 +76,29 @@ fn refusals_name_the_field_and_exit_1() {
 }
 
 #[test]
+fn owned_keys_on_attached_roles_are_refused() {
+    let dir = std::env::temp_dir().join(format!("kvcache-cli-md-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let md = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/walkthrough/05-modeldeployment.yaml"
+    ))
+    .expect("example");
+    let bad = dir.join("md.yaml");
+    std::fs::write(
+        &bad,
+        md.replace(
+            "      resources:",
+            "      extraArgs: [\"--kv-cache-dtype=fp8\"]\n      resources:",
+        ),
+    )
+    .expect("write");
+    let (code, out) = operator(&["validate", "-f", bad.to_str().expect("utf-8")]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("spec.roles[0]: DtypeOwned"), "{out}");
+}
+
+#[test]
 fn crds_prints_all_five() {
     let (code, out) = operator(&["crds"]);
     assert_eq!(code, 0);
