@@ -23,6 +23,24 @@ enum Mode {
     Leader(LeaderArgs),
     /// Follow the Lease holder; (re)start the member pointed at it.
     Member(MemberArgs),
+    /// Copy this binary into a directory (the init container that delivers it into store Pods).
+    Install {
+        /// The directory (a shared emptyDir).
+        dir: std::path::PathBuf,
+    },
+}
+
+/// Copies the running binary to `dir/kvcache-elector`, executable.
+fn install(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let me = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let target = dir.join("kvcache-elector");
+    std::fs::copy(&me, &target)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", me.display(), target.display()))?;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("cannot make {} executable: {e}", target.display()))?;
+    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -128,6 +146,15 @@ async fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match Cli::parse().mode {
+        Mode::Install { dir } => {
+            return match install(&dir) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Mode::Leader(a) => {
             leader::run(LeaderConfig {
                 lease: a.common.lease,
@@ -172,6 +199,19 @@ async fn main() -> ExitCode {
 mod tests {
     use super::parse_duration;
     use std::time::Duration;
+
+    #[test]
+    fn install_copies_an_executable() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("elector-install-{}", std::process::id()));
+        super::install(&dir).expect("installs");
+        let mode = std::fs::metadata(dir.join("kvcache-elector"))
+            .expect("copied")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn durations() {

@@ -35,6 +35,22 @@ enum Command {
         #[arg(long)]
         settings: Option<PathBuf>,
     },
+    /// Print every object the operator would create for the given manifests, resolving their
+    /// references (backend, pool, binding, model deployment, instance type) offline.
+    Render {
+        /// A manifest file or a directory of them.
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<PathBuf>,
+        /// Cluster settings as YAML.
+        #[arg(long)]
+        settings: Option<PathBuf>,
+        /// The operator's namespace (where store workloads run).
+        #[arg(long, default_value = kvcache_render::resolve::DEFAULT_NAMESPACE)]
+        namespace: String,
+        /// The operator's image (it delivers kvcache-elector into store Pods).
+        #[arg(long, default_value = kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE)]
+        operator_image: String,
+    },
 }
 
 /// What a command can fail with before it judges anything.
@@ -69,15 +85,46 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Render {
+            files,
+            settings,
+            namespace,
+            operator_image,
+        } => {
+            let settings = load_settings(settings.as_deref())?;
+            let mut objects = Vec::new();
+            for f in &files {
+                objects.extend(load(f)?.into_iter().map(|m| m.object));
+            }
+            let env = kvcache_render::resolve::Environment {
+                namespace: &namespace,
+                operator_image: &operator_image,
+                settings: &settings,
+            };
+            match kvcache_render::resolve::render_all(&objects, &env) {
+                Ok(docs) => {
+                    for (i, d) in docs.iter().enumerate() {
+                        if i > 0 {
+                            writeln!(out, "---")?;
+                        }
+                        write!(out, "{}", serde_yaml::to_string(d).unwrap_or_default())?;
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(errors) => {
+                    for e in errors {
+                        eprintln!("error: {e}");
+                    }
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
         Command::Validate {
             files,
             old,
             settings,
         } => {
-            let settings = match settings {
-                Some(path) => Settings::from_yaml(&path.display().to_string(), &read(&path)?)?,
-                None => Settings::default(),
-            };
+            let settings = load_settings(settings.as_deref())?;
             let mut new = Vec::new();
             for f in &files {
                 new.extend(load(f)?);
@@ -94,6 +141,13 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
             })
         }
     }
+}
+
+fn load_settings(path: Option<&Path>) -> Result<Settings, CliError> {
+    Ok(match path {
+        Some(path) => Settings::from_yaml(&path.display().to_string(), &read(path)?)?,
+        None => Settings::default(),
+    })
 }
 
 fn read(path: &Path) -> Result<String, CliError> {

@@ -1,0 +1,411 @@
+//! The operator's own installation: namespace, account, least-privilege RBAC, Deployment,
+//! webhook Service and webhook configurations. `cargo xtask manifests` writes it to
+//! `deploy/operator.yaml`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector,
+    PodSpec, PodTemplateSpec, Probe, Service, ServiceAccount, ServicePort, ServiceSpec,
+};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+
+const NAME: &str = "kvcache-operator";
+/// The webhook server's port in the operator Pod.
+pub const WEBHOOK_PORT: i32 = 9443;
+/// Metrics and health.
+pub const METRICS_PORT: i32 = 8080;
+
+fn labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), NAME.into()),
+        ("app.kubernetes.io/component".into(), "operator".into()),
+        (
+            "app.kubernetes.io/managed-by".into(),
+            "kvcache-operator".into(),
+        ),
+    ])
+}
+
+fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: ns.map(str::to_owned),
+        labels: Some(labels()),
+        ..Default::default()
+    }
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
+        resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
+        verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
+const READ: &[&str] = &["get", "list", "watch"];
+const WRITE: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+
+/// Every object of the installation, as YAML documents in apply order.
+pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
+    let ns = Some(namespace);
+    let mut docs = Vec::new();
+    fn push<T: Serialize>(docs: &mut Vec<serde_yaml::Value>, kind: &str, api: &str, o: &T) {
+        if let Ok(mut v) = serde_yaml::to_value(o) {
+            if let Some(m) = v.as_mapping_mut() {
+                m.insert("apiVersion".into(), api.into());
+                m.insert("kind".into(), kind.into());
+            }
+            docs.push(v);
+        }
+    }
+    push(
+        &mut docs,
+        "Namespace",
+        "v1",
+        &Namespace {
+            metadata: meta(namespace, None),
+            ..Default::default()
+        },
+    );
+    push(
+        &mut docs,
+        "ServiceAccount",
+        "v1",
+        &ServiceAccount {
+            metadata: meta(NAME, ns),
+            ..Default::default()
+        },
+    );
+    // Cluster-wide: its own kinds, what the injection and admission read, events.
+    push(
+        &mut docs,
+        "ClusterRole",
+        "rbac.authorization.k8s.io/v1",
+        &ClusterRole {
+            metadata: meta(NAME, None),
+            rules: Some(vec![
+                rule(
+                    &["worker.gpustack.ai"],
+                    &[
+                        "kvcachebackends",
+                        "kvcachepools",
+                        "kvcachepoolbindings",
+                        "modeldeployments",
+                        "instancetypes",
+                    ],
+                    &["get", "list", "watch", "update", "patch"],
+                ),
+                rule(
+                    &["worker.gpustack.ai"],
+                    &[
+                        "kvcachebackends/status",
+                        "kvcachepools/status",
+                        "kvcachepoolbindings/status",
+                        "modeldeployments/status",
+                    ],
+                    &["get", "update", "patch"],
+                ),
+                rule(
+                    &["worker.gpustack.ai"],
+                    &[
+                        "kvcachebackends/finalizers",
+                        "kvcachepools/finalizers",
+                        "kvcachepoolbindings/finalizers",
+                        "modeldeployments/finalizers",
+                    ],
+                    &["update"],
+                ),
+                rule(&["apps"], &["deployments"], WRITE),
+                rule(&[""], &["services"], WRITE),
+                rule(&[""], &["pods"], READ),
+                rule(&[""], &["nodes", "namespaces"], READ),
+                rule(&[""], &["events"], &["create", "patch"]),
+                rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+                rule(
+                    &["apiextensions.k8s.io"],
+                    &["customresourcedefinitions"],
+                    &["get"],
+                ),
+            ]),
+            ..Default::default()
+        },
+    );
+    push(
+        &mut docs,
+        "ClusterRoleBinding",
+        "rbac.authorization.k8s.io/v1",
+        &ClusterRoleBinding {
+            metadata: meta(NAME, None),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: NAME.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: NAME.into(),
+                namespace: Some(namespace.into()),
+                ..Default::default()
+            }]),
+        },
+    );
+    // In its own namespace only: the store workloads and what their Pods are granted (a Role
+    // can only grant what its creator holds).
+    push(
+        &mut docs,
+        "Role",
+        "rbac.authorization.k8s.io/v1",
+        &Role {
+            metadata: meta(NAME, ns),
+            rules: Some(vec![
+                rule(&["apps"], &["daemonsets"], WRITE),
+                rule(&[""], &["configmaps", "serviceaccounts"], WRITE),
+                rule(
+                    &[""],
+                    &["pods"],
+                    &["get", "list", "watch", "delete", "patch"],
+                ),
+                rule(&["coordination.k8s.io"], &["leases"], WRITE),
+                rule(
+                    &["rbac.authorization.k8s.io"],
+                    &["roles", "rolebindings"],
+                    WRITE,
+                ),
+            ]),
+        },
+    );
+    push(
+        &mut docs,
+        "RoleBinding",
+        "rbac.authorization.k8s.io/v1",
+        &RoleBinding {
+            metadata: meta(NAME, ns),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: NAME.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: NAME.into(),
+                namespace: Some(namespace.into()),
+                ..Default::default()
+            }]),
+        },
+    );
+    let selector: BTreeMap<String, String> = labels()
+        .into_iter()
+        .filter(|(k, _)| k != "app.kubernetes.io/managed-by")
+        .collect();
+    push(
+        &mut docs,
+        "Deployment",
+        "apps/v1",
+        &Deployment {
+            metadata: meta(NAME, ns),
+            spec: Some(DeploymentSpec {
+                replicas: Some(1),
+                selector: LabelSelector {
+                    match_labels: Some(selector.clone()),
+                    ..Default::default()
+                },
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(labels()),
+                        ..Default::default()
+                    }),
+                    spec: Some(PodSpec {
+                        service_account_name: Some(NAME.into()),
+                        containers: vec![Container {
+                            name: "operator".into(),
+                            image: Some(image.into()),
+                            args: Some(vec!["run".into()]),
+                            env: Some(vec![EnvVar {
+                                name: "KVCACHE_NAMESPACE".into(),
+                                value_from: Some(EnvVarSource {
+                                    field_ref: Some(ObjectFieldSelector {
+                                        api_version: None,
+                                        field_path: "metadata.namespace".into(),
+                                    }),
+                                    ..Default::default()
+                                }),
+                                value: None,
+                            }]),
+                            ports: Some(vec![
+                                ContainerPort {
+                                    name: Some("webhook".into()),
+                                    container_port: WEBHOOK_PORT,
+                                    ..Default::default()
+                                },
+                                ContainerPort {
+                                    name: Some("metrics".into()),
+                                    container_port: METRICS_PORT,
+                                    ..Default::default()
+                                },
+                            ]),
+                            readiness_probe: Some(Probe {
+                                http_get: Some(HTTPGetAction {
+                                    path: Some("/health".into()),
+                                    port: IntOrString::String("metrics".into()),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }),
+                },
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    push(
+        &mut docs,
+        "Service",
+        "v1",
+        &Service {
+            metadata: meta(NAME, ns),
+            spec: Some(ServiceSpec {
+                selector: Some(selector),
+                ports: Some(vec![
+                    ServicePort {
+                        name: Some("webhook".into()),
+                        port: 443,
+                        target_port: Some(IntOrString::String("webhook".into())),
+                        ..Default::default()
+                    },
+                    ServicePort {
+                        name: Some("metrics".into()),
+                        port: METRICS_PORT,
+                        target_port: Some(IntOrString::String("metrics".into())),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    );
+    let client = |path: &str| WebhookClientConfig {
+        service: Some(ServiceReference {
+            name: NAME.into(),
+            namespace: namespace.into(),
+            path: Some(path.into()),
+            port: Some(443),
+        }),
+        ..Default::default()
+    };
+    let ops = |ops: &[&str], groups: &[&str], resources: &[&str]| RuleWithOperations {
+        operations: Some(ops.iter().map(|s| (*s).to_owned()).collect()),
+        api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
+        api_versions: Some(vec!["v1".into()]),
+        resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
+        scope: None,
+    };
+    let inject_label = LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            "kvcache.gpustack.ai/inject".into(),
+            "true".into(),
+        )])),
+        ..Default::default()
+    };
+    push(
+        &mut docs,
+        "MutatingWebhookConfiguration",
+        "admissionregistration.k8s.io/v1",
+        &MutatingWebhookConfiguration {
+            metadata: meta(NAME, None),
+            webhooks: Some(vec![MutatingWebhook {
+                name: "inject.kvcache.gpustack.ai".into(),
+                client_config: client("/mutate-pods"),
+                rules: Some(vec![ops(&["CREATE"], &[""], &["pods"])]),
+                object_selector: Some(inject_label.clone()),
+                namespace_selector: Some(LabelSelector {
+                    match_expressions: Some(vec![LabelSelectorRequirement {
+                        key: "kubernetes.io/metadata.name".into(),
+                        operator: "NotIn".into(),
+                        values: Some(vec!["kube-system".into()]),
+                    }]),
+                    ..Default::default()
+                }),
+                failure_policy: Some("Fail".into()),
+                side_effects: "None".into(),
+                admission_review_versions: vec!["v1".into()],
+                timeout_seconds: Some(10),
+                ..Default::default()
+            }]),
+        },
+    );
+    push(
+        &mut docs,
+        "ValidatingWebhookConfiguration",
+        "admissionregistration.k8s.io/v1",
+        &ValidatingWebhookConfiguration {
+            metadata: meta(NAME, None),
+            webhooks: Some(vec![
+                ValidatingWebhook {
+                    name: "validate.kvcache.gpustack.ai".into(),
+                    client_config: client("/validate"),
+                    rules: Some(vec![ops(
+                        &["CREATE", "UPDATE"],
+                        &["worker.gpustack.ai"],
+                        &[
+                            "kvcachebackends",
+                            "kvcachepools",
+                            "kvcachepoolbindings",
+                            "modeldeployments",
+                        ],
+                    )]),
+                    failure_policy: Some("Fail".into()),
+                    side_effects: "None".into(),
+                    admission_review_versions: vec!["v1".into()],
+                    timeout_seconds: Some(10),
+                    ..Default::default()
+                },
+                ValidatingWebhook {
+                    name: "freeze.kvcache.gpustack.ai".into(),
+                    client_config: client("/validate-pods"),
+                    rules: Some(vec![ops(&["UPDATE"], &[""], &["pods"])]),
+                    object_selector: Some(inject_label),
+                    failure_policy: Some("Ignore".into()),
+                    side_effects: "None".into(),
+                    admission_review_versions: vec!["v1".into()],
+                    timeout_seconds: Some(5),
+                    ..Default::default()
+                },
+            ]),
+        },
+    );
+    docs
+}
+
+/// The installation as one YAML stream with a header.
+pub fn operator_yaml(namespace: &str, image: &str) -> String {
+    let body: Vec<String> = operator(namespace, image)
+        .iter()
+        .filter_map(|d| serde_yaml::to_string(d).ok())
+        .collect();
+    format!(
+        "# Generated by `cargo xtask manifests` from crates/kvcache-render; do not edit.\n# CRDs are in deploy/crds/.\n{}",
+        body.join("---\n")
+    )
+}

@@ -1,0 +1,382 @@
+//! A ModelDeployment as Kubernetes objects: one Deployment per role running the engine, its
+//! store settings injected when `kvCache` is set, and a Service for the serving role.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EmptyDirVolumeSource, HTTPGetAction, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kvcache_api::backend::Protocol;
+use kvcache_api::model::{EngineName, InstanceType, ModelDeployment, Role, RoleKind};
+use kvcache_inject::{
+    CLIENT_CONFIG_ANNOTATION, INJECTED_ANNOTATION, LOCAL_BUFFER_BYTES, Ledger, Request, Source,
+};
+
+use crate::backend::pull_policy;
+use crate::{Error, names};
+
+/// The port every replica serves on.
+pub const SERVING_PORT: i32 = 8000;
+/// `/dev/shm` per role.
+pub const SHM_SIZE: &str = "16Gi";
+
+/// The resolved cache attachment of a deployment.
+#[derive(Clone, Debug)]
+pub struct Attachment {
+    /// The Binding.
+    pub binding: String,
+    /// Its domain.
+    pub domain: String,
+    /// Its dtype.
+    pub dtype: String,
+    /// The pool's ledger.
+    pub ledger: Ledger,
+    /// The pool's client endpoint.
+    pub client_endpoint: Option<String>,
+    /// The effective protocols of the backend's groups.
+    pub protocols: Vec<Protocol>,
+    /// The store version, from the backend's image.
+    pub store_version: Option<String>,
+    /// The dtype setting.
+    pub dtype_owned: bool,
+}
+
+/// What rendering a deployment takes.
+#[derive(Clone, Debug)]
+pub struct ModelInputs<'a> {
+    /// The deployment.
+    pub deployment: &'a ModelDeployment,
+    /// InstanceTypes by name.
+    pub instance_types: &'a BTreeMap<String, InstanceType>,
+    /// The cache attachment, when `spec.kvCache` is set.
+    pub attachment: Option<&'a Attachment>,
+}
+
+/// The objects of one deployment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelObjects {
+    /// One per role.
+    pub deployments: Vec<Deployment>,
+    /// For the serving role.
+    pub services: Vec<Service>,
+}
+
+/// The runner image for an engine version on an accelerator
+/// (`gpustack/runner:<backend><runtime>-<engine><version>`).
+pub fn runner_image(engine: EngineName, version: &str, manufacturer: Option<&str>) -> String {
+    let backend = match manufacturer {
+        Some("nvidia") => "cuda12.9",
+        Some("ascend") => "cann8.2",
+        Some("amd") => "rocm6.4",
+        _ => "cpu",
+    };
+    let engine = match engine {
+        EngineName::Vllm => "vllm",
+        EngineName::Sglang => "sglang",
+    };
+    format!("gpustack/runner:{backend}-{engine}{version}")
+}
+
+fn millicores(q: &str) -> Option<u64> {
+    match q.strip_suffix('m') {
+        Some(m) => m.parse().ok(),
+        None => q
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .map(|v| (v * 1000.0).round() as u64),
+    }
+}
+
+fn labels(md: &str, role: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), "model-deployment".into()),
+        ("app.kubernetes.io/instance".into(), names::label_value(md)),
+        (
+            "app.kubernetes.io/component".into(),
+            names::label_value(role),
+        ),
+        (
+            "app.kubernetes.io/managed-by".into(),
+            "kvcache-operator".into(),
+        ),
+    ])
+}
+
+fn has_flag(args: &[String], flag: &str) -> bool {
+    args.iter()
+        .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+}
+
+/// Renders a deployment's objects.
+pub fn render(inputs: &ModelInputs<'_>) -> Result<ModelObjects, Error> {
+    let md = inputs.deployment;
+    let name = md.metadata.name.clone().unwrap_or_default();
+    let ns = md
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let owner = md.metadata.uid.clone().map(|uid| {
+        vec![OwnerReference {
+            api_version: format!("{}/{}", kvcache_api::GROUP, kvcache_api::VERSION),
+            kind: "ModelDeployment".into(),
+            name: name.clone(),
+            uid,
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]
+    });
+    let mut out = ModelObjects::default();
+    for role in &md.spec.roles {
+        out.deployments
+            .push(role_deployment(inputs, &name, &ns, owner.clone(), role)?);
+    }
+    if let Some(serving) = md.spec.roles.iter().find(|r| r.kind == RoleKind::Server) {
+        out.services.push(Service {
+            metadata: ObjectMeta {
+                name: Some(names::object(&name, "")),
+                namespace: Some(ns.clone()),
+                labels: Some(labels(&name, &serving.name)),
+                owner_references: owner,
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                selector: Some(
+                    labels(&name, &serving.name)
+                        .into_iter()
+                        .filter(|(k, _)| k != "app.kubernetes.io/managed-by")
+                        .collect(),
+                ),
+                ports: Some(vec![ServicePort {
+                    name: Some("http".into()),
+                    port: SERVING_PORT,
+                    target_port: Some(IntOrString::String("http".into())),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    Ok(out)
+}
+
+fn role_deployment(
+    inputs: &ModelInputs<'_>,
+    name: &str,
+    ns: &str,
+    owner: Option<Vec<OwnerReference>>,
+    role: &Role,
+) -> Result<Deployment, Error> {
+    let md = inputs.deployment;
+    let it = inputs.instance_types.get(&role.instance_type).ok_or_else(|| {
+        Error::Unresolved(format!(
+            "ModelDeployment {ns}/{name} role {} names InstanceType {}, which does not exist (kubectl get instancetype)",
+            role.name, role.instance_type
+        ))
+    })?;
+    let manufacturer = it
+        .spec
+        .accelerator
+        .as_ref()
+        .and_then(|a| a.manufacturer.as_deref());
+    let cards = role
+        .resources
+        .as_ref()
+        .and_then(|r| r.accelerator)
+        .unwrap_or(0)
+        .max(0);
+    let per = u64::try_from(cards.max(1)).unwrap_or(1);
+    let memory = it.spec.resources.memory.bytes(&format!(
+        "InstanceType {}.spec.resources.memory",
+        role.instance_type
+    ))?;
+    let cpu = millicores(&it.spec.resources.cpu.0).ok_or_else(|| {
+        Error::Unresolved(format!(
+            "InstanceType {} spec.resources.cpu {:?} is not a CPU quantity",
+            role.instance_type, it.spec.resources.cpu.0
+        ))
+    })?;
+    let engine = md.spec.engine.name;
+    let version = md.spec.engine.version.clone().unwrap_or_default();
+    let image = role
+        .image
+        .clone()
+        .unwrap_or_else(|| runner_image(engine, &version, manufacturer));
+    let take_over = !role.command.is_empty();
+    let (command, args) = if take_over {
+        (role.command.clone(), role.extra_args.clone())
+    } else {
+        let (command, mut args): (Vec<String>, Vec<String>) = match engine {
+            EngineName::Vllm => (
+                vec!["vllm".into(), "serve".into()],
+                vec![md.spec.model.name.clone()],
+            ),
+            EngineName::Sglang => (
+                vec!["python3".into(), "-m".into(), "sglang.launch_server".into()],
+                vec!["--model-path".into(), md.spec.model.name.clone()],
+            ),
+        };
+        if !has_flag(&role.extra_args, "--host") {
+            args.extend(["--host".into(), "0.0.0.0".into()]);
+        }
+        if !has_flag(&role.extra_args, "--port") {
+            args.extend(["--port".into(), SERVING_PORT.to_string()]);
+        }
+        args.extend(role.extra_args.iter().cloned());
+        (command, args)
+    };
+    let mut requests = BTreeMap::from([(
+        "cpu".to_owned(),
+        K8sQuantity(format!("{}m", cpu.saturating_mul(per))),
+    )]);
+    let mut memory_bytes = memory.saturating_mul(per);
+    let mut limits = BTreeMap::new();
+    if cards > 0
+        && let Some(acc) = &it.spec.accelerator
+    {
+        limits.insert(acc.resource_name.clone(), K8sQuantity(cards.to_string()));
+    }
+    let mut container = Container {
+        name: "engine".into(),
+        image: Some(image.clone()),
+        image_pull_policy: Some(pull_policy(role.image_pull_policy, &image)),
+        command: Some(command),
+        args: Some(args),
+        env: (!role.env.is_empty()).then(|| role.env.clone()),
+        ports: Some(
+            std::iter::once(ContainerPort {
+                name: Some("http".into()),
+                container_port: SERVING_PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            })
+            .chain(role.ports.iter().cloned())
+            .collect(),
+        ),
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/health".into()),
+                port: IntOrString::String("http".into()),
+                ..Default::default()
+            }),
+            period_seconds: Some(10),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "shm".into(),
+            mount_path: "/dev/shm".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let mut volumes = vec![Volume {
+        name: "shm".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".into()),
+            size_limit: Some(K8sQuantity(SHM_SIZE.into())),
+        }),
+        ..Default::default()
+    }];
+    let mut annotations = BTreeMap::new();
+    if let (Some(att), false) = (inputs.attachment, take_over) {
+        let row = kvcache_inject::engines::row(engine, manufacturer.filter(|m| *m == "ascend"))
+            .map_err(Error::Unresolved)?;
+        let req = Request {
+            source: Source::ModelDeployment,
+            engine: row,
+            role: role.kind,
+            binding: &att.binding,
+            domain: &att.domain,
+            ledger: att.ledger.clone(),
+            dtype: &att.dtype,
+            dtype_owned: att.dtype_owned,
+            client_endpoint: att.client_endpoint.as_deref(),
+            protocols: &att.protocols,
+            store_version: att.store_version.as_deref(),
+            engine_version: md
+                .spec
+                .engine
+                .version
+                .as_deref()
+                .filter(|_| role.image.is_none()),
+            container: &Container {
+                args: Some(role.extra_args.clone()),
+                env: Some(role.env.clone()),
+                ..Default::default()
+            },
+            pod_volumes: &[],
+            launch_args_forwarded: false,
+        };
+        let injection = kvcache_inject::inject(&req).map_err(|source| Error::Injection {
+            deployment: format!("{ns}/{name}"),
+            role: role.name.clone(),
+            source,
+        })?;
+        container = injection.apply(&container);
+        if let Some(v) = injection.volume.clone() {
+            volumes.push(v);
+        }
+        if let Some(doc) = &injection.client_config {
+            annotations.insert(CLIENT_CONFIG_ANNOTATION.to_owned(), doc.clone());
+            memory_bytes = memory_bytes.saturating_add(LOCAL_BUFFER_BYTES);
+        }
+        annotations.insert(INJECTED_ANNOTATION.to_owned(), injection.record_json());
+    }
+    requests.insert(
+        "memory".into(),
+        K8sQuantity(kvcache_api::quantity::format_bytes(memory_bytes)),
+    );
+    container.resources = Some(ResourceRequirements {
+        requests: Some(requests),
+        limits: (!limits.is_empty()).then_some(limits),
+        ..Default::default()
+    });
+    let labels = labels(name, &role.name);
+    let selector: BTreeMap<String, String> = labels
+        .iter()
+        .filter(|(k, _)| *k != "app.kubernetes.io/managed-by")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Ok(Deployment {
+        metadata: ObjectMeta {
+            name: Some(names::object(name, &role.name)),
+            namespace: Some(ns.to_owned()),
+            labels: Some(labels.clone()),
+            owner_references: owner,
+            ..Default::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(role.replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: (!annotations.is_empty()).then_some(annotations),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    node_selector: (!it.spec.node_selector.is_empty())
+                        .then(|| it.spec.node_selector.clone()),
+                    tolerations: (!it.spec.tolerations.is_empty())
+                        .then(|| it.spec.tolerations.clone()),
+                    containers: vec![container],
+                    volumes: Some(volumes),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}

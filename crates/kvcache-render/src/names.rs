@@ -1,0 +1,132 @@
+//! Object names and labels: DNS-1123 labels, long or unusual names shortened with a stable hash
+//! of the whole name (never truncated into collisions).
+
+use std::collections::BTreeMap;
+
+use sha2::{Digest, Sha256};
+
+/// The longest DNS-1123 label.
+pub const MAX_LABEL: usize = 63;
+
+/// The first `n` hex digits of the SHA-256 of `text`.
+pub fn hash(text: &str, n: usize) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    hex[..n.min(hex.len())].to_owned()
+}
+
+fn is_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_LABEL
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.as_bytes()[0].is_ascii_lowercase()
+        && s.as_bytes()[s.len() - 1] != b'-'
+}
+
+/// `<base>-<suffix>` as a DNS-1035 label (valid for Services too). When `base` is not already a
+/// clean label, or the result would be too long, `base` is cleaned, cut, and followed by a hash
+/// of the original, so two different bases never meet.
+pub fn object(base: &str, suffix: &str) -> String {
+    let plain = if suffix.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}-{suffix}")
+    };
+    if is_label(&plain) {
+        return plain;
+    }
+    let mut clean: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if !clean.starts_with(|c: char| c.is_ascii_lowercase()) {
+        clean.insert(0, 'k');
+    }
+    let tail = if suffix.is_empty() {
+        format!("-{}", hash(base, 8))
+    } else {
+        format!("-{}-{suffix}", hash(base, 8))
+    };
+    let room = MAX_LABEL.saturating_sub(tail.len());
+    let cut: String = clean.chars().take(room).collect();
+    format!("{}{tail}", cut.trim_end_matches('-'))
+}
+
+/// A label value (≤ 63 characters, alphanumeric at both ends).
+pub fn label_value(value: &str) -> String {
+    let ok = value.len() <= MAX_LABEL
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && value
+            .bytes()
+            .next()
+            .is_none_or(|b| b.is_ascii_alphanumeric())
+        && value
+            .bytes()
+            .last()
+            .is_none_or(|b| b.is_ascii_alphanumeric());
+    if ok {
+        value.to_owned()
+    } else {
+        object(value, "")
+    }
+}
+
+/// The labels every object of one backend carries; `component` is `leader` or `member-<i>`.
+pub fn backend_labels(backend: &str, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), "kv-cache-backend".into()),
+        ("app.kubernetes.io/instance".into(), label_value(backend)),
+        ("app.kubernetes.io/component".into(), component.into()),
+        (
+            "app.kubernetes.io/part-of".into(),
+            "kvcache-operator".into(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".into(),
+            "kvcache-operator".into(),
+        ),
+    ])
+}
+
+/// The immutable selector of one backend component (name, instance, component).
+pub fn backend_selector(backend: &str, component: &str) -> BTreeMap<String, String> {
+    let mut l = backend_labels(backend, component);
+    l.retain(|k, _| k != "app.kubernetes.io/part-of" && k != "app.kubernetes.io/managed-by");
+    l
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(object("mooncake-dram", "leader"), "mooncake-dram-leader");
+        let long = "a".repeat(80);
+        let n = object(&long, "member-3");
+        assert!(n.len() <= 63 && n.ends_with("-member-3"), "{n}");
+        assert_ne!(
+            object(&format!("{long}b"), "leader"),
+            object(&format!("{long}c"), "leader")
+        );
+        let dotted = object("store.v1", "leader");
+        assert!(is_label(&dotted), "{dotted}");
+        assert_ne!(
+            dotted,
+            object("store-v1", "leader"),
+            "cleaning never merges two names"
+        );
+        assert!(is_label(&object("1cache", "leader")));
+        assert_eq!(label_value("mooncake-dram"), "mooncake-dram");
+        assert!(label_value(&"x".repeat(70)).len() <= 63);
+    }
+}

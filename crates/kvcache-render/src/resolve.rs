@@ -1,0 +1,259 @@
+//! Offline resolution, as the operator resolves references on a cluster: backends get their image
+//! and tenant policy, deployments their Binding, pool and backend. What `kvcache-operator render`
+//! prints.
+
+use std::collections::BTreeMap;
+
+use kvcache_api::admission::tenant_of;
+use kvcache_api::backend::Protocol;
+use kvcache_api::manifest::Object;
+use kvcache_api::model::InstanceType;
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment, Settings};
+use kvcache_inject::Ledger;
+use kvcache_inject::versions::store_version_of_image;
+use kvcache_quota::policy::{self, BindingCeiling};
+use serde::Serialize;
+
+use crate::Error;
+use crate::backend::{self, BackendInputs};
+use crate::model::{self, Attachment, ModelInputs};
+
+/// Where and with what the operator runs.
+#[derive(Clone, Debug)]
+pub struct Environment<'a> {
+    /// The operator's namespace.
+    pub namespace: &'a str,
+    /// The operator's image (carries `kvcache-elector`).
+    pub operator_image: &'a str,
+    /// The cluster settings.
+    pub settings: &'a Settings,
+}
+
+/// The default operator namespace.
+pub const DEFAULT_NAMESPACE: &str = "gpustack-system";
+/// The default operator image.
+pub const DEFAULT_OPERATOR_IMAGE: &str = "gpustack/kvcache-operator:0.1.0";
+
+struct Index<'a> {
+    backends: BTreeMap<String, &'a KVCacheBackend>,
+    pools: BTreeMap<String, &'a KVCachePool>,
+    bindings: BTreeMap<(String, String), &'a KVCachePoolBinding>,
+    instance_types: BTreeMap<String, InstanceType>,
+    deployments: Vec<&'a ModelDeployment>,
+}
+
+fn index(objects: &[Object]) -> Index<'_> {
+    let mut ix = Index {
+        backends: BTreeMap::new(),
+        pools: BTreeMap::new(),
+        bindings: BTreeMap::new(),
+        instance_types: BTreeMap::new(),
+        deployments: Vec::new(),
+    };
+    for o in objects {
+        match o {
+            Object::Backend(b) => {
+                ix.backends
+                    .insert(b.metadata.name.clone().unwrap_or_default(), b);
+            }
+            Object::Pool(p) => {
+                ix.pools
+                    .insert(p.metadata.name.clone().unwrap_or_default(), p);
+            }
+            Object::Binding(b) => {
+                let key = (
+                    b.metadata
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".into()),
+                    b.metadata.name.clone().unwrap_or_default(),
+                );
+                ix.bindings.insert(key, b);
+            }
+            Object::InstanceType(i) => {
+                ix.instance_types
+                    .insert(i.metadata.name.clone().unwrap_or_default(), (**i).clone());
+            }
+            Object::ModelDeployment(m) => ix.deployments.push(m),
+        }
+    }
+    ix
+}
+
+/// The store image a backend runs: its own, else the setting.
+pub fn store_image<'a>(b: &'a KVCacheBackend, settings: &'a Settings) -> Option<&'a str> {
+    b.spec.image.as_deref().or(settings.backend_image())
+}
+
+fn to_docs<T: Serialize>(docs: &mut Vec<serde_yaml::Value>, objects: &[T]) {
+    docs.extend(objects.iter().filter_map(|o| serde_yaml::to_value(o).ok()));
+}
+
+/// Renders every object the operator would create for `objects`; errors name what does not resolve.
+pub fn render_all(
+    objects: &[Object],
+    env: &Environment<'_>,
+) -> Result<Vec<serde_yaml::Value>, Vec<Error>> {
+    let ix = index(objects);
+    let mut docs = Vec::new();
+    let mut errors = Vec::new();
+    for (name, b) in &ix.backends {
+        if b.spec.connection.managed.is_none() {
+            continue;
+        }
+        let Some(image) = store_image(b, env.settings) else {
+            errors.push(Error::Unresolved(format!("KVCacheBackend {name}: no store image (spec.image is unset and the kv-cache-backend-image setting is empty)")));
+            continue;
+        };
+        let mut ceilings = Vec::new();
+        for ((ns, bname), binding) in &ix.bindings {
+            let on_backend = ix
+                .pools
+                .get(&binding.spec.pool_ref.name)
+                .and_then(|p| p.spec.backend())
+                == Some(name.as_str());
+            if !on_backend {
+                continue;
+            }
+            match binding.spec.quota.ceiling.bytes(&format!(
+                "KVCachePoolBinding {ns}/{bname} spec.quota.ceiling"
+            )) {
+                Ok(bytes) => ceilings.push(BindingCeiling {
+                    binding: format!("{ns}/{bname}"),
+                    tenant: tenant_of(binding).to_owned(),
+                    ceiling_bytes: bytes,
+                }),
+                Err(e) => errors.push(e.into()),
+            }
+        }
+        let doc = match policy::render(name, &ceilings) {
+            Ok(d) => d,
+            Err(e) => {
+                errors.push(Error::Unresolved(e.to_string()));
+                continue;
+            }
+        };
+        match backend::render(&BackendInputs {
+            backend: b,
+            store_image: image,
+            namespace: env.namespace,
+            operator_image: env.operator_image,
+            policy: Some(&doc),
+        }) {
+            Ok(o) => {
+                to_docs(&mut docs, &o.service_accounts);
+                to_docs(&mut docs, &o.roles);
+                to_docs(&mut docs, &o.role_bindings);
+                to_docs(&mut docs, o.lease.as_slice());
+                to_docs(&mut docs, o.config_map.as_slice());
+                to_docs(&mut docs, o.deployment.as_slice());
+                to_docs(&mut docs, o.service.as_slice());
+                to_docs(&mut docs, &o.daemon_sets);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    for md in &ix.deployments {
+        let ns = md
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let md_name = md.metadata.name.clone().unwrap_or_default();
+        let attachment = match &md.spec.kv_cache {
+            None => None,
+            Some(kv) => match attachment(&ix, &ns, &kv.pool_ref.name, env) {
+                Ok(a) => Some(a),
+                Err(why) => {
+                    errors.push(Error::Unresolved(format!(
+                        "ModelDeployment {ns}/{md_name}: {why}"
+                    )));
+                    continue;
+                }
+            },
+        };
+        match model::render(&ModelInputs {
+            deployment: md,
+            instance_types: &ix.instance_types,
+            attachment: attachment.as_ref(),
+        }) {
+            Ok(o) => {
+                to_docs(&mut docs, &o.deployments);
+                to_docs(&mut docs, &o.services);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(docs)
+    } else {
+        Err(errors)
+    }
+}
+
+fn attachment(
+    ix: &Index<'_>,
+    ns: &str,
+    binding: &str,
+    env: &Environment<'_>,
+) -> Result<Attachment, String> {
+    let b = ix
+        .bindings
+        .get(&(ns.to_owned(), binding.to_owned()))
+        .ok_or_else(|| {
+            format!(
+                "spec.kvCache.poolRef names KVCachePoolBinding {ns}/{binding}, which does not exist"
+            )
+        })?;
+    let pool_name = &b.spec.pool_ref.name;
+    let pool = ix.pools.get(pool_name).ok_or_else(|| {
+        format!(
+            "KVCachePoolBinding {ns}/{binding} names KVCachePool {pool_name}, which does not exist"
+        )
+    })?;
+    let backend_name = pool.spec.backend().unwrap_or_default();
+    let backend = ix.backends.get(backend_name).ok_or_else(|| {
+        format!("KVCachePool {pool_name} names KVCacheBackend {backend_name}, which does not exist")
+    })?;
+    let (endpoint, protocols, ledger, version) = match (
+        &backend.spec.connection.managed,
+        &backend.spec.connection.external,
+    ) {
+        (Some(m), _) => (
+            Some(backend::client_endpoint(backend_name, env.namespace)),
+            m.members
+                .iter()
+                .map(|g| g.protocol(backend.spec.transport.protocol))
+                .collect::<Vec<Protocol>>(),
+            if m.leader.multi_tenancy {
+                Ledger::Enforced
+            } else {
+                Ledger::Absent
+            },
+            store_image(backend, env.settings).and_then(store_version_of_image),
+        ),
+        (None, Some(x)) => (
+            x.address(kvcache_api::backend::EndpointName::Client)
+                .map(str::to_owned),
+            vec![backend.spec.transport.protocol],
+            // Offline, an external master's ledger cannot be read: assume it keeps one.
+            Ledger::Enforced,
+            None,
+        ),
+        (None, None) => {
+            return Err(format!(
+                "KVCacheBackend {backend_name} sets neither managed nor external"
+            ));
+        }
+    };
+    Ok(Attachment {
+        binding: binding.to_owned(),
+        domain: tenant_of(b).to_owned(),
+        dtype: b.spec.domain.dtype.clone(),
+        ledger,
+        client_endpoint: endpoint,
+        protocols,
+        store_version: version,
+        dtype_owned: env.settings.kv_cache_dtype_owned,
+    })
+}
