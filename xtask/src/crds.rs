@@ -23,3 +23,15 @@ pub fn write() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `cargo xtask manifests`: writes deploy/operator.yaml (the operator's installation).
+pub fn manifests() -> anyhow::Result<()> {
+    let path = root().join("deploy/operator.yaml");
+    let text = kvcache_render::install::operator_yaml(
+        kvcache_render::resolve::DEFAULT_NAMESPACE,
+        kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE,
+    );
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}

@@ -19,6 +19,8 @@ struct Cli {
 enum Task {
     /// Write deploy/crds/*.yaml from crates/kvcache-api.
     Crds,
+    /// Write deploy/operator.yaml (the operator's installation) from crates/kvcache-render.
+    Manifests,
     /// Install what the tests need (Debian packages, the store's virtualenv, the control plane
     /// built from Go modules), then run every test in the workspace.
     Test {
@@ -86,6 +88,7 @@ enum StoreAction {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Crds => crds::write(),
+        Task::Manifests => crds::manifests(),
         Task::Test { args } => test::run(&args),
         Task::Setup => setup::all().map(|_| ()),
         Task::Cluster { action } => match action {

@@ -392,14 +392,14 @@ fn leader_deployment(
             var("KVCACHE_ELECTOR_LEASE", leader),
             field("KVCACHE_ELECTOR_NAMESPACE", "metadata.namespace"),
             field("KVCACHE_ELECTOR_IDENTITY", "metadata.name"),
-            var("KVCACHE_ELECTOR_ADDRESS", &format!("$(POD_IP):{RPC_PORT}")),
+            var("KVCACHE_ELECTOR_ADDRESS", format!("$(POD_IP):{RPC_PORT}")),
             var(
                 "KVCACHE_ELECTOR_CHILD_HEALTH_URL",
-                &format!("http://127.0.0.1:{ADMIN_PORT}/health"),
+                format!("http://127.0.0.1:{ADMIN_PORT}/health"),
             ),
             var(
                 "KVCACHE_ELECTOR_READY_ADDR",
-                &format!("0.0.0.0:{ELECTOR_PORT}"),
+                format!("0.0.0.0:{ELECTOR_PORT}"),
             ),
             var("KVCACHE_ELECTOR_LABEL_POD", "true"),
         ]);
@@ -571,7 +571,7 @@ fn member_daemon_set(
     if !lease_members {
         env.push(var(
             "MOONCAKE_MASTER",
-            &client_endpoint(name, inputs.namespace),
+            client_endpoint(name, inputs.namespace),
         ));
     }
     env.extend([
