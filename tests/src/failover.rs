@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use crate::process::{Proc, free_port};
-use crate::store::{http_get, metric_value};
+use crate::store::{http_get, loopback_env, metric_value};
 use crate::{Error, Result, paths};
 
 /// Lease timing handed to every elector.
@@ -97,14 +97,6 @@ pub struct Rig {
     lease: String,
 }
 
-fn master_env(cmd: &mut Command) {
-    cmd.env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-        .env("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE")
-        .env("MOONCAKE_PROTOCOL", "tcp")
-        .env("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1")
-        .env("PYTHONUNBUFFERED", "1");
-}
-
 impl Rig {
     /// Starts `leaders` electors and `members` member electors against the Lease `lease` in
     /// `namespace`.
@@ -181,7 +173,7 @@ impl Rig {
                 &format!("--metrics_port={metrics_port}"),
             ])
             .args(["--client_ttl=3", "--default_kv_lease_ttl=500"]);
-        master_env(&mut cmd);
+        loopback_env(&mut cmd);
         let proc = Proc::spawn(identity, cmd, &self.dir.join(format!("{identity}.log")))?;
         Ok(LeaderSlot {
             proc,
@@ -221,7 +213,7 @@ impl Rig {
                 self.segment_bytes.to_string(),
             )
             .env("MOONCAKE_LOCAL_BUFFER_SIZE", (16u64 << 20).to_string());
-        master_env(&mut cmd);
+        loopback_env(&mut cmd);
         self.members.push(Proc::spawn(
             &format!("member-{i}"),
             cmd,

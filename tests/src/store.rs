@@ -164,7 +164,7 @@ pub struct Member {
 }
 
 /// The environment every store process on loopback gets.
-fn loopback_env(cmd: &mut Command) {
+pub fn loopback_env(cmd: &mut Command) {
     cmd.env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
         .env("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE")
         .env("MOONCAKE_PROTOCOL", "tcp")

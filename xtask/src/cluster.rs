@@ -24,6 +24,11 @@ fn read_pids(what: &str) -> Vec<u32> {
         .collect()
 }
 
+fn write_pids(dir: &std::path::Path, pids: &[u32]) -> std::io::Result<()> {
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    std::fs::write(dir.join("pids"), list.join(" "))
+}
+
 fn running(what: &str) -> bool {
     let pids = read_pids(what);
     !pids.is_empty() && pids.iter().all(|p| alive(*p))
@@ -55,13 +60,7 @@ pub fn up() -> anyhow::Result<()> {
     })?;
     let server = cp.server.clone();
     let pids = cp.detach();
-    std::fs::write(
-        dir.join("pids"),
-        pids.iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(" "),
-    )?;
+    write_pids(&dir, &pids)?;
     println!(
         "control plane up at {server} (etcd, kube-apiserver, kube-controller-manager, kube-scheduler; pids {pids:?})"
     );
@@ -149,13 +148,7 @@ pub fn store_up(members: usize, segment_mib: u64) -> anyhow::Result<()> {
     let capacity = master.capacity_bytes()?;
     pids.push(master.detach());
     pids.extend(started.into_iter().map(|m| m.proc.detach()));
-    std::fs::write(
-        dir.join("pids"),
-        pids.iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(" "),
-    )?;
+    write_pids(&dir, &pids)?;
     println!(
         "store up: master {address} (admin {admin}), {members} members, capacity {capacity} bytes; logs in {}",
         dir.display()
