@@ -20,23 +20,27 @@ fn yaml(text: &str) -> DynamicObject {
     serde_yaml::from_str(text).expect("test manifest parses")
 }
 
-async fn create(
-    client: &Client,
-    ns: Option<&str>,
-    obj: &DynamicObject,
-) -> Result<DynamicObject, String> {
+/// The API for one of our kinds (their plurals are the kind, lowercased, plus `s`).
+fn api_for(client: &Client, ns: Option<&str>, obj: &DynamicObject) -> Api<DynamicObject> {
     let kind = obj
         .types
         .as_ref()
         .map(|t| t.kind.clone())
         .unwrap_or_default();
-    let plural = format!("{}s", kind.to_lowercase());
-    let ar = resource(&kind, &plural);
-    let api: Api<DynamicObject> = match ns {
+    let ar = resource(&kind, &format!("{}s", kind.to_lowercase()));
+    match ns {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
         None => Api::all_with(client.clone(), &ar),
-    };
-    api.create(&PostParams::default(), obj)
+    }
+}
+
+async fn create(
+    client: &Client,
+    ns: Option<&str>,
+    obj: &DynamicObject,
+) -> Result<DynamicObject, String> {
+    api_for(client, ns, obj)
+        .create(&PostParams::default(), obj)
         .await
         .map_err(|e| e.to_string())
 }
@@ -46,16 +50,7 @@ async fn apply(
     ns: Option<&str>,
     obj: &DynamicObject,
 ) -> Result<DynamicObject, String> {
-    let kind = obj
-        .types
-        .as_ref()
-        .map(|t| t.kind.clone())
-        .unwrap_or_default();
-    let ar = resource(&kind, &format!("{}s", kind.to_lowercase()));
-    let api: Api<DynamicObject> = match ns {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    };
+    let api = api_for(client, ns, obj);
     let name = obj.metadata.name.clone().unwrap_or_default();
     api.patch(
         &name,
