@@ -113,53 +113,47 @@ const VLLM_DTYPES: &[&str] = &[
     "nvfp4",
 ];
 
+/// The vLLM row (vLLM-Ascend differs from it in a few fields).
+const VLLM: EngineRow = EngineRow {
+    engine: Engine::Vllm,
+    name: "vLLM",
+    record: "vllm",
+    vehicle: Vehicle::File,
+    connector: Some("MooncakeStoreConnector"),
+    programs: VLLM_PROGRAMS,
+    underscores_and_members: true,
+    mechanism_args: &["--kv-transfer-config"],
+    mechanism_env: &["MOONCAKE_CONFIG_PATH"],
+    owned_args: &["--kv-events-config"],
+    owned_env: &["VLLM_MOONCAKE_BOOTSTRAP_PORT"],
+    sibling_flags: VLLM_SIBLINGS,
+    dtypes: VLLM_DTYPES,
+    only_protocols: None,
+    refused_protocols: &["ascend"],
+    client_lines: &[ClientLine {
+        from_engine: "0.29.0",
+        client: "0.3.13.post1",
+    }],
+    reads_role: true,
+    owns_tenant_env: false,
+};
+
 /// Every engine row.
 pub static ENGINES: &[EngineRow] = &[
-    EngineRow {
-        engine: Engine::Vllm,
-        name: "vLLM",
-        record: "vllm",
-        vehicle: Vehicle::File,
-        connector: Some("MooncakeStoreConnector"),
-        programs: VLLM_PROGRAMS,
-        underscores_and_members: true,
-        mechanism_args: &["--kv-transfer-config"],
-        mechanism_env: &["MOONCAKE_CONFIG_PATH"],
-        owned_args: &["--kv-events-config"],
-        owned_env: &["VLLM_MOONCAKE_BOOTSTRAP_PORT"],
-        sibling_flags: VLLM_SIBLINGS,
-        dtypes: VLLM_DTYPES,
-        only_protocols: None,
-        refused_protocols: &["ascend"],
-        client_lines: &[ClientLine {
-            from_engine: "0.29.0",
-            client: "0.3.13.post1",
-        }],
-        reads_role: true,
-        owns_tenant_env: false,
-    },
+    VLLM,
+    // vLLM-Ascend: the same parser and file, its own connector, store line and transport.
     EngineRow {
         engine: Engine::VllmAscend,
         name: "vLLM-Ascend",
         record: "vllm-ascend",
-        vehicle: Vehicle::File,
         connector: Some("AscendStoreConnector"),
-        programs: VLLM_PROGRAMS,
-        underscores_and_members: true,
-        mechanism_args: &["--kv-transfer-config"],
-        mechanism_env: &["MOONCAKE_CONFIG_PATH"],
-        owned_args: &["--kv-events-config"],
-        owned_env: &["VLLM_MOONCAKE_BOOTSTRAP_PORT"],
-        sibling_flags: VLLM_SIBLINGS,
-        dtypes: VLLM_DTYPES,
         only_protocols: Some(&["ascend"]),
         refused_protocols: &[],
         client_lines: &[ClientLine {
             from_engine: "0.23.0",
             client: "0.3.11.post1",
         }],
-        reads_role: true,
-        owns_tenant_env: false,
+        ..VLLM
     },
     EngineRow {
         engine: Engine::Sglang,
