@@ -225,6 +225,8 @@ pub fn validate(
     out: &mut impl Write,
 ) -> Result<bool, CliError> {
     let mut refused = false;
+    let all: Vec<manifest::Object> = new.iter().map(|m| m.object.clone()).collect();
+    let cross = kvcache_quota::claims::cross_object(&all);
     for m in new {
         let what = m.object.describe();
         let previous = old.iter().find(|o| o.object.describe() == what);
@@ -240,6 +242,14 @@ pub fn validate(
         let mut strict = Vec::new();
         if let manifest::Object::ModelDeployment(md) = &m.object {
             strict.extend(role_keys(md, settings));
+        }
+        let mut warnings = verdict.warnings.clone();
+        for f in cross.iter().filter(|f| f.object == what) {
+            if f.refused {
+                strict.push(f.message.clone());
+            } else {
+                warnings.push(f.message.clone());
+            }
         }
         for field in &m.unknown_fields {
             strict.push(format!(
@@ -258,7 +268,7 @@ pub fn validate(
         for v in &verdict.violations {
             writeln!(out, "  - {v}")?;
         }
-        for w in &verdict.warnings {
+        for w in &warnings {
             writeln!(out, "  warning: {w}")?;
         }
     }

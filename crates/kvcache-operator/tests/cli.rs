@@ -99,6 +99,35 @@ fn owned_keys_on_attached_roles_are_refused() {
 }
 
 #[test]
+fn domains_are_claimed_once_per_backend_across_manifests() {
+    let dir = std::env::temp_dir().join(format!("kvcache-cli-dup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let binding = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/walkthrough/03-binding.yaml"
+    ))
+    .expect("example");
+    let second = binding.replace(
+        "name: team-a\n  namespace: team-a",
+        "name: team-b\n  namespace: team-b",
+    );
+    std::fs::write(dir.join("04-second.yaml"), second).expect("write");
+    let (code, out) = operator(&[
+        "validate",
+        "-f",
+        "examples/walkthrough",
+        "-f",
+        dir.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("refused  KVCachePoolBinding team-b/team-b"),
+        "{out}"
+    );
+    assert!(out.contains("Duplicate: domain \"default\" is already held on backend mooncake-dram by KVCachePoolBinding team-a/team-a"), "{out}");
+}
+
+#[test]
 fn crds_prints_all_five() {
     let (code, out) = operator(&["crds"]);
     assert_eq!(code, 0);

@@ -116,6 +116,100 @@ pub fn second_domain(
     }
 }
 
+/// A cross-object finding on a set of manifests (what the admission webhook judges against the
+/// cluster, judged here against the manifests given together).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// `kind namespace/name` of the object judged.
+    pub object: String,
+    /// A refusal (else a warning).
+    pub refused: bool,
+    /// What and why.
+    pub message: String,
+}
+
+/// Domain claims per backend (2.3.3), the pool warning for a single-tenant backend (2.2.3) and
+/// a second domain on a backend without a ledger (2.3.4), over manifests given together.
+/// Bindings are judged in the order given: a later claim on a held name is the duplicate.
+pub fn cross_object(objects: &[kvcache_api::manifest::Object]) -> Vec<Finding> {
+    use kvcache_api::manifest::Object;
+    let mut out = Vec::new();
+    let backends: std::collections::BTreeMap<String, &kvcache_api::KVCacheBackend> = objects
+        .iter()
+        .filter_map(|o| match o {
+            Object::Backend(b) => Some((b.metadata.name.clone().unwrap_or_default(), &**b)),
+            _ => None,
+        })
+        .collect();
+    let mut pool_backend = std::collections::BTreeMap::new();
+    for o in objects {
+        if let Object::Pool(p) = o {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let backend = p.spec.backend().unwrap_or_default().to_owned();
+            if let Some(w) = backends.get(&backend).and_then(|b| pool_warning(&name, b)) {
+                out.push(Finding {
+                    object: o.describe(),
+                    refused: false,
+                    message: w,
+                });
+            }
+            pool_backend.insert(name, backend);
+        }
+    }
+    let mut claims: Vec<Claim> = Vec::new();
+    for o in objects {
+        let Object::Binding(b) = o else { continue };
+        let Some(backend) = pool_backend.get(&b.spec.pool_ref.name) else {
+            continue;
+        };
+        let claim = Claim {
+            backend: backend.clone(),
+            tenant: kvcache_api::admission::tenant_of(b).to_owned(),
+            binding: format!(
+                "{}/{}",
+                b.metadata.namespace.clone().unwrap_or_default(),
+                b.metadata.name.clone().unwrap_or_default()
+            ),
+            pool: b.spec.pool_ref.name.clone(),
+        };
+        if let Err(dup) = check(&claims, &claim) {
+            out.push(Finding {
+                object: o.describe(),
+                refused: true,
+                message: format!("spec.domain.name: Duplicate: {dup}"),
+            });
+            continue;
+        }
+        let ledger = backends
+            .get(backend)
+            .and_then(|be| be.spec.connection.managed.as_ref())
+            .map(|m| m.leader.multi_tenancy);
+        let tenants: Vec<String> = claims
+            .iter()
+            .filter(|c| &c.backend == backend)
+            .map(|c| c.tenant.clone())
+            .collect();
+        match second_domain(backend, ledger, &tenants, &claim.tenant) {
+            Ok(Some(w)) => out.push(Finding {
+                object: o.describe(),
+                refused: false,
+                message: w,
+            }),
+            Ok(None) => {}
+            Err(e) => {
+                out.push(Finding {
+                    object: o.describe(),
+                    refused: true,
+                    message: format!("spec.domain.name: {e}"),
+                });
+                continue;
+            }
+        }
+        claims.push(claim);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
