@@ -118,6 +118,18 @@ fn control_plane() -> anyhow::Result<PathBuf> {
         return Ok(bin);
     }
     std::fs::create_dir_all(&bin)?;
+    let version = Command::new("go")
+        .arg("version")
+        .env("GOTOOLCHAIN", "local")
+        .output();
+    match version {
+        Ok(out) if out.status.success() => {
+            print!("setup: using {}", String::from_utf8_lossy(&out.stdout))
+        }
+        _ => bail!(
+            "the Go toolchain is not on PATH: the control plane is built from Go modules with the machine's Go (1.24 or newer); install Go or add it to PATH"
+        ),
+    }
     let go = root().join("xtask/go");
     println!(
         "setup: building the control plane from Go modules into {} (first time only: about 10 minutes on 2 cores)",
