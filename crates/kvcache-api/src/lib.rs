@@ -4,6 +4,8 @@
 //! Nothing here talks to a cluster: other tools embed this crate to read, check and write these
 //! objects offline.
 
+#![warn(missing_docs)]
+
 pub mod admission;
 pub mod backend;
 pub mod condition;

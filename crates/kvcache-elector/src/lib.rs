@@ -8,6 +8,8 @@
 //! - `member` mode follows the Lease holder's published address and (re)starts the member
 //!   (the command after `--`) pointed at it, for `memberAddressing: Lease`.
 
+#![warn(missing_docs)]
+
 pub mod child;
 pub mod election;
 pub mod leader;

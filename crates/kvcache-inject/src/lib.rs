@@ -2,6 +2,8 @@
 //! attached. Pure and table-driven ([`engines::ENGINES`]); one entry point, [`inject`], serves both
 //! the ModelDeployment renderer and the Pod injection webhook.
 
+#![warn(missing_docs)]
+
 pub mod argv;
 pub mod engines;
 pub mod versions;

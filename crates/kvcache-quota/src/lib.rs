@@ -2,6 +2,8 @@
 //! what the store is told (its policy document and admin-API requests), and how what the store
 //! answers becomes pool and binding status. No I/O: the operator does the HTTP and the writes.
 
+#![warn(missing_docs)]
+
 pub mod admin;
 pub mod claims;
 pub mod grant;

@@ -1,6 +1,8 @@
 //! Every Kubernetes object the kvcache-operator owns, as pure functions: specs in, k8s-openapi
 //! objects out, no client, clock or environment. The same input gives byte-identical YAML.
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod install;
 pub mod model;
