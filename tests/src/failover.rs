@@ -39,12 +39,28 @@ fn ms(d: Duration) -> String {
     format!("{}ms", d.as_millis())
 }
 
+/// Where one leader slot's master and elector listen: a loopback address of its own (as each
+/// leader Pod has its own IP) and three ports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotAddress {
+    /// `127.0.0.<n>`.
+    pub host: String,
+    /// The master's RPC port.
+    pub rpc_port: u16,
+    /// The master's admin port.
+    pub metrics_port: u16,
+    /// The elector's readiness port (on 127.0.0.1).
+    pub ready_port: u16,
+}
+
 /// One leader elector and the master it may run.
 pub struct LeaderSlot {
     /// The elector process.
     pub proc: Proc,
     /// Its identity.
     pub identity: String,
+    /// The master's loopback address.
+    pub host: String,
     /// The master's RPC port (published on the Lease as `127.0.0.1:<port>`).
     pub rpc_port: u16,
     /// The master's admin port.
@@ -61,21 +77,38 @@ impl LeaderSlot {
 
     /// Whether a master answers as serving on this slot's admin port.
     pub fn master_serving(&self) -> bool {
-        http_get(&format!("http://127.0.0.1:{}/health", self.metrics_port))
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .is_some_and(|h| h["service_ready"] == true)
+        http_get(&format!(
+            "http://{}:{}/health",
+            self.host, self.metrics_port
+        ))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|h| h["service_ready"] == true)
     }
 
     /// `master_total_capacity_bytes` of this slot's master, if it answers.
     pub fn capacity(&self) -> Option<u64> {
-        let text = http_get(&format!("http://127.0.0.1:{}/metrics", self.metrics_port)).ok()?;
+        let text = http_get(&format!(
+            "http://{}:{}/metrics",
+            self.host, self.metrics_port
+        ))
+        .ok()?;
         metric_value(&text, "master_total_capacity_bytes").map(|v| v as u64)
     }
 
     /// The store address.
     pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.rpc_port)
+        format!("{}:{}", self.host, self.rpc_port)
+    }
+
+    /// Where it listens, to restart it in the same place.
+    pub fn slot_address(&self) -> SlotAddress {
+        SlotAddress {
+            host: self.host.clone(),
+            rpc_port: self.rpc_port,
+            metrics_port: self.metrics_port,
+            ready_port: self.ready_port,
+        }
     }
 }
 
@@ -91,6 +124,7 @@ pub struct Rig {
     pub timing: LeaseTiming,
     /// Start electors with `--label-pod` (their identity must name a Pod in the namespace).
     pub label_pods: bool,
+    hosts: AtomicUsize,
     dir: PathBuf,
     kubeconfig: PathBuf,
     namespace: String,
@@ -116,6 +150,7 @@ impl Rig {
             segment_bytes,
             timing,
             label_pods: false,
+            hosts: AtomicUsize::new(0),
             dir,
             kubeconfig: kubeconfig.to_owned(),
             namespace: namespace.to_owned(),
@@ -131,15 +166,25 @@ impl Rig {
         Ok(rig)
     }
 
-    /// Starts (or restarts, reusing its ports) a leader elector.
-    pub fn start_leader(
-        &self,
-        identity: &str,
-        ports: Option<(u16, u16, u16)>,
-    ) -> Result<LeaderSlot> {
-        let (rpc_port, metrics_port, ready_port) = match ports {
-            Some(p) => p,
-            None => (free_port()?, free_port()?, free_port()?),
+    /// Starts (or restarts, in the same place) a leader elector. A new slot gets a loopback
+    /// address of its own, `127.0.0.10` upwards.
+    pub fn start_leader(&self, identity: &str, at: Option<SlotAddress>) -> Result<LeaderSlot> {
+        let SlotAddress {
+            host,
+            rpc_port,
+            metrics_port,
+            ready_port,
+        } = match at {
+            Some(a) => a,
+            None => SlotAddress {
+                host: format!(
+                    "127.0.0.{}",
+                    10 + self.hosts.fetch_add(1, Ordering::Relaxed) % 240
+                ),
+                rpc_port: free_port()?,
+                metrics_port: free_port()?,
+                ready_port: free_port()?,
+            },
         };
         let mut cmd = Command::new(paths::elector_bin()?);
         cmd.current_dir(&self.dir)
@@ -153,7 +198,7 @@ impl Rig {
                 &self.namespace,
             ])
             .args(["--identity", identity])
-            .arg(format!("--address=127.0.0.1:{rpc_port}"))
+            .arg(format!("--address={host}:{rpc_port}"))
             .arg(format!("--lease-duration={}", ms(self.timing.duration)))
             .arg(format!(
                 "--renew-deadline={}",
@@ -161,23 +206,23 @@ impl Rig {
             ))
             .arg(format!("--retry-period={}", ms(self.timing.retry_period)))
             .arg(format!(
-                "--child-health-url=http://127.0.0.1:{metrics_port}/health"
+                "--child-health-url=http://{host}:{metrics_port}/health"
             ))
             .arg(format!("--ready-addr=127.0.0.1:{ready_port}"))
             .args(self.label_pods.then_some("--label-pod"))
             .arg("--")
             .arg(paths::mooncake_master()?)
-            .args(["--rpc_address=127.0.0.1", &format!("--rpc_port={rpc_port}")])
-            .args([
-                "--metrics_host=127.0.0.1",
-                &format!("--metrics_port={metrics_port}"),
-            ])
+            .arg(format!("--rpc_address={host}"))
+            .arg(format!("--rpc_port={rpc_port}"))
+            .arg(format!("--metrics_host={host}"))
+            .arg(format!("--metrics_port={metrics_port}"))
             .args(["--client_ttl=3", "--default_kv_lease_ttl=500"]);
         loopback_env(&mut cmd);
         let proc = Proc::spawn(identity, cmd, &self.dir.join(format!("{identity}.log")))?;
         Ok(LeaderSlot {
             proc,
             identity: identity.to_owned(),
+            host,
             rpc_port,
             metrics_port,
             ready_port,
@@ -286,11 +331,11 @@ impl Rig {
     /// A watchdog that polls every master's `/health` every 50 ms and counts the samples where
     /// two or more answered as serving at once.
     pub fn watch_for_split_brain(&self) -> SplitBrainWatch {
-        let ports: Vec<u16> = self
+        let ports: Vec<(String, u16)> = self
             .leaders
             .iter()
             .flatten()
-            .map(|s| s.metrics_port)
+            .map(|s| (s.host.clone(), s.metrics_port))
             .collect();
         let stop = Arc::new(AtomicBool::new(false));
         let violations = Arc::new(AtomicUsize::new(0));
@@ -301,7 +346,7 @@ impl Rig {
                 let serving = ports
                     .iter()
                     .filter(|p| {
-                        http_get(&format!("http://127.0.0.1:{p}/health"))
+                        http_get(&format!("http://{}:{}/health", p.0, p.1))
                             .ok()
                             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
                             .is_some_and(|h| h["service_ready"] == true)

@@ -122,7 +122,7 @@ async fn a_service_mode_member_survives_a_single_leader_restart() {
             .wait_leader(None, Duration::from_secs(30))
             .expect("leader");
         let slot = rig.leaders[leader].as_ref().expect("slot");
-        let ports = (slot.rpc_port, slot.metrics_port, slot.ready_port);
+        let place = slot.slot_address();
         // A member in Service mode: a fixed address (the leader Service on a cluster).
         let dir = paths::scratch("service-member").expect("dir");
         let _member =
@@ -132,7 +132,7 @@ async fn a_service_mode_member_survives_a_single_leader_restart() {
 
         // The single leader dies and comes back (same Pod name, same address).
         rig.stop_leader(leader, true);
-        let restarted = rig.start_leader("leader-0", Some(ports)).expect("restart");
+        let restarted = rig.start_leader("leader-0", Some(place)).expect("restart");
         rig.leaders[leader] = Some(restarted);
         rig.wait_leader(None, Duration::from_secs(30))
             .expect("the same identity leads again at once");
