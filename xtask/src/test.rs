@@ -1,25 +1,87 @@
-//! `cargo xtask test`: every test in the workspace, unit and end-to-end, with their parts installed.
+//! `cargo xtask test`: every test in the workspace, unit and end-to-end, with their parts
+//! installed; closes with one summary line over every test binary.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 
 use crate::setup;
 
 /// The variables the end-to-end harness reads to find the installed parts.
 pub const ENV_K8S_BIN: &str = "KVCACHE_K8S_BIN";
+/// See [`ENV_K8S_BIN`].
 pub const ENV_MOONCAKE_VENV: &str = "KVCACHE_MOONCAKE_VENV";
+
+/// Counts from one `test result:` line of the libtest harness.
+fn counts(line: &str) -> Option<(u64, u64, u64)> {
+    let rest = line.trim().strip_prefix("test result: ")?;
+    let number = |word: &str| -> u64 {
+        rest.split(';')
+            .find_map(|part| {
+                part.trim().strip_suffix(word).map(|n| {
+                    n.trim()
+                        .trim_start_matches("ok.")
+                        .trim_start_matches("FAILED.")
+                        .trim()
+                        .parse()
+                        .unwrap_or(0)
+                })
+            })
+            .unwrap_or(0)
+    };
+    Some((number("passed"), number("failed"), number("ignored")))
+}
 
 pub fn run(extra: &[String]) -> anyhow::Result<()> {
     let installed = setup::all()?;
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(["test", "--workspace"])
         .args(extra)
         .env(ENV_K8S_BIN, &installed.k8s_bin)
         .env(ENV_MOONCAKE_VENV, &installed.mooncake_venv)
-        .status()?;
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting cargo test")?;
+    let (mut passed, mut failed, mut ignored) = (0, 0, 0);
+    if let Some(out) = child.stdout.take() {
+        let mut stdout = std::io::stdout().lock();
+        for line in BufReader::new(out).lines() {
+            let line = line.context("reading cargo test output")?;
+            if let Some((p, f, i)) = counts(&line) {
+                passed += p;
+                failed += f;
+                ignored += i;
+            }
+            writeln!(stdout, "{line}")?;
+        }
+    }
+    let status = child.wait()?;
+    println!("summary: {passed} passed, {failed} failed, {ignored} skipped");
     if !status.success() {
         bail!("cargo test failed ({status})");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::counts;
+
+    #[test]
+    fn reads_libtest_result_lines() {
+        assert_eq!(
+            counts(
+                "test result: ok. 24 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.04s"
+            ),
+            Some((24, 0, 1))
+        );
+        assert_eq!(
+            counts(
+                "test result: FAILED. 10 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out"
+            ),
+            Some((10, 2, 0))
+        );
+        assert_eq!(counts("running 3 tests"), None);
+    }
 }
