@@ -5,14 +5,15 @@ use std::borrow::Cow;
 use std::fmt;
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
 /// A byte size in Kubernetes quantity notation, kept exactly as written (`8Gi`, `16Mi`, `4Ti`,
-/// `1073741824`). Binary suffixes (`Ki` … `Ei`), decimal suffixes (`k` … `E`) and exponents
-/// (`1e9`) are accepted; the value must come to a whole number of bytes.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+/// `"1073741824"`). Binary suffixes (`Ki` … `Ei`), decimal suffixes (`k` … `E`) and exponents
+/// (`1e9`) are accepted; the value must come to a whole number of bytes. On the wire it is a
+/// string, as the CRD schema says (YAML reads `8Gi` as one; quote a bare number).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Quantity(pub String);
 
@@ -46,22 +47,6 @@ impl fmt::Display for Quantity {
 impl From<&str> for Quantity {
     fn from(s: &str) -> Self {
         Quantity(s.to_owned())
-    }
-}
-
-impl<'de> Deserialize<'de> for Quantity {
-    /// Accepts the string form and, as Kubernetes does, a bare integer.
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Wire {
-            Text(String),
-            Int(u64),
-        }
-        Ok(match Wire::deserialize(deserializer)? {
-            Wire::Text(s) => Quantity(s),
-            Wire::Int(n) => Quantity(n.to_string()),
-        })
     }
 }
 

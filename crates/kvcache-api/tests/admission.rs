@@ -650,8 +650,13 @@ fn pool_rules() {
         "spec.backends",
         "cannot be re-pointed",
     );
-    let zero = pool(&WALKTHROUGH_POOL.replace("16Gi", "0"));
+    let zero = pool(&WALKTHROUGH_POOL.replace("16Gi", "'0'"));
     assert_refused(&create(&zero), "spec.quota.total", "above zero");
+    // On the wire a quantity is a string, as the CRD schema says: a bare YAML number is refused.
+    let bare =
+        kvcache_api::manifest::parse("test", &WALKTHROUGH_POOL.replace("16Gi", "17179869184"))
+            .expect_err("a bare number is not a quantity string");
+    assert!(bare.to_string().contains("expected a string"), "{bare}");
     let malformed = pool(&WALKTHROUGH_POOL.replace("16Gi", "16GB"));
     assert_refused(
         &create(&malformed),
