@@ -113,18 +113,19 @@ fn typed<T: DeserializeOwned>(
         .unwrap_or("<unnamed>")
         .to_owned();
     let mut unknown = Vec::new();
-    let object = serde_ignored::deserialize(value, |path| {
+    let mut record = |path: serde_ignored::Path<'_>| {
         let path = path.to_string();
         // The type meta is read by the kind dispatch, not by the object itself.
         if path != "apiVersion" && path != "kind" {
             unknown.push(path);
         }
-    })
-    .map_err(|e| Error::ManifestShape {
+    };
+    let ignored = serde_ignored::Deserializer::new(value, &mut record);
+    let object = serde_path_to_error::deserialize(ignored).map_err(|e| Error::ManifestShape {
         source_name: source.to_owned(),
         kind: kind.to_owned(),
         name,
-        message: e.to_string(),
+        message: format!("{}: {}", e.path(), e.inner()),
     })?;
     Ok((object, unknown))
 }

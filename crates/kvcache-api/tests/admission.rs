@@ -656,7 +656,11 @@ fn pool_rules() {
     let bare =
         kvcache_api::manifest::parse("test", &WALKTHROUGH_POOL.replace("16Gi", "17179869184"))
             .expect_err("a bare number is not a quantity string");
-    assert!(bare.to_string().contains("expected a string"), "{bare}");
+    assert!(
+        bare.to_string()
+            .contains("spec.quota.total: invalid type: integer"),
+        "{bare}"
+    );
     let malformed = pool(&WALKTHROUGH_POOL.replace("16Gi", "16GB"));
     assert_refused(
         &create(&malformed),
