@@ -746,7 +746,8 @@ pub fn tenant_of(binding: &KVCachePoolBinding) -> &str {
 // ---------------------------------------------------------------------------------------------
 // ModelDeployment
 
-fn is_dns_label(s: &str) -> bool {
+/// Whether `s` is a DNS-1123 label (lowercase letters, digits and `-`, at most 63 characters).
+pub fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()

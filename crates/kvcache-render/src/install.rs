@@ -57,6 +57,14 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
     }
 }
 
+fn role_ref(kind: &str) -> RoleRef {
+    RoleRef {
+        api_group: "rbac.authorization.k8s.io".into(),
+        kind: kind.into(),
+        name: NAME.into(),
+    }
+}
+
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &[
     "get", "list", "watch", "create", "update", "patch", "delete",
@@ -66,19 +74,21 @@ const WRITE: &[&str] = &[
 pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
     let ns = Some(namespace);
     let mut docs = Vec::new();
-    fn push<T: Serialize>(docs: &mut Vec<serde_yaml::Value>, kind: &str, api: &str, o: &T) {
-        if let Ok(mut v) = serde_yaml::to_value(o) {
-            if let Some(m) = v.as_mapping_mut() {
-                m.insert("apiVersion".into(), api.into());
-                m.insert("kind".into(), kind.into());
-            }
+    // Both bindings grant the operator's own account.
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: NAME.into(),
+        namespace: Some(namespace.into()),
+        ..Default::default()
+    };
+    // k8s-openapi writes each object's apiVersion and kind itself.
+    fn push<T: Serialize>(docs: &mut Vec<serde_yaml::Value>, o: &T) {
+        if let Ok(v) = serde_yaml::to_value(o) {
             docs.push(v);
         }
     }
     push(
         &mut docs,
-        "Namespace",
-        "v1",
         &Namespace {
             metadata: meta(namespace, None),
             ..Default::default()
@@ -86,8 +96,6 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
     );
     push(
         &mut docs,
-        "ServiceAccount",
-        "v1",
         &ServiceAccount {
             metadata: meta(NAME, ns),
             ..Default::default()
@@ -96,8 +104,6 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
     // Cluster-wide: its own kinds, what the injection and admission read, events.
     push(
         &mut docs,
-        "ClusterRole",
-        "rbac.authorization.k8s.io/v1",
         &ClusterRole {
             metadata: meta(NAME, None),
             rules: Some(vec![
@@ -149,29 +155,16 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
     );
     push(
         &mut docs,
-        "ClusterRoleBinding",
-        "rbac.authorization.k8s.io/v1",
         &ClusterRoleBinding {
             metadata: meta(NAME, None),
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "ClusterRole".into(),
-                name: NAME.into(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: NAME.into(),
-                namespace: Some(namespace.into()),
-                ..Default::default()
-            }]),
+            role_ref: role_ref("ClusterRole"),
+            subjects: Some(vec![subject.clone()]),
         },
     );
     // In its own namespace only: the store workloads and what their Pods are granted (a Role
     // can only grant what its creator holds).
     push(
         &mut docs,
-        "Role",
-        "rbac.authorization.k8s.io/v1",
         &Role {
             metadata: meta(NAME, ns),
             rules: Some(vec![
@@ -193,21 +186,10 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
     );
     push(
         &mut docs,
-        "RoleBinding",
-        "rbac.authorization.k8s.io/v1",
         &RoleBinding {
             metadata: meta(NAME, ns),
-            role_ref: RoleRef {
-                api_group: "rbac.authorization.k8s.io".into(),
-                kind: "Role".into(),
-                name: NAME.into(),
-            },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: NAME.into(),
-                namespace: Some(namespace.into()),
-                ..Default::default()
-            }]),
+            role_ref: role_ref("Role"),
+            subjects: Some(vec![subject]),
         },
     );
     let selector: BTreeMap<String, String> = labels()
@@ -216,8 +198,6 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
         .collect();
     push(
         &mut docs,
-        "Deployment",
-        "apps/v1",
         &Deployment {
             metadata: meta(NAME, ns),
             spec: Some(DeploymentSpec {
@@ -280,8 +260,6 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
     );
     push(
         &mut docs,
-        "Service",
-        "v1",
         &Service {
             metadata: meta(NAME, ns),
             spec: Some(ServiceSpec {
@@ -330,8 +308,6 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
     };
     push(
         &mut docs,
-        "MutatingWebhookConfiguration",
-        "admissionregistration.k8s.io/v1",
         &MutatingWebhookConfiguration {
             metadata: meta(NAME, None),
             webhooks: Some(vec![MutatingWebhook {
@@ -357,8 +333,6 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
     );
     push(
         &mut docs,
-        "ValidatingWebhookConfiguration",
-        "admissionregistration.k8s.io/v1",
         &ValidatingWebhookConfiguration {
             metadata: meta(NAME, None),
             webhooks: Some(vec![

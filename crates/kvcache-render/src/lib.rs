@@ -9,7 +9,6 @@ pub mod model;
 pub mod names;
 pub mod resolve;
 
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 pub use backend::{BackendInputs, BackendObjects};
@@ -54,13 +53,4 @@ pub fn fingerprint(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> St
     let json = serde_json::to_vec(&t).unwrap_or_default();
     let digest = Sha256::digest(&json);
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
-}
-
-/// Objects as one multi-document YAML stream, in the given order.
-pub fn to_yaml<T: Serialize>(objects: &[T]) -> String {
-    objects
-        .iter()
-        .filter_map(|o| serde_yaml::to_string(o).ok())
-        .collect::<Vec<_>>()
-        .join("---\n")
 }

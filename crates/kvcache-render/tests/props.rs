@@ -110,15 +110,6 @@ fn inputs(b: &KVCacheBackend) -> BackendInputs<'_> {
     }
 }
 
-fn is_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 fn hashes(b: &KVCacheBackend) -> Vec<String> {
     render(&inputs(b))
         .expect("renders")
@@ -155,7 +146,7 @@ proptest! {
         names.extend(first.service_accounts.iter().filter_map(|s| s.metadata.name.clone()));
         names.extend(first.config_map.iter().filter_map(|c| c.metadata.name.clone()));
         for n in &names {
-            prop_assert!(is_label(n), "{} is not a DNS-1123 label", n);
+            prop_assert!(kvcache_api::admission::is_dns_label(n), "{} is not a DNS-1123 label", n);
         }
         // Objects of one kind never share a name (the leader's Deployment, Service and
         // ServiceAccount are one name on purpose).
