@@ -136,43 +136,18 @@ impl ControlPlane {
         procs.push(api);
 
         if options.controllers {
-            let mut kcm = Command::new(bin.join("kube-controller-manager"));
-            kcm.arg(format!("--kubeconfig={}", kubeconfig.display()))
-                .arg(format!("--authentication-kubeconfig={}", kubeconfig.display()))
-                .arg(format!("--authorization-kubeconfig={}", kubeconfig.display()))
-                .arg("--leader-elect=false")
-                .arg("--bind-address=127.0.0.1")
-                .arg(format!("--secure-port={}", free_port()?))
-                .arg(format!("--cert-dir={}", dir.join("kcm-certs").display()))
+            let mut kcm = controller(&bin, "kube-controller-manager", &kubeconfig, dir)?;
+            kcm
                 .arg(format!("--service-account-private-key-file={}", pki.sa_key.display()))
                 .arg(format!("--root-ca-file={}", pki.ca_cert.display()))
                 .arg("--use-service-account-credentials=false")
-                .arg("--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service-lb-controller,-route")
-                .arg("--v=1");
+                .arg("--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service-lb-controller,-route");
             procs.push(Proc::spawn(
                 "kube-controller-manager",
                 kcm,
                 &dir.join("kube-controller-manager.log"),
             )?);
-            let mut sched = Command::new(bin.join("kube-scheduler"));
-            sched
-                .arg(format!("--kubeconfig={}", kubeconfig.display()))
-                .arg(format!(
-                    "--authentication-kubeconfig={}",
-                    kubeconfig.display()
-                ))
-                .arg(format!(
-                    "--authorization-kubeconfig={}",
-                    kubeconfig.display()
-                ))
-                .arg("--leader-elect=false")
-                .arg("--bind-address=127.0.0.1")
-                .arg(format!("--secure-port={}", free_port()?))
-                .arg(format!(
-                    "--cert-dir={}",
-                    dir.join("scheduler-certs").display()
-                ))
-                .arg("--v=1");
+            let sched = controller(&bin, "kube-scheduler", &kubeconfig, dir)?;
             procs.push(Proc::spawn(
                 "kube-scheduler",
                 sched,
@@ -259,6 +234,30 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A controller process (manager or scheduler) talking to the API server as the admin, serving
+/// its own endpoints on a free loopback port.
+fn controller(bin: &Path, name: &str, kubeconfig: &Path, dir: &Path) -> Result<Command> {
+    let mut cmd = Command::new(bin.join(name));
+    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!(
+            "--authentication-kubeconfig={}",
+            kubeconfig.display()
+        ))
+        .arg(format!(
+            "--authorization-kubeconfig={}",
+            kubeconfig.display()
+        ))
+        .arg("--leader-elect=false")
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--secure-port={}", free_port()?))
+        .arg(format!(
+            "--cert-dir={}",
+            dir.join(format!("{name}-certs")).display()
+        ))
+        .arg("--v=1");
+    Ok(cmd)
 }
 
 /// A client built from a kubeconfig file.
