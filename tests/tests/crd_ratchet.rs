@@ -56,11 +56,41 @@ async fn the_segment_floor_is_judged_only_when_the_value_moves() {
             "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: legacy}}\nspec:\n  connection:\n    managed:\n      members:\n        - medium: DRAM\n          capacityPerMember: {capacity}\n          nodeSelector: {{tier: '{selector}'}}\n          localDisks: [{{path: /var/lib/kvcache}}]\n"
         )).expect("manifest")
     };
+    // A changed schema reaches the API server's handlers a moment after the CRD is written:
+    // wait until a dry-run probe is judged by the schema in question.
+    let probe = |capacity: &str| -> DynamicObject {
+        let mut m = manifest(capacity, "probe");
+        m.metadata.name = Some("probe".into());
+        m
+    };
+    let schema_in_force = |floor: bool| {
+        let api = api.clone();
+        let probe = probe("8Mi");
+        async move {
+            let dry = kube::api::PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            for _ in 0..300 {
+                let refused = api.create(&dry, &probe).await.is_err();
+                if refused == floor {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            panic!(
+                "the {} CRD schema never came into force",
+                if floor { "current" } else { "old" }
+            );
+        }
+    };
+    schema_in_force(false).await;
     api.patch("legacy", &pp, &Patch::Apply(manifest("8Mi", "a")))
         .await
         .expect("8Mi admitted before the floor existed");
 
     apply_crds(&client, &[current]).await.expect("current CRD");
+    schema_in_force(true).await;
     api.patch("legacy", &pp, &Patch::Apply(manifest("8Mi", "b")))
         .await
         .expect("an unrelated edit (in the same group) of the stored object is admitted");
