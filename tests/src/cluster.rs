@@ -293,7 +293,7 @@ pub fn block_on<T: Send + 'static>(
         rt.block_on(f)
     })
     .join()
-    .unwrap_or_else(|_| Err(Error::Client("the harness thread panicked".into())))
+    .unwrap_or_else(|_| Err(Error::Panicked))
 }
 
 fn wait_ready(api: &mut Proc, kubeconfig: &Path) -> Result<()> {
@@ -326,7 +326,10 @@ fn wait_ready(api: &mut Proc, kubeconfig: &Path) -> Result<()> {
 fn http_get(path: &str) -> Result<http::Request<Vec<u8>>> {
     http::Request::get(path)
         .body(Vec::new())
-        .map_err(|e| Error::Client(format!("building a request for {path}: {e}")))
+        .map_err(|source| Error::Request {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 /// Applies the CRDs in `dir` (every `*.yaml`) with server-side apply and waits until each is
@@ -343,8 +346,12 @@ pub async fn install_crds(client: &Client, dir: &Path) -> Result<Vec<String>> {
     for f in files {
         let text =
             std::fs::read_to_string(&f).map_err(crate::io(format!("reading {}", f.display())))?;
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&text)
-            .map_err(|e| Error::Client(format!("{} is not a CRD: {e}", f.display())))?;
+        let crd: CustomResourceDefinition =
+            serde_yaml::from_str(&text).map_err(|e| Error::Invalid {
+                path: f.display().to_string(),
+                what: "CustomResourceDefinition",
+                reason: e.to_string(),
+            })?;
         crds.push(crd);
     }
     apply_crds(client, &crds).await
@@ -368,7 +375,10 @@ pub async fn apply_crds(client: &Client, crds: &[CustomResourceDefinition]) -> R
         let cond = kube::runtime::conditions::is_crd_established();
         kube::runtime::wait::await_condition(api.clone(), name, cond)
             .await
-            .map_err(|e| Error::Client(format!("waiting for CRD {name}: {e}")))?;
+            .map_err(|e| Error::Wait {
+                what: format!("CRD {name} to be Established"),
+                reason: e.to_string(),
+            })?;
     }
     Ok(names)
 }
@@ -418,10 +428,13 @@ impl TestCluster {
     pub async fn namespace(&self, client: &Client, prefix: &str) -> Result<String> {
         static N: AtomicUsize = AtomicUsize::new(0);
         let name = format!("{prefix}-{}", N.fetch_add(1, Ordering::Relaxed));
-        let ns: Namespace = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
-        }))
-        .map_err(|e| Error::Client(e.to_string()))?;
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
         Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &ns)
             .await?;

@@ -122,8 +122,6 @@ pub struct Rig {
     pub segment_bytes: u64,
     /// The timing in force.
     pub timing: LeaseTiming,
-    /// Start electors with `--label-pod` (their identity must name a Pod in the namespace).
-    pub label_pods: bool,
     hosts: AtomicUsize,
     dir: PathBuf,
     kubeconfig: PathBuf,
@@ -149,7 +147,6 @@ impl Rig {
             members: Vec::new(),
             segment_bytes,
             timing,
-            label_pods: false,
             hosts: AtomicUsize::new(0),
             dir,
             kubeconfig: kubeconfig.to_owned(),
@@ -209,7 +206,6 @@ impl Rig {
                 "--child-health-url=http://{host}:{metrics_port}/health"
             ))
             .arg(format!("--ready-addr=127.0.0.1:{ready_port}"))
-            .args(self.label_pods.then_some("--label-pod"))
             .arg("--")
             .arg(paths::mooncake_master()?)
             .arg(format!("--rpc_address={host}"))

@@ -72,9 +72,61 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
-    /// The store's Python client reported a failure.
-    #[error("store client: {0}")]
-    Client(String),
+    /// The store answered an operation with an error code (a negative result, never a miss).
+    #[error("store {op} against {master} returned {code}")]
+    Store {
+        /// The operation.
+        op: &'static str,
+        /// The master dialled.
+        master: String,
+        /// The store's code.
+        code: i64,
+    },
+    /// The store's Python client printed no result the harness can read.
+    #[error("no readable result from the store's Python client ({status}): {output}")]
+    ClientOutput {
+        /// Its exit status.
+        status: String,
+        /// Its last lines.
+        output: String,
+    },
+    /// A file the harness reads is not what it should be.
+    #[error("{path} is not a valid {what}: {reason}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// What it should be.
+        what: &'static str,
+        /// Why it is not.
+        reason: String,
+    },
+    /// Waiting on the API server for a state that never came.
+    #[error("waiting for {what}: {reason}")]
+    Wait {
+        /// What was awaited.
+        what: String,
+        /// Why the wait ended.
+        reason: String,
+    },
+    /// Building a workspace binary the tests run.
+    #[error("building {what}: {reason}")]
+    Build {
+        /// The binary.
+        what: &'static str,
+        /// What failed.
+        reason: String,
+    },
+    /// A harness thread panicked.
+    #[error("the harness thread panicked")]
+    Panicked,
+    /// An HTTP request could not be built.
+    #[error("building a request for {path}: {source}")]
+    Request {
+        /// The path.
+        path: String,
+        /// The cause.
+        source: http::Error,
+    },
 }
 
 /// Result with the harness error.

@@ -107,5 +107,8 @@ pub fn elector_bin() -> Result<PathBuf> {
             Ok(target.join("debug/kvcache-elector"))
         })
         .clone()
-        .map_err(Error::Client)
+        .map_err(|reason| Error::Build {
+            what: "kvcache-elector",
+            reason,
+        })
 }

@@ -73,9 +73,7 @@ impl Proc {
 
     /// Sends a signal (SIGTERM for a graceful stop, SIGKILL for a crash).
     pub fn signal(&self, signal: Signal) {
-        if let Ok(pid) = i32::try_from(self.pid()) {
-            let _ = kill(Pid::from_raw(pid), signal);
-        }
+        send(self.pid(), signal);
     }
 
     /// Sends SIGTERM and waits up to `grace` for the exit, then SIGKILL.
@@ -83,7 +81,7 @@ impl Proc {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        self.signal_child(&child, Signal::SIGTERM);
+        send(child.id(), Signal::SIGTERM);
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if matches!(child.try_wait(), Ok(Some(_))) {
@@ -113,10 +111,38 @@ impl Proc {
         }
     }
 
-    fn signal_child(&self, child: &Child, signal: Signal) {
-        if let Ok(pid) = i32::try_from(child.id()) {
-            let _ = kill(Pid::from_raw(pid), signal);
+    /// Waits until the log holds a line containing `needle`; fails naming the line awaited and
+    /// the log's tail if the process exits or `timeout` passes first.
+    pub fn wait_log(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+        let log = self.log.clone();
+        let seen = || {
+            std::fs::read_to_string(&log).is_ok_and(|text| text.lines().any(|l| l.contains(needle)))
+        };
+        wait_for(self, timeout, seen).map_err(|_| Error::NotReady {
+            what: format!(
+                "the log line {needle:?} from {} (last log lines:\n{})",
+                self.name,
+                self.log_tail(15)
+            ),
+            seconds: timeout.as_secs(),
+            log: self.log.display().to_string(),
+        })
+    }
+
+    /// Waits until the process exits; fails naming it if it still runs after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while !self.exited() {
+            if Instant::now() >= deadline {
+                return Err(Error::NotReady {
+                    what: format!("{} to exit", self.name),
+                    seconds: timeout.as_secs(),
+                    log: self.log.display().to_string(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
+        Ok(())
     }
 
     /// The last lines of the log, for failure messages.
@@ -130,6 +156,13 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Sends `signal` to one process (a pid that no longer fits or exists is ignored).
+fn send(pid: u32, signal: Signal) {
+    if let Ok(pid) = i32::try_from(pid) {
+        let _ = kill(Pid::from_raw(pid), signal);
     }
 }
 
@@ -176,9 +209,7 @@ pub fn alive(pid: u32) -> bool {
 pub fn stop_pids(pids: &[u32], grace: Duration) {
     let signal_all = |signal: Signal| {
         for pid in pids {
-            if let Ok(p) = i32::try_from(*pid) {
-                let _ = kill(Pid::from_raw(p), signal);
-            }
+            send(*pid, signal);
         }
     };
     signal_all(Signal::SIGTERM);

@@ -91,6 +91,17 @@ impl Master {
         })
     }
 
+    /// Waits until `master_total_capacity_bytes` is `want`.
+    pub fn wait_capacity(&self, want: u64, timeout: Duration) -> Result<()> {
+        // Byte counts below 2^53 are exact as f64.
+        wait_metric(
+            &self.admin_url(),
+            "master_total_capacity_bytes",
+            want as f64,
+            timeout,
+        )
+    }
+
     /// `master_total_capacity_bytes`.
     pub fn capacity_bytes(&self) -> Result<u64> {
         // Gauges are printed as integers or floats; byte counts are exact either way.
@@ -118,6 +129,30 @@ impl Master {
         let fresh = Master::start(&self.dir, self.options.clone())?;
         *self = fresh;
         Ok(())
+    }
+}
+
+/// Waits until the master at `admin_url` reports `name` equal to `want`; fails naming the
+/// sample, the value awaited and the last value read (or the read's error).
+pub fn wait_metric(admin_url: &str, name: &str, want: f64, timeout: Duration) -> Result<()> {
+    let url = format!("{admin_url}/metrics");
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let last = http_get(&url).map(|t| metric_value(&t, name));
+        if matches!(last, Ok(Some(v)) if v == want) {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Wait {
+                what: format!("{name} = {want} at {url} ({}s)", timeout.as_secs()),
+                reason: match last {
+                    Ok(Some(v)) => format!("last value {v}"),
+                    Ok(None) => "the sample is absent".into(),
+                    Err(e) => e.to_string(),
+                },
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -206,7 +241,9 @@ impl Member {
     }
 }
 
-/// The Python client, one process per call.
+/// The Python client, one process per call. A get first asks `is_exist` (1 present, 0 absent,
+/// negative: the store's error), so a miss and a failed read are told apart: the client's `get`
+/// returns empty bytes for both.
 const CLIENT: &str = r#"
 import sys
 from mooncake.store import MooncakeDistributedStore
@@ -226,12 +263,33 @@ if op == "put":
     size = int(sys.argv[5]) if len(sys.argv) > 5 else 4096
     print("RESULT put", store.put(key, bytes([7]) * size))
 else:
-    value = store.get(key)
-    print("RESULT get", len(value))
+    present = store.is_exist(key)
+    if present < 0:
+        print("RESULT exist", present)
+    elif present == 0:
+        print("RESULT miss 0")
+    else:
+        print("RESULT get", len(store.get(key)))
 store.close()
 "#;
 
-fn client(master: &str, op: &str, key: &str, tenant: Option<&str>, size: usize) -> Result<i64> {
+/// What a get found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The key is present; its value has this many bytes.
+    Hit(usize),
+    /// The store answered that the key is absent.
+    Miss,
+}
+
+/// What the Python client printed: the step and the store's code.
+fn client(
+    master: &str,
+    op: &str,
+    key: &str,
+    tenant: Option<&str>,
+    size: usize,
+) -> Result<(String, i64)> {
     let venv = paths::mooncake_venv()?;
     let mut cmd = Command::new(venv.join("bin/python"));
     cmd.arg("-c")
@@ -243,43 +301,58 @@ fn client(master: &str, op: &str, key: &str, tenant: Option<&str>, size: usize) 
         source,
     })?;
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let unreadable = |line: &str| Error::ClientOutput {
+        status: out.status.to_string(),
+        output: format!(
+            "{line}{}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ),
+    };
     let line = stdout
         .lines()
         .find_map(|l| l.strip_prefix("RESULT "))
-        .ok_or_else(|| {
-            Error::Client(format!(
-                "no result from the client ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .rev()
-                    .take(5)
-                    .collect::<Vec<_>>()
-                    .join(" | ")
-            ))
-        })?;
-    let (what, code) = line.split_once(' ').unwrap_or((line, ""));
-    let code: i64 = code
-        .trim()
-        .parse()
-        .map_err(|_| Error::Client(format!("unreadable client result {line:?}")))?;
+        .ok_or_else(|| unreadable(""))?;
+    let (what, code) = line.split_once(' ').ok_or_else(|| unreadable(line))?;
+    let code: i64 = code.trim().parse().map_err(|_| unreadable(line))?;
     if what == "setup" {
-        return Err(Error::Client(format!(
-            "client setup against {master} returned {code}"
-        )));
+        return Err(Error::Store {
+            op: "setup",
+            master: master.to_owned(),
+            code,
+        });
     }
-    Ok(code)
+    Ok((what.to_owned(), code))
 }
 
 /// Puts `size` bytes under `key` as `tenant` (None: the store's default). Returns the store's
 /// code: 0 is success, negative codes are the store's errors (-1701 `TENANT_NOT_REGISTERED`).
 pub fn put(master: &str, key: &str, tenant: Option<&str>, size: usize) -> Result<i64> {
-    client(master, "put", key, tenant, size)
+    client(master, "put", key, tenant, size).map(|(_, code)| code)
 }
 
-/// Reads `key`; returns the number of bytes (0 for a miss).
-pub fn get(master: &str, key: &str, tenant: Option<&str>) -> Result<usize> {
-    client(master, "get", key, tenant, 0).map(|n| usize::try_from(n).unwrap_or(0))
+/// Reads `key` as `tenant`: a hit with its size, or a miss. A store error (a negative code from
+/// the existence check, or a present key that reads back empty) is an `Error::Store`, never a miss.
+pub fn get(master: &str, key: &str, tenant: Option<&str>) -> Result<Lookup> {
+    let (what, code) = client(master, "get", key, tenant, 0)?;
+    match what.as_str() {
+        "miss" => Ok(Lookup::Miss),
+        "get" if code > 0 => Ok(Lookup::Hit(usize::try_from(code).unwrap_or(usize::MAX))),
+        "get" => Err(Error::Store {
+            op: "get of a present key",
+            master: master.to_owned(),
+            code,
+        }),
+        _ => Err(Error::Store {
+            op: "is_exist",
+            master: master.to_owned(),
+            code,
+        }),
+    }
 }
 
 /// A plain HTTP GET on loopback; a non-200 answer is an error.

@@ -190,9 +190,45 @@ async fn the_api_server_refuses_with_the_crd_message() {
     .await
     .expect("ceiling editable");
 
-    // Exactly one backend per pool; unknown fields are pruned, not stored.
-    let err = create(&client, None, &yaml(
+    // Exactly one backend per pool: refused as Invalid with a cause on spec.backends.
+    let two = yaml(
         "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: two}\nspec: {backends: [a, b], quota: {total: 1Gi}}\n",
-    )).await.expect_err("refused");
-    assert!(err.contains("spec.backends") && err.contains("1"), "{err}");
+    );
+    let refused = api_for(&client, None, &two)
+        .create(&PostParams::default(), &two)
+        .await
+        .expect_err("two backends refused");
+    let kube::Error::Api(status) = &refused else {
+        panic!("not an API refusal: {refused}");
+    };
+    assert_eq!(
+        (status.code, status.reason.as_str()),
+        (422, "Invalid"),
+        "{status:?}"
+    );
+    assert!(
+        status
+            .message
+            .contains("spec.backends: Too many: 2: must have at most 1 item"),
+        "{}",
+        status.message
+    );
+
+    // Unknown fields are pruned, not stored: the object is admitted without them.
+    let surplus = yaml(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: pruned}\nspec: {backends: [a], quota: {total: 1Gi, burst: 2Gi}, colour: blue}\n",
+    );
+    create(&client, None, &surplus).await.expect("admitted");
+    let stored = api_for(&client, None, &surplus)
+        .get("pruned")
+        .await
+        .expect("read back");
+    let spec = stored.data["spec"].as_object().expect("spec");
+    let keys: Vec<&str> = spec.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["backends", "quota"], "colour pruned: {spec:?}");
+    assert_eq!(
+        stored.data["spec"]["quota"],
+        serde_json::json!({"total": "1Gi"}),
+        "quota.burst pruned"
+    );
 }

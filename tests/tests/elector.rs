@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use kvcache_e2e::failover::{LeaseTiming, Rig};
-use kvcache_e2e::store::{self, Member, MemberOptions, http_get};
+use kvcache_e2e::store::{self, Lookup, Member, MemberOptions};
 use kvcache_e2e::{paths, shared};
 
 const SEGMENT: u64 = 64 << 20;
@@ -40,6 +40,11 @@ async fn failover_keeps_one_master_and_members_follow() {
             store::put(&address, "before-kill", None, 4096).expect("put"),
             0
         );
+        assert_eq!(
+            store::get(&address, "before-kill", None).expect("get"),
+            Lookup::Hit(4096),
+            "the key reads back before the failover"
+        );
 
         // kill -9 of the leader elector and its master.
         let t = Instant::now();
@@ -57,12 +62,17 @@ async fn failover_keeps_one_master_and_members_follow() {
         let address = rig.leaders[second].as_ref().expect("slot").address();
         assert_eq!(
             store::get(&address, "before-kill", None).expect("get"),
-            0,
+            Lookup::Miss,
             "a failover leaves a cold cache"
         );
         assert_eq!(
             store::put(&address, "before-term", None, 4096).expect("put"),
             0
+        );
+        assert_eq!(
+            store::get(&address, "before-term", None).expect("get"),
+            Lookup::Hit(4096),
+            "the key reads back before the handover"
         );
 
         // SIGTERM: the leader releases the Lease and the last standby takes over at once.
@@ -81,7 +91,7 @@ async fn failover_keeps_one_master_and_members_follow() {
         let address = rig.leaders[third].as_ref().expect("slot").address();
         assert_eq!(
             store::get(&address, "before-term", None).expect("get"),
-            0,
+            Lookup::Miss,
             "cold after a handover too"
         );
 
@@ -156,16 +166,36 @@ async fn without_lease_rights_the_elector_says_so_and_stays_not_ready() {
         .user_kubeconfig("no-rights", "nobody")
         .expect("user");
     tokio::task::spawn_blocking(move || {
-        let rig = Rig::start(&kubeconfig, &ns, "store-leader", 1, 0, SEGMENT, LeaseTiming::default()).expect("rig");
-        std::thread::sleep(Duration::from_secs(4));
-        let slot = rig.leaders[0].as_ref().expect("slot");
-        let readyz = http_get(&format!("http://127.0.0.1:{}/readyz", slot.ready_port));
-        assert!(readyz.is_err(), "not ready without the Lease");
+        let mut rig = Rig::start(
+            &kubeconfig,
+            &ns,
+            "store-leader",
+            1,
+            0,
+            SEGMENT,
+            LeaseTiming::default(),
+        )
+        .expect("rig");
+        let slot = rig.leaders[0].as_mut().expect("slot");
+        slot.proc
+            .wait_log(
+                "permission denied: this Pod's ServiceAccount may not get leases.coordination.k8s.io \"store-leader\"",
+                Duration::from_secs(20),
+            )
+            .expect("the elector names the refused verb and Lease");
+        // Its /readyz answers, and answers not ready.
+        let url = format!("http://127.0.0.1:{}/readyz", slot.ready_port);
+        let answer = ureq::get(&url)
+            .config()
+            .http_status_as_error(false)
+            .build()
+            .call()
+            .expect("the readiness server answers");
+        assert_eq!(answer.status(), 503, "not ready without the Lease");
         assert!(!slot.master_serving(), "no master runs");
-        let log = std::fs::read_to_string(&slot.proc.log).expect("log");
         assert!(
-            log.contains("permission denied: this Pod's ServiceAccount may not get leases.coordination.k8s.io \"store-leader\""),
-            "{log}"
+            kvcache_e2e::failover::children_of(slot.proc.pid()).is_empty(),
+            "the elector started no master"
         );
     })
     .await
@@ -173,45 +203,25 @@ async fn without_lease_rights_the_elector_says_so_and_stays_not_ready() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_master_that_exits_hands_over_and_the_leader_pod_is_labelled() {
-    use k8s_openapi::api::core::v1::Pod;
-    use kube::api::{Api, PostParams};
+async fn a_master_that_exits_hands_over() {
     let cluster = shared();
     let client = cluster.client().await.expect("client");
     let ns = cluster
         .namespace(&client, "childexit")
         .await
         .expect("namespace");
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    for name in ["leader-0", "leader-1"] {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name},
-            "spec": {"containers": [{"name": "leader", "image": "example.invalid/none:1"}]}
-        }))
-        .expect("pod");
-        pods.create(&PostParams::default(), &pod)
-            .await
-            .expect("pod object");
-    }
     let kubeconfig = cluster.control_plane.kubeconfig.clone();
-    let labelled = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let mut rig = Rig::start(
             &kubeconfig,
             &ns,
             "exit-leader",
-            0,
+            2,
             0,
             SEGMENT,
             LeaseTiming::default(),
         )
         .expect("rig");
-        rig.label_pods = true;
-        for i in 0..2 {
-            let slot = rig
-                .start_leader(&format!("leader-{i}"), None)
-                .expect("elector");
-            rig.leaders.push(Some(slot));
-        }
         let first = rig
             .wait_leader(None, Duration::from_secs(30))
             .expect("leader");
@@ -225,8 +235,7 @@ async fn a_master_that_exits_hands_over_and_the_leader_pod_is_labelled() {
             nix::sys::signal::Signal::SIGKILL,
         );
         let t = Instant::now();
-        let second = rig
-            .wait_leader(Some(first), Duration::from_secs(30))
+        rig.wait_leader(Some(first), Duration::from_secs(30))
             .expect("a standby takes over");
         assert!(
             t.elapsed() < Duration::from_secs(4),
@@ -234,22 +243,13 @@ async fn a_master_that_exits_hands_over_and_the_leader_pod_is_labelled() {
             t.elapsed()
         );
         let slot = rig.leaders[first].as_mut().expect("slot");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !slot.proc.exited() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(slot.proc.exited(), "the elector exits when its master does");
-        let log = std::fs::read_to_string(&slot.proc.log).expect("log");
-        assert!(log.contains("the store process exited"), "{log}");
-        format!("leader-{second}")
+        slot.proc
+            .wait_log("the store process exited", Duration::from_secs(10))
+            .expect("the elector says why it stops");
+        slot.proc
+            .wait_exit(Duration::from_secs(10))
+            .expect("the elector exits when its master does");
     })
     .await
     .expect("the scenario thread");
-    let pod = pods.get(&labelled).await.expect("pod");
-    let labels = pod.metadata.labels.unwrap_or_default();
-    assert_eq!(
-        labels.get("mooncake.io/store-role").map(String::as_str),
-        Some("leader"),
-        "{labels:?}"
-    );
 }

@@ -66,7 +66,15 @@ fn store_with(tenants: &[(&str, u64)], segment: u64) -> (Master, Member, Vec<(St
     let member =
         Member::start(&dir, &MemberOptions::new(master.address(), segment)).expect("member");
     let deadline = Instant::now() + Duration::from_secs(15);
-    while master.capacity_bytes().unwrap_or(0) < segment && Instant::now() < deadline {
+    loop {
+        let capacity = master.capacity_bytes();
+        if matches!(capacity, Ok(c) if c >= segment) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited 15s for the master to report the member's {segment} bytes mounted; last read: {capacity:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let requests = tenants.iter().map(|(t, q)| ((*t).to_owned(), *q)).collect();
@@ -79,9 +87,13 @@ fn settled(master: &Master, capacity: u64) -> Vec<TenantEntry> {
     loop {
         let entries = ledger(master);
         let granted: u64 = entries.iter().map(|e| e.effective_quota_bytes).sum();
-        if granted > 0 && granted <= capacity || Instant::now() > deadline {
+        if granted > 0 && granted <= capacity {
             return entries;
         }
+        assert!(
+            Instant::now() < deadline,
+            "waited 15s for the master to recut grants against {capacity} bytes; last ledger: {entries:?}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }

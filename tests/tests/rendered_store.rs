@@ -4,30 +4,17 @@
 //! preStop hook deregisters the tier.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvcache_api::KVCacheBackend;
 use kvcache_e2e::paths;
 use kvcache_e2e::process::{Proc, free_port, wait_tcp};
-use kvcache_e2e::store::{Master, MasterOptions, http_get, loopback_env, metric_value};
+use kvcache_e2e::store::{Master, MasterOptions, http_get, loopback_env, wait_metric};
 use kvcache_quota::policy::{self, BindingCeiling};
 use kvcache_render::backend::{BackendInputs, render};
 
 const MI: u64 = 1 << 20;
-
-fn wait_metric(admin: &str, name: &str, want: impl Fn(f64) -> bool) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let v = http_get(&format!("{admin}/metrics"))
-            .ok()
-            .and_then(|t| metric_value(&t, name))
-            .unwrap_or(-1.0);
-        if want(v) || Instant::now() > deadline {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+const WAIT: Duration = Duration::from_secs(20);
 
 #[test]
 fn the_rendered_leader_and_member_run_on_the_real_store() {
@@ -153,17 +140,20 @@ fn the_rendered_leader_and_member_run_on_the_real_store() {
     )
     .expect("the member serves");
     let admin_url = master.admin_url();
-    assert_eq!(
-        wait_metric(&admin_url, "master_total_capacity_bytes", |v| v
-            == (64 * MI) as f64),
-        (64 * MI) as f64
-    );
-    assert_eq!(
-        wait_metric(&admin_url, "master_total_file_capacity_bytes", |v| v
-            == (1u64 << 30) as f64),
+    wait_metric(
+        &admin_url,
+        "master_total_capacity_bytes",
+        (64 * MI) as f64,
+        WAIT,
+    )
+    .expect("the member's segment is mounted");
+    wait_metric(
+        &admin_url,
+        "master_total_file_capacity_bytes",
         (1u64 << 30) as f64,
-        "the tier registers its declared capacity"
-    );
+        WAIT,
+    )
+    .expect("the tier registers its declared capacity");
 
     // The rendered preStop hook deregisters the tier (run with the venv's Python on the member's port).
     let hook = member
@@ -181,9 +171,6 @@ fn the_rendered_leader_and_member_run_on_the_real_store() {
         status.success(),
         "the unmount endpoint accepts the hook's request"
     );
-    assert_eq!(
-        wait_metric(&admin_url, "master_total_file_capacity_bytes", |v| v == 0.0),
-        0.0,
-        "the tier is deregistered"
-    );
+    wait_metric(&admin_url, "master_total_file_capacity_bytes", 0.0, WAIT)
+        .expect("the tier is deregistered");
 }

@@ -1,23 +1,12 @@
 //! The real Mooncake store on loopback: capacity is read from the master, members mount and
 //! unmount, a master restart leaves a cold cache.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvcache_e2e::paths;
-use kvcache_e2e::store::{self, Master, MasterOptions, Member, MemberOptions};
+use kvcache_e2e::store::{self, Lookup, Master, MasterOptions, Member, MemberOptions};
 
 const SEGMENT: u64 = 64 << 20;
-
-fn wait_capacity(master: &Master, want: u64, within: Duration) -> u64 {
-    let deadline = Instant::now() + within;
-    loop {
-        let got = master.capacity_bytes().unwrap_or(u64::MAX);
-        if got == want || Instant::now() > deadline {
-            return got;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[test]
 fn capacity_follows_members_and_a_restart_is_cold() {
@@ -40,22 +29,19 @@ fn capacity_follows_members_and_a_restart_is_cold() {
 
     let opts = MemberOptions::new(master.address(), SEGMENT);
     let _first = Member::start(&dir, &opts).expect("first member");
-    assert_eq!(
-        wait_capacity(&master, SEGMENT, Duration::from_secs(10)),
-        SEGMENT
-    );
+    master
+        .wait_capacity(SEGMENT, Duration::from_secs(10))
+        .expect("the members' segments are mounted");
     let mut second = Member::start(&dir, &opts).expect("second member");
-    assert_eq!(
-        wait_capacity(&master, 2 * SEGMENT, Duration::from_secs(10)),
-        2 * SEGMENT
-    );
+    master
+        .wait_capacity(2 * SEGMENT, Duration::from_secs(10))
+        .expect("the members' segments are mounted");
 
     // A killed member is dropped after the client TTL.
     second.proc.kill();
-    assert_eq!(
-        wait_capacity(&master, SEGMENT, Duration::from_secs(20)),
-        SEGMENT
-    );
+    master
+        .wait_capacity(SEGMENT, Duration::from_secs(20))
+        .expect("the members' segments are mounted");
 
     // A put reads back, then a master restart knows no keys: a cold cache.
     assert_eq!(
@@ -64,18 +50,16 @@ fn capacity_follows_members_and_a_restart_is_cold() {
     );
     assert_eq!(
         store::get(&master.address(), "warm-key", None).expect("get"),
-        4096
+        Lookup::Hit(4096)
     );
     master.restart().expect("master restarts on the same ports");
-    assert_eq!(
-        wait_capacity(&master, SEGMENT, Duration::from_secs(20)),
-        SEGMENT,
-        "the surviving member remounts"
-    );
+    master
+        .wait_capacity(SEGMENT, Duration::from_secs(20))
+        .expect("the surviving member remounts");
     assert_eq!(master.metric("master_key_count").expect("metric"), 0.0);
     assert_eq!(
         store::get(&master.address(), "warm-key", None).expect("get"),
-        0,
+        Lookup::Miss,
         "a miss"
     );
 }

@@ -58,8 +58,13 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
     block_on(async move {
         let client = client_from(&kc).await?;
         let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client);
-        let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": "bench"}}))
-            .map_err(|e| kvcache_e2e::Error::Client(e.to_string()))?;
+        let ns = k8s_openapi::api::core::v1::Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some("bench".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
         api.create(&Default::default(), &ns).await?;
         Ok(())
     })?;

@@ -13,24 +13,33 @@ pub const ENV_K8S_BIN: &str = "KVCACHE_K8S_BIN";
 /// See [`ENV_K8S_BIN`].
 pub const ENV_MOONCAKE_VENV: &str = "KVCACHE_MOONCAKE_VENV";
 
-/// Counts from one `test result:` line of the libtest harness.
-fn counts(line: &str) -> Option<(u64, u64, u64)> {
-    let rest = line.trim().strip_prefix("test result: ")?;
-    let number = |word: &str| -> u64 {
-        rest.split(';')
-            .find_map(|part| {
-                part.trim().strip_suffix(word).map(|n| {
-                    n.trim()
-                        .trim_start_matches("ok.")
-                        .trim_start_matches("FAILED.")
-                        .trim()
-                        .parse()
-                        .unwrap_or(0)
-                })
-            })
-            .unwrap_or(0)
+/// Counts from one `test result:` line of the libtest harness: `Ok(None)` for any other line,
+/// an error for a result line whose counts cannot be read (never a silent zero).
+fn counts(line: &str) -> anyhow::Result<Option<(u64, u64, u64)>> {
+    let Some(rest) = line.trim().strip_prefix("test result: ") else {
+        return Ok(None);
     };
-    Some((number("passed"), number("failed"), number("ignored")))
+    let body = rest
+        .strip_prefix("ok.")
+        .or_else(|| rest.strip_prefix("FAILED."))
+        .with_context(|| {
+            format!("unreadable test result line (neither ok. nor FAILED.): {line:?}")
+        })?;
+    let number = |word: &str| -> anyhow::Result<u64> {
+        let part = body
+            .split(';')
+            .map(str::trim)
+            .find(|part| part.ends_with(word))
+            .with_context(|| format!("no {word:?} count in the test result line {line:?}"))?;
+        let n = part.trim_end_matches(word).trim();
+        n.parse()
+            .with_context(|| format!("{n:?} is not a {word} count in {line:?}"))
+    };
+    Ok(Some((
+        number("passed")?,
+        number("failed")?,
+        number("ignored")?,
+    )))
 }
 
 pub fn run(extra: &[String]) -> anyhow::Result<()> {
@@ -48,7 +57,7 @@ pub fn run(extra: &[String]) -> anyhow::Result<()> {
         let mut stdout = std::io::stdout().lock();
         for line in BufReader::new(out).lines() {
             let line = line.context("reading cargo test output")?;
-            if let Some((p, f, i)) = counts(&line) {
+            if let Some((p, f, i)) = counts(&line)? {
                 passed += p;
                 failed += f;
                 ignored += i;
@@ -73,15 +82,29 @@ mod tests {
         assert_eq!(
             counts(
                 "test result: ok. 24 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.04s"
-            ),
+            )
+            .expect("readable"),
             Some((24, 0, 1))
         );
         assert_eq!(
             counts(
                 "test result: FAILED. 10 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out"
-            ),
+            )
+            .expect("readable"),
             Some((10, 2, 0))
         );
-        assert_eq!(counts("running 3 tests"), None);
+        assert_eq!(counts("running 3 tests").expect("not a result line"), None);
+    }
+
+    #[test]
+    fn an_unreadable_result_line_is_an_error() {
+        for line in [
+            "test result: ok. many passed; 0 failed; 0 ignored",
+            "test result: ok. 3 passed; 0 ignored",
+            "test result: maybe. 3 passed; 0 failed; 0 ignored",
+            "test result: FAILED. 3 passed; -1 failed; 0 ignored",
+        ] {
+            assert!(counts(line).is_err(), "{line}");
+        }
     }
 }

@@ -44,7 +44,7 @@ pub enum Error {
         /// The value as written.
         value: String,
         /// Why it does not parse.
-        reason: String,
+        reason: quantity::QuantityError,
     },
     /// A manifest that is not YAML or JSON.
     #[error("{source_name}: document {index} is not valid YAML: {message}")]

@@ -39,7 +39,58 @@ pub struct Manifest {
     pub unknown_fields: Vec<String>,
 }
 
+/// Which object: kind, namespace (absent for cluster-scoped kinds) and name. How reviews and
+/// findings name the object they judge.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    /// The kind (`KVCachePoolBinding`).
+    pub kind: &'static str,
+    /// The namespace of a namespaced kind.
+    pub namespace: Option<String>,
+    /// The name.
+    pub name: String,
+}
+
+impl ObjectRef {
+    /// The object of `kind` with this metadata.
+    pub fn new(
+        kind: &'static str,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    ) -> Self {
+        ObjectRef {
+            kind,
+            namespace: meta.namespace.clone(),
+            name: meta.name.clone().unwrap_or_else(|| "<unnamed>".into()),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
 impl Object {
+    /// Which object this is.
+    pub fn object_ref(&self) -> ObjectRef {
+        ObjectRef::new(self.kind(), self.metadata())
+    }
+
+    /// The object's metadata.
+    pub fn metadata(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        match self {
+            Object::Backend(o) => &o.metadata,
+            Object::Pool(o) => &o.metadata,
+            Object::Binding(o) => &o.metadata,
+            Object::ModelDeployment(o) => &o.metadata,
+            Object::InstanceType(o) => &o.metadata,
+        }
+    }
+
     /// The kind.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -53,18 +104,7 @@ impl Object {
 
     /// `kind namespace/name` or `kind name`.
     pub fn describe(&self) -> String {
-        let meta = match self {
-            Object::Backend(o) => &o.metadata,
-            Object::Pool(o) => &o.metadata,
-            Object::Binding(o) => &o.metadata,
-            Object::ModelDeployment(o) => &o.metadata,
-            Object::InstanceType(o) => &o.metadata,
-        };
-        let name = meta.name.as_deref().unwrap_or("<unnamed>");
-        match &meta.namespace {
-            Some(ns) => format!("{} {ns}/{name}", self.kind()),
-            None => format!("{} {name}", self.kind()),
-        }
+        self.object_ref().to_string()
     }
 
     /// Create-time admission.

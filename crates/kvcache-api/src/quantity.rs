@@ -67,16 +67,62 @@ impl JsonSchema for Quantity {
     }
 }
 
+/// Why a quantity is not a whole count: each a sentence fragment a user can act on.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    /// Nothing was written.
+    #[error("it is empty")]
+    Empty,
+    /// A leading minus.
+    #[error("a quantity here cannot be negative")]
+    Negative,
+    /// No digits before the suffix.
+    #[error("it does not start with a number")]
+    NoNumber,
+    /// `m` on a byte size.
+    #[error("milli-units (m) are not whole bytes")]
+    MilliBytes,
+    /// `e`/`E` followed by something that is not an integer.
+    #[error("the exponent in {0:?} is not a whole number")]
+    Exponent(String),
+    /// A suffix Kubernetes does not know.
+    #[error("{0:?} is not a quantity suffix (use Ki, Mi, Gi, Ti, Pi, Ei or k, M, G, T, P, E)")]
+    Suffix(String),
+    /// Beyond 64 bits.
+    #[error("it is larger than a 64-bit count")]
+    TooLarge,
+    /// A fraction of the unit.
+    #[error("it is not a whole number of {0}")]
+    NotWhole(&'static str),
+}
+
+/// What a quantity counts.
+#[derive(Clone, Copy)]
+enum Unit {
+    Bytes,
+    Millicores,
+}
+
 /// Parses a Kubernetes quantity into a whole number of bytes.
-///
-/// The reason returned on failure is a sentence fragment a user can act on.
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub fn parse_bytes(text: &str) -> Result<u64, QuantityError> {
+    exact(text, Unit::Bytes)
+}
+
+/// Parses a CPU quantity (`500m`, `2`, `0.25`) into whole millicores, exactly (no floating point).
+pub fn parse_millicores(text: &str) -> Result<u64, QuantityError> {
+    exact(text, Unit::Millicores)
+}
+
+/// The one quantity parser: `value × suffix` computed exactly in u128, then required to be a
+/// whole number of the unit.
+fn exact(text: &str, unit: Unit) -> Result<u64, QuantityError> {
+    use QuantityError as E;
     let s = text;
     if s.is_empty() {
-        return Err("it is empty".into());
+        return Err(E::Empty);
     }
     if s.starts_with('-') {
-        return Err("a byte size cannot be negative".into());
+        return Err(E::Negative);
     }
     let s = s.strip_prefix('+').unwrap_or(s);
     let number_end = s
@@ -84,11 +130,10 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .unwrap_or(s.len());
     let (number, suffix) = s.split_at(number_end);
     if number.is_empty() || number == "." || number.matches('.').count() > 1 {
-        return Err("it does not start with a number".into());
+        return Err(E::NoNumber);
     }
     let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
 
-    // Value = (whole.frac) * base^exp, computed exactly in u128.
     let (base, exp): (u128, i32) = match suffix {
         "" => (10, 0),
         "Ki" => (1024, 1),
@@ -103,45 +148,49 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "T" => (10, 12),
         "P" => (10, 15),
         "E" => (10, 18),
-        "m" => return Err("milli-units (m) are not whole bytes".into()),
+        "m" => match unit {
+            Unit::Bytes => return Err(E::MilliBytes),
+            Unit::Millicores => (10, -3),
+        },
         other if other.starts_with(['e', 'E']) => {
             let e: i32 = other[1..]
                 .parse()
-                .map_err(|_| format!("the exponent in {other:?} is not a whole number"))?;
+                .map_err(|_| E::Exponent(other.to_owned()))?;
             (10, e)
         }
-        other => {
-            return Err(format!(
-                "{other:?} is not a quantity suffix (use Ki, Mi, Gi, Ti, Pi, Ei or k, M, G, T, P, E)"
-            ));
-        }
+        other => return Err(E::Suffix(other.to_owned())),
+    };
+    let scale: u128 = match unit {
+        Unit::Bytes => 1,
+        Unit::Millicores => 1000,
     };
 
-    let too_large = || "it is larger than a 64-bit byte count".to_string();
     let digits = format!("{whole}{frac}");
     let mut mantissa: u128 = 0;
     for d in digits.bytes() {
         mantissa = mantissa
             .checked_mul(10)
             .and_then(|m| m.checked_add(u128::from(d - b'0')))
-            .ok_or_else(too_large)?;
+            .ok_or(E::TooLarge)?;
     }
-    // Divide out the fractional digits, multiply in the suffix.
+    // Divide out the fractional digits, multiply in the suffix and the unit's scale.
     let mut denominator: u128 = 10u128
-        .checked_pow(u32::try_from(frac.len()).map_err(|_| too_large())?)
-        .ok_or_else(too_large)?;
-    let mut numerator = mantissa;
+        .checked_pow(u32::try_from(frac.len()).map_err(|_| E::TooLarge)?)
+        .ok_or(E::TooLarge)?;
+    let mut numerator = mantissa.checked_mul(scale).ok_or(E::TooLarge)?;
+    let factor = base.checked_pow(exp.unsigned_abs()).ok_or(E::TooLarge)?;
     if exp >= 0 {
-        let factor = base.checked_pow(exp.unsigned_abs()).ok_or_else(too_large)?;
-        numerator = numerator.checked_mul(factor).ok_or_else(too_large)?;
+        numerator = numerator.checked_mul(factor).ok_or(E::TooLarge)?;
     } else {
-        let factor = base.checked_pow(exp.unsigned_abs()).ok_or_else(too_large)?;
-        denominator = denominator.checked_mul(factor).ok_or_else(too_large)?;
+        denominator = denominator.checked_mul(factor).ok_or(E::TooLarge)?;
     }
     if !numerator.is_multiple_of(denominator) {
-        return Err("it is not a whole number of bytes".into());
+        return Err(E::NotWhole(match unit {
+            Unit::Bytes => "bytes",
+            Unit::Millicores => "millicores",
+        }));
     }
-    u64::try_from(numerator / denominator).map_err(|_| too_large())
+    u64::try_from(numerator / denominator).map_err(|_| E::TooLarge)
 }
 
 /// The shortest exact binary-suffixed spelling of a byte count.
@@ -203,9 +252,35 @@ mod tests {
             ("16Ei", "larger than"),
         ];
         for (text, fragment) in cases {
-            let err = parse_bytes(text).expect_err(text);
+            let err = parse_bytes(text).expect_err(text).to_string();
             assert!(err.contains(fragment), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn cpu_quantities_come_to_exact_millicores() {
+        for (text, want) in [
+            ("500m", 500),
+            ("2", 2000),
+            ("0.25", 250),
+            ("1.5k", 1_500_000),
+            ("0", 0),
+        ] {
+            assert_eq!(parse_millicores(text), Ok(want), "{text}");
+        }
+        assert_eq!(
+            parse_millicores("0.0001"),
+            Err(QuantityError::NotWhole("millicores"))
+        );
+        assert_eq!(
+            parse_millicores("1.5m"),
+            Err(QuantityError::NotWhole("millicores"))
+        );
+        assert_eq!(parse_millicores("-1"), Err(QuantityError::Negative));
+        assert_eq!(
+            parse_millicores("2 cores"),
+            Err(QuantityError::Suffix(" cores".into()))
+        );
     }
 
     #[test]

@@ -46,27 +46,63 @@ pub struct Timing {
 
 impl Timing {
     /// Whether the three values leave the safety margin the election needs.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TimingError> {
         if self.renew_deadline >= self.lease_duration {
-            return Err(format!(
-                "renew deadline ({:?}) must be shorter than the lease duration ({:?}): the old leader must stop before a standby may take over",
-                self.renew_deadline, self.lease_duration
-            ));
+            return Err(TimingError::DeadlineNotBelowDuration {
+                renew_deadline: self.renew_deadline,
+                lease_duration: self.lease_duration,
+            });
         }
         if self.retry_period >= self.renew_deadline {
-            return Err(format!(
-                "retry period ({:?}) must be shorter than the renew deadline ({:?}), or a single missed renewal stops the leader",
-                self.retry_period, self.renew_deadline
-            ));
+            return Err(TimingError::RetryNotBelowDeadline {
+                retry_period: self.retry_period,
+                renew_deadline: self.renew_deadline,
+            });
         }
         if self.lease_duration.as_secs() == 0 {
-            return Err(
-                "lease duration must be at least one second (the Lease counts whole seconds)"
-                    .into(),
-            );
+            return Err(TimingError::DurationBelowOneSecond);
+        }
+        if i32::try_from(self.lease_duration.as_secs()).is_err() {
+            return Err(TimingError::DurationTooLong {
+                lease_duration: self.lease_duration,
+            });
         }
         Ok(())
     }
+}
+
+/// Why a timing is unsafe.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TimingError {
+    /// The old leader would still serve when a standby may take over.
+    #[error(
+        "renew deadline ({renew_deadline:?}) must be shorter than the lease duration ({lease_duration:?}): the old leader must stop before a standby may take over"
+    )]
+    DeadlineNotBelowDuration {
+        /// `--renew-deadline`.
+        renew_deadline: Duration,
+        /// `--lease-duration`.
+        lease_duration: Duration,
+    },
+    /// One missed renewal would stop the leader.
+    #[error(
+        "retry period ({retry_period:?}) must be shorter than the renew deadline ({renew_deadline:?}), or a single missed renewal stops the leader"
+    )]
+    RetryNotBelowDeadline {
+        /// `--retry-period`.
+        retry_period: Duration,
+        /// `--renew-deadline`.
+        renew_deadline: Duration,
+    },
+    /// The Lease counts whole seconds.
+    #[error("lease duration must be at least one second (the Lease counts whole seconds)")]
+    DurationBelowOneSecond,
+    /// The Lease's seconds field is a 32-bit integer.
+    #[error("lease duration ({lease_duration:?}) does not fit the Lease's leaseDurationSeconds")]
+    DurationTooLong {
+        /// `--lease-duration`.
+        lease_duration: Duration,
+    },
 }
 
 /// What to do next.
@@ -305,10 +341,24 @@ mod tests {
             renew_deadline: Duration::from_secs(6),
             ..T
         };
+        assert!(matches!(
+            bad.check(),
+            Err(TimingError::DeadlineNotBelowDuration { .. })
+        ));
         assert!(
             bad.check()
                 .expect_err("refused")
+                .to_string()
                 .contains("shorter than the lease duration")
         );
+        let huge = Timing {
+            lease_duration: Duration::from_secs(u64::from(u32::MAX)),
+            renew_deadline: Duration::from_secs(4),
+            retry_period: Duration::from_secs(1),
+        };
+        assert!(matches!(
+            huge.check(),
+            Err(TimingError::DurationTooLong { .. })
+        ));
     }
 }

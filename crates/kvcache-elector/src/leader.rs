@@ -31,8 +31,6 @@ pub struct LeaderConfig {
     pub child_health_url: String,
     /// Where `/readyz` and `/healthz` are served.
     pub ready_addr: SocketAddr,
-    /// Label this Pod `mooncake.io/store-role=leader` while leading (needs `patch` on its Pod).
-    pub label_pod: bool,
     /// How long the master gets to exit on SIGTERM.
     pub stop_grace: Duration,
     /// The master's command line.
@@ -101,9 +99,6 @@ impl Campaign {
         }
         self.election.stand_by();
         self.set_ready(Readiness::not(format!("standby: {why}")));
-        if self.config.label_pod {
-            let _ = self.lease.label_pod(&self.config.identity, false).await;
-        }
     }
 
     async fn lead(&mut self) -> Result<(), Error> {
@@ -115,11 +110,6 @@ impl Campaign {
         info!(pid = ?child.pid(), program = child.program(), "leading: master started");
         self.child = Some(child);
         self.set_ready(Readiness::not("leading: waiting for the master to serve"));
-        if self.config.label_pod
-            && let Err(e) = self.lease.label_pod(&self.config.identity, true).await
-        {
-            warn!(error = %e, "cannot label this Pod as the leader (needs patch on pods); the Service still selects by readiness");
-        }
         Ok(())
     }
 
@@ -233,9 +223,9 @@ impl Campaign {
 
 /// Runs a leader elector until SIGTERM (exit 0, Lease released) or the master's exit (error).
 pub async fn run(config: LeaderConfig) -> Result<(), Error> {
-    config.timing.check().map_err(Error::Config)?;
+    config.timing.check()?;
     if config.command.is_empty() {
-        return Err(Error::Config("no master command after --".into()));
+        return Err(Error::NoCommand { role: "master" });
     }
     let client = kube::Client::try_default().await?;
     let lease = LeaseClient::new(client, &config.namespace, &config.lease);
@@ -250,9 +240,8 @@ pub async fn run(config: LeaderConfig) -> Result<(), Error> {
         ready: tx,
         last_error: None,
     };
-    let mut term = signal(SignalKind::terminate()).map_err(|e| Error::Config(e.to_string()))?;
-    let mut interrupt =
-        signal(SignalKind::interrupt()).map_err(|e| Error::Config(e.to_string()))?;
+    let mut term = signal(SignalKind::terminate()).map_err(Error::Signal)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(Error::Signal)?;
     let mut tick = tokio::time::interval(campaign.config.timing.retry_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // A new leader's master is usually serving within a fraction of a second: look more often

@@ -3,18 +3,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::{Client, Error as KubeError};
 
 use crate::election::LeaseRecord;
 
 /// The Lease annotation where the holder publishes its store address.
 pub const ADDRESS_ANNOTATION: &str = "kvcache.gpustack.ai/leader-address";
-/// The label the serving leader's Pod carries.
-pub const ROLE_LABEL: &str = "mooncake.io/store-role";
 
 /// Why a Lease call failed.
 #[derive(Debug, thiserror::Error)]
@@ -52,12 +49,12 @@ pub enum LeaseError {
 #[derive(Clone)]
 pub struct LeaseClient {
     api: Api<Lease>,
-    pods: Api<Pod>,
     name: String,
     namespace: String,
 }
 
-fn to_record(lease: &Lease) -> LeaseRecord {
+/// The election's view of a Lease object.
+pub fn to_record(lease: &Lease) -> LeaseRecord {
     let spec = lease.spec.clone().unwrap_or_default();
     LeaseRecord {
         holder: spec.holder_identity,
@@ -77,8 +74,7 @@ impl LeaseClient {
     /// The Lease `name` in `namespace`.
     pub fn new(client: Client, namespace: &str, name: &str) -> Self {
         LeaseClient {
-            api: Api::namespaced(client.clone(), namespace),
-            pods: Api::namespaced(client, namespace),
+            api: Api::namespaced(client, namespace),
             name: name.to_owned(),
             namespace: namespace.to_owned(),
         }
@@ -99,6 +95,16 @@ impl LeaseClient {
                 source: e,
             },
         }
+    }
+
+    /// The Lease API in its namespace (for watching the one Lease).
+    pub fn api(&self) -> &Api<Lease> {
+        &self.api
+    }
+
+    /// The Lease's name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The Lease, or `None` when it does not exist.
@@ -150,19 +156,5 @@ impl LeaseClient {
                 .map_err(|e| self.fail("update", e))?,
         };
         Ok(to_record(&written))
-    }
-
-    /// Sets or clears the leader label on a Pod (best effort: the Service selects by readiness).
-    pub async fn label_pod(&self, pod: &str, leader: bool) -> Result<(), KubeError> {
-        let value = if leader {
-            serde_json::json!("leader")
-        } else {
-            serde_json::Value::Null
-        };
-        let patch = serde_json::json!({"metadata": {"labels": {ROLE_LABEL: value}}});
-        self.pods
-            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(|_| ())
     }
 }

@@ -17,14 +17,29 @@ pub mod lease;
 pub mod member;
 pub mod ready;
 
-pub use election::{Election, LeaseRecord, Plan, Timing};
+pub use election::{Election, LeaseRecord, Plan, Timing, TimingError};
 
 /// What ends an elector.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The configuration is unusable.
+    /// The election timing is unsafe.
     #[error("configuration: {0}")]
-    Config(String),
+    Timing(#[from] election::TimingError),
+    /// Nothing to run after `--`.
+    #[error("configuration: no {role} command after --")]
+    NoCommand {
+        /// `master` or `member`.
+        role: &'static str,
+    },
+    /// A signal handler could not be installed.
+    #[error("cannot listen for signals: {0}")]
+    Signal(std::io::Error),
+    /// The member's Lease watch ended.
+    #[error("the watch on Lease {lease} ended")]
+    WatchEnded {
+        /// The Lease.
+        lease: String,
+    },
     /// No Kubernetes client could be built.
     #[error("cannot reach the API server: {0}")]
     Client(#[from] kube::Error),

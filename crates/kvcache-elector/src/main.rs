@@ -90,9 +90,6 @@ struct LeaderArgs {
         default_value = "0.0.0.0:8090"
     )]
     ready_addr: SocketAddr,
-    /// Label this Pod `mooncake.io/store-role=leader` while leading (needs patch on its Pod).
-    #[arg(long, env = "KVCACHE_ELECTOR_LABEL_POD", default_value_t = false)]
-    label_pod: bool,
     /// The master's command line.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -114,7 +111,8 @@ struct MemberArgs {
     command: Vec<String>,
 }
 
-/// `500ms`, `2s`, `1m` or a bare number of seconds.
+/// `500ms`, `2s`, `1m` or a bare number of seconds. Written here rather than with kube's
+/// `Duration` parser, which panics on a number too large for a `Duration` (`mul_f64`).
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let (number, unit) = t
@@ -129,10 +127,8 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" => value * 60.0,
         _ => return Err(format!("{text:?}: the unit must be ms, s or m")),
     };
-    if !seconds.is_finite() || seconds < 0.0 {
-        return Err(format!("{text:?} is not a positive duration"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
+    Duration::try_from_secs_f64(seconds)
+        .map_err(|_| format!("{text:?} is not a duration this elector can count (too large)"))
 }
 
 #[tokio::main]
@@ -168,7 +164,6 @@ async fn main() -> ExitCode {
                 },
                 child_health_url: a.child_health_url,
                 ready_addr: a.ready_addr,
-                label_pod: a.label_pod,
                 stop_grace: a.common.stop_grace,
                 command: a.command,
             })
@@ -221,5 +216,8 @@ mod tests {
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
         assert!(parse_duration("1h").is_err());
         assert!(parse_duration("x").is_err());
+        assert!(parse_duration("99999999999999999999999999999999s").is_err());
+        assert!(parse_duration("184467440737095516160000m").is_err());
+        assert!(parse_duration("").is_err());
     }
 }

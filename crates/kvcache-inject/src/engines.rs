@@ -230,22 +230,30 @@ pub const RESERVED_ENV: &[&str] = &[
 ];
 
 /// The row for an engine name and an optional manufacturer (`ascend` selects vLLM-Ascend).
-pub fn row(engine: EngineName, manufacturer: Option<&str>) -> Result<&'static EngineRow, String> {
+pub fn row(
+    engine: EngineName,
+    manufacturer: Option<&str>,
+) -> Result<&'static EngineRow, crate::Error> {
     let which = match (engine, manufacturer) {
         (EngineName::Vllm, None) => Engine::Vllm,
         (EngineName::Vllm, Some("ascend")) => Engine::VllmAscend,
         (EngineName::Sglang, None) => Engine::Sglang,
         (EngineName::Sglang, Some("ascend")) => {
-            return Err("manufacturer ascend applies to vLLM only (it selects vLLM-Ascend); remove it for SGLang".into());
+            return Err(crate::Error::refused(
+                "AscendNeedsVllm",
+                "manufacturer ascend applies to vLLM only (it selects vLLM-Ascend); remove it for SGLang",
+            ));
         }
         (_, Some(other)) => {
-            return Err(format!(
-                "manufacturer {other:?} is not known: the only value is ascend, with engine vLLM"
+            return Err(crate::Error::refused(
+                "UnknownManufacturer",
+                format!(
+                    "manufacturer {other:?} is not known: the only value is ascend, with engine vLLM"
+                ),
             ));
         }
     };
-    ENGINES
-        .iter()
-        .find(|r| r.engine == which)
-        .ok_or_else(|| format!("no injection row for {which:?}"))
+    ENGINES.iter().find(|r| r.engine == which).ok_or_else(|| {
+        crate::Error::refused("NoInjectionRow", format!("no injection row for {which:?}"))
+    })
 }

@@ -45,16 +45,12 @@ fn e_the_ledger_must_be_settled() {
 fn f_x_engine_manufacturer_and_role() {
     use kvcache_api::model::EngineName;
     use kvcache_inject::engines::row;
-    assert!(
-        row(EngineName::Sglang, Some("ascend"))
-            .expect_err("refused")
-            .contains("vLLM only")
-    );
-    assert!(
-        row(EngineName::Vllm, Some("nvidia"))
-            .expect_err("refused")
-            .contains("only value is ascend")
-    );
+    let err = row(EngineName::Sglang, Some("ascend")).expect_err("refused");
+    assert_eq!(err.reason(), "AscendNeedsVllm");
+    assert!(err.to_string().contains("vLLM only"), "{err}");
+    let err = row(EngineName::Vllm, Some("nvidia")).expect_err("refused");
+    assert_eq!(err.reason(), "UnknownManufacturer");
+    assert!(err.to_string().contains("only value is ascend"), "{err}");
     assert_eq!(
         parse_role(Some("Server")).expect_err("refused").reason(),
         "InvalidRole"

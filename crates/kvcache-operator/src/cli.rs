@@ -67,6 +67,9 @@ pub enum CliError {
     /// A manifest that cannot be parsed.
     #[error(transparent)]
     Api(#[from] kvcache_api::Error),
+    /// A rendered object could not be written as YAML.
+    #[error("cannot write a rendered object as YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
     /// Writing to standard output failed.
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
@@ -103,12 +106,13 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
             };
             match kvcache_render::resolve::render_all(&objects, &env) {
                 Ok(docs) => {
-                    for (i, d) in docs.iter().enumerate() {
-                        if i > 0 {
-                            writeln!(out, "---")?;
-                        }
-                        write!(out, "{}", serde_yaml::to_string(d).unwrap_or_default())?;
-                    }
+                    // Serialise everything first: a failure prints nothing rather than a
+                    // partial or empty document.
+                    let texts = docs
+                        .iter()
+                        .map(serde_yaml::to_string)
+                        .collect::<Result<Vec<_>, _>>()?;
+                    write!(out, "{}", texts.join("---\n"))?;
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(errors) => {
@@ -190,85 +194,29 @@ pub fn load(path: &Path) -> Result<Vec<Manifest>, CliError> {
     Ok(out)
 }
 
-/// The owned-key rules on each attached, non-take-over role (kvcache-inject's table).
-fn role_keys(md: &kvcache_api::ModelDeployment, settings: &Settings) -> Vec<String> {
-    if md.spec.kv_cache.is_none() {
-        return Vec::new();
-    }
-    let Ok(row) = kvcache_inject::engines::row(md.spec.engine.name, None) else {
-        return Vec::new();
-    };
-    md.spec
-        .roles
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.command.is_empty())
-        .filter_map(|(i, r)| {
-            kvcache_inject::check_role_keys(
-                row,
-                &r.extra_args,
-                &r.env,
-                settings.kv_cache_dtype_owned,
-            )
-            .err()
-            .map(|e| format!("spec.roles[{i}]: {e}"))
-        })
-        .collect()
-}
-
-/// Judges every manifest (as an update where `old` holds the same object) and prints the
-/// outcome. Returns whether anything was refused.
+/// Judges every manifest (as an update where `old` holds the same object) with the same pure
+/// judgement the admission webhook makes, and prints the outcome. Returns whether anything was
+/// refused.
 pub fn validate(
     new: &[Manifest],
     old: &[Manifest],
     settings: &Settings,
     out: &mut impl Write,
 ) -> Result<bool, CliError> {
+    let reviews = kvcache_render::review::review_manifests(new, old, settings);
     let mut refused = false;
-    let all: Vec<manifest::Object> = new.iter().map(|m| m.object.clone()).collect();
-    let cross = kvcache_quota::claims::cross_object(&all);
-    for m in new {
-        let what = m.object.describe();
-        let previous = old.iter().find(|o| o.object.describe() == what);
-        let verdict = match previous.and_then(|o| m.object.validate_update(&o.object, settings)) {
-            Some(v) => v,
-            None => m.object.validate_create(settings),
-        };
-        let mode = if previous.is_some() {
-            "update"
-        } else {
-            "create"
-        };
-        let mut strict = Vec::new();
-        if let manifest::Object::ModelDeployment(md) = &m.object {
-            strict.extend(role_keys(md, settings));
+    for (m, r) in new.iter().zip(&reviews) {
+        let verdict = if r.allowed() { "ok     " } else { "refused" };
+        refused |= !r.allowed();
+        writeln!(
+            out,
+            "{verdict}  {} ({}, {}#{})",
+            r.object, r.mode, m.source, m.index
+        )?;
+        for refusal in &r.refusals {
+            writeln!(out, "  - {refusal}")?;
         }
-        let mut warnings = verdict.warnings.clone();
-        for f in cross.iter().filter(|f| f.object == what) {
-            if f.refused {
-                strict.push(f.message.clone());
-            } else {
-                warnings.push(f.message.clone());
-            }
-        }
-        for field in &m.unknown_fields {
-            strict.push(format!(
-                "{field}: unknown field (strict decoding error); the API server would drop it"
-            ));
-        }
-        if verdict.allowed() && strict.is_empty() {
-            writeln!(out, "ok       {what} ({mode}, {}#{})", m.source, m.index)?;
-        } else {
-            refused = true;
-            writeln!(out, "refused  {what} ({mode}, {}#{})", m.source, m.index)?;
-        }
-        for line in strict {
-            writeln!(out, "  - {line}")?;
-        }
-        for v in &verdict.violations {
-            writeln!(out, "  - {v}")?;
-        }
-        for w in &warnings {
+        for w in &r.warnings {
             writeln!(out, "  warning: {w}")?;
         }
     }

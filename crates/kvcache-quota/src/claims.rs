@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use kvcache_api::manifest::{Object, ObjectRef};
+
 /// One Binding's claim on a tenant of a backend.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Claim {
@@ -91,6 +93,18 @@ pub fn pool_warning(pool: &str, backend: &kvcache_api::KVCacheBackend) -> Option
     })
 }
 
+/// A second domain on a backend whose master keeps no ledger (catalogue 2.3.4).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "KVCacheBackend {backend} keeps no tenant ledger (multi-tenancy off), so it can serve only one reuse domain and already serves {serves:?}; use that domain, or a backend with multi-tenancy"
+)]
+pub struct SecondDomainWithoutLedger {
+    /// The backend.
+    pub backend: String,
+    /// The domain it already serves.
+    pub serves: String,
+}
+
 /// Binding admission (catalogue 2.3.4): a second distinct domain on a backend. Refused when the
 /// master is known to keep no ledger (it would mix both domains in one tenant); a warning when
 /// the ledger's state is not known.
@@ -99,57 +113,74 @@ pub fn second_domain(
     ledger: Option<bool>,
     tenants_on_backend: &[String],
     candidate: &str,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, SecondDomainWithoutLedger> {
     let distinct = tenants_on_backend.iter().any(|t| t != candidate);
     match (distinct, ledger) {
         (false, _) | (true, Some(true)) => Ok(None),
-        (true, Some(false)) => Err(format!(
-            "KVCacheBackend {backend} keeps no tenant ledger (multi-tenancy off), so it can serve only one reuse domain and already serves {:?}; use that domain, or a backend with multi-tenancy",
-            tenants_on_backend
-                .first()
-                .map(String::as_str)
-                .unwrap_or_default()
-        )),
+        (true, Some(false)) => Err(SecondDomainWithoutLedger {
+            backend: backend.to_owned(),
+            serves: tenants_on_backend.first().cloned().unwrap_or_default(),
+        }),
         (true, None) => Ok(Some(format!(
             "tenant support of KVCacheBackend {backend} is unproven (its ledger has not been read): a second domain needs a multi-tenant master, and engine images that forward the tenant id"
         ))),
     }
 }
 
-/// A cross-object finding on a set of manifests (what the admission webhook judges against the
-/// cluster, judged here against the manifests given together).
+/// What a cross-object finding is, in the API server's cause vocabulary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FindingKind {
+    /// Admitted with a warning.
+    Warning,
+    /// `FieldValueDuplicate`: a name already held.
+    Duplicate,
+    /// `FieldValueForbidden`: not allowed given other objects.
+    Forbidden,
+}
+
+/// A cross-object finding on a set of objects (what the admission webhook judges against the
+/// cluster, judged here against the objects given together).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Finding {
-    /// `kind namespace/name` of the object judged.
-    pub object: String,
-    /// A refusal (else a warning).
-    pub refused: bool,
+    /// The object judged.
+    pub object: ObjectRef,
+    /// The field the finding is about (`spec.domain.name`).
+    pub field: &'static str,
+    /// A warning or a refusal of some kind.
+    pub kind: FindingKind,
     /// What and why.
     pub message: String,
 }
 
+impl Finding {
+    /// Whether the finding refuses the object.
+    pub fn refused(&self) -> bool {
+        self.kind != FindingKind::Warning
+    }
+}
+
 /// Domain claims per backend (2.3.3), the pool warning for a single-tenant backend (2.2.3) and
-/// a second domain on a backend without a ledger (2.3.4), over manifests given together.
+/// a second domain on a backend without a ledger (2.3.4), over objects given together.
 /// Bindings are judged in the order given: a later claim on a held name is the duplicate.
-pub fn cross_object(objects: &[kvcache_api::manifest::Object]) -> Vec<Finding> {
-    use kvcache_api::manifest::Object;
+pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
     let mut out = Vec::new();
-    let backends: std::collections::BTreeMap<String, &kvcache_api::KVCacheBackend> = objects
+    let backends: BTreeMap<String, &kvcache_api::KVCacheBackend> = objects
         .iter()
         .filter_map(|o| match o {
             Object::Backend(b) => Some((b.metadata.name.clone().unwrap_or_default(), &**b)),
             _ => None,
         })
         .collect();
-    let mut pool_backend = std::collections::BTreeMap::new();
+    let mut pool_backend = BTreeMap::new();
     for o in objects {
         if let Object::Pool(p) = o {
             let name = p.metadata.name.clone().unwrap_or_default();
             let backend = p.spec.backend().unwrap_or_default().to_owned();
             if let Some(w) = backends.get(&backend).and_then(|b| pool_warning(&name, b)) {
                 out.push(Finding {
-                    object: o.describe(),
-                    refused: false,
+                    object: o.object_ref(),
+                    field: "spec.backends",
+                    kind: FindingKind::Warning,
                     message: w,
                 });
             }
@@ -174,9 +205,10 @@ pub fn cross_object(objects: &[kvcache_api::manifest::Object]) -> Vec<Finding> {
         };
         if let Err(dup) = check(&claims, &claim) {
             out.push(Finding {
-                object: o.describe(),
-                refused: true,
-                message: format!("spec.domain.name: Duplicate: {dup}"),
+                object: o.object_ref(),
+                field: "spec.domain.name",
+                kind: FindingKind::Duplicate,
+                message: dup.to_string(),
             });
             continue;
         }
@@ -191,16 +223,18 @@ pub fn cross_object(objects: &[kvcache_api::manifest::Object]) -> Vec<Finding> {
             .collect();
         match second_domain(backend, ledger, &tenants, &claim.tenant) {
             Ok(Some(w)) => out.push(Finding {
-                object: o.describe(),
-                refused: false,
+                object: o.object_ref(),
+                field: "spec.domain.name",
+                kind: FindingKind::Warning,
                 message: w,
             }),
             Ok(None) => {}
             Err(e) => {
                 out.push(Finding {
-                    object: o.describe(),
-                    refused: true,
-                    message: format!("spec.domain.name: {e}"),
+                    object: o.object_ref(),
+                    field: "spec.domain.name",
+                    kind: FindingKind::Forbidden,
+                    message: e.to_string(),
                 });
                 continue;
             }

@@ -76,7 +76,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn a_grant_never_exceeds_its_ceiling_and_the_total_never_exceeds_capacity(
+        fn a_grant_never_exceeds_its_ceiling_and_an_oversubscribed_recut_hands_out_exactly_the_capacity(
             capacity in any::<u64>(),
             requests in prop::collection::vec(any::<u64>(), 0..8),
         ) {
@@ -89,7 +89,9 @@ mod tests {
             }
             let sum: u128 = requests.iter().map(|r| u128::from(*r)).sum();
             if sum > u128::from(capacity) {
-                prop_assert!(total <= u128::from(capacity));
+                prop_assert_eq!(total, u128::from(capacity), "oversubscribed: the grants add up to the capacity");
+            } else {
+                prop_assert_eq!(total, sum, "ceilings that fit are granted whole");
             }
         }
     }

@@ -406,6 +406,7 @@ fn admission_helpers() {
     assert!(
         second_domain("old-store", Some(false), &tenants, "chat")
             .expect_err("refused")
+            .to_string()
             .contains("one reuse domain")
     );
     assert!(

@@ -219,22 +219,13 @@ pub fn render(inputs: &BackendInputs<'_>) -> Result<BackendObjects, Error> {
             ns,
             &leader,
             "leader",
-            vec![
-                PolicyRule {
-                    api_groups: Some(vec!["coordination.k8s.io".into()]),
-                    resources: Some(vec!["leases".into()]),
-                    resource_names: Some(vec![leader.clone()]),
-                    verbs: vec!["get".into(), "update".into()],
-                    ..Default::default()
-                },
-                // Pod names are not known in advance; the elector patches only its own Pod's label.
-                PolicyRule {
-                    api_groups: Some(vec![String::new()]),
-                    resources: Some(vec!["pods".into()]),
-                    verbs: vec!["patch".into()],
-                    ..Default::default()
-                },
-            ],
+            vec![PolicyRule {
+                api_groups: Some(vec!["coordination.k8s.io".into()]),
+                resources: Some(vec!["leases".into()]),
+                resource_names: Some(vec![leader.clone()]),
+                verbs: vec!["get".into(), "update".into()],
+                ..Default::default()
+            }],
         );
         if lease_members {
             let member_sa = names::object(&name, "member");
@@ -248,7 +239,8 @@ pub fn render(inputs: &BackendInputs<'_>) -> Result<BackendObjects, Error> {
                     api_groups: Some(vec!["coordination.k8s.io".into()]),
                     resources: Some(vec!["leases".into()]),
                     resource_names: Some(vec![leader.clone()]),
-                    verbs: vec!["get".into()],
+                    // A watch with a `metadata.name` field selector is authorized by name.
+                    verbs: vec!["get".into(), "list".into(), "watch".into()],
                     ..Default::default()
                 }],
             );

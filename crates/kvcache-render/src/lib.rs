@@ -8,6 +8,7 @@ pub mod install;
 pub mod model;
 pub mod names;
 pub mod resolve;
+pub mod review;
 
 use sha2::{Digest, Sha256};
 
@@ -30,9 +31,73 @@ pub enum Error {
         /// The refusal.
         source: kvcache_inject::Error,
     },
-    /// A reference that does not resolve.
-    #[error("{0}")]
-    Unresolved(String),
+    /// A reference to an object that does not exist.
+    #[error("{referrer}: {field} names {kind} {name}, which does not exist{hint}")]
+    Missing {
+        /// The object holding the reference.
+        referrer: Box<kvcache_api::manifest::ObjectRef>,
+        /// The referring field.
+        field: &'static str,
+        /// The kind named.
+        kind: &'static str,
+        /// The name (`namespace/name` for a namespaced kind).
+        name: String,
+        /// What to do, starting with `; ` (or empty).
+        hint: &'static str,
+    },
+    /// A managed backend with no store image anywhere.
+    #[error(
+        "KVCacheBackend {backend}: no store image (spec.image is unset and the kv-cache-backend-image setting is empty); set one of them"
+    )]
+    NoStoreImage {
+        /// The backend.
+        backend: String,
+    },
+    /// A backend that sets neither connection.
+    #[error("KVCacheBackend {backend}: spec.connection sets neither managed nor external")]
+    NoConnection {
+        /// The backend.
+        backend: String,
+    },
+    /// An InstanceType CPU figure that is not a CPU quantity.
+    #[error(
+        "InstanceType {instance_type} spec.resources.cpu {value:?} is not a CPU quantity: {source}; write cores (2, 0.5) or millicores (500m)"
+    )]
+    Cpu {
+        /// The InstanceType.
+        instance_type: String,
+        /// The value as written.
+        value: String,
+        /// Why.
+        source: kvcache_api::quantity::QuantityError,
+    },
+    /// The backend's tenant policy document was refused.
+    #[error(transparent)]
+    Policy(#[from] kvcache_quota::Error),
+    /// A rendered object that could not be written as YAML.
+    #[error("{object}: cannot be written as YAML: {message}")]
+    Yaml {
+        /// `kind name` of the object.
+        object: String,
+        /// The serialiser's message.
+        message: String,
+    },
+}
+
+impl Error {
+    /// A CamelCase reason a condition can carry.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Api(_) => "InvalidQuantity",
+            Error::Injection { source, .. } => source.reason(),
+            Error::Missing { .. } => "ReferenceNotFound",
+            Error::NoStoreImage { .. } => "NoStoreImage",
+            Error::NoConnection { .. } => "NoConnection",
+            Error::Cpu { .. } => "InvalidCPU",
+            Error::Policy(_) => "PolicyRefused",
+            Error::Yaml { .. } => "SerializationFailed",
+        }
+    }
 }
 
 /// The fingerprint of a Pod template: its JSON without the node selector (widening a selector

@@ -12,7 +12,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvcache_api::backend::Protocol;
+use kvcache_api::manifest::ObjectRef;
 use kvcache_api::model::{EngineName, InstanceType, ModelDeployment, Role, RoleKind};
+use kvcache_api::quantity::parse_millicores;
 use kvcache_inject::{
     CLIENT_CONFIG_ANNOTATION, INJECTED_ANNOTATION, LOCAL_BUFFER_BYTES, Ledger, Request, Source,
 };
@@ -80,17 +82,6 @@ pub fn runner_image(engine: EngineName, version: &str, manufacturer: Option<&str
         EngineName::Sglang => "sglang",
     };
     format!("gpustack/runner:{backend}-{engine}{version}")
-}
-
-fn millicores(q: &str) -> Option<u64> {
-    match q.strip_suffix('m') {
-        Some(m) => m.parse().ok(),
-        None => q
-            .parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite() && *v >= 0.0)
-            .map(|v| (v * 1000.0).round() as u64),
-    }
 }
 
 fn labels(md: &str, role: &str) -> BTreeMap<String, String> {
@@ -176,12 +167,16 @@ fn role_deployment(
     role: &Role,
 ) -> Result<Deployment, Error> {
     let md = inputs.deployment;
-    let it = inputs.instance_types.get(&role.instance_type).ok_or_else(|| {
-        Error::Unresolved(format!(
-            "ModelDeployment {ns}/{name} role {} names InstanceType {}, which does not exist (kubectl get instancetype)",
-            role.name, role.instance_type
-        ))
-    })?;
+    let it = inputs
+        .instance_types
+        .get(&role.instance_type)
+        .ok_or_else(|| Error::Missing {
+            referrer: Box::new(ObjectRef::new("ModelDeployment", &md.metadata)),
+            field: "spec.roles[].instanceType",
+            kind: "InstanceType",
+            name: role.instance_type.clone(),
+            hint: "; kubectl get instancetype lists those that do",
+        })?;
     let manufacturer = it
         .spec
         .accelerator
@@ -198,11 +193,10 @@ fn role_deployment(
         "InstanceType {}.spec.resources.memory",
         role.instance_type
     ))?;
-    let cpu = millicores(&it.spec.resources.cpu.0).ok_or_else(|| {
-        Error::Unresolved(format!(
-            "InstanceType {} spec.resources.cpu {:?} is not a CPU quantity",
-            role.instance_type, it.spec.resources.cpu.0
-        ))
+    let cpu = parse_millicores(&it.spec.resources.cpu.0).map_err(|source| Error::Cpu {
+        instance_type: role.instance_type.clone(),
+        value: it.spec.resources.cpu.0.clone(),
+        source,
     })?;
     let engine = md.spec.engine.name;
     let version = md.spec.engine.version.clone().unwrap_or_default();
@@ -288,7 +282,11 @@ fn role_deployment(
     let mut annotations = BTreeMap::new();
     if let (Some(att), false) = (inputs.attachment, take_over) {
         let row = kvcache_inject::engines::row(engine, manufacturer.filter(|m| *m == "ascend"))
-            .map_err(Error::Unresolved)?;
+            .map_err(|source| Error::Injection {
+                deployment: format!("{ns}/{name}"),
+                role: role.name.clone(),
+                source,
+            })?;
         let req = Request {
             source: Source::ModelDeployment,
             engine: row,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use kvcache_api::admission::tenant_of;
 use kvcache_api::backend::Protocol;
-use kvcache_api::manifest::Object;
+use kvcache_api::manifest::{Object, ObjectRef};
 use kvcache_api::model::InstanceType;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment, Settings};
 use kvcache_inject::Ledger;
@@ -85,8 +85,28 @@ pub fn store_image<'a>(b: &'a KVCacheBackend, settings: &'a Settings) -> Option<
     b.spec.image.as_deref().or(settings.backend_image())
 }
 
-fn to_docs<T: Serialize>(docs: &mut Vec<serde_yaml::Value>, objects: &[T]) {
-    docs.extend(objects.iter().filter_map(|o| serde_yaml::to_value(o).ok()));
+fn to_docs<
+    T: Serialize
+        + k8s_openapi::Resource
+        + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+>(
+    docs: &mut Vec<serde_yaml::Value>,
+    errors: &mut Vec<Error>,
+    objects: &[T],
+) {
+    for o in objects {
+        match serde_yaml::to_value(o) {
+            Ok(v) => docs.push(v),
+            Err(e) => errors.push(Error::Yaml {
+                object: format!(
+                    "{} {}",
+                    T::KIND,
+                    o.metadata().name.as_deref().unwrap_or_default()
+                ),
+                message: e.to_string(),
+            }),
+        }
+    }
 }
 
 /// Renders every object the operator would create for `objects`; errors name what does not resolve.
@@ -102,7 +122,9 @@ pub fn render_all(
             continue;
         }
         let Some(image) = store_image(b, env.settings) else {
-            errors.push(Error::Unresolved(format!("KVCacheBackend {name}: no store image (spec.image is unset and the kv-cache-backend-image setting is empty)")));
+            errors.push(Error::NoStoreImage {
+                backend: name.clone(),
+            });
             continue;
         };
         let mut ceilings = Vec::new();
@@ -129,7 +151,7 @@ pub fn render_all(
         let doc = match policy::render(name, &ceilings) {
             Ok(d) => d,
             Err(e) => {
-                errors.push(Error::Unresolved(e.to_string()));
+                errors.push(e.into());
                 continue;
             }
         };
@@ -141,14 +163,14 @@ pub fn render_all(
             policy: Some(&doc),
         }) {
             Ok(o) => {
-                to_docs(&mut docs, &o.service_accounts);
-                to_docs(&mut docs, &o.roles);
-                to_docs(&mut docs, &o.role_bindings);
-                to_docs(&mut docs, o.lease.as_slice());
-                to_docs(&mut docs, o.config_map.as_slice());
-                to_docs(&mut docs, o.deployment.as_slice());
-                to_docs(&mut docs, o.service.as_slice());
-                to_docs(&mut docs, &o.daemon_sets);
+                to_docs(&mut docs, &mut errors, &o.service_accounts);
+                to_docs(&mut docs, &mut errors, &o.roles);
+                to_docs(&mut docs, &mut errors, &o.role_bindings);
+                to_docs(&mut docs, &mut errors, o.lease.as_slice());
+                to_docs(&mut docs, &mut errors, o.config_map.as_slice());
+                to_docs(&mut docs, &mut errors, o.deployment.as_slice());
+                to_docs(&mut docs, &mut errors, o.service.as_slice());
+                to_docs(&mut docs, &mut errors, &o.daemon_sets);
             }
             Err(e) => errors.push(e),
         }
@@ -159,15 +181,12 @@ pub fn render_all(
             .namespace
             .clone()
             .unwrap_or_else(|| "default".into());
-        let md_name = md.metadata.name.clone().unwrap_or_default();
         let attachment = match &md.spec.kv_cache {
             None => None,
-            Some(kv) => match attachment(&ix, &ns, &kv.pool_ref.name, env) {
+            Some(kv) => match attachment(&ix, md, &ns, &kv.pool_ref.name, env) {
                 Ok(a) => Some(a),
-                Err(why) => {
-                    errors.push(Error::Unresolved(format!(
-                        "ModelDeployment {ns}/{md_name}: {why}"
-                    )));
+                Err(e) => {
+                    errors.push(e);
                     continue;
                 }
             },
@@ -178,8 +197,8 @@ pub fn render_all(
             attachment: attachment.as_ref(),
         }) {
             Ok(o) => {
-                to_docs(&mut docs, &o.deployments);
-                to_docs(&mut docs, &o.services);
+                to_docs(&mut docs, &mut errors, &o.deployments);
+                to_docs(&mut docs, &mut errors, &o.services);
             }
             Err(e) => errors.push(e),
         }
@@ -193,28 +212,40 @@ pub fn render_all(
 
 fn attachment(
     ix: &Index<'_>,
+    md: &ModelDeployment,
     ns: &str,
     binding: &str,
     env: &Environment<'_>,
-) -> Result<Attachment, String> {
+) -> Result<Attachment, Error> {
     let b = ix
         .bindings
         .get(&(ns.to_owned(), binding.to_owned()))
-        .ok_or_else(|| {
-            format!(
-                "spec.kvCache.poolRef names KVCachePoolBinding {ns}/{binding}, which does not exist"
-            )
+        .ok_or_else(|| Error::Missing {
+            referrer: Box::new(ObjectRef::new("ModelDeployment", &md.metadata)),
+            field: "spec.kvCache.poolRef.name",
+            kind: "KVCachePoolBinding",
+            name: format!("{ns}/{binding}"),
+            hint: "; name a KVCachePoolBinding in the ModelDeployment's own namespace",
         })?;
     let pool_name = &b.spec.pool_ref.name;
-    let pool = ix.pools.get(pool_name).ok_or_else(|| {
-        format!(
-            "KVCachePoolBinding {ns}/{binding} names KVCachePool {pool_name}, which does not exist"
-        )
+    let pool = ix.pools.get(pool_name).ok_or_else(|| Error::Missing {
+        referrer: Box::new(ObjectRef::new("KVCachePoolBinding", &b.metadata)),
+        field: "spec.poolRef.name",
+        kind: "KVCachePool",
+        name: pool_name.clone(),
+        hint: "",
     })?;
     let backend_name = pool.spec.backend().unwrap_or_default();
-    let backend = ix.backends.get(backend_name).ok_or_else(|| {
-        format!("KVCachePool {pool_name} names KVCacheBackend {backend_name}, which does not exist")
-    })?;
+    let backend = ix
+        .backends
+        .get(backend_name)
+        .ok_or_else(|| Error::Missing {
+            referrer: Box::new(ObjectRef::new("KVCachePool", &pool.metadata)),
+            field: "spec.backends[0]",
+            kind: "KVCacheBackend",
+            name: backend_name.to_owned(),
+            hint: "",
+        })?;
     let (endpoint, protocols, ledger, version) = match (
         &backend.spec.connection.managed,
         &backend.spec.connection.external,
@@ -241,9 +272,9 @@ fn attachment(
             None,
         ),
         (None, None) => {
-            return Err(format!(
-                "KVCacheBackend {backend_name} sets neither managed nor external"
-            ));
+            return Err(Error::NoConnection {
+                backend: backend_name.to_owned(),
+            });
         }
     };
     Ok(Attachment {

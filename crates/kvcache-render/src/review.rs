@@ -1,0 +1,228 @@
+//! The admission judgement of objects, as one pure decision that both the offline
+//! `kvcache-operator validate` and the admission webhook make: single-object admission
+//! (`kvcache-api`), cross-object claims (`kvcache-quota`), owned keys on attached roles
+//! (`kvcache-inject`) and unknown fields.
+//!
+//! It lives here because this is the one pure crate that already sees all three rule sources;
+//! a crate of its own would repeat this crate's dependencies for one module.
+
+use std::fmt;
+
+use kvcache_api::Settings;
+use kvcache_api::admission::Verdict;
+use kvcache_api::manifest::{Manifest, Object, ObjectRef};
+use kvcache_quota::claims::{self, FindingKind};
+
+/// Whether the object is new or replaces a stored one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// No stored object of that kind, namespace and name.
+    Create,
+    /// Judged as an update of the stored object.
+    Update,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Create => "create",
+            Mode::Update => "update",
+        })
+    }
+}
+
+/// The API server's cause type for a refused field (`metav1.CauseType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// `FieldValueInvalid`.
+    Invalid,
+    /// `FieldValueDuplicate`: the value is already held by another object.
+    Duplicate,
+    /// `FieldValueForbidden`: not allowed given other objects.
+    Forbidden,
+    /// `FieldValueNotSupported`: a field the kind does not have (strict decoding).
+    UnknownField,
+}
+
+impl Cause {
+    /// The `metav1.CauseType` string.
+    pub fn cause_type(self) -> &'static str {
+        match self {
+            Cause::Invalid => "FieldValueInvalid",
+            Cause::Duplicate => "FieldValueDuplicate",
+            Cause::Forbidden => "FieldValueForbidden",
+            Cause::UnknownField => "FieldValueNotSupported",
+        }
+    }
+}
+
+/// One refused field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The manifest path (`spec.domain.name`).
+    pub field: String,
+    /// The cause type.
+    pub cause: Cause,
+    /// Why, and what to do instead.
+    pub message: String,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.cause {
+            Cause::Duplicate => write!(f, "{}: Duplicate: {}", self.field, self.message),
+            _ => write!(f, "{}: {}", self.field, self.message),
+        }
+    }
+}
+
+/// The judgement of one object: what the CLI prints and the webhook answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Review {
+    /// The object judged.
+    pub object: ObjectRef,
+    /// Create or update.
+    pub mode: Mode,
+    /// Every refused field; the object is admitted only when this is empty.
+    pub refusals: Vec<Refusal>,
+    /// Admitted, but the user should know.
+    pub warnings: Vec<String>,
+}
+
+impl Review {
+    /// Whether the object is admitted.
+    pub fn allowed(&self) -> bool {
+        self.refusals.is_empty()
+    }
+}
+
+/// The owned-key rules on each attached, non-take-over role (kvcache-inject's table).
+fn role_keys(md: &kvcache_api::ModelDeployment, settings: &Settings) -> Vec<Refusal> {
+    if md.spec.kv_cache.is_none() {
+        return Vec::new();
+    }
+    let row = match kvcache_inject::engines::row(md.spec.engine.name, None) {
+        Ok(row) => row,
+        Err(e) => {
+            return vec![Refusal {
+                field: "spec.engine.name".into(),
+                cause: Cause::Invalid,
+                message: e.to_string(),
+            }];
+        }
+    };
+    md.spec
+        .roles
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.command.is_empty())
+        .filter_map(|(i, r)| {
+            kvcache_inject::check_role_keys(
+                row,
+                &r.extra_args,
+                &r.env,
+                settings.kv_cache_dtype_owned,
+            )
+            .err()
+            .map(|e| Refusal {
+                field: format!("spec.roles[{i}]"),
+                cause: Cause::Invalid,
+                message: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Judges `object` (as an update of `old` when given) against the other objects it is admitted
+/// beside (`others`: the cluster's objects for the webhook, the other manifests offline;
+/// a stored copy of `object` itself among them is ignored). `unknown_fields` are the paths a
+/// strict decoder found that the kind does not have.
+pub fn review(
+    object: &Object,
+    old: Option<&Object>,
+    others: &[Object],
+    unknown_fields: &[String],
+    settings: &Settings,
+) -> Review {
+    let me = object.object_ref();
+    let verdict: Verdict = match old.and_then(|o| object.validate_update(o, settings)) {
+        Some(v) => v,
+        None => object.validate_create(settings),
+    };
+    let mode = if old.is_some() {
+        Mode::Update
+    } else {
+        Mode::Create
+    };
+    let mut refusals = Vec::new();
+    if let Object::ModelDeployment(md) = object {
+        refusals.extend(role_keys(md, settings));
+    }
+    let mut warnings = verdict.warnings;
+    // The object is judged last among the others, so a name it claims that another holds is
+    // its duplicate, not the other's.
+    let mut all: Vec<Object> = others
+        .iter()
+        .filter(|o| o.object_ref() != me)
+        .cloned()
+        .collect();
+    all.push(object.clone());
+    for f in claims::cross_object(&all)
+        .into_iter()
+        .filter(|f| f.object == me)
+    {
+        match f.kind {
+            FindingKind::Warning => warnings.push(f.message),
+            FindingKind::Duplicate | FindingKind::Forbidden => refusals.push(Refusal {
+                field: f.field.into(),
+                cause: if f.kind == FindingKind::Duplicate {
+                    Cause::Duplicate
+                } else {
+                    Cause::Forbidden
+                },
+                message: f.message,
+            }),
+        }
+    }
+    refusals.extend(unknown_fields.iter().map(|field| Refusal {
+        field: field.clone(),
+        cause: Cause::UnknownField,
+        message: "unknown field (strict decoding error); the API server would drop it".into(),
+    }));
+    refusals.extend(verdict.violations.into_iter().map(|v| Refusal {
+        field: v.field,
+        cause: Cause::Invalid,
+        message: v.message,
+    }));
+    Review {
+        object: me,
+        mode,
+        refusals,
+        warnings,
+    }
+}
+
+/// Judges manifests given together: each against the others (of the Bindings, those given
+/// before it, so a later claim on a held name is the duplicate) and, where `old` holds the same
+/// object, as an update of it.
+pub fn review_manifests(new: &[Manifest], old: &[Manifest], settings: &Settings) -> Vec<Review> {
+    new.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let me = m.object.object_ref();
+            let previous = old
+                .iter()
+                .find(|o| o.object.object_ref() == me)
+                .map(|o| &o.object);
+            // Every other backend and pool counts; of the Bindings, only those before this one
+            // (their claims came first).
+            let others: Vec<Object> = new
+                .iter()
+                .enumerate()
+                .filter(|(j, n)| *j < i || (*j > i && !matches!(n.object, Object::Binding(_))))
+                .map(|(_, n)| n.object.clone())
+                .collect();
+            review(&m.object, previous, &others, &m.unknown_fields, settings)
+        })
+        .collect()
+}
