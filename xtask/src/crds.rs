@@ -30,7 +30,7 @@ pub fn manifests() -> anyhow::Result<()> {
     let text = kvcache_render::install::operator_yaml(
         kvcache_render::resolve::DEFAULT_NAMESPACE,
         kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE,
-    );
+    )?;
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {}", path.display());
     Ok(())

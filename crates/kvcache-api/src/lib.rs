@@ -12,6 +12,7 @@ pub mod condition;
 pub mod crd;
 pub mod manifest;
 pub mod model;
+pub mod names;
 pub mod pool;
 pub mod quantity;
 pub mod rules;

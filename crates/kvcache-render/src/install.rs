@@ -1,6 +1,6 @@
-//! The operator's own installation: namespace, account, least-privilege RBAC, Deployment,
-//! webhook Service and webhook configurations. `cargo xtask manifests` writes it to
-//! `deploy/operator.yaml`.
+//! The operator's own installation: namespace, account, least-privilege RBAC, Deployment and
+//! Service. `cargo xtask manifests` writes it to `deploy/operator.yaml`. The webhook
+//! configurations ([`webhooks`]) are kept out of the file until the operator serves them.
 
 use std::collections::BTreeMap;
 
@@ -71,7 +71,7 @@ const WRITE: &[&str] = &[
 ];
 
 /// Every object of the installation, as YAML documents in apply order.
-pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
+pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, crate::Error> {
     let ns = Some(namespace);
     let mut docs = Vec::new();
     // Both bindings grant the operator's own account.
@@ -82,10 +82,16 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
         ..Default::default()
     };
     // k8s-openapi writes each object's apiVersion and kind itself.
-    fn push<T: Serialize>(docs: &mut Vec<serde_yaml::Value>, o: &T) {
-        if let Ok(v) = serde_yaml::to_value(o) {
-            docs.push(v);
-        }
+    fn push<T: Serialize + k8s_openapi::Resource>(
+        docs: &mut Vec<serde_yaml::Value>,
+        o: &T,
+    ) -> Result<(), crate::Error> {
+        let v = serde_yaml::to_value(o).map_err(|e| crate::Error::Yaml {
+            object: T::KIND.to_owned(),
+            message: e.to_string(),
+        })?;
+        docs.push(v);
+        Ok(())
     }
     push(
         &mut docs,
@@ -93,14 +99,14 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
             metadata: meta(namespace, None),
             ..Default::default()
         },
-    );
+    )?;
     push(
         &mut docs,
         &ServiceAccount {
             metadata: meta(NAME, ns),
             ..Default::default()
         },
-    );
+    )?;
     // Cluster-wide: its own kinds, what the injection and admission read, events.
     push(
         &mut docs,
@@ -152,7 +158,7 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
             ]),
             ..Default::default()
         },
-    );
+    )?;
     push(
         &mut docs,
         &ClusterRoleBinding {
@@ -160,7 +166,7 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
             role_ref: role_ref("ClusterRole"),
             subjects: Some(vec![subject.clone()]),
         },
-    );
+    )?;
     // In its own namespace only: the store workloads and what their Pods are granted (a Role
     // can only grant what its creator holds).
     push(
@@ -183,7 +189,7 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
                 ),
             ]),
         },
-    );
+    )?;
     push(
         &mut docs,
         &RoleBinding {
@@ -191,7 +197,7 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
             role_ref: role_ref("Role"),
             subjects: Some(vec![subject]),
         },
-    );
+    )?;
     let selector: BTreeMap<String, String> = labels()
         .into_iter()
         .filter(|(k, _)| k != "app.kubernetes.io/managed-by")
@@ -257,7 +263,7 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
             }),
             ..Default::default()
         },
-    );
+    )?;
     push(
         &mut docs,
         &Service {
@@ -282,7 +288,14 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
             }),
             ..Default::default()
         },
-    );
+    )?;
+    Ok(docs)
+}
+
+/// The webhook configurations the operator registers once it serves them (the Pod injection,
+/// the validation of our kinds, the Pod annotation freeze). Not part of the installation file:
+/// a configuration whose server is not running with a `caBundle` blocks every matching write.
+pub fn webhooks(namespace: &str) -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
     let client = |path: &str| WebhookClientConfig {
         service: Some(ServiceReference {
             name: NAME.into(),
@@ -306,80 +319,78 @@ pub fn operator(namespace: &str, image: &str) -> Vec<serde_yaml::Value> {
         )])),
         ..Default::default()
     };
-    push(
-        &mut docs,
-        &MutatingWebhookConfiguration {
-            metadata: meta(NAME, None),
-            webhooks: Some(vec![MutatingWebhook {
-                name: "inject.kvcache.gpustack.ai".into(),
-                client_config: client("/mutate-pods"),
-                rules: Some(vec![ops(&["CREATE"], &[""], &["pods"])]),
-                object_selector: Some(inject_label.clone()),
-                namespace_selector: Some(LabelSelector {
-                    match_expressions: Some(vec![LabelSelectorRequirement {
-                        key: "kubernetes.io/metadata.name".into(),
-                        operator: "NotIn".into(),
-                        values: Some(vec!["kube-system".into()]),
-                    }]),
-                    ..Default::default()
-                }),
+    let mutating = MutatingWebhookConfiguration {
+        metadata: meta(NAME, None),
+        webhooks: Some(vec![MutatingWebhook {
+            name: "inject.kvcache.gpustack.ai".into(),
+            client_config: client("/mutate-pods"),
+            rules: Some(vec![ops(&["CREATE"], &[""], &["pods"])]),
+            object_selector: Some(inject_label.clone()),
+            namespace_selector: Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "kubernetes.io/metadata.name".into(),
+                    operator: "NotIn".into(),
+                    values: Some(vec!["kube-system".into()]),
+                }]),
+                ..Default::default()
+            }),
+            failure_policy: Some("Fail".into()),
+            side_effects: "None".into(),
+            admission_review_versions: vec!["v1".into()],
+            timeout_seconds: Some(10),
+            ..Default::default()
+        }]),
+    };
+    let validating = ValidatingWebhookConfiguration {
+        metadata: meta(NAME, None),
+        webhooks: Some(vec![
+            ValidatingWebhook {
+                name: "validate.kvcache.gpustack.ai".into(),
+                client_config: client("/validate"),
+                rules: Some(vec![ops(
+                    &["CREATE", "UPDATE"],
+                    &["worker.gpustack.ai"],
+                    &[
+                        "kvcachebackends",
+                        "kvcachepools",
+                        "kvcachepoolbindings",
+                        "modeldeployments",
+                    ],
+                )]),
                 failure_policy: Some("Fail".into()),
                 side_effects: "None".into(),
                 admission_review_versions: vec!["v1".into()],
                 timeout_seconds: Some(10),
                 ..Default::default()
-            }]),
-        },
-    );
-    push(
-        &mut docs,
-        &ValidatingWebhookConfiguration {
-            metadata: meta(NAME, None),
-            webhooks: Some(vec![
-                ValidatingWebhook {
-                    name: "validate.kvcache.gpustack.ai".into(),
-                    client_config: client("/validate"),
-                    rules: Some(vec![ops(
-                        &["CREATE", "UPDATE"],
-                        &["worker.gpustack.ai"],
-                        &[
-                            "kvcachebackends",
-                            "kvcachepools",
-                            "kvcachepoolbindings",
-                            "modeldeployments",
-                        ],
-                    )]),
-                    failure_policy: Some("Fail".into()),
-                    side_effects: "None".into(),
-                    admission_review_versions: vec!["v1".into()],
-                    timeout_seconds: Some(10),
-                    ..Default::default()
-                },
-                ValidatingWebhook {
-                    name: "freeze.kvcache.gpustack.ai".into(),
-                    client_config: client("/validate-pods"),
-                    rules: Some(vec![ops(&["UPDATE"], &[""], &["pods"])]),
-                    object_selector: Some(inject_label),
-                    failure_policy: Some("Ignore".into()),
-                    side_effects: "None".into(),
-                    admission_review_versions: vec!["v1".into()],
-                    timeout_seconds: Some(5),
-                    ..Default::default()
-                },
-            ]),
-        },
-    );
-    docs
+            },
+            ValidatingWebhook {
+                name: "freeze.kvcache.gpustack.ai".into(),
+                client_config: client("/validate-pods"),
+                rules: Some(vec![ops(&["UPDATE"], &[""], &["pods"])]),
+                object_selector: Some(inject_label),
+                failure_policy: Some("Ignore".into()),
+                side_effects: "None".into(),
+                admission_review_versions: vec!["v1".into()],
+                timeout_seconds: Some(5),
+                ..Default::default()
+            },
+        ]),
+    };
+    (mutating, validating)
 }
 
 /// The installation as one YAML stream with a header.
-pub fn operator_yaml(namespace: &str, image: &str) -> String {
-    let body: Vec<String> = operator(namespace, image)
+pub fn operator_yaml(namespace: &str, image: &str) -> Result<String, crate::Error> {
+    let body = operator(namespace, image)?
         .iter()
-        .filter_map(|d| serde_yaml::to_string(d).ok())
-        .collect();
-    format!(
+        .map(serde_yaml::to_string)
+        .collect::<Result<Vec<String>, _>>()
+        .map_err(|e| crate::Error::Yaml {
+            object: "the installation".into(),
+            message: e.to_string(),
+        })?;
+    Ok(format!(
         "# Generated by `cargo xtask manifests` from crates/kvcache-render; do not edit.\n# CRDs are in deploy/crds/.\n{}",
         body.join("---\n")
-    )
+    ))
 }

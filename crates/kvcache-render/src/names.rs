@@ -1,27 +1,18 @@
-//! Object names and labels: DNS-1123 labels, long or unusual names shortened with a stable hash
+//! Object names and labels: DNS-1035 labels, long or unusual names shortened with a stable hash
 //! of the whole name (never truncated into collisions).
 
 use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-/// The longest DNS-1123 label.
-pub const MAX_LABEL: usize = 63;
+pub use kvcache_api::names::MAX_LABEL;
+use kvcache_api::names::is_dns1035_label;
 
 /// The first `n` hex digits of the SHA-256 of `text`.
 pub fn hash(text: &str, n: usize) -> String {
     let digest = Sha256::digest(text.as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     hex[..n.min(hex.len())].to_owned()
-}
-
-fn is_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= MAX_LABEL
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && s.as_bytes()[0].is_ascii_lowercase()
-        && s.as_bytes()[s.len() - 1] != b'-'
 }
 
 /// `<base>-<suffix>` as a DNS-1035 label (valid for Services too). When `base` is not already a
@@ -33,7 +24,7 @@ pub fn object(base: &str, suffix: &str) -> String {
     } else {
         format!("{base}-{suffix}")
     };
-    if is_label(&plain) {
+    if is_dns1035_label(&plain) {
         return plain;
     }
     let mut clean: String = base
@@ -119,13 +110,13 @@ mod tests {
             object(&format!("{long}c"), "leader")
         );
         let dotted = object("store.v1", "leader");
-        assert!(is_label(&dotted), "{dotted}");
+        assert!(is_dns1035_label(&dotted), "{dotted}");
         assert_ne!(
             dotted,
             object("store-v1", "leader"),
             "cleaning never merges two names"
         );
-        assert!(is_label(&object("1cache", "leader")));
+        assert!(is_dns1035_label(&object("1cache", "leader")));
         assert_eq!(label_value("mooncake-dram"), "mooncake-dram");
         assert!(label_value(&"x".repeat(70)).len() <= 63);
     }

@@ -55,7 +55,8 @@ fn group() -> impl Strategy<Value = MemberGroup> {
 
 fn backend() -> impl Strategy<Value = KVCacheBackend> {
     (
-        "[a-z][a-z0-9.-]{0,90}",
+        // Object names may start with a digit; a Service name may not.
+        "[a-z0-9][a-z0-9.-]{0,90}",
         1i32..6,
         any::<bool>(),
         any::<bool>(),
@@ -146,7 +147,8 @@ proptest! {
         names.extend(first.service_accounts.iter().filter_map(|s| s.metadata.name.clone()));
         names.extend(first.config_map.iter().filter_map(|c| c.metadata.name.clone()));
         for n in &names {
-            prop_assert!(kvcache_api::admission::is_dns_label(n), "{} is not a DNS-1123 label", n);
+            // names::object promises DNS-1035 labels (the leader's name is also its Service's).
+            prop_assert!(kvcache_api::names::is_dns1035_label(n), "{} is not a DNS-1035 label", n);
         }
         // Objects of one kind never share a name (the leader's Deployment, Service and
         // ServiceAccount are one name on purpose).
