@@ -4,12 +4,17 @@ use std::path::PathBuf;
 
 use crate::{Error, Result};
 
-/// The Kubernetes release the control plane is built from (see `xtask/src/setup.rs`).
+/// The Kubernetes release the control plane is built from (`cargo xtask setup` builds it).
 pub const KUBERNETES_VERSION: &str = "v1.34.4";
+/// The etcd release Kubernetes v1.34.4 pins.
+pub const ETCD_VERSION: &str = "v3.6.4";
+/// The store package on PyPI.
+pub const MOONCAKE_PACKAGE: &str = "mooncake-transfer-engine-non-cuda";
 /// The pinned store version.
 pub const MOONCAKE_VERSION: &str = "0.3.13.post1";
 
-fn cache_dir() -> PathBuf {
+/// Where the project caches what it builds and installs (outside the checkout).
+pub fn cache_dir() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))

@@ -10,23 +10,10 @@ use anyhow::{Context, bail};
 
 use crate::crds::root;
 
-/// The Kubernetes release the control plane is built from.
-pub const KUBERNETES_VERSION: &str = "v1.34.4";
-/// The etcd release Kubernetes v1.34.4 pins.
-pub const ETCD_VERSION: &str = "v3.6.4";
-/// The store package on PyPI and its pinned version.
-pub const MOONCAKE_PACKAGE: &str = "mooncake-transfer-engine-non-cuda";
-/// The pinned store version.
-pub const MOONCAKE_VERSION: &str = "0.3.13.post1";
-
-/// Where the project caches what it builds and installs.
-pub fn cache_dir() -> PathBuf {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-        .join("kvcache-operator")
-}
+// One home for the pinned versions and the cache: the harness, which the tests read too.
+pub use kvcache_e2e::paths::{
+    ETCD_VERSION, KUBERNETES_VERSION, MOONCAKE_PACKAGE, MOONCAKE_VERSION, cache_dir,
+};
 
 /// The directory holding etcd, kube-apiserver, kube-controller-manager and kube-scheduler.
 pub fn k8s_bin_dir() -> PathBuf {

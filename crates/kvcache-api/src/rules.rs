@@ -95,7 +95,9 @@ pub const REFUSED_LEADER_FLAGS: &[RefusedFlags] = &[
     },
 ];
 
-/// The key of a flag as admission compares it: leading dashes and any `=value` stripped.
+/// The key of a command-line option token: leading dashes and any `=value` stripped
+/// (`--rpc_port=1` → `rpc_port`). The one splitter every flag rule starts from: the leader's
+/// gflags rules here, the engines' argparse spellings in `kvcache-inject`.
 pub fn flag_key(arg: &str) -> &str {
     let arg = arg.trim_start_matches('-');
     arg.split_once('=').map_or(arg, |(k, _)| k)

@@ -10,14 +10,15 @@ fn token_key(token: &str, row: &EngineRow) -> Option<String> {
     if !token.starts_with("--") || token == "--" {
         return None;
     }
-    let key = token.split_once('=').map_or(token, |(k, _)| k);
+    let key = kvcache_api::rules::flag_key(token);
     let key = if row.underscores_and_members {
-        let key = key.split_once('.').map_or(key, |(k, _)| k);
-        format!("--{}", key[2..].replace('_', "-"))
+        key.split_once('.')
+            .map_or(key, |(k, _)| k)
+            .replace('_', "-")
     } else {
         key.to_owned()
     };
-    Some(key)
+    Some(format!("--{key}"))
 }
 
 /// Whether `token` sets `flag`: exactly, or as a unique prefix among the engine's flags.

@@ -161,7 +161,8 @@ pub struct Injection {
     pub warnings: Vec<String>,
 }
 
-fn env(name: &str, value: impl Into<String>) -> EnvVar {
+/// An environment variable with a literal value (the one builder the render layer uses too).
+pub fn env(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
         value: Some(value.into()),
@@ -169,7 +170,8 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
     }
 }
 
-fn field_env(name: &str, path: &str) -> EnvVar {
+/// An environment variable read from the Pod's own fields (`status.podIP`, `metadata.name`).
+pub fn field_env(name: &str, path: &str) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
         value: None,

@@ -99,11 +99,6 @@ fn labels(md: &str, role: &str) -> BTreeMap<String, String> {
     ])
 }
 
-fn has_flag(args: &[String], flag: &str) -> bool {
-    args.iter()
-        .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
-}
-
 /// Renders a deployment's objects.
 pub fn render(inputs: &ModelInputs<'_>) -> Result<ModelObjects, Error> {
     let md = inputs.deployment;
@@ -159,29 +154,66 @@ pub fn render(inputs: &ModelInputs<'_>) -> Result<ModelObjects, Error> {
     Ok(out)
 }
 
-fn role_deployment(
-    inputs: &ModelInputs<'_>,
-    name: &str,
+/// An injection failure, naming the deployment and role.
+fn injection_error(
     ns: &str,
-    owner: Option<Vec<OwnerReference>>,
+    name: &str,
     role: &Role,
-) -> Result<Deployment, Error> {
-    let md = inputs.deployment;
-    let it = inputs
-        .instance_types
-        .get(&role.instance_type)
-        .ok_or_else(|| Error::Missing {
-            referrer: Box::new(ObjectRef::new("ModelDeployment", &md.metadata)),
-            field: "spec.roles[].instanceType",
-            kind: "InstanceType",
-            name: role.instance_type.clone(),
-            hint: "; kubectl get instancetype lists those that do",
-        })?;
-    let manufacturer = it
-        .spec
-        .accelerator
-        .as_ref()
-        .and_then(|a| a.manufacturer.as_deref());
+) -> impl FnOnce(kvcache_inject::Error) -> Error {
+    let (deployment, role) = (format!("{ns}/{name}"), role.name.clone());
+    move |source| Error::Injection {
+        deployment,
+        role,
+        source,
+    }
+}
+
+/// The engine's command line: the role's own when it takes over (`roles[].command`), else the
+/// engine's launcher with the model, a host and port unless the role sets them, then its
+/// `extraArgs`.
+fn launch(
+    md: &ModelDeployment,
+    role: &Role,
+    ns: &str,
+    name: &str,
+) -> Result<(Vec<String>, Vec<String>), Error> {
+    if !role.command.is_empty() {
+        return Ok((role.command.clone(), role.extra_args.clone()));
+    }
+    let engine = md.spec.engine.name;
+    let (command, mut args): (Vec<String>, Vec<String>) = match engine {
+        EngineName::Vllm => (
+            vec!["vllm".into(), "serve".into()],
+            vec![md.spec.model.name.clone()],
+        ),
+        EngineName::Sglang => (
+            vec!["python3".into(), "-m".into(), "sglang.launch_server".into()],
+            vec!["--model-path".into(), md.spec.model.name.clone()],
+        ),
+    };
+    // The engine's own parser decides whether the role already sets these (`--port=8000`,
+    // an abbreviation argparse accepts, vLLM's underscores).
+    let parser =
+        kvcache_inject::engines::row(engine, None).map_err(injection_error(ns, name, role))?;
+    if kvcache_inject::argv::find(&role.extra_args, "--host", parser).is_none() {
+        args.extend(["--host".into(), "0.0.0.0".into()]);
+    }
+    if kvcache_inject::argv::find(&role.extra_args, "--port", parser).is_none() {
+        args.extend(["--port".into(), SERVING_PORT.to_string()]);
+    }
+    args.extend(role.extra_args.iter().cloned());
+    Ok((command, args))
+}
+
+/// What a role's replica asks for: the InstanceType's per-accelerator CPU and memory times the
+/// accelerators it uses (at least one share), and the accelerators as a limit.
+struct Sizing {
+    millicores: u64,
+    memory_bytes: u64,
+    limits: BTreeMap<String, K8sQuantity>,
+}
+
+fn sizing(it: &InstanceType, role: &Role) -> Result<Sizing, Error> {
     let cards = role
         .resources
         .as_ref()
@@ -198,50 +230,31 @@ fn role_deployment(
         value: it.spec.resources.cpu.0.clone(),
         source,
     })?;
-    let engine = md.spec.engine.name;
-    let version = md.spec.engine.version.clone().unwrap_or_default();
-    let image = role
-        .image
-        .clone()
-        .unwrap_or_else(|| runner_image(engine, &version, manufacturer));
-    let take_over = !role.command.is_empty();
-    let (command, args) = if take_over {
-        (role.command.clone(), role.extra_args.clone())
-    } else {
-        let (command, mut args): (Vec<String>, Vec<String>) = match engine {
-            EngineName::Vllm => (
-                vec!["vllm".into(), "serve".into()],
-                vec![md.spec.model.name.clone()],
-            ),
-            EngineName::Sglang => (
-                vec!["python3".into(), "-m".into(), "sglang.launch_server".into()],
-                vec!["--model-path".into(), md.spec.model.name.clone()],
-            ),
-        };
-        if !has_flag(&role.extra_args, "--host") {
-            args.extend(["--host".into(), "0.0.0.0".into()]);
-        }
-        if !has_flag(&role.extra_args, "--port") {
-            args.extend(["--port".into(), SERVING_PORT.to_string()]);
-        }
-        args.extend(role.extra_args.iter().cloned());
-        (command, args)
-    };
-    let mut requests = BTreeMap::from([(
-        "cpu".to_owned(),
-        K8sQuantity(format!("{}m", cpu.saturating_mul(per))),
-    )]);
-    let mut memory_bytes = memory.saturating_mul(per);
     let mut limits = BTreeMap::new();
     if cards > 0
         && let Some(acc) = &it.spec.accelerator
     {
         limits.insert(acc.resource_name.clone(), K8sQuantity(cards.to_string()));
     }
-    let mut container = Container {
+    Ok(Sizing {
+        millicores: cpu.saturating_mul(per),
+        memory_bytes: memory.saturating_mul(per),
+        limits,
+    })
+}
+
+/// The engine container before any cache settings: image, command, the serving port and its
+/// health probe, shared memory.
+fn engine_container(
+    role: &Role,
+    image: &str,
+    command: Vec<String>,
+    args: Vec<String>,
+) -> Container {
+    Container {
         name: "engine".into(),
-        image: Some(image.clone()),
-        image_pull_policy: Some(pull_policy(role.image_pull_policy, &image)),
+        image: Some(image.to_owned()),
+        image_pull_policy: Some(pull_policy(role.image_pull_policy, image)),
         command: Some(command),
         args: Some(args),
         env: (!role.env.is_empty()).then(|| role.env.clone()),
@@ -270,7 +283,103 @@ fn role_deployment(
             ..Default::default()
         }]),
         ..Default::default()
+    }
+}
+
+/// What attaching a role to its cache changes in the Pod.
+struct Attached {
+    container: Container,
+    volume: Option<Volume>,
+    annotations: BTreeMap<String, String>,
+    extra_memory_bytes: u64,
+}
+
+/// The store settings for an attached role, through the same `kvcache-inject` entry point the
+/// Pod webhook uses.
+fn attach(
+    md: &ModelDeployment,
+    att: &Attachment,
+    role: &Role,
+    manufacturer: Option<&str>,
+    container: &Container,
+    (ns, name): (&str, &str),
+) -> Result<Attached, Error> {
+    let row =
+        kvcache_inject::engines::row(md.spec.engine.name, manufacturer.filter(|m| *m == "ascend"))
+            .map_err(injection_error(ns, name, role))?;
+    let req = Request {
+        source: Source::ModelDeployment,
+        engine: row,
+        role: role.kind,
+        binding: &att.binding,
+        domain: &att.domain,
+        ledger: att.ledger.clone(),
+        dtype: &att.dtype,
+        dtype_owned: att.dtype_owned,
+        client_endpoint: att.client_endpoint.as_deref(),
+        protocols: &att.protocols,
+        store_version: att.store_version.as_deref(),
+        engine_version: md
+            .spec
+            .engine
+            .version
+            .as_deref()
+            .filter(|_| role.image.is_none()),
+        container: &Container {
+            args: Some(role.extra_args.clone()),
+            env: Some(role.env.clone()),
+            ..Default::default()
+        },
+        pod_volumes: &[],
+        launch_args_forwarded: false,
     };
+    let injection = kvcache_inject::inject(&req).map_err(injection_error(ns, name, role))?;
+    let mut annotations = BTreeMap::new();
+    let mut extra_memory_bytes = 0;
+    if let Some(doc) = &injection.client_config {
+        annotations.insert(CLIENT_CONFIG_ANNOTATION.to_owned(), doc.clone());
+        extra_memory_bytes = LOCAL_BUFFER_BYTES;
+    }
+    annotations.insert(INJECTED_ANNOTATION.to_owned(), injection.record_json());
+    Ok(Attached {
+        container: injection.apply(container),
+        volume: injection.volume.clone(),
+        annotations,
+        extra_memory_bytes,
+    })
+}
+
+fn role_deployment(
+    inputs: &ModelInputs<'_>,
+    name: &str,
+    ns: &str,
+    owner: Option<Vec<OwnerReference>>,
+    role: &Role,
+) -> Result<Deployment, Error> {
+    let md = inputs.deployment;
+    let it = inputs
+        .instance_types
+        .get(&role.instance_type)
+        .ok_or_else(|| Error::Missing {
+            referrer: Box::new(ObjectRef::new("ModelDeployment", &md.metadata)),
+            field: "spec.roles[].instanceType",
+            kind: "InstanceType",
+            name: role.instance_type.clone(),
+            hint: "; kubectl get instancetype lists those that do",
+        })?;
+    let manufacturer = it
+        .spec
+        .accelerator
+        .as_ref()
+        .and_then(|a| a.manufacturer.as_deref());
+    let version = md.spec.engine.version.clone().unwrap_or_default();
+    let image = role
+        .image
+        .clone()
+        .unwrap_or_else(|| runner_image(md.spec.engine.name, &version, manufacturer));
+    let (command, args) = launch(md, role, ns, name)?;
+    let mut size = sizing(it, role)?;
+    let mut container = engine_container(role, &image, command, args);
     let mut volumes = vec![Volume {
         name: "shm".into(),
         empty_dir: Some(EmptyDirVolumeSource {
@@ -280,61 +389,28 @@ fn role_deployment(
         ..Default::default()
     }];
     let mut annotations = BTreeMap::new();
-    if let (Some(att), false) = (inputs.attachment, take_over) {
-        let row = kvcache_inject::engines::row(engine, manufacturer.filter(|m| *m == "ascend"))
-            .map_err(|source| Error::Injection {
-                deployment: format!("{ns}/{name}"),
-                role: role.name.clone(),
-                source,
-            })?;
-        let req = Request {
-            source: Source::ModelDeployment,
-            engine: row,
-            role: role.kind,
-            binding: &att.binding,
-            domain: &att.domain,
-            ledger: att.ledger.clone(),
-            dtype: &att.dtype,
-            dtype_owned: att.dtype_owned,
-            client_endpoint: att.client_endpoint.as_deref(),
-            protocols: &att.protocols,
-            store_version: att.store_version.as_deref(),
-            engine_version: md
-                .spec
-                .engine
-                .version
-                .as_deref()
-                .filter(|_| role.image.is_none()),
-            container: &Container {
-                args: Some(role.extra_args.clone()),
-                env: Some(role.env.clone()),
-                ..Default::default()
-            },
-            pod_volumes: &[],
-            launch_args_forwarded: false,
-        };
-        let injection = kvcache_inject::inject(&req).map_err(|source| Error::Injection {
-            deployment: format!("{ns}/{name}"),
-            role: role.name.clone(),
-            source,
-        })?;
-        container = injection.apply(&container);
-        if let Some(v) = injection.volume.clone() {
-            volumes.push(v);
-        }
-        if let Some(doc) = &injection.client_config {
-            annotations.insert(CLIENT_CONFIG_ANNOTATION.to_owned(), doc.clone());
-            memory_bytes = memory_bytes.saturating_add(LOCAL_BUFFER_BYTES);
-        }
-        annotations.insert(INJECTED_ANNOTATION.to_owned(), injection.record_json());
+    // A role that takes over its command gets no store settings (the escape hatch).
+    if let (Some(att), true) = (inputs.attachment, role.command.is_empty()) {
+        let attached = attach(md, att, role, manufacturer, &container, (ns, name))?;
+        container = attached.container;
+        volumes.extend(attached.volume);
+        annotations = attached.annotations;
+        size.memory_bytes = size
+            .memory_bytes
+            .saturating_add(attached.extra_memory_bytes);
     }
-    requests.insert(
-        "memory".into(),
-        K8sQuantity(kvcache_api::quantity::format_bytes(memory_bytes)),
-    );
     container.resources = Some(ResourceRequirements {
-        requests: Some(requests),
-        limits: (!limits.is_empty()).then_some(limits),
+        requests: Some(BTreeMap::from([
+            (
+                "cpu".to_owned(),
+                K8sQuantity(format!("{}m", size.millicores)),
+            ),
+            (
+                "memory".to_owned(),
+                K8sQuantity(kvcache_api::quantity::format_bytes(size.memory_bytes)),
+            ),
+        ])),
+        limits: (!size.limits.is_empty()).then_some(size.limits),
         ..Default::default()
     });
     let labels = labels(name, &role.name);

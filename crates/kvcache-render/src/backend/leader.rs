@@ -1,0 +1,227 @@
+//! The leader: the master's flags and the Deployment that runs it (through the elector when it
+//! has standbys).
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec,
+    Probe, Volume,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kvcache_api::backend::Managed;
+use kvcache_inject::{env as env_value, field_env};
+use kvcache_quota::policy::{POLICY_KEY, POLICY_PATH};
+
+use super::*;
+use crate::Error;
+use crate::names::{self, backend_labels, backend_selector};
+
+/// The master's flags, in the documented order, `extraArgs` last (the store takes the last
+/// duplicate, so a user `default_kv_lease_ttl` wins).
+pub fn master_flags(managed: &Managed) -> Vec<String> {
+    let leader = &managed.leader;
+    let mut flags = vec![
+        format!("-rpc_port={RPC_PORT}"),
+        format!("-metrics_port={ADMIN_PORT}"),
+        "-default_kv_lease_ttl=5m".to_owned(),
+        format!(
+            "-allocation_strategy={}",
+            leader.allocation_strategy.flag_value()
+        ),
+    ];
+    if leader.multi_tenancy {
+        flags.push("-enable_multi_tenants=true".into());
+        flags.push("-tenant_quota_connector_type=file".into());
+        flags.push(format!("-tenant_quota_connector_uri={POLICY_PATH}"));
+    }
+    if managed.members.iter().any(|g| g.tier().is_some()) {
+        flags.push("-enable_offload=true".into());
+        flags.push("-offload_on_evict=true".into());
+    }
+    flags.extend(
+        leader
+            .extra_args
+            .iter()
+            .map(|a| format!("-{}", a.trim_start_matches('-'))),
+    );
+    flags
+}
+
+pub(super) fn leader_deployment(
+    inputs: &BackendInputs<'_>,
+    managed: &Managed,
+    name: &str,
+    leader: &str,
+) -> Result<Deployment, Error> {
+    let b = inputs.backend;
+    let l = &managed.leader;
+    let elects = l.elects();
+    let replicas = if elects { l.replicas.max(1) } else { 1 };
+    let image = inputs.store_image;
+    let mut env = vec![
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env("POD_IP", "status.podIP"),
+    ];
+    let mut volumes = Vec::new();
+    let mut init = Vec::new();
+    let mut mounts = Vec::new();
+    let master: Vec<String> = std::iter::once("mooncake_master".to_owned())
+        .chain(master_flags(managed))
+        .collect();
+    let command = if elects {
+        env.extend([
+            env_value("KVCACHE_ELECTOR_LEASE", leader),
+            field_env("KVCACHE_ELECTOR_NAMESPACE", "metadata.namespace"),
+            field_env("KVCACHE_ELECTOR_IDENTITY", "metadata.name"),
+            env_value("KVCACHE_ELECTOR_ADDRESS", format!("$(POD_IP):{RPC_PORT}")),
+            env_value(
+                "KVCACHE_ELECTOR_CHILD_HEALTH_URL",
+                format!("http://127.0.0.1:{ADMIN_PORT}/health"),
+            ),
+            env_value(
+                "KVCACHE_ELECTOR_READY_ADDR",
+                format!("0.0.0.0:{ELECTOR_PORT}"),
+            ),
+            env_value("KVCACHE_ELECTOR_LABEL_POD", "true"),
+        ]);
+        volumes.push(empty_dir("elector"));
+        init.push(elector_install(inputs.operator_image));
+        mounts.push(mount("elector", "/kvcache/bin", true));
+        std::iter::once(ELECTOR_PATH.to_owned())
+            .chain(["leader".to_owned(), "--".to_owned()])
+            .chain(master)
+            .collect()
+    } else {
+        master
+    };
+    env.extend(l.extra_env.iter().map(EnvVar::from));
+    if l.multi_tenancy {
+        let cm = names::object(name, "tenant-policy");
+        volumes.push(empty_dir("tenant-policy"));
+        volumes.push(Volume {
+            name: "tenant-policy-seed".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: cm,
+                optional: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(mount("tenant-policy", "/var/lib/mooncake", false));
+        init.push(Container {
+            name: "tenant-policy-seed".into(),
+            image: Some(image.into()),
+            image_pull_policy: Some(pull_policy(b.spec.image_pull_policy, image)),
+            command: Some(vec!["sh".into(), "-c".into(), "if [ -f \"$SEED\" ]; then cp \"$SEED\" \"$TARGET\"; else printf '%s\\n' \"$EMPTY\" > \"$TARGET\"; fi".into()]),
+            env: Some(vec![
+                env_value("SEED", format!("/seed/{POLICY_KEY}")),
+                env_value("TARGET", POLICY_PATH),
+                env_value("EMPTY", PolicyDocument::empty().to_yaml().trim_end()),
+            ]),
+            volume_mounts: Some(vec![mount("tenant-policy", "/var/lib/mooncake", false), mount("tenant-policy-seed", "/seed", true)]),
+            ..Default::default()
+        });
+    }
+    let (ready, live) = if elects {
+        (
+            probe_http("/readyz", ELECTOR_PORT),
+            probe_http("/healthz", ELECTOR_PORT),
+        )
+    } else {
+        (
+            probe_http("/get_all_segments", ADMIN_PORT),
+            probe_http("/health", ADMIN_PORT),
+        )
+    };
+    let mut ports = vec![port("rpc", RPC_PORT), port("admin", ADMIN_PORT)];
+    if elects {
+        ports.push(port("elector", ELECTOR_PORT));
+    }
+    let container = Container {
+        name: "master".into(),
+        image: Some(image.into()),
+        image_pull_policy: Some(pull_policy(b.spec.image_pull_policy, image)),
+        command: Some(command),
+        env: Some(env),
+        ports: Some(ports),
+        readiness_probe: Some(ready),
+        liveness_probe: Some(Probe {
+            initial_delay_seconds: Some(10),
+            ..live
+        }),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+    let labels = backend_labels(name, "leader");
+    let strategy = if replicas == 1 {
+        DeploymentStrategy {
+            type_: Some("Recreate".into()),
+            rolling_update: None,
+        }
+    } else {
+        DeploymentStrategy {
+            type_: Some("RollingUpdate".into()),
+            rolling_update: Some(RollingUpdateDeployment {
+                max_surge: Some(IntOrString::Int(1)),
+                max_unavailable: Some(IntOrString::Int(replicas)),
+            }),
+        }
+    };
+    Ok(Deployment {
+        metadata: meta(leader, inputs.namespace, labels.clone(), b),
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(backend_selector(name, "leader")),
+                ..Default::default()
+            },
+            strategy: Some(strategy),
+            // One replica is ever available under election, so the deadline cannot be met:
+            // RolloutComplete answers instead.
+            progress_deadline_seconds: Some(i32::MAX),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: elects.then(|| leader.to_owned()),
+                    automount_service_account_token: Some(elects),
+                    image_pull_secrets: pull_secrets(b),
+                    init_containers: (!init.is_empty()).then_some(init),
+                    containers: vec![container],
+                    volumes: (!volumes.is_empty()).then_some(volumes),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+fn port(name: &str, n: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.into()),
+        container_port: n,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }
+}
+
+fn probe_http(path: &str, port: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(port),
+            ..Default::default()
+        }),
+        period_seconds: Some(5),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}

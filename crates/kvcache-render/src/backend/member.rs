@@ -1,0 +1,468 @@
+//! One member group as a DaemonSet: the store client's environment, the optional disk tier,
+//! the RDMA/EFA fabric, the security context, and the Pod that holds them. Each piece is its
+//! own function; `member_daemon_set` only puts them together.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, ExecAction, HostPathVolumeSource, Lifecycle,
+    LifecycleHandler, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext,
+    TCPSocketAction, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kvcache_api::backend::{LocalDisk, Managed, Medium, MemberAddressing, MemberGroup, Protocol};
+use kvcache_api::rules::{BUCKET_BYTES, BUCKET_KEYS, DRAM_DEVICE_VISIBILITY_ENV};
+use kvcache_inject::{env as env_value, field_env};
+
+use super::{
+    BackendInputs, DEFAULT_LOCAL_BUFFER, ELECTOR_PATH, MEMBER_BASE_PORT, POD_SPEC_HASH,
+    SHUTDOWN_MARGIN_SECONDS, TIER_STAGING_BYTES, bytes, client_endpoint, elector_install,
+    empty_dir, leader_name, meta, mount, pull_policy, pull_secrets,
+};
+use crate::names::{self, backend_labels, backend_selector};
+use crate::{Error, fingerprint};
+
+/// A member group with its figures resolved once.
+struct Group<'a> {
+    inputs: &'a BackendInputs<'a>,
+    backend: &'a str,
+    index: usize,
+    group: &'a MemberGroup,
+    field_path: String,
+    image: &'a str,
+    protocol: Protocol,
+    port: i32,
+    segment: u64,
+    buffer: u64,
+    lease_members: bool,
+}
+
+impl<'a> Group<'a> {
+    fn new(
+        inputs: &'a BackendInputs<'a>,
+        managed: &Managed,
+        backend: &'a str,
+        index: usize,
+        group: &'a MemberGroup,
+    ) -> Result<Self, Error> {
+        let field_path = format!("spec.connection.managed.members[{index}]");
+        let segment = bytes(
+            &format!("{field_path}.capacityPerMember"),
+            &group.capacity_per_member,
+        )?;
+        let buffer = match &group.local_buffer_size {
+            Some(q) => bytes(&format!("{field_path}.localBufferSize"), q)?,
+            None => DEFAULT_LOCAL_BUFFER,
+        };
+        Ok(Group {
+            inputs,
+            backend,
+            index,
+            group,
+            image: group.image.as_deref().unwrap_or(inputs.store_image),
+            protocol: group.protocol(inputs.backend.spec.transport.protocol),
+            port: MEMBER_BASE_PORT + i32::try_from(index).unwrap_or(0),
+            segment,
+            buffer,
+            lease_members: managed.leader.effective_member_addressing() == MemberAddressing::Lease,
+            field_path,
+        })
+    }
+
+    fn fabric(&self) -> bool {
+        self.protocol.is_fabric()
+    }
+
+    fn pull_policy(&self) -> String {
+        pull_policy(self.inputs.backend.spec.image_pull_policy, self.image)
+    }
+}
+
+/// The store client's environment: where the master is, the transport, the segment.
+fn store_env(g: &Group<'_>) -> Vec<EnvVar> {
+    let mut env = vec![env_value("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE")];
+    if !g.lease_members {
+        env.push(env_value(
+            "MOONCAKE_MASTER",
+            client_endpoint(g.backend, g.inputs.namespace),
+        ));
+    }
+    env.extend([
+        env_value("MOONCAKE_PROTOCOL", g.protocol.artifact()),
+        field_env("POD_IP", "status.podIP"),
+        field_env("MOONCAKE_LOCAL_HOSTNAME", "status.podIP"),
+        env_value("MOONCAKE_GLOBAL_SEGMENT_SIZE", g.segment.to_string()),
+        env_value("MOONCAKE_LOCAL_BUFFER_SIZE", g.buffer.to_string()),
+        env_value("MC_TE_METRIC", "1"),
+    ]);
+    if g.group.medium == Medium::Dram {
+        env.extend(
+            DRAM_DEVICE_VISIBILITY_ENV
+                .iter()
+                .map(|v| env_value(v, "void")),
+        );
+    }
+    env
+}
+
+/// What a disk tier adds to the member Pod.
+struct TierParts {
+    env: Vec<EnvVar>,
+    volume: Volume,
+    mount: VolumeMount,
+    pre_stop: Lifecycle,
+    survey: Container,
+    grace_seconds: i64,
+}
+
+/// The tier's offload settings (the master's offload flags are derived from the same
+/// declaration), its hostPath, the preStop hook that deregisters it, and the init container that
+/// reports what the folder held at start.
+fn disk_tier(g: &Group<'_>, managed: &Managed, tier: &LocalDisk) -> Result<TierParts, Error> {
+    let bucket = BUCKET_BYTES.min(g.segment.max(1));
+    let mut env = vec![
+        env_value("MOONCAKE_OFFLOAD_ENABLED", "true"),
+        env_value("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", tier.path.as_str()),
+        env_value(
+            "MOONCAKE_OFFLOAD_BUCKET_SIZE_LIMIT_BYTES",
+            bucket.to_string(),
+        ),
+        env_value(
+            "MOONCAKE_OFFLOAD_BUCKET_KEYS_LIMIT",
+            BUCKET_KEYS.to_string(),
+        ),
+        env_value(
+            "MOONCAKE_OFFLOAD_LOCAL_BUFFER_SIZE_BYTES",
+            TIER_STAGING_BYTES.to_string(),
+        ),
+    ];
+    if let Some(c) = &tier.capacity {
+        let cap = bytes(&format!("{}.localDisks[0].capacity", g.field_path), c)?;
+        env.push(env_value(
+            "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES",
+            cap.to_string(),
+        ));
+        env.push(env_value(
+            "MOONCAKE_OFFLOAD_BUCKET_MAX_TOTAL_SIZE",
+            cap.to_string(),
+        ));
+    }
+    if let Some(k) = tier.key_limit {
+        env.push(env_value(
+            "MOONCAKE_OFFLOAD_TOTAL_KEYS_LIMIT",
+            k.to_string(),
+        ));
+    }
+    if let Some(e) = &tier.eviction {
+        env.push(env_value(
+            "MOONCAKE_OFFLOAD_ENABLE_DISK_WATERMARK_EVICTION",
+            if e.enabled { "true" } else { "false" },
+        ));
+        if let Some(p) = e.policy {
+            env.push(env_value(
+                "MOONCAKE_OFFLOAD_BUCKET_EVICTION_POLICY",
+                p.as_str(),
+            ));
+        }
+        if let Some(w) = &e.watermark {
+            env.push(env_value(
+                "MOONCAKE_OFFLOAD_DISK_EVICTION_HIGH_WATERMARK_RATIO",
+                format!("{:.2}", f64::from(w.high) / 100.0),
+            ));
+            env.push(env_value(
+                "MOONCAKE_OFFLOAD_DISK_EVICTION_LOW_WATERMARK_RATIO",
+                format!("{:.2}", f64::from(w.low) / 100.0),
+            ));
+        }
+    }
+    let seconds = i64::from(
+        managed
+            .scale_in
+            .as_ref()
+            .map_or(0, |s| s.grace_period_seconds),
+    );
+    let script = format!(
+        "import json, urllib.request; urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:{port}/api/unmount_local_disk', data=json.dumps({{'grace_period_seconds': {seconds}}}).encode(), headers={{'Content-Type': 'application/json'}}, method='POST'), timeout={})",
+        seconds + 10,
+        port = g.port,
+    );
+    Ok(TierParts {
+        env,
+        volume: Volume {
+            name: "local-disk".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: tier.path.clone(),
+                type_: Some("Directory".into()),
+            }),
+            ..Default::default()
+        },
+        mount: mount("local-disk", &tier.path, false),
+        pre_stop: Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec!["python3".into(), "-c".into(), script]),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        survey: Container {
+            name: "tier-survey".into(),
+            image: Some(g.image.into()),
+            image_pull_policy: Some(g.pull_policy()),
+            command: Some(vec![
+                "sh".into(),
+                "-c".into(),
+                "n=$(ls -A \"$TIER\" | wc -l); echo \"entries=$n path=$TIER\" | tee /dev/termination-log".into(),
+            ]),
+            env: Some(vec![env_value("TIER", tier.path.as_str())]),
+            volume_mounts: Some(vec![mount("local-disk", &tier.path, true)]),
+            termination_message_policy: Some("File".into()),
+            ..Default::default()
+        },
+        grace_seconds: seconds + SHUTDOWN_MARGIN_SECONDS,
+    })
+}
+
+/// The group's own hostPath volumes and their mounts.
+fn host_paths(group: &MemberGroup) -> (Vec<Volume>, Vec<VolumeMount>) {
+    group
+        .host_paths
+        .iter()
+        .enumerate()
+        .map(|(j, h)| {
+            let name = format!("host-{j}");
+            (
+                Volume {
+                    name: name.clone(),
+                    host_path: Some(HostPathVolumeSource {
+                        path: h.path.clone(),
+                        type_: h.r#type.clone().filter(|t| !t.is_empty()),
+                    }),
+                    ..Default::default()
+                },
+                mount(&name, &h.mount_path, h.read_only),
+            )
+        })
+        .unzip()
+}
+
+/// The device resources a fabric transport needs: EFA interfaces, or RDMA (shared for one
+/// interface, exclusive for more).
+fn fabric_limits(g: &Group<'_>) -> BTreeMap<String, K8sQuantity> {
+    if !g.fabric() {
+        return BTreeMap::new();
+    }
+    let count = g.group.fabric_interface_count.unwrap_or(1).max(1);
+    let (resource, n) = match (g.protocol, count) {
+        (Protocol::Efa, n) => ("vpc.amazonaws.com/efa", n),
+        (_, 1) => ("device.gpustack.ai/rdma.shared", 1),
+        (_, n) => ("device.gpustack.ai/rdma", n),
+    };
+    BTreeMap::from([(resource.to_owned(), K8sQuantity(n.to_string()))])
+}
+
+/// What the fabric grants (locked memory), with the user's context laid over it.
+fn security(g: &Group<'_>) -> Option<SecurityContext> {
+    let mut security = if g.fabric() {
+        SecurityContext {
+            capabilities: Some(Capabilities {
+                add: Some(vec!["IPC_LOCK".into(), "SYS_RESOURCE".into()]),
+                drop: None,
+            }),
+            ..Default::default()
+        }
+    } else {
+        SecurityContext::default()
+    };
+    if let Some(user) = &g.group.security_context {
+        merge_security(&mut security, user);
+    }
+    (security != SecurityContext::default()).then_some(security)
+}
+
+/// The user's security context over what the protocol grants, field by field;
+/// `capabilities.add` is unioned.
+fn merge_security(base: &mut SecurityContext, user: &SecurityContext) {
+    let granted: Vec<String> = base
+        .capabilities
+        .as_ref()
+        .and_then(|c| c.add.clone())
+        .unwrap_or_default();
+    let mut merged = user.clone();
+    if !granted.is_empty() || user.capabilities.is_some() {
+        let mut caps = user.capabilities.clone().unwrap_or_default();
+        let mut add = granted;
+        for c in caps.add.take().unwrap_or_default() {
+            if !add.contains(&c) {
+                add.push(c);
+            }
+        }
+        caps.add = Some(add);
+        merged.capabilities = Some(caps);
+    }
+    *base = merged;
+}
+
+/// The member's arguments: its REST port (beyond the first group) and `-D` overrides.
+fn store_args(g: &Group<'_>) -> Vec<String> {
+    let mut args = Vec::new();
+    if g.index > 0 {
+        args.extend(["--port".to_owned(), g.port.to_string()]);
+    }
+    for a in &g.group.extra_args {
+        args.extend(["-D".to_owned(), a.clone()]);
+    }
+    args
+}
+
+pub(super) fn member_daemon_set(
+    inputs: &BackendInputs<'_>,
+    managed: &Managed,
+    name: &str,
+    i: usize,
+    group: &MemberGroup,
+) -> Result<DaemonSet, Error> {
+    let g = Group::new(inputs, managed, name, i, group)?;
+    let component = format!("member-{i}");
+    let mut env = store_env(&g);
+    let (mut volumes, mut mounts) = (Vec::new(), Vec::new());
+    let mut init = Vec::new();
+    let mut request = match group.medium {
+        Medium::Dram => g.segment.saturating_add(g.buffer),
+        Medium::Vram => g.buffer,
+    };
+    let mut lifecycle = None;
+    let mut grace = SHUTDOWN_MARGIN_SECONDS;
+    if let Some(tier) = group.tier() {
+        let parts = disk_tier(&g, managed, tier)?;
+        env.extend(parts.env);
+        // The store allocates the tier's staging buffer in the member.
+        request = request.saturating_add(TIER_STAGING_BYTES);
+        volumes.push(parts.volume);
+        mounts.push(parts.mount);
+        lifecycle = Some(parts.pre_stop);
+        init.push(parts.survey);
+        grace = parts.grace_seconds;
+    }
+    let (host_volumes, host_mounts) = host_paths(group);
+    volumes.extend(host_volumes);
+    mounts.extend(host_mounts);
+    env.extend(group.extra_env.iter().map(EnvVar::from));
+
+    let store = vec!["mc_store_rest_server".to_owned()];
+    let command = if g.lease_members {
+        env.extend([
+            env_value("KVCACHE_ELECTOR_LEASE", leader_name(name)),
+            field_env("KVCACHE_ELECTOR_NAMESPACE", "metadata.namespace"),
+        ]);
+        volumes.push(empty_dir("elector"));
+        init.insert(0, elector_install(inputs.operator_image));
+        mounts.push(mount("elector", "/kvcache/bin", true));
+        [
+            ELECTOR_PATH.to_owned(),
+            "member".to_owned(),
+            "--".to_owned(),
+        ]
+        .into_iter()
+        .chain(store)
+        .collect()
+    } else {
+        store
+    };
+    let args = store_args(&g);
+    let limits = fabric_limits(&g);
+    let container = Container {
+        name: "member".into(),
+        image: Some(g.image.into()),
+        image_pull_policy: Some(g.pull_policy()),
+        command: Some(command),
+        args: (!args.is_empty()).then_some(args),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("rest".into()),
+            container_port: g.port,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::Int(g.port),
+                host: None,
+            }),
+            period_seconds: Some(5),
+            failure_threshold: Some(3),
+            ..Default::default()
+        }),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([(
+                "memory".to_owned(),
+                K8sQuantity(kvcache_api::quantity::format_bytes(request)),
+            )])),
+            limits: (!limits.is_empty()).then_some(limits),
+            ..Default::default()
+        }),
+        lifecycle,
+        security_context: security(&g),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    };
+    let labels = backend_labels(name, &component);
+    let fabric = g.fabric();
+    let mut template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels.clone()),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            node_selector: (!group.node_selector.is_empty()).then(|| group.node_selector.clone()),
+            service_account_name: g.lease_members.then(|| names::object(name, "member")),
+            automount_service_account_token: Some(g.lease_members),
+            host_network: fabric.then_some(true),
+            dns_policy: Some(
+                if fabric {
+                    "ClusterFirstWithHostNet"
+                } else {
+                    "ClusterFirst"
+                }
+                .into(),
+            ),
+            runtime_class_name: group.runtime_class_name.clone(),
+            image_pull_secrets: pull_secrets(inputs.backend),
+            termination_grace_period_seconds: Some(grace),
+            init_containers: (!init.is_empty()).then_some(init),
+            containers: vec![container],
+            volumes: (!volumes.is_empty()).then_some(volumes),
+            ..Default::default()
+        }),
+    };
+    let hash = fingerprint(&template);
+    if let Some(m) = template.metadata.as_mut() {
+        m.annotations = Some(BTreeMap::from([(POD_SPEC_HASH.to_owned(), hash)]));
+    }
+    Ok(DaemonSet {
+        metadata: meta(
+            &names::object(name, &component),
+            inputs.namespace,
+            labels,
+            inputs.backend,
+        ),
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(backend_selector(name, &component)),
+                ..Default::default()
+            },
+            update_strategy: Some(DaemonSetUpdateStrategy {
+                type_: Some("OnDelete".into()),
+                rolling_update: None,
+            }),
+            template,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}

@@ -1,0 +1,305 @@
+//! A managed KVCacheBackend as Kubernetes objects: the leader Deployment, its Service, the Lease,
+//! per-role RBAC, the tenant policy ConfigMap and one DaemonSet per member group.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kvcache_api::KVCacheBackend;
+use kvcache_api::backend::{MemberAddressing, PullPolicy};
+use kvcache_api::rules::BUCKET_BYTES;
+use kvcache_quota::policy::{POLICY_KEY, PolicyDocument};
+
+mod leader;
+mod member;
+
+use leader::leader_deployment;
+pub use leader::master_flags;
+use member::member_daemon_set;
+
+use crate::Error;
+use crate::names::{self, backend_labels, backend_selector};
+
+/// The leader's RPC port (engines and members dial it).
+pub const RPC_PORT: i32 = 50051;
+/// The leader's admin port (health, metrics, segments, tenant ledger).
+pub const ADMIN_PORT: i32 = 9003;
+/// The elector's readiness port.
+pub const ELECTOR_PORT: i32 = 8090;
+/// A member group's REST port is this plus its index.
+pub const MEMBER_BASE_PORT: i32 = 8080;
+/// The default staging buffer per member.
+pub const DEFAULT_LOCAL_BUFFER: u64 = 16 << 20;
+/// The staging buffer of a disk tier (the store's default is 1.25 GiB): two buckets.
+pub const TIER_STAGING_BYTES: u64 = 2 * BUCKET_BYTES;
+/// The annotation holding a member template's fingerprint.
+pub const POD_SPEC_HASH: &str = "kvcache.gpustack.ai/pod-spec-hash";
+/// Where the elector binary is delivered inside store Pods.
+pub const ELECTOR_PATH: &str = "/kvcache/bin/kvcache-elector";
+/// Shutdown budget beyond a tier's grace period.
+pub const SHUTDOWN_MARGIN_SECONDS: i64 = 60;
+/// The Lease duration the elector is given.
+pub const LEASE_SECONDS: i32 = 6;
+
+/// What rendering a backend takes.
+#[derive(Clone, Debug)]
+pub struct BackendInputs<'a> {
+    /// The backend.
+    pub backend: &'a KVCacheBackend,
+    /// The resolved store image (`spec.image`, else the cluster setting).
+    pub store_image: &'a str,
+    /// The operator's namespace (default `gpustack-system`).
+    pub namespace: &'a str,
+    /// The operator's own image (it carries `kvcache-elector`).
+    pub operator_image: &'a str,
+    /// The tenant policy from the pools on this backend (empty when there are none yet).
+    pub policy: Option<&'a PolicyDocument>,
+}
+
+/// Every object of a managed backend.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BackendObjects {
+    /// ServiceAccounts (leader; members with Lease addressing).
+    pub service_accounts: Vec<ServiceAccount>,
+    /// Roles.
+    pub roles: Vec<Role>,
+    /// RoleBindings.
+    pub role_bindings: Vec<RoleBinding>,
+    /// The Lease (election on).
+    pub lease: Option<Lease>,
+    /// The tenant policy seed (multi-tenancy on).
+    pub config_map: Option<ConfigMap>,
+    /// The leader Deployment.
+    pub deployment: Option<Deployment>,
+    /// The leader Service.
+    pub service: Option<Service>,
+    /// One DaemonSet per member group.
+    pub daemon_sets: Vec<DaemonSet>,
+}
+
+/// `<backend>-leader`.
+pub fn leader_name(backend: &str) -> String {
+    names::object(backend, "leader")
+}
+
+/// The address engines and members dial: `<backend>-leader.<namespace>.svc:50051`.
+pub fn client_endpoint(backend: &str, namespace: &str) -> String {
+    format!("{}.{namespace}.svc:{RPC_PORT}", leader_name(backend))
+}
+
+fn owner(b: &KVCacheBackend) -> Option<Vec<OwnerReference>> {
+    let uid = b.metadata.uid.clone()?;
+    Some(vec![OwnerReference {
+        api_version: format!("{}/{}", kvcache_api::GROUP, kvcache_api::VERSION),
+        kind: "KVCacheBackend".into(),
+        name: b.metadata.name.clone().unwrap_or_default(),
+        uid,
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }])
+}
+
+fn meta(name: &str, ns: &str, labels: BTreeMap<String, String>, b: &KVCacheBackend) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(ns.to_owned()),
+        labels: Some(labels),
+        owner_references: owner(b),
+        ..Default::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    }
+}
+
+fn empty_dir(name: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    }
+}
+
+/// The pull policy: as declared, else derived from the tag like the API server does.
+pub fn pull_policy(declared: Option<PullPolicy>, image: &str) -> String {
+    if let Some(p) = declared {
+        return p.as_str().into();
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    let tagged = last.contains(':') || image.contains('@');
+    if !tagged || last.ends_with(":latest") {
+        "Always".into()
+    } else {
+        "IfNotPresent".into()
+    }
+}
+
+fn bytes(field: &str, q: &kvcache_api::Quantity) -> Result<u64, Error> {
+    q.bytes(field).map_err(Error::from)
+}
+
+fn pull_secrets(b: &KVCacheBackend) -> Option<Vec<LocalObjectReference>> {
+    (!b.spec.image_pull_secrets.is_empty()).then(|| b.spec.image_pull_secrets.clone())
+}
+
+/// The container that copies `kvcache-elector` out of the operator image.
+fn elector_install(operator_image: &str) -> Container {
+    Container {
+        name: "elector-install".into(),
+        image: Some(operator_image.into()),
+        command: Some(vec![
+            "kvcache-elector".into(),
+            "install".into(),
+            "/kvcache/bin".into(),
+        ]),
+        volume_mounts: Some(vec![mount("elector", "/kvcache/bin", false)]),
+        ..Default::default()
+    }
+}
+
+/// Renders every object of a backend (nothing for an external one).
+pub fn render(inputs: &BackendInputs<'_>) -> Result<BackendObjects, Error> {
+    let b = inputs.backend;
+    let Some(managed) = &b.spec.connection.managed else {
+        return Ok(BackendObjects::default());
+    };
+    let name = b.metadata.name.clone().unwrap_or_default();
+    let ns = inputs.namespace;
+    let leader = leader_name(&name);
+    let elects = managed.leader.elects();
+    let lease_members = managed.leader.effective_member_addressing() == MemberAddressing::Lease;
+    let mut out = BackendObjects::default();
+
+    if elects {
+        out.lease = Some(Lease {
+            metadata: meta(&leader, ns, backend_labels(&name, "leader"), b),
+            spec: Some(LeaseSpec {
+                lease_duration_seconds: Some(LEASE_SECONDS),
+                ..Default::default()
+            }),
+        });
+        rbac(
+            &mut out,
+            b,
+            ns,
+            &leader,
+            "leader",
+            vec![PolicyRule {
+                api_groups: Some(vec!["coordination.k8s.io".into()]),
+                resources: Some(vec!["leases".into()]),
+                resource_names: Some(vec![leader.clone()]),
+                verbs: vec!["get".into(), "update".into()],
+                ..Default::default()
+            }],
+        );
+        if lease_members {
+            let member_sa = names::object(&name, "member");
+            rbac(
+                &mut out,
+                b,
+                ns,
+                &member_sa,
+                "member",
+                vec![PolicyRule {
+                    api_groups: Some(vec!["coordination.k8s.io".into()]),
+                    resources: Some(vec!["leases".into()]),
+                    resource_names: Some(vec![leader.clone()]),
+                    // A watch with a `metadata.name` field selector is authorized by name.
+                    verbs: vec!["get".into(), "list".into(), "watch".into()],
+                    ..Default::default()
+                }],
+            );
+        }
+    }
+    if managed.leader.multi_tenancy {
+        let doc = inputs.policy.cloned().unwrap_or_else(PolicyDocument::empty);
+        out.config_map = Some(ConfigMap {
+            metadata: meta(
+                &names::object(&name, "tenant-policy"),
+                ns,
+                backend_labels(&name, "leader"),
+                b,
+            ),
+            data: Some(BTreeMap::from([(POLICY_KEY.to_owned(), doc.to_yaml())])),
+            ..Default::default()
+        });
+    }
+    out.deployment = Some(leader_deployment(inputs, managed, &name, &leader)?);
+    out.service = Some(Service {
+        metadata: meta(&leader, ns, backend_labels(&name, "leader"), b),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            selector: Some(backend_selector(&name, "leader")),
+            ports: Some(vec![
+                ServicePort {
+                    name: Some("rpc".into()),
+                    port: RPC_PORT,
+                    target_port: Some(IntOrString::String("rpc".into())),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                },
+                ServicePort {
+                    name: Some("admin".into()),
+                    port: ADMIN_PORT,
+                    target_port: Some(IntOrString::String("admin".into())),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    for (i, group) in managed.members.iter().enumerate() {
+        out.daemon_sets
+            .push(member_daemon_set(inputs, managed, &name, i, group)?);
+    }
+    Ok(out)
+}
+
+fn rbac(
+    out: &mut BackendObjects,
+    b: &KVCacheBackend,
+    ns: &str,
+    account: &str,
+    component: &str,
+    rules: Vec<PolicyRule>,
+) {
+    let backend = b.metadata.name.clone().unwrap_or_default();
+    let labels = backend_labels(&backend, component);
+    out.service_accounts.push(ServiceAccount {
+        metadata: meta(account, ns, labels.clone(), b),
+        ..Default::default()
+    });
+    out.roles.push(Role {
+        metadata: meta(account, ns, labels.clone(), b),
+        rules: Some(rules),
+    });
+    out.role_bindings.push(RoleBinding {
+        metadata: meta(account, ns, labels, b),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: account.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: account.into(),
+            namespace: Some(ns.into()),
+            ..Default::default()
+        }]),
+    });
+}
