@@ -38,7 +38,7 @@ fn without_floor(mut crd: CustomResourceDefinition) -> CustomResourceDefinition 
 async fn the_segment_floor_is_judged_only_when_the_value_moves() {
     let cluster = shared();
     let client = cluster.client().await.expect("client");
-    let current = KVCacheBackend::crd();
+    let current = kvcache_api::crd::for_explain(KVCacheBackend::crd());
     apply_crds(&client, &[without_floor(current.clone())])
         .await
         .expect("old CRD");

@@ -1,13 +1,16 @@
 //! The CustomResourceDefinitions of every kind, as installed.
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+};
 use kube::CustomResourceExt;
 
 use crate::{
     Error, InstanceType, KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment,
 };
 
-/// Every CRD, in creation order (backend, pool, binding, model deployment, instance type).
+/// Every CRD, in creation order (backend, pool, binding, model deployment, instance type), with
+/// its descriptions made for `kubectl explain` (see [`for_explain`]).
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
         KVCacheBackend::crd(),
@@ -16,6 +19,101 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         ModelDeployment::crd(),
         InstanceType::crd(),
     ]
+    .into_iter()
+    .map(for_explain)
+    .collect()
+}
+
+/// Descriptions as `kubectl explain` should print them: each paragraph of a doc comment on one
+/// line (the comment's line breaks are not the user's), blank-line paragraph breaks, list items
+/// and fenced blocks kept; and one description per field (a list's items repeat their type's doc
+/// after the field's own, so it is dropped there).
+pub fn for_explain(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            tidy(schema);
+        }
+    }
+    crd
+}
+
+fn tidy(schema: &mut JSONSchemaProps) {
+    if let Some(d) = schema.description.as_mut() {
+        *d = reflow(d);
+    }
+    if let Some(JSONSchemaPropsOrArray::Schema(items)) = schema.items.as_mut() {
+        if schema.description.is_some() {
+            items.description = None;
+        }
+        tidy(items);
+    }
+    if let Some(JSONSchemaPropsOrArray::Schemas(items)) = schema.items.as_mut() {
+        items.iter_mut().for_each(tidy);
+    }
+    for props in [
+        schema.properties.as_mut(),
+        schema.pattern_properties.as_mut(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        props.values_mut().for_each(tidy);
+    }
+    if let Some(JSONSchemaPropsOrBool::Schema(extra)) = schema.additional_properties.as_mut() {
+        tidy(extra);
+    }
+    for list in [
+        schema.all_of.as_mut(),
+        schema.any_of.as_mut(),
+        schema.one_of.as_mut(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        list.iter_mut().for_each(tidy);
+    }
+}
+
+/// Joins the lines of each paragraph; keeps blank lines between paragraphs, list items on lines
+/// of their own, and fenced code blocks as written.
+pub fn reflow(text: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut fenced = false;
+    let mut joinable = false;
+    for line in text.lines() {
+        let trimmed = line.trim();
+        let fence = trimmed.starts_with("```");
+        if fenced || fence {
+            out.push(line.to_owned());
+            if fence {
+                fenced = !fenced;
+            }
+            joinable = false;
+            continue;
+        }
+        let item = trimmed.starts_with("- ")
+            || trimmed.starts_with("* ")
+            || trimmed
+                .split_once(". ")
+                .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if trimmed.is_empty() {
+            out.push(String::new());
+            joinable = false;
+        } else if joinable && !item {
+            if let Some(last) = out.last_mut() {
+                last.push(' ');
+                last.push_str(trimmed);
+            }
+        } else {
+            out.push(trimmed.to_owned());
+            joinable = true;
+        }
+    }
+    out.join("\n")
 }
 
 /// A CRD as YAML, with a header saying it is generated.
@@ -32,4 +130,24 @@ pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, Error> {
 /// The file name a CRD is written to under `deploy/crds/`.
 pub fn file_name(crd: &CustomResourceDefinition) -> String {
     format!("{}.yaml", crd.metadata.name.as_deref().unwrap_or("unnamed"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reflow;
+
+    #[test]
+    fn paragraphs_join_and_breaks_stay() {
+        assert_eq!(
+            reflow(
+                "the tenant the store uses for a\nwriter that names none.\n\nSecond `code\nspan` here."
+            ),
+            "the tenant the store uses for a writer that names none.\n\nSecond `code span` here."
+        );
+        assert_eq!(
+            reflow("Kinds:\n- one\n  more\n- two"),
+            "Kinds:\n- one more\n- two"
+        );
+        assert_eq!(reflow("a\n```\nx\n  y\n```\nb"), "a\n```\nx\n  y\n```\nb");
+    }
 }

@@ -77,3 +77,77 @@ fn names_scopes_and_columns() {
         ["POOL", "DOMAIN", "EFFECTIVE", "USAGE", "PHASE", "AGE"]
     );
 }
+
+/// Every description in a schema, with its path.
+fn descriptions(path: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    let Some(map) = v.as_object() else { return };
+    if let Some(d) = map.get("description").and_then(|d| d.as_str()) {
+        out.push((path.to_owned(), d.to_owned()));
+    }
+    if let Some(props) = map.get("properties").and_then(|p| p.as_object()) {
+        for (k, child) in props {
+            descriptions(&format!("{path}.{k}"), child, out);
+        }
+    }
+    if let Some(items) = map.get("items") {
+        if map.contains_key("description") {
+            assert!(
+                items.get("description").is_none(),
+                "{path}: the list and its items both carry a description, so kubectl explain runs them together"
+            );
+        }
+        descriptions(&format!("{path}[]"), items, out);
+    }
+    if let Some(extra) = map.get("additionalProperties") {
+        descriptions(&format!("{path}{{}}"), extra, out);
+    }
+}
+
+#[test]
+fn explain_text_reads_as_paragraphs() {
+    let mut checked = 0;
+    for c in crd::all() {
+        let json = serde_json::to_value(&c).expect("json");
+        let mut all = Vec::new();
+        descriptions(
+            &c.spec.names.kind.to_lowercase(),
+            &json["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
+            &mut all,
+        );
+        for (path, text) in &all {
+            checked += 1;
+            let mut fenced = false;
+            for (i, line) in text.split('\n').enumerate() {
+                if line.trim_start().starts_with("```") {
+                    fenced = !fenced;
+                }
+                let next = text.split('\n').nth(i + 1);
+                // A line break is a paragraph break, a list item, or inside a fenced block.
+                let ok = fenced
+                    || line.is_empty()
+                    || next.is_none_or(|n| {
+                        n.is_empty()
+                            || n.starts_with("- ")
+                            || n.starts_with("* ")
+                            || n.starts_with("```")
+                            || n.split_once(". ").is_some_and(|(d, _)| {
+                                !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
+                            })
+                    });
+                assert!(ok, "{path}: a line break inside a paragraph: {text:?}");
+            }
+        }
+    }
+    assert!(checked > 100, "descriptions were found ({checked})");
+    // The case a user met first.
+    let binding = crd::all()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "KVCachePoolBinding")
+        .expect("binding CRD");
+    let json = serde_json::to_value(&binding).expect("json");
+    let text = json["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"]["domain"]["properties"]["name"]["description"]
+        .as_str()
+        .expect("a description");
+    assert!(!text.contains('\n'), "{text:?}");
+}
