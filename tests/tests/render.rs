@@ -172,7 +172,7 @@ async fn rendered_roles_grant_exactly_the_lease() {
     );
     assert!(!allowed(&client, &leader, "delete", c, "leases", lease).await);
     assert!(
-        allowed(
+        !allowed(
             &client,
             &leader,
             "patch",
@@ -181,9 +181,25 @@ async fn rendered_roles_grant_exactly_the_lease() {
             Some("any-leader-pod")
         )
         .await,
-        "labels its own Pod"
+        "a store Pod may not relabel Pods"
     );
     assert!(allowed(&client, &member, "get", c, "leases", lease).await);
+    // The member watches its one Lease (a watch with a metadata.name field selector is
+    // authorized by that name), and no other.
+    assert!(allowed(&client, &member, "watch", c, "leases", lease).await);
+    assert!(allowed(&client, &member, "list", c, "leases", lease).await);
+    assert!(
+        !allowed(
+            &client,
+            &member,
+            "watch",
+            c,
+            "leases",
+            Some("another-lease")
+        )
+        .await,
+        "pinned to its own Lease"
+    );
     assert!(
         !allowed(&client, &member, "update", c, "leases", lease).await,
         "members cannot take the Lease"

@@ -63,3 +63,29 @@ fn capacity_follows_members_and_a_restart_is_cold() {
         "a miss"
     );
 }
+
+#[test]
+fn a_failed_read_is_an_error_not_a_miss() {
+    // Something that accepts connections and drops them at once: the client comes up without a
+    // master, and its `get` returns empty bytes, exactly like a miss. The harness must report an
+    // error instead.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address");
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            drop(stream);
+        }
+    });
+    let err = store::get(&address.to_string(), "any-key", None)
+        .expect_err("no master behind the address: an error, never a miss");
+    assert!(
+        matches!(
+            err,
+            kvcache_e2e::Error::Store {
+                op: "setup" | "is_exist",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
