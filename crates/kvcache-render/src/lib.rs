@@ -7,6 +7,7 @@ pub mod backend;
 pub mod install;
 pub mod model;
 pub mod names;
+pub mod observe;
 pub mod resolve;
 pub mod review;
 

@@ -1,0 +1,434 @@
+//! The backend status as a pure function of what was observed: the store's real answers
+//! (captured from `mooncake_master` 0.3.13.post1) and member Pods, no API server.
+
+use kvcache_api::KVCacheBackend;
+use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus, ObjectRef};
+use kvcache_api::condition::{Cond, Status, find};
+use kvcache_render::observe::{
+    Health, LeaderReplicas, MemberPod, Metrics, Observation, ReadError, Segment, StoreReading,
+    backend_status, stale_member_pods, types,
+};
+
+const MI: u64 = 1 << 20;
+
+/// `/get_segments_detail` as the real master answered with one 64 MiB member.
+const SEGMENTS: &str = r#"{"total_segments":1,"segments":[{"segment_name":"10.0.0.5:13360","segment_id":"17748296431250894867-10526357289198217641","client_id":"5931000652488417973-221714976145051047","base_address":"0x7f0fa8000000","size_bytes":67108864,"size_human":"0.0625 GiB","te_endpoint":"10.0.0.5:15184","protocol":"tcp","status":"OK","allocator_used_bytes":0,"allocator_capacity_bytes":67108864,"allocator_usage_percent":0E0}]}"#;
+
+const HEALTH: &str = r#"{"status":"ok","role":"leader","ha_state":"serving","service_ready":true,"leader_address":null,"view_version":null}"#;
+
+fn backend(yaml_members: &str, leader: &str) -> KVCacheBackend {
+    serde_yaml::from_str(&format!(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: mooncake-dram, generation: 3}}\nspec:\n  connection:\n    managed:\n      leader: {leader}\n      members:\n{yaml_members}"
+    ))
+    .expect("backend")
+}
+
+fn dram() -> KVCacheBackend {
+    backend(
+        "        - medium: DRAM\n          capacityPerMember: 64Mi\n",
+        "{}",
+    )
+}
+
+fn metrics(memory: u64, extra: &str) -> Metrics {
+    Metrics::parse(&format!(
+        "# HELP master_total_capacity_bytes x\nmaster_total_capacity_bytes {memory}\nsegment_total_capacity_bytes{{segment=\"10.0.0.5:13360\"}} {memory}\nmaster_active_clients 2\nmaster_total_file_capacity_bytes 0\n{extra}"
+    ))
+}
+
+fn segment(ip: &str, id: &str) -> Segment {
+    Segment {
+        segment_name: format!("{ip}:13360"),
+        segment_id: id.into(),
+        client_id: format!("client-{id}"),
+        size_bytes: 64 * MI,
+        allocator_used_bytes: 0,
+    }
+}
+
+fn pod(name: &str, node: &str, ip: &str) -> MemberPod {
+    MemberPod {
+        name: name.into(),
+        node: node.into(),
+        ip: ip.into(),
+        group: 0,
+        ready: true,
+        terminating: false,
+        hash: "h1".into(),
+        problem: None,
+        survey: None,
+    }
+}
+
+fn serving(memory: u64, segments: Vec<Segment>) -> StoreReading {
+    StoreReading {
+        health: Health::parse("h", HEALTH),
+        metrics: Ok(metrics(memory, "")),
+        segments: Ok(segments),
+    }
+}
+
+fn observation(store: Option<StoreReading>, members: Vec<MemberPod>) -> Observation {
+    Observation {
+        generation: Some(3),
+        deleting: false,
+        used_by: Vec::new(),
+        endpoint: Some("mooncake-dram-leader.gpustack-system.svc:50051".into()),
+        leader: Some(LeaderReplicas {
+            desired: 1,
+            ready: 1,
+            updated: 1,
+            total: 1,
+            observed: true,
+        }),
+        lease_holder: Some(Some("mooncake-dram-leader-abc".into())),
+        store,
+        members,
+        rendered_hashes: vec!["h1".into()],
+        standbys_held: false,
+        store_version: None,
+    }
+}
+
+fn cond<'a>(c: &'a [Cond], t: &str) -> &'a Cond {
+    find(c, t).unwrap_or_else(|| panic!("no {t} in {c:?}"))
+}
+
+#[test]
+fn the_real_answers_parse() {
+    let segments = Segment::parse_all("u", SEGMENTS).expect("listing");
+    assert_eq!(segments.len(), 1);
+    assert_eq!(segments[0].host(), "10.0.0.5");
+    assert_eq!(segments[0].size_bytes, 64 * MI);
+    let health = Health::parse("u", HEALTH).expect("health");
+    assert!(health.service_ready);
+    let m = metrics(64 * MI, "master_put_end_requests_total 3\n");
+    assert_eq!(m.memory_bytes, Some(64 * MI));
+    assert_eq!(m.put_ends, Some(3));
+    assert_eq!(m.active_clients, Some(2));
+    assert!(Segment::parse_all("u", "<html>").is_err());
+}
+
+#[test]
+fn mounted_members_make_it_ready_with_capacity_from_the_store() {
+    let b = dram();
+    let obs = observation(
+        Some(serving(
+            128 * MI,
+            vec![segment("10.0.0.5", "a"), segment("10.0.0.6", "b")],
+        )),
+        vec![
+            pod("m-1", "node-1", "10.0.0.5"),
+            pod("m-2", "node-2", "10.0.0.6"),
+        ],
+    );
+    let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
+    assert_eq!(s.phase, BackendPhase::Ready);
+    assert_eq!(s.phase_message, None);
+    assert_eq!(
+        s.capacity.as_ref().map(|c| c.total.as_str().to_owned()),
+        Some("128Mi".into())
+    );
+    assert_eq!(
+        cond(&s.conditions, types::MEMBERS_MOUNTED).status,
+        Status::True
+    );
+    assert_eq!(s.members.len(), 2);
+    assert_eq!(s.members[0].node_name, "node-1");
+    assert_eq!(s.members[0].medium, "DRAM");
+    assert_eq!(
+        cond(&s.conditions, types::ELECTION_OBSERVED).reason,
+        "HolderElected"
+    );
+    assert_eq!(
+        cond(&s.conditions, types::ROLLOUT_COMPLETE).status,
+        Status::True
+    );
+}
+
+#[test]
+fn a_ready_member_the_master_does_not_list_degrades_and_is_named() {
+    let obs = observation(
+        Some(serving(64 * MI, vec![segment("10.0.0.5", "a")])),
+        vec![
+            pod("m-1", "node-1", "10.0.0.5"),
+            pod("m-2", "node-2", "10.0.0.6"),
+        ],
+    );
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    assert_eq!(s.phase, BackendPhase::Degraded);
+    let c = cond(&s.conditions, types::MEMBERS_MOUNTED);
+    assert_eq!((c.status, c.reason), (Status::False, "SegmentsShort"));
+    assert!(c.message.contains("m-2 (node node-2)"), "{}", c.message);
+    assert!(!c.message.contains("m-1"), "{}", c.message);
+    assert_eq!(
+        s.capacity.map(|c| c.total.as_str().to_owned()),
+        Some("64Mi".into()),
+        "capacity is what the store reports, not the spec"
+    );
+}
+
+#[test]
+fn no_ready_leader_is_provisioning_with_no_capacity() {
+    let mut obs = observation(None, vec![pod("m-1", "node-1", "10.0.0.5")]);
+    obs.leader = Some(LeaderReplicas {
+        desired: 1,
+        ready: 0,
+        updated: 1,
+        total: 1,
+        observed: true,
+    });
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    assert_eq!(s.phase, BackendPhase::Provisioning);
+    assert_eq!(s.capacity, None, "absent, not zero");
+    assert_eq!(
+        cond(&s.conditions, types::LEADER_AVAILABLE).reason,
+        "NoReadyReplica"
+    );
+}
+
+#[test]
+fn an_unreachable_leader_is_an_error_and_clears_capacity() {
+    let unreachable = ReadError::Unreachable {
+        url: "http://x:9003/health".into(),
+        message: "connection refused".into(),
+    };
+    let obs = observation(
+        Some(StoreReading {
+            health: Err(unreachable.clone()),
+            metrics: Err(unreachable.clone()),
+            segments: Err(unreachable),
+        }),
+        vec![pod("m-1", "node-1", "10.0.0.5")],
+    );
+    let previous = KVCacheBackendStatus {
+        capacity: Some(kvcache_api::backend::Capacity {
+            total: kvcache_api::Quantity::from("64Mi"),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let s = backend_status(&dram(), &obs, &previous);
+    assert_eq!(s.phase, BackendPhase::Error);
+    assert_eq!(s.capacity, None);
+    assert!(
+        s.phase_message
+            .as_deref()
+            .is_some_and(|m| m.contains("connection refused"))
+    );
+}
+
+#[test]
+fn a_failed_scrape_clears_capacity_and_says_so() {
+    let mut reading = serving(64 * MI, vec![segment("10.0.0.5", "a")]);
+    reading.metrics = Err(ReadError::Status {
+        url: "http://x:9003/metrics".into(),
+        status: 500,
+    });
+    let obs = observation(Some(reading), vec![pod("m-1", "node-1", "10.0.0.5")]);
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    assert_eq!(s.capacity, None);
+    let c = cond(&s.conditions, types::CAPACITY_OBSERVED);
+    assert_eq!((c.status, c.reason), (Status::False, "ScrapeFailed"));
+}
+
+#[test]
+fn an_old_master_without_the_listing_is_unknown_not_degraded() {
+    let mut reading = serving(64 * MI, vec![]);
+    reading.segments = Err(ReadError::Status {
+        url: "http://x:9003/get_segments_detail".into(),
+        status: 404,
+    });
+    let obs = observation(Some(reading), vec![pod("m-1", "node-1", "10.0.0.5")]);
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    assert_eq!(s.phase, BackendPhase::Ready);
+    let c = cond(&s.conditions, types::MEMBERS_MOUNTED);
+    assert_eq!(
+        (c.status, c.reason),
+        (Status::Unknown, "SegmentListingNotServed")
+    );
+}
+
+#[test]
+fn a_member_that_cannot_start_degrades_with_its_own_reason() {
+    let mut stuck = pod("m-2", "", "");
+    stuck.ready = false;
+    stuck.problem = Some((
+        "Unschedulable".into(),
+        "0/2 nodes are available: 2 Insufficient memory.".into(),
+    ));
+    let obs = observation(
+        Some(serving(64 * MI, vec![segment("10.0.0.5", "a")])),
+        vec![pod("m-1", "node-1", "10.0.0.5"), stuck],
+    );
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    assert_eq!(s.phase, BackendPhase::Degraded);
+    assert!(
+        s.phase_message
+            .as_deref()
+            .is_some_and(|m| m.contains("Insufficient memory")),
+        "{:?}",
+        s.phase_message
+    );
+    assert_eq!(
+        cond(&s.conditions, types::MEMBERS_MOUNTED).reason,
+        "MemberUnschedulable"
+    );
+}
+
+#[test]
+fn zero_capacity_with_ready_members_is_no_segments() {
+    let obs = observation(
+        Some(serving(0, vec![])),
+        vec![pod("m-1", "node-1", "10.0.0.5")],
+    );
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    assert_eq!(s.phase, BackendPhase::Degraded);
+    assert_eq!(
+        cond(&s.conditions, types::MEMBERS_MOUNTED).reason,
+        "NoSegments"
+    );
+}
+
+#[test]
+fn members_not_reattached_after_a_failover_show() {
+    let mut reading = serving(64 * MI, vec![segment("10.0.0.5", "a")]);
+    if let Ok(m) = reading.metrics.as_mut() {
+        m.active_clients = Some(0);
+    }
+    let obs = observation(Some(reading), vec![pod("m-1", "node-1", "10.0.0.5")]);
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    assert_eq!(
+        cond(&s.conditions, types::MEMBERS_MOUNTED).reason,
+        "ClientsNotReattached"
+    );
+}
+
+#[test]
+fn pool_writes_follow_the_counters() {
+    let case = |extra: &str, used: u64| {
+        let mut seg = segment("10.0.0.5", "a");
+        seg.allocator_used_bytes = used;
+        let reading = StoreReading {
+            health: Health::parse("h", HEALTH),
+            metrics: Ok(metrics(64 * MI, extra)),
+            segments: Ok(vec![seg]),
+        };
+        let obs = observation(Some(reading), vec![pod("m-1", "node-1", "10.0.0.5")]);
+        let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+        cond(&s.conditions, types::POOL_WRITES).clone()
+    };
+    assert_eq!(
+        case("master_put_end_requests_total 2\n", 0).status,
+        Status::True
+    );
+    assert_eq!(case("", 4096).status, Status::True);
+    let revoked = case(
+        "master_put_start_requests_total 5\nmaster_put_revoke_requests_total 5\nmaster_put_end_requests_total 0\n",
+        0,
+    );
+    assert_eq!(
+        (revoked.status, revoked.reason),
+        (Status::False, "PutsRevoked")
+    );
+    assert_eq!(
+        case("master_put_start_requests_total 0\n", 0).reason,
+        "NoPutsYet"
+    );
+}
+
+#[test]
+fn deletion_held_by_a_pool_names_it() {
+    let mut obs = observation(
+        Some(serving(64 * MI, vec![segment("10.0.0.5", "a")])),
+        vec![pod("m-1", "node-1", "10.0.0.5")],
+    );
+    obs.deleting = true;
+    obs.used_by = vec![ObjectRef {
+        kind: "KVCachePool".into(),
+        namespace: None,
+        name: "shared-dram".into(),
+    }];
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    assert_eq!(s.phase, BackendPhase::Deleting);
+    assert!(
+        s.phase_message
+            .as_deref()
+            .is_some_and(|m| m.contains("KVCachePool shared-dram"))
+    );
+    assert_eq!(cond(&s.conditions, types::DELETABLE).status, Status::False);
+}
+
+#[test]
+fn a_declared_tier_the_master_does_not_report_is_named() {
+    let b = backend(
+        "        - medium: DRAM\n          capacityPerMember: 64Mi\n          localDisks: [{path: /var/lib/kvcache}]\n",
+        "{}",
+    );
+    let obs = observation(
+        Some(serving(64 * MI, vec![segment("10.0.0.5", "a")])),
+        vec![pod("m-1", "node-1", "10.0.0.5")],
+    );
+    let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
+    assert_eq!(s.phase, BackendPhase::Degraded);
+    assert_eq!(
+        cond(&s.conditions, types::TIER_REGISTERED).reason,
+        "TierNotRegistered"
+    );
+}
+
+#[test]
+fn the_tier_survey_is_written_once() {
+    let b = backend(
+        "        - medium: DRAM\n          capacityPerMember: 64Mi\n          localDisks: [{path: /var/lib/kvcache}]\n",
+        "{}",
+    );
+    let mut full = pod("m-1", "node-1", "10.0.0.5");
+    full.survey = Some("entries=3 path=/var/lib/kvcache".into());
+    let obs = observation(Some(serving(64 * MI, vec![])), vec![full]);
+    let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
+    let c = cond(&s.conditions, types::TIER_WAS_EMPTY);
+    assert_eq!((c.status, c.reason), (Status::False, "PreexistingContent"));
+    assert!(
+        c.message.contains("node node-1 (3 entries)"),
+        "{}",
+        c.message
+    );
+    // Later Pods report empty: the first verdict stands.
+    let stored = KVCacheBackendStatus {
+        conditions: kvcache_api::condition::merge(
+            &[],
+            &s.conditions,
+            &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            None,
+        ),
+        ..Default::default()
+    };
+    let mut empty = pod("m-1b", "node-1", "10.0.0.5");
+    empty.survey = Some("entries=0 path=/var/lib/kvcache".into());
+    let later = observation(Some(serving(64 * MI, vec![])), vec![empty]);
+    let s = backend_status(&b, &later, &stored);
+    assert_eq!(
+        cond(&s.conditions, types::TIER_WAS_EMPTY).status,
+        Status::False
+    );
+}
+
+#[test]
+fn exactly_the_pods_with_another_fingerprint_are_replaced() {
+    let mut old = pod("m-old", "node-1", "10.0.0.5");
+    old.hash = "h0".into();
+    let mut going = pod("m-going", "node-3", "10.0.0.7");
+    going.hash = "h0".into();
+    going.terminating = true;
+    let pods = vec![old, pod("m-new", "node-2", "10.0.0.6"), going];
+    assert_eq!(stale_member_pods(&pods, &["h1".into()]), ["m-old"]);
+    let obs = observation(Some(serving(64 * MI, vec![])), pods);
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    assert_eq!(
+        cond(&s.conditions, types::ROLLOUT_COMPLETE).reason,
+        "RolloutInProgress"
+    );
+}
