@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod failover;
+pub mod operator;
 pub mod paths;
 pub mod pki;
 pub mod process;

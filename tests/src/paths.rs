@@ -83,37 +83,44 @@ pub fn scratch(prefix: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// A binary of this workspace, built (debug) on first use per test process.
+fn workspace_bin(package: &'static str) -> Result<PathBuf> {
+    use std::sync::Mutex;
+    static BUILT: Mutex<Vec<(&'static str, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, path)) = built.iter().find(|(p, _)| *p == package) {
+        return Ok(path.clone());
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "--quiet", "-p", package, "--bin", package])
+        .status()
+        .map_err(|e| Error::Build {
+            what: package,
+            reason: format!("running cargo build: {e}"),
+        })?;
+    if !status.success() {
+        return Err(Error::Build {
+            what: package,
+            reason: format!("cargo build -p {package} failed ({status})"),
+        });
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let path = target.join("debug").join(package);
+    built.push((package, path.clone()));
+    Ok(path)
+}
+
 /// The `kvcache-elector` binary of this workspace, built on first use.
 pub fn elector_bin() -> Result<PathBuf> {
-    use std::sync::OnceLock;
-    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = std::process::Command::new(cargo)
-                .current_dir(&root)
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "kvcache-elector",
-                    "--bin",
-                    "kvcache-elector",
-                ])
-                .status()
-                .map_err(|e| format!("running cargo build for kvcache-elector: {e}"))?;
-            if !status.success() {
-                return Err(format!("cargo build -p kvcache-elector failed ({status})"));
-            }
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| root.join("target"));
-            Ok(target.join("debug/kvcache-elector"))
-        })
-        .clone()
-        .map_err(|reason| Error::Build {
-            what: "kvcache-elector",
-            reason,
-        })
+    workspace_bin("kvcache-elector")
+}
+
+/// The `kvcache-operator` binary of this workspace, built on first use.
+pub fn operator_bin() -> Result<PathBuf> {
+    workspace_bin("kvcache-operator")
 }

@@ -37,7 +37,40 @@ impl Settings {
     }
 }
 
+/// Where the cluster settings live: a ConfigMap of this name in the operator's namespace.
+pub const SETTINGS_CONFIG_MAP: &str = "gpustack-settings";
+
 impl Settings {
+    /// Reads the settings ConfigMap's data (`kv-cache-backend-image`,
+    /// `model-deployment-kv-cache-dtype-owned`); absent keys keep their defaults, other keys
+    /// are not ours and are ignored. A flag that is neither `true` nor `false` is an error
+    /// naming the key.
+    pub fn from_data(
+        source: &str,
+        data: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Self, crate::Error> {
+        let mut s = Settings::default();
+        if let Some(image) = data.get("kv-cache-backend-image") {
+            s.kv_cache_backend_image = Some(image.clone());
+        }
+        if let Some(flag) = data.get("model-deployment-kv-cache-dtype-owned") {
+            s.kv_cache_dtype_owned = match flag.trim() {
+                "true" => true,
+                "false" => false,
+                other => {
+                    return Err(crate::Error::ManifestSyntax {
+                        source_name: source.to_owned(),
+                        index: 1,
+                        message: format!(
+                            "model-deployment-kv-cache-dtype-owned: {other:?} is neither true nor false"
+                        ),
+                    });
+                }
+            };
+        }
+        Ok(s)
+    }
+
     /// Reads a settings file; absent keys keep their defaults.
     pub fn from_yaml(source: &str, text: &str) -> Result<Self, crate::Error> {
         serde_yaml::from_str(text).map_err(|e| crate::Error::ManifestSyntax {

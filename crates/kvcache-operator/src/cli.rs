@@ -13,11 +13,14 @@ use kvcache_api::manifest::{self, Manifest};
 #[command(name = "kvcache-operator", version, about)]
 pub struct Cli {
     #[command(subcommand)]
-    command: Command,
+    pub command: Command,
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {
+pub enum Command {
+    /// Run the operator: reconcile KVCacheBackends (and, as they arrive, the other kinds)
+    /// against the cluster in KUBECONFIG or the one this Pod runs in.
+    Run(crate::run::RunArgs),
     /// Print every CustomResourceDefinition as YAML (what `kubectl apply -f` installs).
     Crds,
     /// Check manifests offline against the admission rules, as `kubectl apply` would be judged.
@@ -79,6 +82,8 @@ pub enum CliError {
 pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let mut out = std::io::stdout().lock();
     match cli.command {
+        // `main` runs it on a runtime; nothing to do here.
+        Command::Run(_) => Ok(ExitCode::SUCCESS),
         Command::Crds => {
             for (i, crd) in kvcache_api::crd::all().iter().enumerate() {
                 if i > 0 {

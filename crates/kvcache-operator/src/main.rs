@@ -1,6 +1,12 @@
-//! `kvcache-operator`: runs the operator, and offline prints its CRDs and checks manifests.
+//! `kvcache-operator`: runs the operator, and offline prints its CRDs, checks manifests and
+//! renders what the operator would create.
 
+mod backend;
 mod cli;
+mod error;
+mod run;
+mod store;
+mod telemetry;
 
 use std::process::ExitCode;
 
@@ -8,6 +14,25 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
+    if let cli::Command::Run(run_args) = args.command {
+        let runtime = match tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("error: cannot start the async runtime: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        return match runtime.block_on(run::run(run_args)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {

@@ -176,11 +176,10 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
             rules: Some(vec![
                 rule(&["apps"], &["daemonsets"], WRITE),
                 rule(&[""], &["configmaps", "serviceaccounts"], WRITE),
-                rule(
-                    &[""],
-                    &["pods"],
-                    &["get", "list", "watch", "delete", "patch"],
-                ),
+                // Member Pods whose template changed are deleted (DaemonSets are OnDelete).
+                rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
+                // The leader Service's endpoints tell when the serving leader moves.
+                rule(&["discovery.k8s.io"], &["endpointslices"], READ),
                 rule(&["coordination.k8s.io"], &["leases"], WRITE),
                 rule(
                     &["rbac.authorization.k8s.io"],

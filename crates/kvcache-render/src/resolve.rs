@@ -109,6 +109,47 @@ fn to_docs<
     }
 }
 
+/// The ceilings of every Binding whose pool draws on `backend`, in `namespace/name` order, and
+/// the Bindings whose ceiling does not parse.
+pub fn ceilings_on<'a>(
+    backend: &str,
+    pools: impl IntoIterator<Item = &'a KVCachePool>,
+    bindings: impl IntoIterator<Item = &'a KVCachePoolBinding>,
+) -> (Vec<BindingCeiling>, Vec<Error>) {
+    let pools_here: std::collections::BTreeSet<&str> = pools
+        .into_iter()
+        .filter(|p| p.spec.backend() == Some(backend))
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    let mut ceilings = Vec::new();
+    let mut errors = Vec::new();
+    for b in bindings {
+        if !pools_here.contains(b.spec.pool_ref.name.as_str()) {
+            continue;
+        }
+        let id = format!(
+            "{}/{}",
+            b.metadata.namespace.as_deref().unwrap_or("default"),
+            b.metadata.name.as_deref().unwrap_or_default()
+        );
+        match b
+            .spec
+            .quota
+            .ceiling
+            .bytes(&format!("KVCachePoolBinding {id} spec.quota.ceiling"))
+        {
+            Ok(bytes) => ceilings.push(BindingCeiling {
+                binding: id,
+                tenant: tenant_of(b).to_owned(),
+                ceiling_bytes: bytes,
+            }),
+            Err(e) => errors.push(e.into()),
+        }
+    }
+    ceilings.sort_by(|a, b| a.binding.cmp(&b.binding));
+    (ceilings, errors)
+}
+
 /// Renders every object the operator would create for `objects`; errors name what does not resolve.
 pub fn render_all(
     objects: &[Object],
@@ -127,27 +168,12 @@ pub fn render_all(
             });
             continue;
         };
-        let mut ceilings = Vec::new();
-        for ((ns, bname), binding) in &ix.bindings {
-            let on_backend = ix
-                .pools
-                .get(&binding.spec.pool_ref.name)
-                .and_then(|p| p.spec.backend())
-                == Some(name.as_str());
-            if !on_backend {
-                continue;
-            }
-            match binding.spec.quota.ceiling.bytes(&format!(
-                "KVCachePoolBinding {ns}/{bname} spec.quota.ceiling"
-            )) {
-                Ok(bytes) => ceilings.push(BindingCeiling {
-                    binding: format!("{ns}/{bname}"),
-                    tenant: tenant_of(binding).to_owned(),
-                    ceiling_bytes: bytes,
-                }),
-                Err(e) => errors.push(e.into()),
-            }
-        }
+        let (ceilings, problems) = ceilings_on(
+            name,
+            ix.pools.values().copied(),
+            ix.bindings.values().copied(),
+        );
+        errors.extend(problems);
         let doc = match policy::render(name, &ceilings) {
             Ok(d) => d,
             Err(e) => {

@@ -432,3 +432,63 @@ fn exactly_the_pods_with_another_fingerprint_are_replaced() {
         "RolloutInProgress"
     );
 }
+
+#[test]
+fn standbys_wait_for_election_to_be_enabled_first() {
+    use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+    use kvcache_render::backend::{BackendInputs, render};
+    use kvcache_render::observe::hold_standbys;
+    let leader = |yaml: &str| -> Deployment {
+        let b = backend(
+            "        - medium: DRAM\n          capacityPerMember: 64Mi\n",
+            yaml,
+        );
+        render(&BackendInputs {
+            backend: &b,
+            store_image: "store:1",
+            namespace: "ns",
+            operator_image: "op:1",
+            policy: None,
+        })
+        .expect("renders")
+        .deployment
+        .expect("a leader")
+    };
+    let none = leader("{electionBackend: None}");
+    let one = leader("{replicas: 1}");
+    let three = leader("{replicas: 3}");
+    assert!(
+        !hold_standbys(None, &three),
+        "a new backend starts with all replicas"
+    );
+    assert!(
+        hold_standbys(Some(&none), &three),
+        "first enable election at one replica"
+    );
+    let mut rolling = one.clone();
+    rolling.metadata.generation = Some(2);
+    rolling.status = Some(DeploymentStatus {
+        observed_generation: Some(1),
+        ..Default::default()
+    });
+    assert!(
+        hold_standbys(Some(&rolling), &three),
+        "the electing template is still rolling out"
+    );
+    let mut done = one.clone();
+    done.metadata.generation = Some(2);
+    done.status = Some(DeploymentStatus {
+        observed_generation: Some(2),
+        updated_replicas: Some(1),
+        replicas: Some(1),
+        ..Default::default()
+    });
+    assert!(
+        !hold_standbys(Some(&done), &three),
+        "then the standbys come"
+    );
+    assert!(
+        !hold_standbys(Some(&none), &one),
+        "one replica needs no second step"
+    );
+}

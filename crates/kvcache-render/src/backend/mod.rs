@@ -106,7 +106,19 @@ fn owner(b: &KVCacheBackend) -> Option<Vec<OwnerReference>> {
     }])
 }
 
-fn meta(name: &str, ns: &str, labels: BTreeMap<String, String>, b: &KVCacheBackend) -> ObjectMeta {
+/// The label that marks an object as this backend's (its uid): what the operator prunes and
+/// tears down by, never by the identity labels alone.
+pub const OWNER_LABEL: &str = "kvcache.gpustack.ai/backend-uid";
+
+fn meta(
+    name: &str,
+    ns: &str,
+    mut labels: BTreeMap<String, String>,
+    b: &KVCacheBackend,
+) -> ObjectMeta {
+    if let Some(uid) = &b.metadata.uid {
+        labels.insert(OWNER_LABEL.to_owned(), uid.clone());
+    }
     ObjectMeta {
         name: Some(name.to_owned()),
         namespace: Some(ns.to_owned()),

@@ -1,0 +1,903 @@
+//! The KVCacheBackend controller: fetch, call `kvcache-render` (objects, then status from what
+//! was observed), write. Every decision is a pure function in `kvcache-render`; this module only
+//! reads the cluster and the store, applies, prunes, deletes stale member Pods and writes status.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{Event as Finalized, finalizer};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use kvcache_api::backend::{
+    BackendPhase, EndpointName, KVCacheBackendStatus, ObjectRef as Consumer,
+};
+use kvcache_api::condition::{Cond, Status};
+use kvcache_api::{KVCacheBackend, KVCachePool, Settings};
+use kvcache_quota::policy;
+use kvcache_render::backend::{
+    ADMIN_PORT, BackendInputs, BackendObjects, OWNER_LABEL, POD_SPEC_HASH, client_endpoint,
+    leader_name,
+};
+use kvcache_render::names::label_value;
+use kvcache_render::observe::{
+    self, Computed, LeaderReplicas, MemberPod, Observation, hold_standbys, types,
+};
+use kvcache_render::resolve::{ceilings_on, store_image};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::{info, instrument, warn};
+
+use crate::error::{Error, kube as kerr};
+use crate::run::Shared;
+
+/// The one field manager of every write.
+pub const MANAGER: &str = "kvcache-operator";
+/// Held while the backend's workloads are torn down.
+pub const FINALIZER: &str = "kvcache.gpustack.ai/teardown";
+const CONTROLLER: &str = "kvcachebackend";
+/// How long a workload gets to go beyond its Pods' termination grace.
+const TEARDOWN_SLACK: Duration = Duration::from_secs(120);
+
+/// Per-backend polling: the figures last seen and the delay until the next read.
+#[derive(Clone, Debug, Default)]
+pub struct Poll {
+    figures: String,
+    delay: Duration,
+}
+
+fn labels_of_backend(name: &str) -> String {
+    format!(
+        "app.kubernetes.io/name=kv-cache-backend,app.kubernetes.io/instance={}",
+        label_value(name)
+    )
+}
+
+/// The backends a labelled object (member Pod, Lease) belongs to.
+fn by_instance_label(
+    store: &Store<KVCacheBackend>,
+    labels: &BTreeMap<String, String>,
+) -> Vec<ObjectRef<KVCacheBackend>> {
+    if labels.get("app.kubernetes.io/name").map(String::as_str) != Some("kv-cache-backend") {
+        return Vec::new();
+    }
+    let Some(instance) = labels.get("app.kubernetes.io/instance") else {
+        return Vec::new();
+    };
+    store
+        .state()
+        .iter()
+        .filter(|b| label_value(&b.name_any()) == *instance)
+        .map(|b| ObjectRef::from_obj(&**b))
+        .collect()
+}
+
+/// Runs the controller until shutdown.
+pub async fn run(shared: Arc<Shared>) {
+    let client = shared.client.clone();
+    let ns = shared.config.namespace.clone();
+    let backends: Api<KVCacheBackend> = Api::all(client.clone());
+    let mut selected = watcher::Config::default();
+    if !shared.config.backend_selector.is_empty() {
+        selected = selected.labels(&shared.config.backend_selector);
+    }
+    let controller = Controller::new(backends, selected);
+    let store = controller.store();
+    let (pod_store, lease_store, settings_store, slice_store) =
+        (store.clone(), store.clone(), store.clone(), store.clone());
+    controller
+        .owns(
+            Api::<Deployment>::namespaced(client.clone(), &ns),
+            watcher::Config::default(),
+        )
+        .owns(
+            Api::<DaemonSet>::namespaced(client.clone(), &ns),
+            watcher::Config::default(),
+        )
+        // Member and leader Pods: a change reads the store at once.
+        .watches(
+            Api::<Pod>::namespaced(client.clone(), &ns),
+            watcher::Config::default().labels("app.kubernetes.io/name=kv-cache-backend"),
+            move |pod| by_instance_label(&pod_store, pod.labels()),
+        )
+        .watches(
+            Api::<Lease>::namespaced(client.clone(), &ns),
+            watcher::Config::default().labels("app.kubernetes.io/name=kv-cache-backend"),
+            move |lease| by_instance_label(&lease_store, lease.labels()),
+        )
+        // The leader Service's endpoints move when the serving leader changes.
+        .watches(
+            Api::<EndpointSlice>::namespaced(client.clone(), &ns),
+            watcher::Config::default(),
+            move |slice| {
+                let service = slice.labels().get("kubernetes.io/service-name").cloned();
+                slice_store
+                    .state()
+                    .iter()
+                    .filter(|b| Some(leader_name(&b.name_any())) == service)
+                    .map(|b| ObjectRef::from_obj(&**b))
+                    .collect::<Vec<_>>()
+            },
+        )
+        // The settings: exactly the backends that name no image of their own.
+        .watches(
+            Api::<ConfigMap>::namespaced(client.clone(), &ns),
+            watcher::Config::default().fields(&format!(
+                "metadata.name={}",
+                kvcache_api::settings::SETTINGS_CONFIG_MAP
+            )),
+            move |_| {
+                settings_store
+                    .state()
+                    .iter()
+                    .filter(|b| b.spec.image.is_none())
+                    .map(|b| ObjectRef::from_obj(&**b))
+                    .collect::<Vec<_>>()
+            },
+        )
+        // A pool names its backend (status.usedBy, deletion hold, the tenant policy).
+        .watches(
+            Api::<KVCachePool>::all(client.clone()),
+            watcher::Config::default(),
+            |pool| {
+                pool.spec
+                    .backend()
+                    .map(ObjectRef::new)
+                    .into_iter()
+                    .collect::<Vec<_>>()
+            },
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, shared.clone())
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile outcome");
+            }
+        })
+        .await;
+}
+
+fn error_policy(b: Arc<KVCacheBackend>, error: &Error, shared: Arc<Shared>) -> Action {
+    shared
+        .metrics
+        .reconciled(CONTROLLER, error.metric_label(), 0.0);
+    match error {
+        Error::DeletionHeld(why) => {
+            info!(backend = %b.name_any(), why, "deletion held");
+            Action::requeue(Duration::from_secs(5))
+        }
+        e => {
+            warn!(backend = %b.name_any(), error = %e, "reconcile failed");
+            Action::requeue(Duration::from_secs(5))
+        }
+    }
+}
+
+#[instrument(skip(b, shared), fields(backend = %b.name_any()))]
+async fn reconcile(b: Arc<KVCacheBackend>, shared: Arc<Shared>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let api: Api<KVCacheBackend> = Api::all(shared.client.clone());
+    let result = finalizer(&api, FINALIZER, b, |event| async {
+        match event {
+            Finalized::Apply(b) => apply(&b, &shared).await,
+            Finalized::Cleanup(b) => cleanup(&b, &shared).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    });
+    if result.is_ok() {
+        shared
+            .metrics
+            .reconciled(CONTROLLER, "ok", started.elapsed().as_secs_f64());
+    }
+    result
+}
+
+/// The pools that draw on `backend`.
+fn consumers(shared: &Shared, backend: &str) -> Vec<Consumer> {
+    let mut out: Vec<Consumer> = shared
+        .pools
+        .state()
+        .iter()
+        .filter(|p| p.spec.backend() == Some(backend))
+        .map(|p| Consumer {
+            kind: "KVCachePool".into(),
+            namespace: None,
+            name: p.name_any(),
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn settings(shared: &Shared) -> Settings {
+    shared
+        .settings
+        .state()
+        .first()
+        .and_then(|cm| {
+            let data = cm.data.clone().unwrap_or_default();
+            match Settings::from_data(kvcache_api::settings::SETTINGS_CONFIG_MAP, &data) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    warn!(error = %e, "the settings ConfigMap is unreadable; using the defaults");
+                    None
+                }
+            }
+        })
+        .unwrap_or_default()
+}
+
+/// Server-side apply under the one field manager.
+async fn ssa<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .map_err(kerr(
+        "apply",
+        format!("{} {name}", K::kind(&K::DynamicType::default())),
+    ))
+}
+
+/// Deletes this backend's objects of one kind that the render no longer returns.
+async fn prune<K>(api: &Api<K>, uid: &str, keep: &BTreeSet<String>) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&K::DynamicType::default()).to_string();
+    let list = api
+        .list(&ListParams::default().labels(&format!("{OWNER_LABEL}={uid}")))
+        .await
+        .map_err(kerr("list", kind.clone()))?;
+    for o in list {
+        let name = o.name_any();
+        if keep.contains(&name) || o.meta().deletion_timestamp.is_some() {
+            continue;
+        }
+        info!(kind = %kind, name = %name, "pruning an object the backend no longer renders");
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(kerr("delete", format!("{kind} {name}"))(e)),
+        }
+    }
+    Ok(())
+}
+
+fn names<K: Resource>(objs: &[K]) -> BTreeSet<String> {
+    objs.iter().filter_map(|o| o.meta().name.clone()).collect()
+}
+
+/// Applies every rendered object and prunes the rest. Returns the live leader Deployment and
+/// whether standbys are held back (3.2.5).
+async fn apply_objects(
+    shared: &Shared,
+    uid: &str,
+    mut objects: BackendObjects,
+    write_policy: bool,
+) -> Result<(Option<Deployment>, bool), Error> {
+    let c = shared.client.clone();
+    let ns = &shared.config.namespace;
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), ns);
+    let mut held = false;
+    if let Some(d) = objects.deployment.as_mut() {
+        let live = deployments
+            .get_opt(&d.name_any())
+            .await
+            .map_err(kerr("get", format!("Deployment {}", d.name_any())))?;
+        held = hold_standbys(live.as_ref(), d);
+        if held && let Some(spec) = d.spec.as_mut() {
+            spec.replicas = Some(1);
+        }
+    }
+    let sa: Api<ServiceAccount> = Api::namespaced(c.clone(), ns);
+    let roles: Api<Role> = Api::namespaced(c.clone(), ns);
+    let bindings: Api<RoleBinding> = Api::namespaced(c.clone(), ns);
+    let leases: Api<Lease> = Api::namespaced(c.clone(), ns);
+    let maps: Api<ConfigMap> = Api::namespaced(c.clone(), ns);
+    let services: Api<Service> = Api::namespaced(c.clone(), ns);
+    let daemons: Api<DaemonSet> = Api::namespaced(c.clone(), ns);
+    for o in &objects.service_accounts {
+        ssa(&sa, o).await?;
+    }
+    for o in &objects.roles {
+        ssa(&roles, o).await?;
+    }
+    for o in &objects.role_bindings {
+        ssa(&bindings, o).await?;
+    }
+    // The Lease is created once; its holder fields belong to the elector.
+    if let Some(l) = &objects.lease
+        && leases
+            .get_opt(&l.name_any())
+            .await
+            .map_err(kerr("get", format!("Lease {}", l.name_any())))?
+            .is_none()
+    {
+        ssa(&leases, l).await?;
+    }
+    if write_policy && let Some(m) = &objects.config_map {
+        ssa(&maps, m).await?;
+    }
+    let mut live = None;
+    if let Some(d) = &objects.deployment {
+        live = Some(ssa(&deployments, d).await?);
+    }
+    if let Some(s) = &objects.service {
+        ssa(&services, s).await?;
+    }
+    for d in &objects.daemon_sets {
+        ssa(&daemons, d).await?;
+    }
+    prune(&sa, uid, &names(&objects.service_accounts)).await?;
+    prune(&roles, uid, &names(&objects.roles)).await?;
+    prune(&bindings, uid, &names(&objects.role_bindings)).await?;
+    prune(&leases, uid, &names(objects.lease.as_slice())).await?;
+    if write_policy {
+        prune(&maps, uid, &names(objects.config_map.as_slice())).await?;
+    }
+    prune(&deployments, uid, &names(objects.deployment.as_slice())).await?;
+    prune(&services, uid, &names(objects.service.as_slice())).await?;
+    prune(&daemons, uid, &names(&objects.daemon_sets)).await?;
+    Ok((live, held))
+}
+
+/// The member Pods of a backend as the status function reads them.
+fn member_pod(p: &Pod) -> Option<MemberPod> {
+    let component = p.labels().get("app.kubernetes.io/component")?;
+    let group = component.strip_prefix("member-")?.parse().ok()?;
+    let status = p.status.clone().unwrap_or_default();
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let waiting = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .find_map(|c| {
+            let w = c.state.as_ref()?.waiting.as_ref()?;
+            let reason = w.reason.clone()?;
+            matches!(
+                reason.as_str(),
+                "CrashLoopBackOff"
+                    | "ErrImagePull"
+                    | "ImagePullBackOff"
+                    | "CreateContainerConfigError"
+                    | "CreateContainerError"
+                    | "InvalidImageName"
+            )
+            .then(|| (reason, w.message.clone().unwrap_or_default()))
+        });
+    let unschedulable = status.conditions.iter().flatten().find_map(|c| {
+        (c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable"))
+        .then(|| {
+            (
+                "Unschedulable".to_owned(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+    });
+    let survey = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == "tier-survey")
+        .and_then(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone());
+    Some(MemberPod {
+        name: p.name_any(),
+        node: p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default(),
+        ip: status.pod_ip.clone().unwrap_or_default(),
+        group,
+        ready,
+        terminating: p.metadata.deletion_timestamp.is_some(),
+        hash: p
+            .annotations()
+            .get(POD_SPEC_HASH)
+            .cloned()
+            .unwrap_or_default(),
+        problem: waiting.or(unschedulable),
+        survey,
+    })
+}
+
+fn replicas(d: &Deployment) -> LeaderReplicas {
+    let status = d.status.clone().unwrap_or_default();
+    LeaderReplicas {
+        desired: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        ready: status.ready_replicas.unwrap_or(0),
+        updated: status.updated_replicas.unwrap_or(0),
+        total: status.replicas.unwrap_or(0),
+        observed: status.observed_generation.is_some()
+            && status.observed_generation == d.metadata.generation,
+    }
+}
+
+/// Where the operator reads the store: the external `Admin` address, the override, or the
+/// leader Service's admin port.
+fn admin_address(shared: &Shared, b: &KVCacheBackend) -> Option<String> {
+    let name = b.name_any();
+    if let Some(a) = shared.config.overrides.get(&name) {
+        return Some(a.clone());
+    }
+    if let Some(x) = &b.spec.connection.external {
+        return x.address(EndpointName::Admin).map(str::to_owned);
+    }
+    b.spec.connection.managed.as_ref().map(|_| {
+        format!(
+            "{}.{}.svc:{ADMIN_PORT}",
+            leader_name(&name),
+            shared.config.namespace
+        )
+    })
+}
+
+async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
+    let name = b.name_any();
+    let uid = b.uid().unwrap_or_default();
+    let ns = shared.config.namespace.clone();
+    let previous = b.status.clone().unwrap_or_default();
+    let used_by = consumers(shared, &name);
+    let mut obs = Observation {
+        generation: b.metadata.generation,
+        deleting: false,
+        used_by,
+        endpoint: None,
+        leader: None,
+        lease_holder: None,
+        store: None,
+        members: Vec::new(),
+        rendered_hashes: Vec::new(),
+        standbys_held: false,
+        store_version: None,
+    };
+    let mut render_problem = None;
+    if let Some(managed) = &b.spec.connection.managed {
+        obs.endpoint = Some(client_endpoint(&name, &ns));
+        let settings = settings(shared);
+        match store_image(b, &settings) {
+            None => {
+                render_problem = Some(kvcache_render::Error::NoStoreImage {
+                    backend: name.clone(),
+                })
+            }
+            Some(image) => {
+                let pools = shared.pools.state();
+                let bindings = shared.bindings.state();
+                let (ceilings, _) = ceilings_on(
+                    &name,
+                    pools.iter().map(|p| &**p),
+                    bindings.iter().map(|b| &**b),
+                );
+                // A refused policy keeps the document already written (never a partial one).
+                let doc = policy::render(&name, &ceilings).ok();
+                let objects = kvcache_render::backend::render(&BackendInputs {
+                    backend: b,
+                    store_image: image,
+                    namespace: &ns,
+                    operator_image: &shared.config.operator_image,
+                    policy: doc.as_ref(),
+                })?;
+                obs.rendered_hashes = objects
+                    .daemon_sets
+                    .iter()
+                    .map(|d| {
+                        d.spec
+                            .as_ref()
+                            .and_then(|s| s.template.metadata.as_ref())
+                            .and_then(|m| m.annotations.as_ref())
+                            .and_then(|a| a.get(POD_SPEC_HASH).cloned())
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                let (live, held) = apply_objects(
+                    shared,
+                    &uid,
+                    objects,
+                    doc.is_some() || !managed.leader.multi_tenancy,
+                )
+                .await?;
+                obs.standbys_held = held;
+                obs.leader = live.as_ref().map(replicas);
+            }
+        }
+        if managed.leader.elects() {
+            let leases: Api<Lease> = Api::namespaced(shared.client.clone(), &ns);
+            obs.lease_holder = leases
+                .get_opt(&leader_name(&name))
+                .await
+                .map_err(kerr("get", format!("Lease {}", leader_name(&name))))?
+                .map(|l| {
+                    l.spec
+                        .and_then(|s| s.holder_identity)
+                        .filter(|h| !h.is_empty())
+                });
+        }
+        let pods: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
+        let listed = pods
+            .list(&ListParams::default().labels(&labels_of_backend(&name)))
+            .await
+            .map_err(kerr("list", format!("Pods of {name}")))?;
+        obs.members = listed.iter().filter_map(member_pod).collect();
+        // The rollout: exactly the member Pods whose fingerprint differs.
+        for stale in observe::stale_member_pods(&obs.members, &obs.rendered_hashes) {
+            info!(pod = stale, "replacing a member Pod whose template changed");
+            pods.delete(stale, &DeleteParams::default())
+                .await
+                .map_err(kerr("delete", format!("Pod {stale}")))?;
+        }
+    } else if let Some(x) = &b.spec.connection.external {
+        obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
+    }
+    if let Some(admin) = admin_address(shared, b) {
+        let reading = crate::store::read(&admin).await;
+        let result = if reading.health.is_ok() {
+            "ok"
+        } else {
+            "error"
+        };
+        shared
+            .metrics
+            .store_reads
+            .get_or_create(&crate::telemetry::StoreLabels {
+                backend: name.clone(),
+                result: result.into(),
+            })
+            .inc();
+        obs.store = Some(reading);
+    }
+    let mut computed = observe::backend_status(b, &obs, &previous);
+    if let Some(p) = &render_problem {
+        computed.phase = BackendPhase::Error;
+        computed.phase_message = Some(p.to_string());
+        computed
+            .conditions
+            .push(Cond::no("Rendered", p.reason(), p.to_string()));
+    }
+    let figures = format!(
+        "{:?}/{:?}/{}",
+        computed.capacity,
+        computed.phase,
+        computed.members.len()
+    );
+    write_status(shared, b, &previous, computed, &obs).await?;
+    Ok(Action::requeue(next_poll(shared, &name, figures)))
+}
+
+/// Reads again soon while the figures move, then back off to the stable interval.
+fn next_poll(shared: &Shared, name: &str, figures: String) -> Duration {
+    let mut polls = shared.polls.lock().unwrap_or_else(|p| p.into_inner());
+    let poll = polls.entry(name.to_owned()).or_default();
+    let (fast, stable) = (shared.config.poll_fast, shared.config.poll_stable);
+    poll.delay = if poll.figures != figures {
+        fast
+    } else {
+        (poll.delay * 2).clamp(fast, stable)
+    };
+    poll.figures = figures;
+    poll.delay
+}
+
+async fn write_status(
+    shared: &Shared,
+    b: &KVCacheBackend,
+    previous: &KVCacheBackendStatus,
+    computed: Computed,
+    obs: &Observation,
+) -> Result<(), Error> {
+    let name = b.name_any();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let mut status = observe::apply(previous, computed, obs, &now);
+    if let Some(x) = &b.spec.connection.external {
+        status.endpoints = x.endpoints.clone();
+    }
+    events(shared, b, previous, &status).await;
+    let patch = serde_json::json!({
+        "apiVersion": format!("{}/{}", kvcache_api::GROUP, kvcache_api::VERSION),
+        "kind": "KVCacheBackend",
+        "status": status,
+    });
+    let api: Api<KVCacheBackend> = Api::all(shared.client.clone());
+    api.patch_status(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(kerr("patch status of", format!("KVCacheBackend {name}")))?;
+    Ok(())
+}
+
+fn condition<'a>(s: &'a KVCacheBackendStatus, t: &str) -> Option<(&'a str, &'a str)> {
+    s.conditions
+        .iter()
+        .find(|c| c.type_ == t)
+        .map(|c| (c.status.as_str(), c.reason.as_str()))
+}
+
+/// Events for the transitions a user wants in `kubectl describe`.
+async fn events(
+    shared: &Shared,
+    b: &KVCacheBackend,
+    before: &KVCacheBackendStatus,
+    after: &KVCacheBackendStatus,
+) {
+    let mut out = Vec::new();
+    if before.observed_generation != after.observed_generation {
+        out.push((
+            EventType::Normal,
+            "Rendered",
+            format!(
+                "applied the leader, its Service and the member DaemonSets for generation {}",
+                after.observed_generation.unwrap_or_default()
+            ),
+        ));
+    }
+    if before.phase != after.phase
+        && let Some(phase) = after.phase
+    {
+        let (kind, reason) = match phase {
+            BackendPhase::Ready => (EventType::Normal, "BackendReady"),
+            BackendPhase::Provisioning => (EventType::Normal, "Provisioning"),
+            BackendPhase::Degraded => (EventType::Warning, "BackendDegraded"),
+            BackendPhase::Error => (EventType::Warning, "LeaderLost"),
+            BackendPhase::Deleting => (EventType::Normal, "Deleting"),
+        };
+        out.push((
+            kind,
+            reason,
+            after
+                .phase_message
+                .clone()
+                .unwrap_or_else(|| "the leader serves and every member is mounted".into()),
+        ));
+    }
+    if before.capacity != after.capacity {
+        let show = |s: &KVCacheBackendStatus| {
+            s.capacity
+                .as_ref()
+                .map_or("absent".to_owned(), |c| c.total.as_str().to_owned())
+        };
+        out.push((
+            EventType::Normal,
+            if before.capacity.is_none() {
+                "CapacityObserved"
+            } else {
+                "CapacityChanged"
+            },
+            format!("capacity {} -> {}", show(before), show(after)),
+        ));
+    }
+    for (t, reason, kind) in [
+        (types::MEMBERS_MOUNTED, "MemberMissing", EventType::Warning),
+        (types::ROLLOUT_COMPLETE, "RolloutHeld", EventType::Normal),
+        (types::DELETABLE, "DeletionHeld", EventType::Normal),
+    ] {
+        let was = condition(before, t);
+        let now = condition(after, t);
+        if now.is_some_and(|(s, _)| s == Status::False.as_str()) && was != now {
+            let message = after
+                .conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| c.message.clone())
+                .unwrap_or_default();
+            out.push((kind, reason, message));
+        }
+    }
+    let reference = b.object_ref(&());
+    for (type_, reason, note) in out {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = shared.recorder.publish(&event, &reference).await {
+            warn!(error = %e, reason, "could not record an event");
+        }
+    }
+}
+
+/// Teardown (4.7.1-4.7.4): held while a pool uses the backend; then the leader, its Service and
+/// every member DaemonSet (found by the backend's ownership label) are deleted and awaited, each
+/// within its Pods' termination grace plus a slack, after which it is abandoned with a warning.
+async fn cleanup(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
+    let name = b.name_any();
+    let used_by = consumers(shared, &name);
+    if !used_by.is_empty() {
+        let previous = b.status.clone().unwrap_or_default();
+        let obs = Observation {
+            generation: b.metadata.generation,
+            deleting: true,
+            used_by: used_by.clone(),
+            endpoint: previous.endpoint.clone(),
+            leader: None,
+            lease_holder: None,
+            store: None,
+            members: Vec::new(),
+            rendered_hashes: Vec::new(),
+            standbys_held: false,
+            store_version: None,
+        };
+        let mut computed = observe::backend_status(b, &obs, &previous);
+        computed.capacity = previous.capacity.clone();
+        write_status(shared, b, &previous, computed, &obs).await?;
+        return Err(Error::DeletionHeld(format!(
+            "KVCacheBackend {name} is used by {}",
+            used_by
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let Some(uid) = b.uid() else {
+        return Ok(Action::await_change());
+    };
+    let c = shared.client.clone();
+    let ns = &shared.config.namespace;
+    let selector = ListParams::default().labels(&format!("{OWNER_LABEL}={uid}"));
+    let foreground = DeleteParams::foreground();
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), ns);
+    let daemons: Api<DaemonSet> = Api::namespaced(c.clone(), ns);
+    let services: Api<Service> = Api::namespaced(c.clone(), ns);
+    let mut waiting = Vec::new();
+    let started = b
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| t.0)
+        .unwrap_or_else(k8s_openapi::jiff::Timestamp::now);
+    let elapsed = k8s_openapi::jiff::Timestamp::now()
+        .duration_since(started)
+        .try_into()
+        .unwrap_or(Duration::ZERO);
+    for d in deployments
+        .list(&selector)
+        .await
+        .map_err(kerr("list", "leader Deployments"))?
+    {
+        let grace = pod_grace(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
+        teardown_one(
+            &deployments,
+            &d.name_any(),
+            "Deployment",
+            grace,
+            elapsed,
+            &foreground,
+            &mut waiting,
+            shared,
+            &d,
+        )
+        .await?;
+    }
+    for d in daemons
+        .list(&selector)
+        .await
+        .map_err(kerr("list", "member DaemonSets"))?
+    {
+        let grace = pod_grace(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
+        teardown_one(
+            &daemons,
+            &d.name_any(),
+            "DaemonSet",
+            grace,
+            elapsed,
+            &foreground,
+            &mut waiting,
+            shared,
+            &d,
+        )
+        .await?;
+    }
+    for s in services
+        .list(&selector)
+        .await
+        .map_err(kerr("list", "leader Services"))?
+    {
+        services
+            .delete(&s.name_any(), &DeleteParams::default())
+            .await
+            .map_err(kerr("delete", format!("Service {}", s.name_any())))?;
+    }
+    if !waiting.is_empty() {
+        return Err(Error::DeletionHeld(format!(
+            "waiting for {} to go",
+            waiting.join(", ")
+        )));
+    }
+    // The rest (accounts, Roles, the Lease, the policy seed) go with their owner reference.
+    Ok(Action::await_change())
+}
+
+fn pod_grace(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Duration {
+    Duration::from_secs(
+        spec.and_then(|s| s.termination_grace_period_seconds)
+            .unwrap_or(30)
+            .max(0)
+            .unsigned_abs(),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn teardown_one<K>(
+    api: &Api<K>,
+    name: &str,
+    kind: &str,
+    grace: Duration,
+    elapsed: Duration,
+    params: &DeleteParams,
+    waiting: &mut Vec<String>,
+    shared: &Shared,
+    obj: &K,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    if elapsed > grace + TEARDOWN_SLACK {
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "TeardownAbandoned".into(),
+            note: Some(format!(
+                "{kind} {name} did not go within its Pods' termination grace ({}s) plus {}s; the backend is released anyway and its Pods are left to the garbage collector",
+                grace.as_secs(),
+                TEARDOWN_SLACK.as_secs()
+            )),
+            action: "Teardown".into(),
+            secondary: None,
+        };
+        let _ = shared.recorder.publish(&event, &obj.object_ref(&())).await;
+        return Ok(());
+    }
+    match api.delete(name, params).await {
+        Ok(_) => waiting.push(format!("{kind} {name}")),
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(kerr("delete", format!("{kind} {name}"))(e)),
+    }
+    Ok(())
+}
+
+/// The recorder every controller of this binary shares.
+pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
+    Recorder::new(
+        client,
+        kube::runtime::events::Reporter {
+            controller: MANAGER.into(),
+            instance,
+        },
+    )
+}

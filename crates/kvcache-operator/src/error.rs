@@ -1,0 +1,43 @@
+//! What a reconcile can fail with; each cause has a label for metrics and logs.
+
+/// A reconcile failure.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a call.
+    #[error("{verb} {what}: {source}")]
+    Kube {
+        /// The verb.
+        verb: &'static str,
+        /// The object.
+        what: String,
+        /// The client error.
+        source: kube::Error,
+    },
+    /// The backend cannot be rendered (a stored object from before a rule, a missing image).
+    #[error("rendering: {0}")]
+    Render(#[from] kvcache_render::Error),
+    /// Deletion is held (a pool uses the backend, or workloads are still going).
+    #[error("deletion held: {0}")]
+    DeletionHeld(String),
+    /// The finalizer helper failed.
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+impl Error {
+    /// A short label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube { .. } => "kube",
+            Error::Render(_) => "render",
+            Error::DeletionHeld(_) => "deletion_held",
+            Error::Finalizer(_) => "finalizer",
+        }
+    }
+}
+
+/// Wraps a client error with the verb and object.
+pub fn kube(verb: &'static str, what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Kube { verb, what, source }
+}

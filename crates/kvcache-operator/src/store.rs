@@ -1,0 +1,65 @@
+//! Reading a store's admin surface (`/health`, `/metrics`, `/get_segments_detail`): three
+//! independent reads with a short timeout, no redirects followed. The answers are parsed by
+//! `kvcache-render::observe`; an unreachable store is a value, never a panic.
+
+use std::time::Duration;
+
+use kvcache_render::observe::{Health, Metrics, ReadError, Segment, StoreReading};
+
+/// How long one read may take.
+const TIMEOUT: Duration = Duration::from_millis(1500);
+
+fn get(url: &str) -> Result<String, ReadError> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(TIMEOUT))
+        .max_redirects(0)
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut response = agent.get(url).call().map_err(|e| ReadError::Unreachable {
+        url: url.to_owned(),
+        message: e.to_string(),
+    })?;
+    let status = response.status().as_u16();
+    if status != 200 {
+        return Err(ReadError::Status {
+            url: url.to_owned(),
+            status,
+        });
+    }
+    response
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| ReadError::Unreadable {
+            url: url.to_owned(),
+            message: e.to_string(),
+        })
+}
+
+async fn fetch(url: String) -> Result<String, ReadError> {
+    let u = url.clone();
+    tokio::task::spawn_blocking(move || get(&u))
+        .await
+        .unwrap_or_else(|e| {
+            Err(ReadError::Unreachable {
+                url,
+                message: e.to_string(),
+            })
+        })
+}
+
+/// Reads the store whose admin surface is at `admin` (`host:port`).
+pub async fn read(admin: &str) -> StoreReading {
+    let base = format!("http://{admin}");
+    let (health, metrics, segments) = tokio::join!(
+        fetch(format!("{base}/health")),
+        fetch(format!("{base}/metrics")),
+        fetch(format!("{base}/get_segments_detail")),
+    );
+    StoreReading {
+        health: health.and_then(|b| Health::parse(&format!("{base}/health"), &b)),
+        metrics: metrics.map(|t| Metrics::parse(&t)),
+        segments: segments
+            .and_then(|b| Segment::parse_all(&format!("{base}/get_segments_detail"), &b)),
+    }
+}
