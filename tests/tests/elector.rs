@@ -116,6 +116,7 @@ async fn a_service_mode_member_survives_a_single_leader_restart() {
         .namespace(&client, "single")
         .await
         .expect("namespace");
+    let ns_for_lease = ns.clone();
     let kubeconfig = cluster.control_plane.kubeconfig.clone();
     tokio::task::spawn_blocking(move || {
         let mut rig = Rig::start(
@@ -151,6 +152,21 @@ async fn a_service_mode_member_survives_a_single_leader_restart() {
     })
     .await
     .expect("the scenario thread");
+    // The leader published what its master binary says it is, not what a tag claims.
+    let lease =
+        kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client, &ns_for_lease)
+            .get("single-leader")
+            .await
+            .expect("the Lease");
+    assert_eq!(
+        lease
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get("kvcache.gpustack.ai/store-version")
+            .map(String::as_str),
+        Some(paths::MOONCAKE_VERSION)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -644,6 +644,11 @@ pub struct KVCacheBackendStatus {
     /// Pools holding this backend; deletion waits for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub used_by: Vec<ObjectRef>,
+    /// The version the running master binary reports (`mooncake_master --version`, published by
+    /// the elector on the Lease), used by the engine/store version check in preference to the
+    /// image tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_version: Option<String>,
     /// `LeaderAvailable`, `MembersMounted`, `CapacityObserved`, `PoolWrites`, `Deletable`,
     /// `RolloutComplete`, and `ElectionObserved` / `TierWasEmpty` where they apply.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

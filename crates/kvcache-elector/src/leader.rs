@@ -37,6 +37,24 @@ pub struct LeaderConfig {
     pub command: Vec<String>,
 }
 
+/// `<program> --version`, read once before campaigning, so the operator can report the version
+/// the running binary claims instead of trusting an image tag.
+async fn master_version(program: &str) -> Option<String> {
+    let run = tokio::process::Command::new(program)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .ok()?
+        .ok()?;
+    crate::version_from_banner(&format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
 /// Whether the master answers as a serving leader whose segments can be listed.
 fn master_serves(health_url: &str) -> bool {
     let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -228,7 +246,15 @@ pub async fn run(config: LeaderConfig) -> Result<(), Error> {
         return Err(Error::NoCommand { role: "master" });
     }
     let client = kube::Client::try_default().await?;
-    let lease = LeaseClient::new(client, &config.namespace, &config.lease);
+    let version = master_version(&config.command[0]).await;
+    match &version {
+        Some(v) => info!(version = %v, "the master binary reports its version"),
+        None => {
+            warn!(program = %config.command[0], "the master binary did not report a version (--version); none is published")
+        }
+    }
+    let lease =
+        LeaseClient::new(client, &config.namespace, &config.lease).with_store_version(version);
     let (tx, rx) = watch::channel(Readiness::not("starting"));
     let addr = config.ready_addr;
     let server = tokio::spawn(ready::serve(addr, rx));

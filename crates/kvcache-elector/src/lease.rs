@@ -12,6 +12,8 @@ use crate::election::LeaseRecord;
 
 /// The Lease annotation where the holder publishes its store address.
 pub const ADDRESS_ANNOTATION: &str = "kvcache.gpustack.ai/leader-address";
+/// The Lease annotation where the holder publishes what its master binary says its version is.
+pub const STORE_VERSION_ANNOTATION: &str = "kvcache.gpustack.ai/store-version";
 
 /// Why a Lease call failed.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +51,7 @@ pub enum LeaseError {
 #[derive(Clone)]
 pub struct LeaseClient {
     api: Api<Lease>,
+    store_version: Option<String>,
     name: String,
     namespace: String,
 }
@@ -75,6 +78,7 @@ impl LeaseClient {
     pub fn new(client: Client, namespace: &str, name: &str) -> Self {
         LeaseClient {
             api: Api::namespaced(client, namespace),
+            store_version: None,
             name: name.to_owned(),
             namespace: namespace.to_owned(),
         }
@@ -95,6 +99,12 @@ impl LeaseClient {
                 source: e,
             },
         }
+    }
+
+    /// Publishes `version` (the master binary's own answer) on every write while holding.
+    pub fn with_store_version(mut self, version: Option<String>) -> Self {
+        self.store_version = version;
+        self
     }
 
     /// The Lease API in its namespace (for watching the one Lease).
@@ -125,6 +135,9 @@ impl LeaseClient {
         let mut annotations = BTreeMap::new();
         if let Some(a) = &record.address {
             annotations.insert(ADDRESS_ANNOTATION.to_owned(), a.clone());
+        }
+        if let (Some(v), Some(_)) = (&self.store_version, record.holder()) {
+            annotations.insert(STORE_VERSION_ANNOTATION.to_owned(), v.clone());
         }
         let lease = Lease {
             metadata: ObjectMeta {

@@ -19,6 +19,33 @@ pub mod ready;
 
 pub use election::{Election, LeaseRecord, Plan, Timing, TimingError};
 
+/// The version in a `--version` banner: `mooncake_master version 0.3.13.post1 (git: 7197358)`
+/// gives `0.3.13.post1`.
+pub fn version_from_banner(text: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        words.find(|w| *w == "version")?;
+        let v = words.next()?;
+        v.starts_with(|c: char| c.is_ascii_digit())
+            .then(|| v.trim_end_matches(',').to_owned())
+    })
+}
+
+#[cfg(test)]
+mod banner_tests {
+    #[test]
+    fn reads_the_master_banner() {
+        assert_eq!(
+            super::version_from_banner(
+                "mooncake_master version 0.3.13.post1 (git: 7197358)\nDebug build"
+            ),
+            Some("0.3.13.post1".into())
+        );
+        assert_eq!(super::version_from_banner("usage: ..."), None);
+        assert_eq!(super::version_from_banner("version: unknown"), None);
+    }
+}
+
 /// What ends an elector.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

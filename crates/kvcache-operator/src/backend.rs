@@ -25,6 +25,7 @@ use kvcache_api::backend::{
 };
 use kvcache_api::condition::{Cond, Status};
 use kvcache_api::{KVCacheBackend, KVCachePool, Settings};
+use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
 use kvcache_render::backend::{
     ADMIN_PORT, BackendInputs, BackendObjects, OWNER_LABEL, POD_SPEC_HASH, client_endpoint,
@@ -35,6 +36,9 @@ use kvcache_render::observe::{
     self, Computed, LeaderReplicas, MemberPod, Observation, hold_standbys, types,
 };
 use kvcache_render::resolve::{ceilings_on, store_image};
+
+/// The Lease annotation where the elector publishes the master binary's own version.
+const STORE_VERSION_ANNOTATION: &str = "kvcache.gpustack.ai/store-version";
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{info, instrument, warn};
@@ -535,15 +539,21 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
         }
         if managed.leader.elects() {
             let leases: Api<Lease> = Api::namespaced(shared.client.clone(), &ns);
-            obs.lease_holder = leases
+            let lease = leases
                 .get_opt(&leader_name(&name))
                 .await
-                .map_err(kerr("get", format!("Lease {}", leader_name(&name))))?
-                .map(|l| {
-                    l.spec
-                        .and_then(|s| s.holder_identity)
-                        .filter(|h| !h.is_empty())
-                });
+                .map_err(kerr("get", format!("Lease {}", leader_name(&name))))?;
+            // What the running master says it is, published by the elector.
+            let tagged = store_image(b, &settings).and_then(store_version_of_image);
+            obs.store_version = lease
+                .as_ref()
+                .and_then(|l| l.annotations().get(STORE_VERSION_ANNOTATION).cloned())
+                .map(|running| (running, tagged));
+            obs.lease_holder = lease.map(|l| {
+                l.spec
+                    .and_then(|s| s.holder_identity)
+                    .filter(|h| !h.is_empty())
+            });
         }
         let pods: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
         let listed = pods

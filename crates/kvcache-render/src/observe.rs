@@ -831,6 +831,10 @@ pub fn apply(
         capacity: computed.capacity,
         members: computed.members,
         used_by: obs.used_by.clone(),
+        store_version: obs
+            .store_version
+            .as_ref()
+            .map(|(running, _)| running.clone()),
         conditions: kvcache_api::condition::merge(
             &stored.conditions,
             &computed.conditions,

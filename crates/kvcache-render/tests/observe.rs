@@ -492,3 +492,25 @@ fn standbys_wait_for_election_to_be_enabled_first() {
         "one replica needs no second step"
     );
 }
+
+#[test]
+fn the_running_version_is_reported_and_a_disagreeing_tag_is_named() {
+    let mut obs = observation(
+        Some(serving(64 * MI, vec![segment("10.0.0.5", "a")])),
+        vec![pod("m-1", "node-1", "10.0.0.5")],
+    );
+    obs.store_version = Some(("0.3.11.post1".into(), Some("0.3.13.post1".into())));
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    let c = cond(&s.conditions, types::STORE_VERSION_OBSERVED);
+    assert_eq!((c.status, c.reason), (Status::False, "TagDisagrees"));
+    assert!(c.message.contains("0.3.11.post1") && c.message.contains("0.3.13.post1"));
+    let written = kvcache_render::observe::apply(
+        &KVCacheBackendStatus::default(),
+        s,
+        &obs,
+        &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ),
+    );
+    assert_eq!(written.store_version.as_deref(), Some("0.3.11.post1"));
+}
