@@ -177,8 +177,10 @@ impl ControlPlane {
         let (cert, key) = self.ca.client(name, group)?;
         let dir = self.dir.join("users");
         std::fs::create_dir_all(&dir).map_err(crate::io(format!("creating {}", dir.display())))?;
-        let cert_path = dir.join(format!("{name}.crt"));
-        let key_path = dir.join(format!("{name}.key"));
+        // `:` separates paths in KUBECONFIG (ServiceAccount user names are full of them).
+        let file = name.replace([':', '/'], "_");
+        let cert_path = dir.join(format!("{file}.crt"));
+        let key_path = dir.join(format!("{file}.key"));
         std::fs::write(&cert_path, cert).map_err(crate::io("writing a user certificate"))?;
         std::fs::write(&key_path, key).map_err(crate::io("writing a user key"))?;
         let files = PkiFiles {
@@ -186,7 +188,7 @@ impl ControlPlane {
             admin_key: key_path,
             ..self.pki.clone()
         };
-        let path = dir.join(format!("{name}.kubeconfig"));
+        let path = dir.join(format!("{file}.kubeconfig"));
         write_kubeconfig(&path, &self.server, &files)?;
         Ok(path)
     }

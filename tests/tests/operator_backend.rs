@@ -396,13 +396,58 @@ async fn a_setting_change_rolls_only_backends_without_their_own_image() {
     drop(operator);
 }
 
+/// The RBAC objects of `deploy/operator.yaml`, rendered for `ns`.
+async fn install_rbac(client: &Client, ns: &str) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    let pp = PatchParams::apply("kvcache-e2e").force();
+    for doc in kvcache_render::install::operator(ns, "example.local/operator:1").expect("renders") {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+        macro_rules! put {
+            ($t:ty, $api:expr) => {{
+                let o: $t = serde_yaml::from_value(doc.clone()).expect("object");
+                $api.patch(&o.name_any(), &pp, &Patch::Apply(&o))
+                    .await
+                    .unwrap_or_else(|e| panic!("{kind}: {e}"));
+            }};
+        }
+        match kind.as_str() {
+            "ServiceAccount" => put!(
+                ServiceAccount,
+                Api::<ServiceAccount>::namespaced(client.clone(), ns)
+            ),
+            "ClusterRole" => put!(ClusterRole, Api::<ClusterRole>::all(client.clone())),
+            "ClusterRoleBinding" => put!(
+                ClusterRoleBinding,
+                Api::<ClusterRoleBinding>::all(client.clone())
+            ),
+            "Role" => put!(Role, Api::<Role>::namespaced(client.clone(), ns)),
+            "RoleBinding" => put!(
+                RoleBinding,
+                Api::<RoleBinding>::namespaced(client.clone(), ns)
+            ),
+            _ => {}
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn deletion_waits_for_the_pool_and_a_restart_converges_without_duplicates() {
     let cluster = shared();
     let client = cluster.client().await.expect("client");
     let ns = operator_namespace(&client, "op-delete").await;
     let dir = paths::scratch("op-delete").expect("dir");
-    let (kc, ns2) = (cluster.control_plane.kubeconfig.clone(), ns.clone());
+    // This operator runs as the installation's ServiceAccount with exactly the installation's
+    // RBAC: everything below must work within it.
+    install_rbac(&client, &ns).await;
+    let kc = cluster
+        .control_plane
+        .user_kubeconfig(
+            &format!("system:serviceaccount:{ns}:kvcache-operator"),
+            "system:serviceaccounts",
+        )
+        .expect("the operator's identity");
+    let ns2 = ns.clone();
     let mut operator = tokio::task::spawn_blocking(move || {
         Operator::start(&kc, &ns2, &[], &dir).expect("operator")
     })
