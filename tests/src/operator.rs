@@ -27,10 +27,32 @@ pub struct Operator {
 
 impl Operator {
     /// Starts `kvcache-operator run` in `namespace` with the given store overrides
-    /// (`BACKEND=HOST:PORT`) and waits for `/readyz`.
+    /// (`BACKEND=HOST:PORT`), reconciling only the backends labelled for `namespace`
+    /// ([`SELECTOR_LABEL`]), and waits for `/readyz`.
     pub fn start(
         kubeconfig: &Path,
         namespace: &str,
+        overrides: &[String],
+        dir: &Path,
+    ) -> Result<Operator> {
+        Self::start_with(kubeconfig, namespace, true, overrides, dir)
+    }
+
+    /// Like [`Operator::start`], reconciling every backend and the pools and Bindings (one such
+    /// operator per control plane).
+    pub fn start_unscoped(
+        kubeconfig: &Path,
+        namespace: &str,
+        overrides: &[String],
+        dir: &Path,
+    ) -> Result<Operator> {
+        Self::start_with(kubeconfig, namespace, false, overrides, dir)
+    }
+
+    fn start_with(
+        kubeconfig: &Path,
+        namespace: &str,
+        scoped: bool,
         overrides: &[String],
         dir: &Path,
     ) -> Result<Operator> {
@@ -40,9 +62,11 @@ impl Operator {
         let mut args = vec![
             "run".to_owned(),
             format!("--namespace={namespace}"),
-            format!("--backend-selector={SELECTOR_LABEL}={namespace}"),
             format!("--metrics-addr=127.0.0.1:{metrics_port}"),
         ];
+        if scoped {
+            args.push(format!("--backend-selector={SELECTOR_LABEL}={namespace}"));
+        }
         args.extend(
             overrides
                 .iter()

@@ -24,7 +24,7 @@ use kvcache_api::backend::{
     BackendPhase, EndpointName, KVCacheBackendStatus, ObjectRef as Consumer,
 };
 use kvcache_api::condition::{Cond, Status};
-use kvcache_api::{KVCacheBackend, KVCachePool, Settings};
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, Settings};
 use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
 use kvcache_render::backend::{
@@ -100,6 +100,7 @@ pub async fn run(shared: Arc<Shared>) {
     let store = controller.store();
     let (pod_store, lease_store, settings_store, slice_store) =
         (store.clone(), store.clone(), store.clone(), store.clone());
+    let binding_shared = shared.clone();
     controller
         .owns(
             Api::<Deployment>::namespaced(client.clone(), &ns),
@@ -162,6 +163,17 @@ pub async fn run(shared: Arc<Shared>) {
                     .collect::<Vec<_>>()
             },
         )
+        // A Binding's ceiling or domain changes its backend's tenant policy seed.
+        .watches(
+            Api::<KVCachePoolBinding>::all(client.clone()),
+            watcher::Config::default(),
+            move |binding| {
+                binding_shared
+                    .pools
+                    .get(&ObjectRef::new(&binding.spec.pool_ref.name))
+                    .and_then(|p| p.spec.backend().map(ObjectRef::new))
+            },
+        )
         .shutdown_on_signal()
         .run(reconcile, error_policy, shared.clone())
         .for_each(|result| async move {
@@ -183,7 +195,7 @@ fn error_policy(b: Arc<KVCacheBackend>, error: &Error, shared: Arc<Shared>) -> A
         }
         e => {
             warn!(backend = %b.name_any(), error = %e, "reconcile failed");
-            Action::requeue(Duration::from_secs(5))
+            Action::requeue(crate::error::retry_after(e))
         }
     }
 }
@@ -451,7 +463,7 @@ fn replicas(d: &Deployment) -> LeaderReplicas {
 
 /// Where the operator reads the store: the external `Admin` address, the override, or the
 /// leader Service's admin port.
-fn admin_address(shared: &Shared, b: &KVCacheBackend) -> Option<String> {
+pub fn admin_address(shared: &Shared, b: &KVCacheBackend) -> Option<String> {
     let name = b.name_any();
     if let Some(a) = shared.config.overrides.get(&name) {
         return Some(a.clone());

@@ -36,6 +36,15 @@ impl Error {
     }
 }
 
+/// How soon a failed reconcile is retried: soon for a lost race on the finalizer patch (another
+/// writer touched the object between read and patch), a few seconds otherwise.
+pub fn retry_after(e: &Error) -> std::time::Duration {
+    match e {
+        Error::Finalizer(_) => std::time::Duration::from_millis(500),
+        _ => std::time::Duration::from_secs(5),
+    }
+}
+
 /// Wraps a client error with the verb and object.
 pub fn kube(verb: &'static str, what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     let what = what.into();

@@ -114,6 +114,8 @@ pub struct Shared {
     pub pools: Store<KVCachePool>,
     /// Every Binding.
     pub bindings: Store<KVCachePoolBinding>,
+    /// Every backend.
+    pub backends: Store<KVCacheBackend>,
     /// Per-backend store polling.
     pub polls: Mutex<HashMap<String, Poll>>,
 }
@@ -209,10 +211,15 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         Api::<KVCachePoolBinding>::all(client.clone()),
         watcher::Config::default(),
     );
+    let backends = reflect(
+        Api::<KVCacheBackend>::all(client.clone()),
+        watcher::Config::default(),
+    );
     for (what, wait) in [
         ("settings", settings.wait_until_ready().await.is_ok()),
         ("pools", pools.wait_until_ready().await.is_ok()),
         ("bindings", bindings.wait_until_ready().await.is_ok()),
+        ("backends", backends.wait_until_ready().await.is_ok()),
     ] {
         if !wait {
             error!(what, "a cache never filled");
@@ -233,11 +240,22 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         settings,
         pools,
         bindings,
+        backends,
         polls: Mutex::new(HashMap::new()),
     });
     ready.controllers.store(true, Ordering::Relaxed);
     info!(namespace = %shared.config.namespace, "kvcache-operator running");
-    backend::run(shared).await;
+    // Pools and Bindings are reconciled by the operator that reconciles every backend (a
+    // selector scopes backends only, for several operators on one cluster).
+    if shared.config.backend_selector.is_empty() {
+        tokio::join!(
+            backend::run(shared.clone()),
+            crate::pool::run_pools(shared.clone()),
+            crate::pool::run_bindings(shared.clone()),
+        );
+    } else {
+        backend::run(shared).await;
+    }
     server.abort();
     info!("stopped");
     Ok(())

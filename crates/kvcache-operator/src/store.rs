@@ -63,3 +63,56 @@ pub async fn read(admin: &str) -> StoreReading {
             .and_then(|b| Segment::parse_all(&format!("{base}/get_segments_detail"), &b)),
     }
 }
+
+/// One call to the tenant ledger (`/api/v1/tenant_quotas`) at `admin`: the HTTP status and body,
+/// or why no answer came.
+pub async fn ledger(
+    admin: &str,
+    req: &kvcache_quota::admin::Request,
+) -> Result<(u16, String), ReadError> {
+    let url = format!("http://{admin}{}", req.path());
+    let (method, body) = (req.method(), req.body());
+    let u = url.clone();
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(TIMEOUT))
+            .max_redirects(0)
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let sent = match (method, body) {
+            ("PUT", Some(body)) => agent
+                .put(&u)
+                .header("Content-Type", "application/json")
+                .send(body),
+            ("DELETE", _) => agent.delete(&u).call(),
+            _ => agent.get(&u).call(),
+        };
+        let mut response = sent.map_err(|e| ReadError::Unreachable {
+            url: u.clone(),
+            message: e.to_string(),
+        })?;
+        let status = response.status().as_u16();
+        let text = response
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| ReadError::Unreadable {
+                url: u.clone(),
+                message: e.to_string(),
+            })?;
+        Ok((status, text))
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(ReadError::Unreachable {
+            url,
+            message: e.to_string(),
+        })
+    })
+}
+
+/// `master_total_capacity_bytes` from the store at `admin`.
+pub async fn capacity(admin: &str) -> Option<u64> {
+    let text = fetch(format!("http://{admin}/metrics")).await.ok()?;
+    Metrics::parse(&text).memory_bytes
+}

@@ -1,0 +1,351 @@
+//! Pools and Bindings reconciled against a real master's tenant ledger (one operator for this
+//! test binary's control plane; the store runs on loopback, read through
+//! `--store-address-override`): ceilings pushed through the admin API and grants read back as
+//! the master recuts them, a ceiling edit reaching the running master, zero capacity reported for
+//! what it is, `Unenforced` without a ledger, deletion held while in use and tenants released.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::{Client, ResourceExt};
+use kvcache_api::pool::PoolPhase;
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
+use kvcache_e2e::operator::Operator;
+use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions, http_get};
+use kvcache_e2e::{paths, shared};
+use kvcache_quota::admin::{TenantEntry, decode_list};
+use kvcache_quota::policy;
+
+const MI: u64 = 1 << 20;
+const WAIT: Duration = Duration::from_secs(45);
+
+async fn apply<K>(api: &Api<K>, yaml: &str) -> K
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let obj: K = serde_yaml::from_str(yaml).expect("manifest");
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::apply("kvcache-e2e").force(),
+        &Patch::Apply(&obj),
+    )
+    .await
+    .expect("applied")
+}
+
+/// Waits on a watch until `ok` holds; fails naming `what` and the last object seen.
+async fn wait<K>(api: &Api<K>, name: &str, what: &str, ok: impl Fn(&K) -> bool) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let cond = |o: Option<&K>| o.is_some_and(&ok);
+    match tokio::time::timeout(WAIT, await_condition(api.clone(), name, cond)).await {
+        Ok(Ok(Some(o))) => o,
+        other => panic!(
+            "waited {WAIT:?} for {name}: {what} ({other:?}); last: {:#?}",
+            api.get_opt(name).await.ok().flatten()
+        ),
+    }
+}
+
+fn binding_condition(b: &KVCachePoolBinding, t: &str) -> Option<(String, String)> {
+    b.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    })
+}
+
+fn pool_condition(p: &KVCachePool, t: &str) -> Option<(String, String)> {
+    p.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    })
+}
+
+fn effective(b: &KVCachePoolBinding) -> Option<String> {
+    b.status
+        .as_ref()
+        .and_then(|s| s.effective_quota.as_ref())
+        .map(|q| q.as_str().to_owned())
+}
+
+fn ledger(master: &Master) -> BTreeMap<String, TenantEntry> {
+    let text = http_get(&format!("{}/api/v1/tenant_quotas", master.admin_url())).expect("ledger");
+    decode_list(200, &text)
+        .expect("decodes")
+        .into_iter()
+        .map(|e| (e.tenant_id.clone(), e))
+        .collect()
+}
+
+async fn namespace(client: &Client, name: &str) {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let _ = Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ledger_on_the_real_master() {
+    let cluster = shared();
+    let client = cluster.client().await.expect("client");
+    let op_ns = cluster
+        .namespace(&client, "op-pool")
+        .await
+        .expect("operator namespace");
+    let dir = paths::scratch("op-pool").expect("dir");
+    let (d, kc, ns2) = (
+        dir.clone(),
+        cluster.control_plane.kubeconfig.clone(),
+        op_ns.clone(),
+    );
+    let (master, member, operator) = tokio::task::spawn_blocking(move || {
+        // A multi-tenant master that starts with no tenant: the operator registers them.
+        let file = d.join("tenant-quota-policy.yaml");
+        std::fs::write(
+            &file,
+            policy::render("ledger-store", &[])
+                .expect("empty policy")
+                .to_yaml(),
+        )
+        .expect("policy file");
+        let master = Master::start(
+            &d,
+            MasterOptions {
+                client_ttl: Some(3),
+                extra_args: vec![
+                    "--enable_multi_tenants=true".into(),
+                    "--tenant_quota_connector_type=file".into(),
+                    format!("--tenant_quota_connector_uri={}", file.display()),
+                ],
+                ..Default::default()
+            },
+        )
+        .expect("master");
+        let member =
+            Member::start(&d, &MemberOptions::new(master.address(), 64 * MI)).expect("member");
+        master.wait_capacity(64 * MI, WAIT).expect("mounted");
+        let operator = Operator::start_unscoped(
+            &kc,
+            &ns2,
+            &[format!("ledger-store=127.0.0.1:{}", master.metrics_port)],
+            &d,
+        )
+        .expect("operator");
+        (master, member, operator)
+    })
+    .await
+    .expect("setup");
+
+    let backends: Api<KVCacheBackend> = Api::all(client.clone());
+    let pools: Api<KVCachePool> = Api::all(client.clone());
+    apply(
+        &backends,
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {name: ledger-store}\nspec:\n  image: example.local/store:1\n  connection:\n    managed:\n      leader: {}\n      members: [{medium: DRAM, capacityPerMember: 64Mi}]\n",
+    )
+    .await;
+    apply(
+        &pools,
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: shared}\nspec: {backends: [ledger-store], quota: {total: 1Gi}}\n",
+    )
+    .await;
+    namespace(&client, "team-a").await;
+    namespace(&client, "team-b").await;
+    let team_a: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-a");
+    let team_b: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-b");
+    let binding = |ns: &str, ceiling: &str, domain: &str| {
+        format!(
+            "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {{name: {ns}, namespace: {ns}}}\nspec:\n  poolRef: {{name: shared}}\n  quota: {{ceiling: {ceiling}}}\n  domain: {{name: {domain}, blockSize: 64, dtype: bfloat16}}\n"
+        )
+    };
+    apply(&team_a, &binding("team-a", "64Mi", "default")).await;
+    apply(&team_b, &binding("team-b", "32Mi", "chat")).await;
+
+    unenforced_without_a_ledger(&client, &backends, &pools).await;
+
+    // Ceilings exceed the 64 MiB mounted: the master recuts, and the Bindings say what it granted.
+    let model = kvcache_quota::recut(
+        64 * MI,
+        &[("default".into(), 64 * MI), ("chat".into(), 32 * MI)],
+    );
+    let a = wait(&team_a, "team-a", "the master's recut grant", |b| {
+        effective(b) == Some(model["default"].to_string())
+    })
+    .await;
+    assert_eq!(
+        binding_condition(&a, "QuotaGranted"),
+        Some(("True".into(), "Recut".into()))
+    );
+    wait(&team_b, "team-b", "the master's recut grant", |b| {
+        effective(b) == Some(model["chat"].to_string())
+    })
+    .await;
+    let p = wait(&pools, "shared", "Ready with the backend's endpoint", |p| {
+        p.status.as_ref().and_then(|s| s.phase) == Some(PoolPhase::Ready)
+    })
+    .await;
+    let status = p.status.clone().expect("status");
+    assert_eq!(
+        status.client_endpoint.as_deref(),
+        Some(format!("ledger-store-leader.{op_ns}.svc:50051").as_str())
+    );
+    assert_eq!(status.domains, ["chat", "default"]);
+    assert_eq!(status.used_by.len(), 2);
+
+    // A ceiling edit reaches the running master; no restart.
+    apply(&team_b, &binding("team-b", "16Mi", "chat")).await;
+    let model = kvcache_quota::recut(
+        64 * MI,
+        &[("default".into(), 64 * MI), ("chat".into(), 16 * MI)],
+    );
+    wait(&team_b, "team-b", "the grant after the ceiling edit", |b| {
+        effective(b) == Some(model["chat"].to_string())
+    })
+    .await;
+    let entries = tokio::task::spawn_blocking({
+        let url = master.admin_url();
+        move || http_get(&format!("{url}/api/v1/tenant_quotas"))
+    })
+    .await
+    .expect("thread")
+    .expect("ledger");
+    let entries: BTreeMap<String, TenantEntry> = decode_list(200, &entries)
+        .expect("decodes")
+        .into_iter()
+        .map(|e| (e.tenant_id.clone(), e))
+        .collect();
+    assert_eq!(entries["chat"].requested_quota_bytes, 16 * MI);
+
+    // No capacity: the pool says there is nothing to allocate and every grant is zero; it
+    // clears by itself once a member mounts again.
+    let master = tokio::task::spawn_blocking(move || {
+        drop(member);
+        master
+    })
+    .await
+    .expect("thread");
+    let p = wait(
+        &pools,
+        "shared",
+        "NothingToAllocate while no member is mounted",
+        |p| {
+            pool_condition(p, "CapacityAllocatable")
+                == Some(("False".into(), "NothingToAllocate".into()))
+        },
+    )
+    .await;
+    assert_ne!(p.status.and_then(|s| s.phase), Some(PoolPhase::Ready));
+    wait(
+        &team_a,
+        "team-a",
+        "ZeroGranted while nothing is allocatable",
+        |b| binding_condition(b, "QuotaGranted") == Some(("False".into(), "ZeroGranted".into())),
+    )
+    .await;
+    let d2 = dir.clone();
+    let (master, member) = tokio::task::spawn_blocking(move || {
+        let m = Member::start(&d2, &MemberOptions::new(master.address(), 64 * MI)).expect("member");
+        (master, m)
+    })
+    .await
+    .expect("thread");
+    wait(&pools, "shared", "Ready again once a member mounts", |p| {
+        p.status.as_ref().and_then(|s| s.phase) == Some(PoolPhase::Ready)
+    })
+    .await;
+
+    // Deleting the pool waits for its Bindings; deleting them releases their tenants.
+    pools
+        .delete("shared", &DeleteParams::default())
+        .await
+        .expect("delete requested");
+    let p = wait(&pools, "shared", "held while Bindings reference it", |p| {
+        p.status.as_ref().and_then(|s| s.phase) == Some(PoolPhase::Deleting)
+    })
+    .await;
+    assert_eq!(
+        pool_condition(&p, "Releasable").map(|c| c.0),
+        Some("False".into())
+    );
+    team_a
+        .delete("team-a", &DeleteParams::default())
+        .await
+        .expect("delete");
+    team_b
+        .delete("team-b", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let uid = p.uid().expect("uid");
+    tokio::time::timeout(
+        Duration::from_secs(90),
+        await_condition(
+            pools.clone(),
+            "shared",
+            kube::runtime::conditions::is_deleted(&uid),
+        ),
+    )
+    .await
+    .expect("the pool goes once its Bindings are gone")
+    .expect("watch");
+    let left = tokio::task::spawn_blocking(move || {
+        let l = ledger(&master);
+        drop((master, member, operator));
+        l
+    })
+    .await
+    .expect("thread");
+    assert!(
+        !left.contains_key("chat") && !left.contains_key("default"),
+        "the released tenants left the ledger: {left:?}"
+    );
+}
+
+/// A backend without multi-tenancy: its Bindings are `Unenforced`, with no figure.
+async fn unenforced_without_a_ledger(
+    client: &Client,
+    backends: &Api<KVCacheBackend>,
+    pools: &Api<KVCachePool>,
+) {
+    apply(
+        backends,
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {name: plain-store}\nspec:\n  image: example.local/store:1\n  connection:\n    managed:\n      leader: {multiTenancy: false}\n      members: [{medium: DRAM, capacityPerMember: 64Mi}]\n",
+    )
+    .await;
+    apply(
+        pools,
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: plain}\nspec: {backends: [plain-store], quota: {total: 1Gi}}\n",
+    )
+    .await;
+    namespace(client, "team-c").await;
+    let team_c: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-c");
+    apply(
+        &team_c,
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {name: plain, namespace: team-c}\nspec:\n  poolRef: {name: plain}\n  quota: {ceiling: 1Gi}\n  domain: {blockSize: 64, dtype: bfloat16}\n",
+    )
+    .await;
+    let b = wait(&team_c, "plain", "Unenforced", |b| {
+        binding_condition(b, "QuotaGranted") == Some(("True".into(), "Unenforced".into()))
+    })
+    .await;
+    assert_eq!(effective(&b), None, "no figure without a ledger");
+    let p = pools.get("plain").await.expect("pool");
+    assert_eq!(
+        pool_condition(&p, "QuotaLedgerAvailable"),
+        Some(("False".into(), "MultiTenancyDisabled".into()))
+    );
+}
