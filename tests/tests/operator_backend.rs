@@ -330,15 +330,29 @@ async fn a_setting_change_rolls_only_backends_without_their_own_image() {
     .await
     .expect("setting changed");
     wait_image("follows-setting-leader", "example.local/store:b").await;
-    let follows_after = daemons
-        .get("follows-setting-member-0")
-        .await
-        .expect("following member");
-    assert_ne!(
-        hash(&follows_before),
-        hash(&follows_after),
-        "its members roll"
-    );
+    // Its members roll: the DaemonSet (applied after the leader) gets a new fingerprint.
+    let before_hash = hash(&follows_before);
+    let follows_after = tokio::time::timeout(
+        WAIT,
+        await_condition(
+            daemons.clone(),
+            "follows-setting-member-0",
+            move |d: Option<&DaemonSet>| {
+                d.and_then(|d| {
+                    d.spec
+                        .as_ref()
+                        .and_then(|s| s.template.metadata.as_ref())
+                        .and_then(|m| m.annotations.as_ref())
+                        .and_then(|a| a.get("kvcache.gpustack.ai/pod-spec-hash").cloned())
+                })
+                .is_some_and(|h| Some(h) != before_hash)
+            },
+        ),
+    )
+    .await
+    .expect("waited for the following member DaemonSet's new fingerprint")
+    .expect("watch")
+    .expect("exists");
     let pinned_after = daemons.get("pinned-image-member-0").await.expect("pinned");
     assert_eq!(
         hash(&pinned_before),
