@@ -11,8 +11,9 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::{Client, ResourceExt};
+use kvcache_api::model::InstanceType;
 use kvcache_api::pool::PoolPhase;
-use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
 use kvcache_e2e::operator::Operator;
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions, http_get};
 use kvcache_e2e::{paths, shared};
@@ -231,6 +232,8 @@ async fn the_ledger_on_the_real_master() {
         .collect();
     assert_eq!(entries["chat"].requested_quota_bytes, 16 * MI);
 
+    model_deployments_attach(&client, &master, &op_ns).await;
+
     // No capacity: the pool says there is nothing to allocate and every grant is zero; it
     // clears by itself once a member mounts again.
     let master = tokio::task::spawn_blocking(move || {
@@ -269,7 +272,14 @@ async fn the_ledger_on_the_real_master() {
     })
     .await;
 
-    // Deleting the pool waits for its Bindings; deleting them releases their tenants.
+    // Deleting the pool waits for its Bindings; deleting them releases their tenants (once no
+    // ModelDeployment uses them).
+    for name in ["qwen-chat"] {
+        Api::<ModelDeployment>::namespaced(client.clone(), "team-a")
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("model deployment deleted");
+    }
     pools
         .delete("shared", &DeleteParams::default())
         .await
@@ -347,5 +357,120 @@ async fn unenforced_without_a_ledger(
     assert_eq!(
         pool_condition(&p, "QuotaLedgerAvailable"),
         Some(("False".into(), "MultiTenancyDisabled".into()))
+    );
+}
+
+fn md_condition(m: &ModelDeployment, t: &str) -> Option<(String, String)> {
+    m.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    })
+}
+
+/// A ModelDeployment attaches through its namespace's Binding: the store settings are rendered
+/// into its role, `CacheAttached` is observed from what the store charges the domain, the
+/// Binding names it, and a Binding of another namespace never attaches.
+async fn model_deployments_attach(client: &Client, master: &Master, op_ns: &str) {
+    let its: Api<InstanceType> = Api::all(client.clone());
+    apply(
+        &its,
+        "apiVersion: worker.gpustack.ai/v1\nkind: InstanceType\nmetadata: {name: gpu-small}\nspec:\n  nodeSelector: {gpustack.ai/instance-type: gpu-small}\n  accelerator: {resourceName: nvidia.com/gpu, manufacturer: nvidia}\n  resources: {cpu: '1', memory: 1Gi}\n",
+    )
+    .await;
+    let md = |ns: &str, binding: &str| {
+        format!(
+            "apiVersion: worker.gpustack.ai/v1\nkind: ModelDeployment\nmetadata: {{name: qwen-chat, namespace: {ns}}}\nspec:\n  model: {{name: Qwen/Qwen2.5-0.5B-Instruct}}\n  engine: {{name: vLLM, version: '0.29.0'}}\n  kvCache: {{poolRef: {{name: {binding}}}}}\n  roles:\n    - {{name: server, replicas: 1, instanceType: gpu-small, resources: {{accelerator: 1}}}}\n"
+        )
+    };
+    let team_a: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-a");
+    apply(&team_a, &md("team-a", "team-a")).await;
+    let m = wait(&team_a, "qwen-chat", "the domain registered", |m| {
+        md_condition(m, "DomainRegistered") == Some(("True".into(), "Registered".into()))
+    })
+    .await;
+    let kv = m.status.and_then(|s| s.kv_cache).expect("status.kvCache");
+    assert_eq!(kv.binding, "team-a/team-a");
+    assert_eq!(kv.pool.as_deref(), Some("shared"));
+    // The role's Deployment carries the store settings for this store and domain.
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), "team-a");
+    let d = wait(
+        &deployments,
+        "qwen-chat-server",
+        "the role's Deployment",
+        |_| true,
+    )
+    .await;
+    let annotations = d
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    let config: serde_json::Value = serde_json::from_str(
+        annotations
+            .get("kvcache.gpustack.ai/client-config")
+            .expect("the client config annotation"),
+    )
+    .expect("JSON");
+    assert_eq!(
+        config["master_server_address"],
+        format!("ledger-store-leader.{op_ns}.svc:50051"),
+        "{config}"
+    );
+    // Observed, never inferred: once the domain holds data the store charges it.
+    let address = master.address();
+    let put = tokio::task::spawn_blocking(move || {
+        kvcache_e2e::store::put(&address, "written-by-the-domain", Some("default"), 4096)
+    })
+    .await
+    .expect("thread")
+    .expect("put");
+    assert_eq!(put, 0, "the tenant writes");
+    wait(
+        &team_a,
+        "qwen-chat",
+        "CacheActive from the store's charge",
+        |m| md_condition(m, "CacheAttached") == Some(("True".into(), "CacheActive".into())),
+    )
+    .await;
+    let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-a");
+    wait(
+        &bindings,
+        "team-a",
+        "usedBy naming the ModelDeployment",
+        |b| {
+            b.status
+                .as_ref()
+                .is_some_and(|s| s.used_by.iter().any(|u| u.name == "qwen-chat"))
+        },
+    )
+    .await;
+    // A Binding of another namespace never attaches.
+    namespace(client, "team-d").await;
+    let team_d: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-d");
+    apply(&team_d, &md("team-d", "team-a")).await;
+    let m = wait(&team_d, "qwen-chat", "BindingNotFound", |m| {
+        md_condition(m, "DomainRegistered").map(|c| c.1) == Some("BindingNotFound".into())
+    })
+    .await;
+    assert!(
+        m.status
+            .and_then(|s| s
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "DomainRegistered"))
+            .is_some_and(|c| c.message.contains("a Binding in this namespace")),
+        "the message says what to name"
+    );
+    assert!(
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), "team-d")
+            .get_opt("qwen-chat-server")
+            .await
+            .expect("get")
+            .is_none(),
+        "nothing is rendered without a resolved Binding"
     );
 }

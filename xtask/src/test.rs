@@ -45,7 +45,7 @@ fn counts(line: &str) -> anyhow::Result<Option<(u64, u64, u64)>> {
 pub fn run(extra: &[String]) -> anyhow::Result<()> {
     let installed = setup::all()?;
     let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["test", "--workspace"])
+        .args(["test", "--workspace", "--no-fail-fast"])
         .args(extra)
         .env(ENV_K8S_BIN, &installed.k8s_bin)
         .env(ENV_MOONCAKE_VENV, &installed.mooncake_venv)

@@ -241,7 +241,7 @@ fn consumers(shared: &Shared, backend: &str) -> Vec<Consumer> {
     out
 }
 
-fn settings(shared: &Shared) -> Settings {
+pub fn settings(shared: &Shared) -> Settings {
     shared
         .settings
         .state()

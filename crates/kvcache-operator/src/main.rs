@@ -4,6 +4,7 @@
 mod backend;
 mod cli;
 mod error;
+mod model;
 mod pool;
 mod run;
 mod store;

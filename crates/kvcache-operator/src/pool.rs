@@ -40,6 +40,8 @@ pub const POOL_FINALIZER: &str = "kvcache.gpustack.ai/release";
 /// Held while a Binding's tenant is not released on the master.
 pub const BINDING_FINALIZER: &str = "kvcache.gpustack.ai/release";
 const POOL: &str = "kvcachepool";
+/// The field manager of a Binding's `status.usedBy` (the pool pass writes the rest).
+const USAGE_MANAGER: &str = "kvcache-operator-usage";
 const BINDING: &str = "kvcachepoolbinding";
 /// How often the ledger is read while nothing changes (grants move with capacity, which the
 /// backend's status reports; a backend status change re-reads at once).
@@ -89,6 +91,18 @@ pub async fn run_bindings(shared: Arc<Shared>) {
     let client = shared.client.clone();
     let bindings: Api<KVCachePoolBinding> = Api::all(client.clone());
     Controller::new(bindings, watcher::Config::default())
+        // A ModelDeployment attaching or leaving changes its Binding's usedBy.
+        .watches(
+            Api::<kvcache_api::ModelDeployment>::all(client.clone()),
+            watcher::Config::default(),
+            |md| {
+                let ns = md.namespace()?;
+                md.spec
+                    .kv_cache
+                    .as_ref()
+                    .map(|k| ObjectRef::new(&k.pool_ref.name).within(&ns))
+            },
+        )
         .shutdown_on_signal()
         .run(reconcile_binding, error_policy_binding, shared)
         .for_each(|_| futures::future::ready(()))
@@ -370,18 +384,22 @@ async fn write_pool_status(
         "kind": "KVCachePool",
         "status": status,
     });
-    Api::<KVCachePool>::all(shared.client.clone())
+    match Api::<KVCachePool>::all(shared.client.clone())
         .patch_status(
             &p.name_any(),
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&patch),
         )
         .await
-        .map_err(kerr(
+    {
+        // Released and gone since the pass began.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(kerr(
             "patch status of",
             format!("KVCachePool {}", p.name_any()),
-        ))?;
-    Ok(())
+        )(e)),
+        Ok(_) => Ok(()),
+    }
 }
 
 async fn write_binding_status(
@@ -397,7 +415,8 @@ async fn write_binding_status(
         effective_quota: v.effective_quota_bytes.map(Quantity::from_bytes),
         usage: v.usage_bytes.map(Quantity::from_bytes),
         over_quota: v.over_quota,
-        used_by: stored.used_by.clone(),
+        // `usedBy` is the Binding controller's (its own field manager).
+        used_by: Vec::new(),
         conditions: merge(
             &stored.conditions,
             &v.conditions,
@@ -439,8 +458,11 @@ async fn reconcile_binding(
         Api::namespaced(shared.client.clone(), &b.namespace().unwrap_or_default());
     finalizer(&api, BINDING_FINALIZER, b, |event| async {
         match event {
-            // Its status is the pool's to write, from the same ledger reading.
-            Finalized::Apply(_) => Ok(Action::await_change()),
+            // Its status is the pool's to write, from the same ledger reading; usedBy is ours.
+            Finalized::Apply(b) => {
+                write_used_by(&shared, &b).await?;
+                Ok(Action::await_change())
+            }
             Finalized::Cleanup(b) => release_binding(&b, &shared).await,
         }
     })
@@ -452,16 +474,66 @@ async fn reconcile_binding(
     })
 }
 
+/// The ModelDeployments of the Binding's namespace that attach to it, from the cache.
+fn users(shared: &Shared, b: &KVCachePoolBinding) -> Vec<Consumer> {
+    let ns = b.namespace().unwrap_or_default();
+    let name = b.name_any();
+    let mut users: Vec<Consumer> = shared
+        .models
+        .state()
+        .iter()
+        .filter(|md| {
+            md.namespace().as_deref() == Some(ns.as_str())
+                && md.meta().deletion_timestamp.is_none()
+                && md.spec.kv_cache.as_ref().map(|k| k.pool_ref.name.as_str())
+                    == Some(name.as_str())
+        })
+        .map(|md| Consumer {
+            kind: "ModelDeployment".into(),
+            namespace: Some(ns.clone()),
+            name: md.name_any(),
+        })
+        .collect();
+    users.sort();
+    users
+}
+
+/// Writes the Binding's `status.usedBy` under its own field manager.
+async fn write_used_by(shared: &Shared, b: &KVCachePoolBinding) -> Result<(), Error> {
+    let users = users(shared, b);
+    if b.status.as_ref().map(|s| &s.used_by) == Some(&users) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "apiVersion": format!("{}/{}", kvcache_api::GROUP, kvcache_api::VERSION),
+        "kind": "KVCachePoolBinding",
+        "status": {"usedBy": users},
+    });
+    let api: Api<KVCachePoolBinding> =
+        Api::namespaced(shared.client.clone(), &b.namespace().unwrap_or_default());
+    match api
+        .patch_status(
+            &b.name_any(),
+            &PatchParams::apply(USAGE_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(kerr(
+            "patch usedBy of",
+            format!("KVCachePoolBinding {}", id(b)),
+        )(e)),
+        Ok(_) => Ok(()),
+    }
+}
+
 /// A Binding goes once no workload uses it and its tenant holds nothing on the master; its
 /// ledger entry is removed (unless another Binding still claims the tenant). Backends without a
 /// ledger release at once.
 async fn release_binding(b: &KVCachePoolBinding, shared: &Shared) -> Result<Action, Error> {
     let who = id(b);
-    let used_by = b
-        .status
-        .as_ref()
-        .map(|s| s.used_by.clone())
-        .unwrap_or_default();
+    let used_by = users(shared, b);
     if !used_by.is_empty() {
         return Err(Error::DeletionHeld(format!(
             "KVCachePoolBinding {who} is used by {} (HeldByWorkloads)",

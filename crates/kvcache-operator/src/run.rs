@@ -116,6 +116,10 @@ pub struct Shared {
     pub bindings: Store<KVCachePoolBinding>,
     /// Every backend.
     pub backends: Store<KVCacheBackend>,
+    /// Every InstanceType.
+    pub instance_types: Store<kvcache_api::model::InstanceType>,
+    /// Every ModelDeployment.
+    pub models: Store<kvcache_api::ModelDeployment>,
     /// Per-backend store polling.
     pub polls: Mutex<HashMap<String, Poll>>,
 }
@@ -215,11 +219,24 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         Api::<KVCacheBackend>::all(client.clone()),
         watcher::Config::default(),
     );
+    let instance_types = reflect(
+        Api::<kvcache_api::model::InstanceType>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let models = reflect(
+        Api::<kvcache_api::ModelDeployment>::all(client.clone()),
+        watcher::Config::default(),
+    );
     for (what, wait) in [
         ("settings", settings.wait_until_ready().await.is_ok()),
         ("pools", pools.wait_until_ready().await.is_ok()),
         ("bindings", bindings.wait_until_ready().await.is_ok()),
         ("backends", backends.wait_until_ready().await.is_ok()),
+        (
+            "instance types",
+            instance_types.wait_until_ready().await.is_ok(),
+        ),
+        ("model deployments", models.wait_until_ready().await.is_ok()),
     ] {
         if !wait {
             error!(what, "a cache never filled");
@@ -241,6 +258,8 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         pools,
         bindings,
         backends,
+        instance_types,
+        models,
         polls: Mutex::new(HashMap::new()),
     });
     ready.controllers.store(true, Ordering::Relaxed);
@@ -252,6 +271,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             backend::run(shared.clone()),
             crate::pool::run_pools(shared.clone()),
             crate::pool::run_bindings(shared.clone()),
+            crate::model::run(shared.clone()),
         );
     } else {
         backend::run(shared).await;

@@ -882,3 +882,220 @@ pub fn hold_standbys(
             && status.updated_replicas.unwrap_or(0) == 1
             && status.replicas.unwrap_or(0) == 1)
 }
+
+/// How a ModelDeployment's `kvCache.poolRef` resolved this pass.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resolution {
+    /// No `kvCache`: nothing to attach.
+    NotApplicable,
+    /// No Binding of that name in the deployment's namespace.
+    BindingNotFound {
+        /// The name given.
+        binding: String,
+        /// The namespace looked in.
+        namespace: String,
+    },
+    /// The Binding is being deleted.
+    BindingDeleting {
+        /// The Binding.
+        binding: String,
+    },
+    /// The Binding exists but its pool or backend does not resolve.
+    BindingNotReady {
+        /// The Binding.
+        binding: String,
+        /// Why.
+        why: String,
+    },
+    /// Binding, pool and domain.
+    Resolved {
+        /// The Binding.
+        binding: String,
+        /// Its pool.
+        pool: String,
+        /// Its tenant.
+        tenant: String,
+    },
+}
+
+/// One role's Deployment as observed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoleObservation {
+    /// The role.
+    pub name: String,
+    /// `spec.replicas` wanted.
+    pub desired: i32,
+    /// Ready replicas.
+    pub ready: i32,
+    /// Replicas on the current template.
+    pub updated: i32,
+    /// All replicas.
+    pub total: i32,
+    /// The Deployment exists and its controller has seen the current spec.
+    pub observed: bool,
+    /// A take-over role (`command`): no cache settings.
+    pub unmanaged: bool,
+}
+
+/// Everything one ModelDeployment pass observed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelObservation {
+    /// How the cache reference resolved.
+    pub resolution: Resolution,
+    /// Why the roles could not be rendered (an injection refusal, a missing InstanceType):
+    /// its CamelCase reason and message.
+    pub refusal: Option<(&'static str, String)>,
+    /// The roles' Deployments.
+    pub roles: Vec<RoleObservation>,
+    /// Bytes the master charges the domain's tenant (`None`: not read).
+    pub tenant_charged: Option<u64>,
+    /// Rendered changes were held back (no cache connection resolved this pass).
+    pub held: bool,
+    /// Being deleted.
+    pub deleting: bool,
+}
+
+/// A ModelDeployment's conditions (5.12) and phase from what was observed.
+pub fn model_status(
+    obs: &ModelObservation,
+) -> (
+    kvcache_api::model::ModelDeploymentPhase,
+    Option<String>,
+    Vec<Cond>,
+) {
+    use kvcache_api::model::ModelDeploymentPhase as Phase;
+    let mut conds = Vec::new();
+    let (registered, attachable) = match &obs.resolution {
+        Resolution::NotApplicable => (
+            Cond::yes(
+                "DomainRegistered",
+                "NotApplicable",
+                "no kvCache: the replicas run without the shared cache",
+            ),
+            false,
+        ),
+        Resolution::BindingNotFound { binding, namespace } => (
+            Cond::no(
+                "DomainRegistered",
+                "BindingNotFound",
+                format!(
+                    "spec.kvCache.poolRef.name names {binding}, but there is no KVCachePoolBinding {namespace}/{binding}: name a Binding in this namespace (a pool's name, or another namespace's Binding, never attaches)"
+                ),
+            ),
+            false,
+        ),
+        Resolution::BindingDeleting { binding } => (
+            Cond::no(
+                "DomainRegistered",
+                "BindingDeleting",
+                format!(
+                    "KVCachePoolBinding {binding} is being deleted; the replicas keep writing until it goes"
+                ),
+            ),
+            false,
+        ),
+        Resolution::BindingNotReady { binding, why } => (
+            Cond::no(
+                "DomainRegistered",
+                "BindingNotReady",
+                format!("KVCachePoolBinding {binding}: {why}"),
+            ),
+            false,
+        ),
+        Resolution::Resolved {
+            binding,
+            pool,
+            tenant,
+        } => (
+            Cond::yes(
+                "DomainRegistered",
+                "Registered",
+                format!(
+                    "domain {tenant} through KVCachePoolBinding {binding} on KVCachePool {pool}"
+                ),
+            ),
+            true,
+        ),
+    };
+    conds.push(registered);
+    let managed_roles: Vec<&RoleObservation> = obs.roles.iter().filter(|r| !r.unmanaged).collect();
+    let ready_replicas: i32 = managed_roles.iter().map(|r| r.ready).sum();
+    conds.push(match (&obs.resolution, &obs.refusal) {
+        (Resolution::NotApplicable, _) => Cond::yes("CacheAttached", "NotApplicable", "no kvCache"),
+        (_, Some((reason, message))) => Cond::no("CacheAttached", reason, message.clone()),
+        _ if !attachable => Cond::unknown("CacheAttached", "NotResolved", "the cache reference does not resolve; see DomainRegistered"),
+        _ if managed_roles.is_empty() && !obs.roles.is_empty() => Cond::unknown(
+            "CacheAttached",
+            "Unmanaged",
+            "every role takes over its command: the operator adds no cache settings",
+        ),
+        _ if obs.tenant_charged.is_some_and(|b| b > 0) => Cond::yes(
+            "CacheAttached",
+            "CacheActive",
+            format!("the store charges the domain {} bytes", obs.tenant_charged.unwrap_or(0)),
+        ),
+        _ if ready_replicas == 0 => Cond::unknown("CacheAttached", "NoReplicaReady", "no replica is ready yet"),
+        _ => Cond::unknown(
+            "CacheAttached",
+            "NoObservationAvailable",
+            "the ready replicas reported no store operation and the domain holds no data: normal while idle",
+        ),
+    });
+    let behind: Vec<&RoleObservation> = obs
+        .roles
+        .iter()
+        .filter(|r| !(r.observed && r.updated == r.desired && r.total == r.desired))
+        .collect();
+    conds.push(if obs.held {
+        Cond::no(
+            "ReplicasUpToDate",
+            "RolloutHeldByCache",
+            "no cache connection resolved this pass: replicas whose render differs are left in place until it does",
+        )
+    } else if obs.refusal.is_some() {
+        Cond::no(
+            "ReplicasUpToDate",
+            "RolloutHeldByCache",
+            "the roles cannot be attached to the cache (see CacheAttached): no replica is started with a broken connector",
+        )
+    } else if obs.roles.iter().any(|r| !r.observed) {
+        Cond::unknown("ReplicasUpToDate", "RolloutNotObserved", "a role's Deployment has not observed its current spec yet")
+    } else if behind.is_empty() {
+        Cond::yes("ReplicasUpToDate", "UpToDate", "every replica runs the current template")
+    } else {
+        Cond::no(
+            "ReplicasUpToDate",
+            "RolloutInProgress",
+            behind
+                .iter()
+                .map(|r| format!("{}: {} of {} updated", r.name, r.updated, r.desired))
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
+    });
+    let short: Vec<String> = obs
+        .roles
+        .iter()
+        .filter(|r| r.ready < r.desired)
+        .map(|r| format!("{} {}/{} ready", r.name, r.ready, r.desired))
+        .collect();
+    let (phase, message) = if obs.deleting {
+        (Phase::Deleting, Some("being deleted".to_owned()))
+    } else if let Some((_, m)) = &obs.refusal {
+        (Phase::Degraded, Some(m.clone()))
+    } else if short.is_empty() && !obs.roles.is_empty() {
+        (Phase::Ready, None)
+    } else if obs.roles.iter().all(|r| r.ready == 0) {
+        (
+            Phase::Starting,
+            Some(if short.is_empty() {
+                "no role rendered yet".to_owned()
+            } else {
+                short.join(", ")
+            }),
+        )
+    } else {
+        (Phase::Degraded, Some(short.join(", ")))
+    };
+    (phase, message, conds)
+}

@@ -272,6 +272,19 @@ fn attachment(
             name: backend_name.to_owned(),
             hint: "",
         })?;
+    attachment_on(binding, b, backend, env)
+}
+
+/// The cache attachment a Binding gives, on its pool's backend: endpoint, tenant, dtype,
+/// protocols, ledger and store version (the version the running master reported, when known,
+/// else the image tag's).
+pub fn attachment_on(
+    binding: &str,
+    b: &KVCachePoolBinding,
+    backend: &KVCacheBackend,
+    env: &Environment<'_>,
+) -> Result<Attachment, Error> {
+    let backend_name = backend.metadata.name.as_deref().unwrap_or_default();
     let (endpoint, protocols, ledger, version) = match (
         &backend.spec.connection.managed,
         &backend.spec.connection.external,
@@ -287,7 +300,11 @@ fn attachment(
             } else {
                 Ledger::Absent
             },
-            store_image(backend, env.settings).and_then(store_version_of_image),
+            backend
+                .status
+                .as_ref()
+                .and_then(|s| s.store_version.clone())
+                .or_else(|| store_image(backend, env.settings).and_then(store_version_of_image)),
         ),
         (None, Some(x)) => (
             x.address(kvcache_api::backend::EndpointName::Client)

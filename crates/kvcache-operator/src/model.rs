@@ -1,0 +1,356 @@
+//! The ModelDeployment controller: resolve `kvCache.poolRef` as a Binding in the deployment's own
+//! namespace, its pool and backend; render each role through `kvcache-render::model` (which
+//! injects through `kvcache-inject`); apply; observe the roles' Deployments and what the store
+//! charges the domain; write status (`kvcache-render::observe::model_status`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use kvcache_api::admission::tenant_of;
+use kvcache_api::condition::merge;
+use kvcache_api::model::{InstanceType, KvCacheStatus, RoleStatus};
+use kvcache_api::{KVCachePoolBinding, ModelDeployment};
+use kvcache_quota::admin::{self, Request};
+use kvcache_render::model::{ModelInputs, render};
+use kvcache_render::observe::{ModelObservation, Resolution, RoleObservation, model_status};
+use kvcache_render::resolve::{Environment, attachment_on};
+use tracing::{instrument, warn};
+
+use crate::backend::{MANAGER, admin_address};
+use crate::error::{Error, kube as kerr};
+use crate::run::Shared;
+
+const CONTROLLER: &str = "modeldeployment";
+const OBSERVE_INTERVAL: Duration = Duration::from_secs(15);
+
+fn id(md: &ModelDeployment) -> String {
+    format!("{}/{}", md.namespace().unwrap_or_default(), md.name_any())
+}
+
+/// Runs the controller until shutdown.
+pub async fn run(shared: Arc<Shared>) {
+    let client = shared.client.clone();
+    let controller = Controller::new(
+        Api::<ModelDeployment>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let store = controller.store();
+    let (by_binding, by_it) = (store.clone(), store);
+    controller
+        .owns(
+            Api::<Deployment>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        // A Binding (and through it the pool and backend) changes what the roles attach to.
+        .watches(
+            Api::<KVCachePoolBinding>::all(client.clone()),
+            watcher::Config::default(),
+            move |b| {
+                let ns = b.namespace();
+                let name = b.name_any();
+                by_binding
+                    .state()
+                    .iter()
+                    .filter(|md| {
+                        md.namespace() == ns
+                            && md.spec.kv_cache.as_ref().map(|k| k.pool_ref.name.as_str())
+                                == Some(name.as_str())
+                    })
+                    .map(|md| ObjectRef::from_obj(&**md))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .watches(
+            Api::<InstanceType>::all(client.clone()),
+            watcher::Config::default(),
+            move |it| {
+                let name = it.name_any();
+                by_it
+                    .state()
+                    .iter()
+                    .filter(|md| md.spec.roles.iter().any(|r| r.instance_type == name))
+                    .map(|md| ObjectRef::from_obj(&**md))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, shared)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+fn error_policy(md: Arc<ModelDeployment>, e: &Error, shared: Arc<Shared>) -> Action {
+    shared.metrics.reconciled(CONTROLLER, e.metric_label(), 0.0);
+    warn!(deployment = %id(&md), error = %e, "reconcile failed");
+    Action::requeue(crate::error::retry_after(e))
+}
+
+/// The Binding and backend a resolved reference reaches.
+type Reached = (Arc<KVCachePoolBinding>, Arc<kvcache_api::KVCacheBackend>);
+
+fn resolve(shared: &Shared, md: &ModelDeployment) -> (Resolution, Option<Reached>) {
+    let Some(kv) = &md.spec.kv_cache else {
+        return (Resolution::NotApplicable, None);
+    };
+    let ns = md.namespace().unwrap_or_default();
+    let name = &kv.pool_ref.name;
+    let Some(b) = shared.bindings.get(&ObjectRef::new(name).within(&ns)) else {
+        return (
+            Resolution::BindingNotFound {
+                binding: name.clone(),
+                namespace: ns,
+            },
+            None,
+        );
+    };
+    let who = format!("{ns}/{name}");
+    if b.meta().deletion_timestamp.is_some() {
+        return (Resolution::BindingDeleting { binding: who }, None);
+    }
+    let Some(pool) = shared.pools.get(&ObjectRef::new(&b.spec.pool_ref.name)) else {
+        return (
+            Resolution::BindingNotReady {
+                binding: who,
+                why: format!("its KVCachePool {} does not exist", b.spec.pool_ref.name),
+            },
+            None,
+        );
+    };
+    let backend_name = pool.spec.backend().unwrap_or_default();
+    let Some(backend) = shared.backends.get(&ObjectRef::new(backend_name)) else {
+        return (
+            Resolution::BindingNotReady {
+                binding: who,
+                why: format!("its pool's KVCacheBackend {backend_name} does not exist"),
+            },
+            None,
+        );
+    };
+    (
+        Resolution::Resolved {
+            binding: who,
+            pool: pool.name_any(),
+            tenant: tenant_of(&b).to_owned(),
+        },
+        Some((b, backend)),
+    )
+}
+
+#[instrument(skip(md, shared), fields(deployment = %id(&md)))]
+async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let ns = md.namespace().unwrap_or_default();
+    let settings = crate::backend::settings(&shared);
+    let (resolution, resolved) = resolve(&shared, &md);
+    let env = Environment {
+        namespace: &shared.config.namespace,
+        operator_image: &shared.config.operator_image,
+        settings: &settings,
+    };
+    let instance_types: BTreeMap<String, InstanceType> = shared
+        .instance_types
+        .state()
+        .iter()
+        .map(|it| (it.name_any(), (**it).clone()))
+        .collect();
+    let mut refusal = None;
+    let mut held = false;
+    let deployments: Api<Deployment> = Api::namespaced(shared.client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(shared.client.clone(), &ns);
+    let attachment = match &resolved {
+        Some((b, backend)) => match attachment_on(&b.name_any(), b, backend, &env) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                refusal = Some((e.reason(), e.to_string()));
+                None
+            }
+        },
+        None => None,
+    };
+    let wants_cache = md.spec.kv_cache.is_some();
+    if wants_cache && attachment.is_none() {
+        // 4.12.1: no connection resolved this pass; what runs stays as it is.
+        held = true;
+    } else if refusal.is_none() {
+        match render(&ModelInputs {
+            deployment: &md,
+            instance_types: &instance_types,
+            attachment: attachment.as_ref(),
+        }) {
+            Ok(objects) => {
+                let pp = PatchParams::apply(MANAGER).force();
+                let mut keep = BTreeSet::new();
+                for d in &objects.deployments {
+                    keep.insert(d.name_any());
+                    deployments
+                        .patch(&d.name_any(), &pp, &Patch::Apply(d))
+                        .await
+                        .map_err(kerr("apply", format!("Deployment {ns}/{}", d.name_any())))?;
+                }
+                for s in &objects.services {
+                    services
+                        .patch(&s.name_any(), &pp, &Patch::Apply(s))
+                        .await
+                        .map_err(kerr("apply", format!("Service {ns}/{}", s.name_any())))?;
+                }
+                prune(&deployments, &md, &keep).await?;
+            }
+            // An injection refusal (or a missing InstanceType) starts no Pod with a broken
+            // connector: what runs stays, the condition says why.
+            Err(e) => refusal = Some((e.reason(), e.to_string())),
+        }
+    }
+    // Observe the roles' Deployments.
+    let uid = md.uid().unwrap_or_default();
+    let owned: Vec<Deployment> = deployments
+        .list(&ListParams::default().labels(&format!(
+            "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={}",
+            kvcache_render::names::label_value(&md.name_any())
+        )))
+        .await
+        .map_err(kerr("list", format!("Deployments of {}", id(&md))))?
+        .into_iter()
+        .filter(|d| d.owner_references().iter().any(|o| o.uid == uid))
+        .collect();
+    let roles: Vec<RoleObservation> = md
+        .spec
+        .roles
+        .iter()
+        .map(|r| {
+            let d = owned.iter().find(|d| {
+                d.labels()
+                    .get("app.kubernetes.io/component")
+                    .map(String::as_str)
+                    == Some(kvcache_render::names::label_value(&r.name).as_str())
+            });
+            let status = d.and_then(|d| d.status.clone()).unwrap_or_default();
+            RoleObservation {
+                name: r.name.clone(),
+                desired: r.replicas,
+                ready: status.ready_replicas.unwrap_or(0),
+                updated: status.updated_replicas.unwrap_or(0),
+                total: status.replicas.unwrap_or(0),
+                observed: d.is_some_and(|d| {
+                    status.observed_generation.is_some()
+                        && status.observed_generation == d.metadata.generation
+                }),
+                unmanaged: !r.command.is_empty(),
+            }
+        })
+        .collect();
+    // What the store charges the domain: observed, never inferred from rendered flags.
+    let tenant_charged = match (&resolution, &resolved) {
+        (Resolution::Resolved { tenant, .. }, Some((_, backend))) => {
+            match admin_address(&shared, backend) {
+                Some(a) => match crate::store::ledger(&a, &Request::Get(tenant.clone())).await {
+                    Ok((status, body)) => admin::decode_entry(status, &body)
+                        .ok()
+                        .map(|e| e.usage_bytes()),
+                    Err(_) => None,
+                },
+                None => None,
+            }
+        }
+        _ => None,
+    };
+    let obs = ModelObservation {
+        resolution: resolution.clone(),
+        refusal,
+        roles: roles.clone(),
+        tenant_charged,
+        held,
+        deleting: md.meta().deletion_timestamp.is_some(),
+    };
+    let (phase, message, conditions) = model_status(&obs);
+    let stored = md.status.clone().unwrap_or_default();
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let status = kvcache_api::model::ModelDeploymentStatus {
+        observed_generation: md.meta().generation,
+        phase: Some(phase),
+        phase_message: message,
+        kv_cache: match (&resolution, &resolved) {
+            (Resolution::Resolved { binding, pool, .. }, Some((b, _))) => Some(KvCacheStatus {
+                binding: binding.clone(),
+                pool: Some(pool.clone()),
+                domain: Some(b.spec.domain.clone()),
+            }),
+            _ => md.spec.kv_cache.as_ref().map(|k| KvCacheStatus {
+                binding: k.pool_ref.name.clone(),
+                pool: None,
+                domain: None,
+            }),
+        },
+        roles: md
+            .spec
+            .roles
+            .iter()
+            .zip(&roles)
+            .map(|(r, o)| RoleStatus {
+                name: r.name.clone(),
+                kind: r.kind,
+                desired: r.replicas,
+                ready: o.ready,
+                unmanaged: o.unmanaged,
+            })
+            .collect(),
+        conditions: merge(&stored.conditions, &conditions, &now, md.meta().generation),
+    };
+    let patch = serde_json::json!({
+        "apiVersion": format!("{}/{}", kvcache_api::GROUP, kvcache_api::VERSION),
+        "kind": "ModelDeployment",
+        "status": status,
+    });
+    Api::<ModelDeployment>::namespaced(shared.client.clone(), &ns)
+        .patch_status(
+            &md.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(kerr(
+            "patch status of",
+            format!("ModelDeployment {}", id(&md)),
+        ))?;
+    shared
+        .metrics
+        .reconciled(CONTROLLER, "ok", started.elapsed().as_secs_f64());
+    Ok(Action::requeue(OBSERVE_INTERVAL))
+}
+
+/// Deletes role Deployments of this ModelDeployment (owned by its uid) that the render no longer
+/// returns.
+async fn prune(
+    api: &Api<Deployment>,
+    md: &ModelDeployment,
+    keep: &BTreeSet<String>,
+) -> Result<(), Error> {
+    let uid = md.uid().unwrap_or_default();
+    let list = api
+        .list(&ListParams::default().labels(&format!(
+            "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={}",
+            kvcache_render::names::label_value(&md.name_any())
+        )))
+        .await
+        .map_err(kerr("list", format!("Deployments of {}", id(md))))?;
+    for d in list {
+        let ours = d.owner_references().iter().any(|o| o.uid == uid);
+        if ours && !keep.contains(&d.name_any()) && d.meta().deletion_timestamp.is_none() {
+            match api.delete(&d.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(kerr("delete", format!("Deployment {}", d.name_any()))(e)),
+            }
+        }
+    }
+    Ok(())
+}
