@@ -19,6 +19,40 @@ pub mod ready;
 
 pub use election::{Election, LeaseRecord, Plan, Timing, TimingError};
 
+/// Why a duration on the command line is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    /// No number.
+    #[error("{0:?} is not a duration such as 500ms, 2s or 1m")]
+    NotANumber(String),
+    /// A unit other than ms, s, m.
+    #[error("{0:?}: the unit must be ms, s or m")]
+    Unit(String),
+    /// Beyond what a `Duration` counts.
+    #[error("{0:?} is too large a duration")]
+    TooLarge(String),
+}
+
+/// `500ms`, `2s`, `1m` or a bare number of seconds, with checked arithmetic (kube's Go-style
+/// `Duration` parser panics on a number too large for a `Duration`).
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, DurationError> {
+    let t = text.trim();
+    let (number, unit) = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .map_or((t, "s"), |i| t.split_at(i));
+    let value: f64 = number
+        .parse()
+        .map_err(|_| DurationError::NotANumber(text.to_owned()))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(DurationError::Unit(text.to_owned())),
+    };
+    std::time::Duration::try_from_secs_f64(seconds)
+        .map_err(|_| DurationError::TooLarge(text.to_owned()))
+}
+
 /// The version in a `--version` banner: `mooncake_master version 0.3.13.post1 (git: 7197358)`
 /// gives `0.3.13.post1`.
 pub fn version_from_banner(text: &str) -> Option<String> {

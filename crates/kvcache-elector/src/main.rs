@@ -52,10 +52,10 @@ struct Common {
     #[arg(long, env = "KVCACHE_ELECTOR_NAMESPACE")]
     namespace: String,
     /// How often the Lease is read (and renewed by the leader), e.g. `1s`, `500ms`.
-    #[arg(long, env = "KVCACHE_ELECTOR_RETRY_PERIOD", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, env = "KVCACHE_ELECTOR_RETRY_PERIOD", default_value = "1s", value_parser = kvcache_elector::parse_duration)]
     retry_period: Duration,
     /// How long the wrapped process gets to exit after SIGTERM before SIGKILL.
-    #[arg(long, env = "KVCACHE_ELECTOR_STOP_GRACE", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "KVCACHE_ELECTOR_STOP_GRACE", default_value = "10s", value_parser = kvcache_elector::parse_duration)]
     stop_grace: Duration,
 }
 
@@ -71,10 +71,10 @@ struct LeaderArgs {
     #[arg(long, env = "KVCACHE_ELECTOR_ADDRESS")]
     address: Option<String>,
     /// How long the Lease stays valid after its last renewal.
-    #[arg(long, env = "KVCACHE_ELECTOR_LEASE_DURATION", default_value = "6s", value_parser = parse_duration)]
+    #[arg(long, env = "KVCACHE_ELECTOR_LEASE_DURATION", default_value = "6s", value_parser = kvcache_elector::parse_duration)]
     lease_duration: Duration,
     /// How long the leader keeps serving without a successful renewal (shorter than the duration).
-    #[arg(long, env = "KVCACHE_ELECTOR_RENEW_DEADLINE", default_value = "4s", value_parser = parse_duration)]
+    #[arg(long, env = "KVCACHE_ELECTOR_RENEW_DEADLINE", default_value = "4s", value_parser = kvcache_elector::parse_duration)]
     renew_deadline: Duration,
     /// The master's `/health` URL (its admin port).
     #[arg(
@@ -109,26 +109,6 @@ struct MemberArgs {
     /// The member's command line.
     #[arg(last = true, required = true)]
     command: Vec<String>,
-}
-
-/// `500ms`, `2s`, `1m` or a bare number of seconds. Written here rather than with kube's
-/// `Duration` parser, which panics on a number too large for a `Duration` (`mul_f64`).
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let (number, unit) = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .map_or((t, "s"), |i| t.split_at(i));
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 500ms, 2s or 1m"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        _ => return Err(format!("{text:?}: the unit must be ms, s or m")),
-    };
-    Duration::try_from_secs_f64(seconds)
-        .map_err(|_| format!("{text:?} is not a duration this elector can count (too large)"))
 }
 
 #[tokio::main]
@@ -192,7 +172,7 @@ async fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use kvcache_elector::parse_duration;
     use std::time::Duration;
 
     #[test]

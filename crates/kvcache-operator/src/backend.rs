@@ -211,16 +211,8 @@ async fn reconcile(b: Arc<KVCacheBackend>, shared: Arc<Shared>) -> Result<Action
         }
     })
     .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(other.to_string()),
-    });
-    if result.is_ok() {
-        shared
-            .metrics
-            .reconciled(CONTROLLER, "ok", started.elapsed().as_secs_f64());
-    }
+    .map_err(crate::error::from_finalizer);
+    shared.metrics.succeeded(CONTROLLER, started, &result);
     result
 }
 
@@ -487,17 +479,8 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
     let previous = b.status.clone().unwrap_or_default();
     let used_by = consumers(shared, &name);
     let mut obs = Observation {
-        generation: b.metadata.generation,
-        deleting: false,
         used_by,
-        endpoint: None,
-        leader: None,
-        lease_holder: None,
-        store: None,
-        members: Vec::new(),
-        rendered_hashes: Vec::new(),
-        standbys_held: false,
-        store_version: None,
+        ..Observation::empty(b.metadata.generation)
     };
     let mut render_problem = None;
     if let Some(managed) = &b.spec.connection.managed {
@@ -646,20 +629,14 @@ async fn write_status(
         status.endpoints = x.endpoints.clone();
     }
     events(shared, b, previous, &status).await;
-    let patch = serde_json::json!({
-        "apiVersion": format!("{}/{}", kvcache_api::GROUP, kvcache_api::VERSION),
-        "kind": "KVCacheBackend",
-        "status": status,
-    });
-    let api: Api<KVCacheBackend> = Api::all(shared.client.clone());
-    api.patch_status(
+    crate::status::apply(
+        &Api::<KVCacheBackend>::all(shared.client.clone()),
+        "KVCacheBackend",
         &name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&patch),
+        MANAGER,
+        &status,
     )
     .await
-    .map_err(kerr("patch status of", format!("KVCacheBackend {name}")))?;
-    Ok(())
 }
 
 fn condition<'a>(s: &'a KVCacheBackendStatus, t: &str) -> Option<(&'a str, &'a str)> {
@@ -763,17 +740,10 @@ async fn cleanup(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
     if !used_by.is_empty() {
         let previous = b.status.clone().unwrap_or_default();
         let obs = Observation {
-            generation: b.metadata.generation,
             deleting: true,
             used_by: used_by.clone(),
             endpoint: previous.endpoint.clone(),
-            leader: None,
-            lease_holder: None,
-            store: None,
-            members: Vec::new(),
-            rendered_hashes: Vec::new(),
-            standbys_held: false,
-            store_version: None,
+            ..Observation::empty(b.metadata.generation)
         };
         let mut computed = observe::backend_status(b, &obs, &previous);
         computed.capacity = previous.capacity.clone();
@@ -793,7 +763,6 @@ async fn cleanup(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
     let c = shared.client.clone();
     let ns = &shared.config.namespace;
     let selector = ListParams::default().labels(&format!("{OWNER_LABEL}={uid}"));
-    let foreground = DeleteParams::foreground();
     let deployments: Api<Deployment> = Api::namespaced(c.clone(), ns);
     let daemons: Api<DaemonSet> = Api::namespaced(c.clone(), ns);
     let services: Api<Service> = Api::namespaced(c.clone(), ns);
@@ -808,44 +777,8 @@ async fn cleanup(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
         .duration_since(started)
         .try_into()
         .unwrap_or(Duration::ZERO);
-    for d in deployments
-        .list(&selector)
-        .await
-        .map_err(kerr("list", "leader Deployments"))?
-    {
-        let grace = pod_grace(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
-        teardown_one(
-            &deployments,
-            &d.name_any(),
-            "Deployment",
-            grace,
-            elapsed,
-            &foreground,
-            &mut waiting,
-            shared,
-            &d,
-        )
-        .await?;
-    }
-    for d in daemons
-        .list(&selector)
-        .await
-        .map_err(kerr("list", "member DaemonSets"))?
-    {
-        let grace = pod_grace(d.spec.as_ref().and_then(|s| s.template.spec.as_ref()));
-        teardown_one(
-            &daemons,
-            &d.name_any(),
-            "DaemonSet",
-            grace,
-            elapsed,
-            &foreground,
-            &mut waiting,
-            shared,
-            &d,
-        )
-        .await?;
-    }
+    teardown(&deployments, &selector, elapsed, &mut waiting, shared).await?;
+    teardown(&daemons, &selector, elapsed, &mut waiting, shared).await?;
     for s in services
         .list(&selector)
         .await
@@ -866,49 +799,66 @@ async fn cleanup(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-fn pod_grace(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Duration {
-    Duration::from_secs(
-        spec.and_then(|s| s.termination_grace_period_seconds)
-            .unwrap_or(30)
-            .max(0)
-            .unsigned_abs(),
-    )
+/// A workload the teardown awaits: its Pods' termination grace bounds the wait.
+trait Workload: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug {
+    fn pod_spec(&self) -> Option<&k8s_openapi::api::core::v1::PodSpec>;
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn teardown_one<K>(
+impl Workload for Deployment {
+    fn pod_spec(&self) -> Option<&k8s_openapi::api::core::v1::PodSpec> {
+        self.spec.as_ref().and_then(|s| s.template.spec.as_ref())
+    }
+}
+
+impl Workload for DaemonSet {
+    fn pod_spec(&self) -> Option<&k8s_openapi::api::core::v1::PodSpec> {
+        self.spec.as_ref().and_then(|s| s.template.spec.as_ref())
+    }
+}
+
+/// Deletes (in the foreground) every workload of one kind the selector finds and notes those
+/// still going; one past its Pods' termination grace plus the slack is abandoned with a warning.
+async fn teardown<K: Workload>(
     api: &Api<K>,
-    name: &str,
-    kind: &str,
-    grace: Duration,
+    selector: &ListParams,
     elapsed: Duration,
-    params: &DeleteParams,
     waiting: &mut Vec<String>,
     shared: &Shared,
-    obj: &K,
-) -> Result<(), Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    if elapsed > grace + TEARDOWN_SLACK {
-        let event = Event {
-            type_: EventType::Warning,
-            reason: "TeardownAbandoned".into(),
-            note: Some(format!(
-                "{kind} {name} did not go within its Pods' termination grace ({}s) plus {}s; the backend is released anyway and its Pods are left to the garbage collector",
-                grace.as_secs(),
-                TEARDOWN_SLACK.as_secs()
-            )),
-            action: "Teardown".into(),
-            secondary: None,
-        };
-        let _ = shared.recorder.publish(&event, &obj.object_ref(&())).await;
-        return Ok(());
-    }
-    match api.delete(name, params).await {
-        Ok(_) => waiting.push(format!("{kind} {name}")),
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(kerr("delete", format!("{kind} {name}"))(e)),
+) -> Result<(), Error> {
+    let kind = K::kind(&()).to_string();
+    for w in api
+        .list(selector)
+        .await
+        .map_err(kerr("list", format!("{kind}s to tear down")))?
+    {
+        let name = w.name_any();
+        let grace = Duration::from_secs(
+            w.pod_spec()
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(30)
+                .max(0)
+                .unsigned_abs(),
+        );
+        if elapsed > grace + TEARDOWN_SLACK {
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "TeardownAbandoned".into(),
+                note: Some(format!(
+                    "{kind} {name} did not go within its Pods' termination grace ({}s) plus {}s; the backend is released anyway and its Pods are left to the garbage collector",
+                    grace.as_secs(),
+                    TEARDOWN_SLACK.as_secs()
+                )),
+                action: "Teardown".into(),
+                secondary: None,
+            };
+            let _ = shared.recorder.publish(&event, &w.object_ref(&())).await;
+            continue;
+        }
+        match api.delete(&name, &DeleteParams::foreground()).await {
+            Ok(_) => waiting.push(format!("{kind} {name}")),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(kerr("delete", format!("{kind} {name}"))(e)),
+        }
     }
     Ok(())
 }

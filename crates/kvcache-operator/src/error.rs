@@ -45,6 +45,15 @@ pub fn retry_after(e: &Error) -> std::time::Duration {
     }
 }
 
+/// The reconcile's own error out of the finalizer helper's.
+pub fn from_finalizer(e: kube::runtime::finalizer::Error<Error>) -> Error {
+    match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    }
+}
+
 /// Wraps a client error with the verb and object.
 pub fn kube(verb: &'static str, what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     let what = what.into();

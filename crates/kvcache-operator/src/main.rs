@@ -7,6 +7,7 @@ mod error;
 mod model;
 mod pool;
 mod run;
+mod status;
 mod store;
 mod telemetry;
 

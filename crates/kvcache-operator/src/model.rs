@@ -305,22 +305,14 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
             .collect(),
         conditions: merge(&stored.conditions, &conditions, &now, md.meta().generation),
     };
-    let patch = serde_json::json!({
-        "apiVersion": format!("{}/{}", kvcache_api::GROUP, kvcache_api::VERSION),
-        "kind": "ModelDeployment",
-        "status": status,
-    });
-    Api::<ModelDeployment>::namespaced(shared.client.clone(), &ns)
-        .patch_status(
-            &md.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(kerr(
-            "patch status of",
-            format!("ModelDeployment {}", id(&md)),
-        ))?;
+    crate::status::apply(
+        &Api::<ModelDeployment>::namespaced(shared.client.clone(), &ns),
+        "ModelDeployment",
+        &md.name_any(),
+        MANAGER,
+        &status,
+    )
+    .await?;
     shared
         .metrics
         .reconciled(CONTROLLER, "ok", started.elapsed().as_secs_f64());

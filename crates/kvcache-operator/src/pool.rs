@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::ObjectRef;
@@ -32,7 +32,7 @@ use kvcache_render::backend::client_endpoint;
 use tracing::{info, instrument, warn};
 
 use crate::backend::{MANAGER, admin_address};
-use crate::error::{Error, kube as kerr};
+use crate::error::Error;
 use crate::run::Shared;
 
 /// Held while a pool's Bindings exist.
@@ -243,16 +243,8 @@ async fn reconcile_pool(p: Arc<KVCachePool>, shared: Arc<Shared>) -> Result<Acti
         }
     })
     .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(other.to_string()),
-    });
-    if result.is_ok() {
-        shared
-            .metrics
-            .reconciled(POOL, "ok", started.elapsed().as_secs_f64());
-    }
+    .map_err(crate::error::from_finalizer);
+    shared.metrics.succeeded(POOL, started, &result);
     result
 }
 
@@ -379,27 +371,14 @@ async fn write_pool_status(
             p.meta().generation,
         ),
     };
-    let patch = serde_json::json!({
-        "apiVersion": format!("{}/{}", kvcache_api::GROUP, kvcache_api::VERSION),
-        "kind": "KVCachePool",
-        "status": status,
-    });
-    match Api::<KVCachePool>::all(shared.client.clone())
-        .patch_status(
-            &p.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-    {
-        // Released and gone since the pass began.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(kerr(
-            "patch status of",
-            format!("KVCachePool {}", p.name_any()),
-        )(e)),
-        Ok(_) => Ok(()),
-    }
+    crate::status::apply(
+        &Api::<KVCachePool>::all(shared.client.clone()),
+        "KVCachePool",
+        &p.name_any(),
+        MANAGER,
+        &status,
+    )
+    .await
 }
 
 async fn write_binding_status(
@@ -424,29 +403,9 @@ async fn write_binding_status(
             b.meta().generation,
         ),
     };
-    let patch = serde_json::json!({
-        "apiVersion": format!("{}/{}", kvcache_api::GROUP, kvcache_api::VERSION),
-        "kind": "KVCachePoolBinding",
-        "status": status,
-    });
     let api: Api<KVCachePoolBinding> =
         Api::namespaced(shared.client.clone(), &b.namespace().unwrap_or_default());
-    match api
-        .patch_status(
-            &b.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-    {
-        // Deleted since the pool pass began: nothing to report on.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(kerr(
-            "patch status of",
-            format!("KVCachePoolBinding {}", id(b)),
-        )(e)),
-        Ok(_) => Ok(()),
-    }
+    crate::status::apply(&api, "KVCachePoolBinding", &b.name_any(), MANAGER, &status).await
 }
 
 #[instrument(skip(b, shared), fields(binding = %id(&b)))]
@@ -467,11 +426,7 @@ async fn reconcile_binding(
         }
     })
     .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(other.to_string()),
-    })
+    .map_err(crate::error::from_finalizer)
 }
 
 /// The ModelDeployments of the Binding's namespace that attach to it, from the cache.
@@ -504,28 +459,16 @@ async fn write_used_by(shared: &Shared, b: &KVCachePoolBinding) -> Result<(), Er
     if b.status.as_ref().map(|s| &s.used_by) == Some(&users) {
         return Ok(());
     }
-    let patch = serde_json::json!({
-        "apiVersion": format!("{}/{}", kvcache_api::GROUP, kvcache_api::VERSION),
-        "kind": "KVCachePoolBinding",
-        "status": {"usedBy": users},
-    });
     let api: Api<KVCachePoolBinding> =
         Api::namespaced(shared.client.clone(), &b.namespace().unwrap_or_default());
-    match api
-        .patch_status(
-            &b.name_any(),
-            &PatchParams::apply(USAGE_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-    {
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(kerr(
-            "patch usedBy of",
-            format!("KVCachePoolBinding {}", id(b)),
-        )(e)),
-        Ok(_) => Ok(()),
-    }
+    crate::status::apply(
+        &api,
+        "KVCachePoolBinding",
+        &b.name_any(),
+        USAGE_MANAGER,
+        &serde_json::json!({ "usedBy": users }),
+    )
+    .await
 }
 
 /// A Binding goes once no workload uses it and its tenant holds nothing on the master; its

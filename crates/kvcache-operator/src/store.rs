@@ -9,13 +9,18 @@ use kvcache_render::observe::{Health, Metrics, ReadError, Segment, StoreReading}
 /// How long one read may take.
 const TIMEOUT: Duration = Duration::from_millis(1500);
 
-fn get(url: &str) -> Result<String, ReadError> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
+/// A client with the read timeout, following no redirect, reading error statuses as answers.
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
         .timeout_global(Some(TIMEOUT))
         .max_redirects(0)
         .http_status_as_error(false)
         .build()
-        .into();
+        .into()
+}
+
+fn get(url: &str) -> Result<String, ReadError> {
+    let agent = agent();
     let mut response = agent.get(url).call().map_err(|e| ReadError::Unreachable {
         url: url.to_owned(),
         message: e.to_string(),
@@ -74,12 +79,7 @@ pub async fn ledger(
     let (method, body) = (req.method(), req.body());
     let u = url.clone();
     tokio::task::spawn_blocking(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(TIMEOUT))
-            .max_redirects(0)
-            .http_status_as_error(false)
-            .build()
-            .into();
+        let agent = agent();
         let sent = match (method, body) {
             ("PUT", Some(body)) => agent
                 .put(&u)

@@ -113,6 +113,19 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Records a successful reconcile with its duration (failures are counted by the
+    /// controller's error policy).
+    pub fn succeeded<T, E>(
+        &self,
+        controller: &str,
+        started: std::time::Instant,
+        result: &Result<T, E>,
+    ) {
+        if result.is_ok() {
+            self.reconciled(controller, "ok", started.elapsed().as_secs_f64());
+        }
+    }
+
     fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;

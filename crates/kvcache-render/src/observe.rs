@@ -265,6 +265,25 @@ pub struct Observation {
     pub store_version: Option<(String, Option<String>)>,
 }
 
+impl Observation {
+    /// Nothing observed yet, for the backend's `generation`.
+    pub fn empty(generation: Option<i64>) -> Self {
+        Observation {
+            generation,
+            deleting: false,
+            used_by: Vec::new(),
+            endpoint: None,
+            leader: None,
+            lease_holder: None,
+            store: None,
+            members: Vec::new(),
+            rendered_hashes: Vec::new(),
+            standbys_held: false,
+            store_version: None,
+        }
+    }
+}
+
 /// What to write.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Computed {
