@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod failover;
+pub mod nodes;
 pub mod operator;
 pub mod paths;
 pub mod pki;
@@ -116,6 +117,14 @@ pub enum Error {
         what: &'static str,
         /// What failed.
         reason: String,
+    },
+    /// A step of bringing up a node failed.
+    #[error("node set-up: {step}: {message}")]
+    NodeSetup {
+        /// The step (the first line of its script).
+        step: String,
+        /// What it printed.
+        message: String,
     },
     /// A harness thread panicked.
     #[error("the harness thread panicked")]

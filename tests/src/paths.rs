@@ -37,6 +37,21 @@ pub fn k8s_bin() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The locally built images (OCI archives: `pause.tar`, `busybox.tar`).
+pub fn images_dir() -> Result<PathBuf> {
+    let dir = std::env::var_os("KVCACHE_IMAGES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join("images"));
+    let pause = dir.join("pause.tar");
+    if !pause.exists() {
+        return Err(Error::Missing {
+            what: "the node images".into(),
+            path: pause,
+        });
+    }
+    Ok(dir)
+}
+
 /// The store's virtualenv.
 pub fn mooncake_venv() -> Result<PathBuf> {
     let dir = std::env::var_os("KVCACHE_MOONCAKE_VENV")

@@ -71,6 +71,11 @@ impl Proc {
         }
     }
 
+    /// Whether the process has exited, through a shared reference (for searches).
+    pub fn exited_now(&self) -> bool {
+        !alive(self.pid())
+    }
+
     /// Sends a signal (SIGTERM for a graceful stop, SIGKILL for a crash).
     pub fn signal(&self, signal: Signal) {
         send(self.pid(), signal);

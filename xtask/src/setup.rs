@@ -1,5 +1,7 @@
-//! Installing what the end-to-end tests, the demo and the benchmarks run: a Debian package, the
-//! store's Python virtualenv and the Kubernetes control plane built from published Go modules.
+//! Installing what the end-to-end tests, the demo and the benchmarks run: Debian packages (the
+//! store's one library; containerd, runc, the CNI plugins, buildah and static busybox for the
+//! nodes), the store's Python virtualenv, the Kubernetes control plane and kubelet built from
+//! published Go modules, and the nodes' images built locally.
 //! Everything lands in a cache outside the checkout, so a fresh clone on the same machine reuses it.
 
 use std::path::{Path, PathBuf};
@@ -29,6 +31,7 @@ pub fn mooncake_venv() -> PathBuf {
 pub struct Installed {
     pub k8s_bin: PathBuf,
     pub mooncake_venv: PathBuf,
+    pub images: PathBuf,
 }
 
 /// Installs everything missing; fast when all is in place.
@@ -36,8 +39,10 @@ pub fn all() -> anyhow::Result<Installed> {
     debian_packages()?;
     let mooncake_venv = store_venv()?;
     let k8s_bin = control_plane()?;
+    let images = node_images()?;
     Ok(Installed {
         k8s_bin,
+        images,
         mooncake_venv,
     })
 }
@@ -51,24 +56,101 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `libibverbs1`: the one shared library the store's binaries need beyond the base image.
+/// `libibverbs1` (the one shared library the store's binaries need), and what the nodes run:
+/// containerd, runc, the CNI plugins, iptables; buildah and static busybox build their images.
+const DEBIAN_PACKAGES: [&str; 7] = [
+    "libibverbs1",
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "iptables",
+    "buildah",
+    "busybox-static",
+];
+
 fn debian_packages() -> anyhow::Result<()> {
-    let installed = Command::new("dpkg-query")
-        .args(["-W", "-f=${Status}", "libibverbs1"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
-        .unwrap_or(false);
-    if installed {
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+                .unwrap_or(false)
+        })
+        .collect();
+    if missing.is_empty() {
         return Ok(());
     }
-    println!("setup: installing Debian package libibverbs1 (the store binaries link it)");
+    println!("setup: installing Debian packages {}", missing.join(" "));
     let apt = |args: &[&str]| {
         let mut c = Command::new("apt-get");
         c.args(args).env("DEBIAN_FRONTEND", "noninteractive");
         c
     };
     run(&mut apt(&["update", "-qq"]))?;
-    run(&mut apt(&["install", "-y", "-qq", "libibverbs1"]))
+    let mut install = apt(&["install", "-y", "-qq", "--no-install-recommends"]);
+    install.args(&missing);
+    run(&mut install)
+}
+
+/// The nodes' images as OCI archives: a sandbox ("pause") image and a busybox image, both from
+/// Debian's static busybox, built with buildah (no registry is reachable).
+fn node_images() -> anyhow::Result<PathBuf> {
+    let dir = cache_dir().join("images");
+    let marker = dir.join(".kvcache-built");
+    let busybox = std::fs::read("/bin/busybox").context("reading /bin/busybox (busybox-static)")?;
+    let want = format!("pause:1 busybox:1 {} bytes of busybox\n", busybox.len());
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&dir)?;
+    println!("setup: building the node images into {}", dir.display());
+    let buildah = |args: &[&str]| -> anyhow::Result<String> {
+        let out = Command::new("buildah")
+            .args(args)
+            .env("STORAGE_DRIVER", "vfs")
+            .output()
+            .with_context(|| format!("running buildah {args:?}"))?;
+        if !out.status.success() {
+            bail!(
+                "buildah {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    for (image, file, entrypoint, cmd) in [
+        (
+            "localhost/kvcache/pause:1",
+            "pause.tar",
+            r#"["/bin/busybox","sleep","2147483647"]"#,
+            "[]",
+        ),
+        (
+            "localhost/kvcache/busybox:1",
+            "busybox.tar",
+            r#"["/bin/busybox"]"#,
+            r#"["sh"]"#,
+        ),
+    ] {
+        let c = buildah(&["from", "scratch"])?;
+        let c = c.lines().last().unwrap_or_default().to_owned();
+        buildah(&["copy", &c, "/bin/busybox", "/bin/busybox"])?;
+        buildah(&["config", "--entrypoint", entrypoint, "--cmd", cmd, &c])?;
+        buildah(&["commit", "-q", &c, image])?;
+        buildah(&["rm", &c])?;
+        let archive = dir.join(file);
+        let _ = std::fs::remove_file(&archive);
+        buildah(&[
+            "push",
+            image,
+            &format!("oci-archive:{}:{image}", archive.display()),
+        ])?;
+    }
+    std::fs::write(&marker, want)?;
+    Ok(dir)
 }
 
 fn store_venv() -> anyhow::Result<PathBuf> {
@@ -91,16 +173,20 @@ fn store_venv() -> anyhow::Result<PathBuf> {
     Ok(venv)
 }
 
-const COMPONENTS: [&str; 3] = [
+const COMPONENTS: [&str; 4] = [
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
+    "kubelet",
 ];
 
 fn control_plane() -> anyhow::Result<PathBuf> {
     let bin = k8s_bin_dir();
     let marker = bin.join(".kvcache-built");
-    let want = format!("kubernetes {KUBERNETES_VERSION}, etcd {ETCD_VERSION}\n");
+    let want = format!(
+        "kubernetes {KUBERNETES_VERSION}, etcd {ETCD_VERSION}, {}\n",
+        COMPONENTS.join(" ")
+    );
     if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
         return Ok(bin);
     }
@@ -122,7 +208,10 @@ fn control_plane() -> anyhow::Result<PathBuf> {
         "setup: building the control plane from Go modules into {} (first time only: about 10 minutes on 2 cores)",
         bin.display()
     );
-    go_build(&go.join("etcd"), ".", &bin.join("etcd"), "-s -w")?;
+    // What a previous setup built stays (a new component is built alone).
+    if !bin.join("etcd").exists() {
+        go_build(&go.join("etcd"), ".", &bin.join("etcd"), "-s -w")?;
+    }
     let minor = KUBERNETES_VERSION
         .trim_start_matches('v')
         .split('.')
@@ -133,6 +222,9 @@ fn control_plane() -> anyhow::Result<PathBuf> {
         v = KUBERNETES_VERSION
     );
     for component in COMPONENTS {
+        if bin.join(component).exists() {
+            continue;
+        }
         go_build(
             &go.join("k8s"),
             &format!("k8s.io/kubernetes/cmd/{component}"),

@@ -49,6 +49,7 @@ pub fn run(extra: &[String]) -> anyhow::Result<()> {
         .args(extra)
         .env(ENV_K8S_BIN, &installed.k8s_bin)
         .env(ENV_MOONCAKE_VENV, &installed.mooncake_venv)
+        .env("KVCACHE_IMAGES", &installed.images)
         .stdout(Stdio::piped())
         .spawn()
         .context("starting cargo test")?;

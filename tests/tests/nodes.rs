@@ -1,0 +1,168 @@
+//! Real worker nodes: two kubelets with their own containerd + runc, each in its own network
+//! namespace, register and become Ready; Pods from a locally built image run on each, get
+//! addresses from their node's Pod range, pass their readiness probe, and reach each other
+//! across nodes. Nothing here is simulated.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
+use kube::runtime::wait::await_condition;
+use kvcache_e2e::cluster::{ControlPlane, Options, block_on, client_from};
+use kvcache_e2e::nodes::{BUSYBOX_IMAGE, Nodes};
+use kvcache_e2e::paths;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+struct Cluster {
+    control_plane: ControlPlane,
+    nodes: Nodes,
+}
+
+fn cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+    let c = CLUSTER.get_or_init(|| {
+        let dir = paths::scratch("nodes").map_err(|e| e.to_string())?;
+        let control_plane =
+            ControlPlane::start(&dir, &Options::default()).map_err(|e| e.to_string())?;
+        let nodes = Nodes::start(&control_plane, 2, &dir).map_err(|e| e.to_string())?;
+        Ok(Cluster {
+            control_plane,
+            nodes,
+        })
+    });
+    match c {
+        Ok(c) => c,
+        Err(e) => panic!("the cluster with nodes could not start: {e}"),
+    }
+}
+
+fn pod(name: &str, node: &str, command: &[&str], probe: bool) -> Pod {
+    let mut p: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": command,
+            }]
+        }
+    }))
+    .expect("pod");
+    if probe && let Some(spec) = p.spec.as_mut() {
+        spec.containers[0].readiness_probe = serde_json::from_value(
+            serde_json::json!({"tcpSocket": {"port": 8080}, "periodSeconds": 1}),
+        )
+        .ok();
+    }
+    p
+}
+
+async fn wait_pod(api: &Api<Pod>, name: &str, what: &str, ok: impl Fn(&Pod) -> bool) -> Pod {
+    let cond = |p: Option<&Pod>| p.is_some_and(&ok);
+    match tokio::time::timeout(WAIT, await_condition(api.clone(), name, cond)).await {
+        Ok(Ok(Some(p))) => p,
+        other => panic!(
+            "waited {WAIT:?} for Pod {name}: {what} ({other:?}); last status: {:#?}",
+            api.get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|p| p.status)
+        ),
+    }
+}
+
+fn ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn phase(p: &Pod) -> Option<String> {
+    p.status.as_ref().and_then(|s| s.phase.clone())
+}
+
+#[test]
+fn two_nodes_run_pods_that_reach_each_other() {
+    let c = cluster();
+    let kubeconfig = c.control_plane.kubeconfig.clone();
+    let nodes: Vec<(String, String, String)> = c
+        .nodes
+        .nodes
+        .iter()
+        .map(|n| (n.name.clone(), n.ip.clone(), n.pod_cidr.clone()))
+        .collect();
+    block_on(async move {
+        let client = client_from(&kubeconfig).await?;
+        // Both nodes registered with their own address.
+        let listed = Api::<Node>::all(client.clone())
+            .list(&Default::default())
+            .await?;
+        for (name, ip, _) in &nodes {
+            let node = listed
+                .items
+                .iter()
+                .find(|n| n.metadata.name.as_deref() == Some(name))
+                .unwrap_or_else(|| panic!("node {name} registered"));
+            let addresses = node
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.clone())
+                .unwrap_or_default();
+            assert!(
+                addresses
+                    .iter()
+                    .any(|a| a.type_ == "InternalIP" && a.address == *ip),
+                "{name}: {addresses:?}"
+            );
+        }
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let serve = ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/bin"];
+        for (i, (node, _, _)) in nodes.iter().enumerate() {
+            pods.create(
+                &PostParams::default(),
+                &pod(&format!("web-{i}"), node, &serve, true),
+            )
+            .await?;
+        }
+        let mut ips = Vec::new();
+        for (i, (_, _, cidr)) in nodes.iter().enumerate() {
+            let p = wait_pod(&pods, &format!("web-{i}"), "Ready", ready).await;
+            let ip = p.status.and_then(|s| s.pod_ip).expect("a Pod IP");
+            let prefix = cidr.trim_end_matches("0/24");
+            assert!(ip.starts_with(prefix), "{ip} is in its node's range {cidr}");
+            ips.push(ip);
+        }
+        // From node 0, a Pod fetches a file from the Pod on node 1.
+        let url = format!("http://{}:8080/busybox", ips[1]);
+        let fetch = [
+            "/bin/busybox",
+            "wget",
+            "-q",
+            "-O",
+            "/dev/null",
+            url.as_str(),
+        ];
+        pods.create(
+            &PostParams::default(),
+            &pod("fetch", &nodes[0].0, &fetch, false),
+        )
+        .await?;
+        let p = wait_pod(&pods, "fetch", "finished", |p| {
+            matches!(phase(p).as_deref(), Some("Succeeded" | "Failed"))
+        })
+        .await;
+        assert_eq!(phase(&p).as_deref(), Some("Succeeded"), "{:#?}", p.status);
+        Ok(())
+    })
+    .expect("the scenario");
+}
