@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use kvcache_e2e::cluster::{ControlPlane, Options, block_on, client_from, install_crds};
+use kvcache_e2e::nodes::Nodes;
 use kvcache_e2e::process::{alive, stop_pids};
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
 
@@ -34,7 +35,7 @@ fn running(what: &str) -> bool {
     !pids.is_empty() && pids.iter().all(|p| alive(*p))
 }
 
-pub fn up() -> anyhow::Result<()> {
+pub fn up(nodes: usize) -> anyhow::Result<()> {
     if running("cluster") {
         println!("the control plane is already running");
         return env();
@@ -59,6 +60,24 @@ pub fn up() -> anyhow::Result<()> {
         install_crds(&client, &crds).await
     })?;
     let server = cp.server.clone();
+    if nodes > 0 {
+        let started = std::time::Instant::now();
+        let n = Nodes::start(&cp, nodes, &dir)?;
+        let names: Vec<String> = n
+            .nodes
+            .iter()
+            .map(|n| format!("{} ({})", n.name, n.ip))
+            .collect();
+        std::fs::write(dir.join("nodes-teardown"), n.teardown.display().to_string())?;
+        let node_pids = n.detach();
+        let list: Vec<String> = node_pids.iter().map(u32::to_string).collect();
+        std::fs::write(dir.join("node-pids"), list.join(" "))?;
+        println!(
+            "{nodes} nodes Ready in {:.1?}: {}",
+            started.elapsed(),
+            names.join(", ")
+        );
+    }
     let pids = cp.detach();
     write_pids(&dir, &pids)?;
     println!(
@@ -70,6 +89,22 @@ pub fn up() -> anyhow::Result<()> {
 }
 
 pub fn down() -> anyhow::Result<()> {
+    let dir = state_dir("cluster");
+    if let Ok(text) = std::fs::read_to_string(dir.join("node-pids")) {
+        let pids: Vec<u32> = text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        stop_pids(&pids, Duration::from_secs(5));
+        let _ = std::fs::remove_file(dir.join("node-pids"));
+    }
+    if let Ok(script) = std::fs::read_to_string(dir.join("nodes-teardown")) {
+        let status = std::process::Command::new("sh")
+            .arg(script.trim())
+            .status()?;
+        let _ = std::fs::remove_file(dir.join("nodes-teardown"));
+        println!("nodes removed (teardown {status})");
+    }
     let pids = read_pids("cluster");
     if pids.is_empty() {
         println!("no control plane recorded");
@@ -111,6 +146,32 @@ pub fn status() -> anyhow::Result<()> {
     match version {
         Ok(v) => println!("API server answers: {v}"),
         Err(e) => bail!("the API server does not answer: {e}"),
+    }
+    let kubeconfig = state_dir("cluster").join("kubeconfig");
+    let nodes = block_on(async move {
+        let client = client_from(&kubeconfig).await?;
+        let list = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client)
+            .list(&Default::default())
+            .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|n| {
+                let ready = n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                    .map_or("Unknown".to_owned(), |c| c.status.clone());
+                format!("{:<24} Ready={ready}", n.metadata.name.unwrap_or_default())
+            })
+            .collect::<Vec<_>>())
+    })?;
+    if nodes.is_empty() {
+        println!("no nodes (cargo xtask cluster up --nodes N starts some)");
+    }
+    for n in nodes {
+        println!("node {n}");
     }
     Ok(())
 }

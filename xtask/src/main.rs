@@ -51,10 +51,15 @@ enum Task {
 #[derive(Subcommand)]
 enum ClusterAction {
     /// Start it (building it first if needed) and print the KUBECONFIG line.
-    Up,
-    /// Stop every process it started.
+    Up {
+        /// Real worker nodes (kubelet + containerd + runc, each in its own network namespace).
+        #[arg(long, default_value_t = 0)]
+        nodes: usize,
+    },
+    /// Stop every process it started and remove the nodes' namespaces, bridge, routes, mounts
+    /// and cgroups.
     Down,
-    /// Show its processes and whether the API server answers.
+    /// Show its processes, whether the API server answers, and the nodes' readiness.
     Status,
     /// Print `export KUBECONFIG=...`.
     Env,
@@ -92,7 +97,7 @@ fn main() -> anyhow::Result<()> {
         Task::Test { args } => test::run(&args),
         Task::Setup => setup::all().map(|_| ()),
         Task::Cluster { action } => match action {
-            ClusterAction::Up => cluster::up(),
+            ClusterAction::Up { nodes } => cluster::up(nodes),
             ClusterAction::Down => cluster::down(),
             ClusterAction::Status => cluster::status(),
             ClusterAction::Env => cluster::env(),
