@@ -29,6 +29,10 @@ pub struct Options {
     /// Start a watchdog that stops everything when this process exits (for harnesses that live
     /// in a `static`). `cargo xtask cluster up` runs without one.
     pub reaper: bool,
+    /// The address the API server advertises (the `kubernetes` Service's endpoint) and listens
+    /// on besides loopback: the node bridge's host address when real nodes join. `None`:
+    /// loopback only.
+    pub advertise: Option<String>,
 }
 
 impl Default for Options {
@@ -36,6 +40,7 @@ impl Default for Options {
         Options {
             controllers: true,
             reaper: true,
+            advertise: None,
         }
     }
 }
@@ -63,7 +68,7 @@ impl ControlPlane {
     pub fn start(dir: &Path, options: &Options) -> Result<ControlPlane> {
         let bin = paths::k8s_bin()?;
         std::fs::create_dir_all(dir).map_err(crate::io(format!("creating {}", dir.display())))?;
-        let (ca, pki) = pki::control_plane(dir)?;
+        let (ca, pki) = pki::control_plane(dir, options.advertise.as_deref())?;
         let mut procs = Vec::new();
 
         let etcd_client = free_port()?;
@@ -97,8 +102,14 @@ impl ControlPlane {
         let server = format!("https://127.0.0.1:{port}");
         let mut api = Command::new(bin.join("kube-apiserver"));
         api.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
+            .arg(match options.advertise {
+                Some(_) => "--bind-address=0.0.0.0",
+                None => "--bind-address=127.0.0.1",
+            })
+            .arg(format!(
+                "--advertise-address={}",
+                options.advertise.as_deref().unwrap_or("127.0.0.1")
+            ))
             .arg(format!("--secure-port={port}"))
             .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
             .arg(format!(

@@ -30,6 +30,33 @@ pub const PAUSE_IMAGE: &str = "localhost/kvcache/pause:1";
 /// A tiny image with static busybox (`httpd`, `wget`, `sh`), for tests of the nodes themselves.
 pub const BUSYBOX_IMAGE: &str = "localhost/kvcache/busybox:1";
 
+/// Where the nodes will live, fixed before the control plane starts so that the API server
+/// can advertise (and be reached on) the bridge's host address.
+#[derive(Clone, Debug)]
+pub struct NodeNetwork {
+    tag: u32,
+    octet: u32,
+    /// The bridge the nodes join.
+    pub bridge: String,
+    /// The host's address on it: the API server's advertised address.
+    pub host_ip: String,
+}
+
+impl NodeNetwork {
+    /// Names for this process's nodes (a short tag keeps interface names under 15 characters
+    /// and apart from another run).
+    pub fn plan() -> NodeNetwork {
+        let tag = std::process::id() % 900 + 100;
+        let octet = 20 + tag % 200;
+        NodeNetwork {
+            tag,
+            octet,
+            bridge: format!("kvcb{tag}"),
+            host_ip: format!("10.220.{octet}.1"),
+        }
+    }
+}
+
 /// One node.
 pub struct NodeInfo {
     /// Its name (also its hostname).
@@ -85,8 +112,9 @@ fn hierarchies() -> Vec<PathBuf> {
 }
 
 impl Nodes {
-    /// Starts `count` nodes against `cp` and waits until every one is Ready.
-    pub fn start(cp: &ControlPlane, count: usize, dir: &Path) -> Result<Nodes> {
+    /// Starts `count` nodes on `net` against `cp` (started with `advertise` set to
+    /// `net.host_ip`) and waits until every one is Ready.
+    pub fn start(cp: &ControlPlane, net: &NodeNetwork, count: usize, dir: &Path) -> Result<Nodes> {
         let port = cp
             .server
             .rsplit(':')
@@ -96,11 +124,8 @@ impl Nodes {
                 step: "reading the API server port".into(),
                 message: cp.server.clone(),
             })?;
-        // A short tag keeps interface names under 15 characters and apart from another run.
-        let tag = std::process::id() % 900 + 100;
-        let octet = 20 + tag % 200;
-        let bridge = format!("kvcb{tag}");
-        let host_ip = format!("10.220.{octet}.1");
+        let (tag, octet) = (net.tag, net.octet);
+        let (bridge, host_ip) = (net.bridge.clone(), net.host_ip.clone());
         let images = paths::images_dir()?;
         let bin = paths::k8s_bin()?;
         let teardown = dir.join("teardown.sh");
@@ -109,16 +134,17 @@ impl Nodes {
         let mut nodes = Vec::new();
         let mut procs = Vec::new();
 
-        // The bridge, the API server reached from the nodes through it.
+        // The bridge; the API server listens on its host address too.
         sh(&format!(
-            "ip link add {bridge} type bridge\nip addr add {host_ip}/24 dev {bridge}\nip link set {bridge} up\nsysctl -qw net.ipv4.conf.{bridge}.route_localnet=1\niptables -t nat -A PREROUTING -i {bridge} -d {host_ip} -p tcp --dport {port} -j DNAT --to-destination 127.0.0.1:{port}"
+            "ip link add {bridge} type bridge\nip addr add {host_ip}/24 dev {bridge}\nip link set {bridge} up"
         ))?;
         let kubeconfig = std::fs::read_to_string(&cp.kubeconfig)
             .map_err(crate::io("reading the admin kubeconfig"))?
             .replace(
                 &format!("    server: {}", cp.server),
-                &format!("    server: https://{host_ip}:{port}\n    tls-server-name: localhost"),
+                &format!("    server: https://{host_ip}:{port}"),
             );
+        let cluster_cidr = format!("10.{}.0.0/16", 100 + tag % 100);
 
         for i in 0..count {
             let name = format!("kvc{tag}n{i}");
@@ -131,7 +157,7 @@ impl Nodes {
             std::fs::create_dir_all(&run).map_err(crate::io("node run directory"))?;
             let _ = writeln!(
                 down,
-                "pkill -9 -f '{d}/kubelet.yaml'\npkill -9 -f '{d}/containerd.toml'\nfor p in $(pgrep -f '{sock}'); do kill -9 $p; done\nfor f in $(find /sys/fs/cgroup/pids/{name} -name cgroup.procs 2>/dev/null); do for p in $(cat $f); do kill -9 $p 2>/dev/null; done; done\ngrep -E ' ({d}|{r})' /proc/mounts | awk '{{print $2}}' | sort -r | xargs -r -n1 umount -l 2>/dev/null\nip netns del {name} 2>/dev/null\nfor h in /sys/fs/cgroup/*/{name}; do [ -d $h ] && find $h -depth -type d -exec rmdir {{}} \\; 2>/dev/null; done\nip route del {pod_cidr} 2>/dev/null\nrm -rf {r}",
+                "pkill -9 -f '{d}/kubelet.yaml'\npkill -9 -f '{d}/kube-proxy.yaml'\npkill -9 -f '{d}/containerd.toml'\nfor p in $(pgrep -f '{sock}'); do kill -9 $p; done\nfor f in $(find /sys/fs/cgroup/pids/{name} -name cgroup.procs 2>/dev/null); do for p in $(cat $f); do kill -9 $p 2>/dev/null; done; done\ngrep -E ' ({d}|{r})' /proc/mounts | awk '{{print $2}}' | sort -r | xargs -r -n1 umount -l 2>/dev/null\nip netns del {name} 2>/dev/null\nfor h in /sys/fs/cgroup/*/{name}; do [ -d $h ] && find $h -depth -type d -exec rmdir {{}} \\; 2>/dev/null; done\nip route del {pod_cidr} 2>/dev/null\nrm -rf {r}",
                 d = ndir.display(),
                 r = run.display(),
                 sock = sock.display(),
@@ -221,6 +247,26 @@ impl Nodes {
                 .args(["--hostname-override", &name, "--node-ip", &ip]);
             let kubelet_log = ndir.join("kubelet.log");
             procs.push(Proc::spawn(&format!("kubelet {name}"), cmd, &kubelet_log)?);
+            // kube-proxy (iptables) in the node's namespace: ClusterIP Services work from its
+            // Pods. Conntrack limits are the host's (not per namespace): left alone.
+            std::fs::write(
+                ndir.join("kube-proxy.yaml"),
+                format!(
+                    "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclientConnection:\n  kubeconfig: {d}/kubeconfig\nhostnameOverride: {name}\nmode: iptables\nclusterCIDR: {cluster_cidr}\nbindAddress: {ip}\nhealthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\nconntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n",
+                    d = ndir.display(),
+                ),
+            )
+            .map_err(crate::io("writing the kube-proxy config"))?;
+            let mut cmd = Command::new("nsenter");
+            cmd.arg(format!("--net=/var/run/netns/{name}"))
+                .arg(bin.join("kube-proxy"))
+                .arg("--config")
+                .arg(ndir.join("kube-proxy.yaml"));
+            procs.push(Proc::spawn(
+                &format!("kube-proxy {name}"),
+                cmd,
+                &ndir.join("kube-proxy.log"),
+            )?);
             nodes.push(NodeInfo {
                 name,
                 ip,
@@ -239,7 +285,7 @@ impl Nodes {
         }
         let _ = writeln!(
             down,
-            "iptables -t nat -D PREROUTING -i {bridge} -d {host_ip} -p tcp --dport {port} -j DNAT --to-destination 127.0.0.1:{port} 2>/dev/null\nip link del {bridge} 2>/dev/null\n# Pod sandboxes' namespaces (CNI names them cni-*), once nothing runs in them.\nfor n in $(ip netns list | awk '/^cni-/{{print $1}}'); do [ -z \"$(ip netns pids $n 2>/dev/null)\" ] && ip netns del $n; done\nexit 0"
+            "ip link del {bridge} 2>/dev/null\n# Pod sandboxes' namespaces (CNI names them cni-*), once nothing runs in them.\nfor n in $(ip netns list | awk '/^cni-/{{print $1}}'); do [ -z \"$(ip netns pids $n 2>/dev/null)\" ] && ip netns del $n; done\nexit 0"
         );
         std::fs::write(&teardown, &down).map_err(crate::io("writing the teardown script"))?;
         let watchdog = watchdog(&teardown)?;

@@ -101,15 +101,20 @@ fn write(dir: &Path, file: &str, pem: &str) -> Result<PathBuf> {
 
 /// Generates and writes every certificate the control plane needs into `dir`; returns the CA
 /// too, so more users can be issued later.
-pub fn control_plane(dir: &Path) -> Result<(Ca, PkiFiles)> {
+pub fn control_plane(dir: &Path, advertise: Option<&str>) -> Result<(Ca, PkiFiles)> {
     let ca = Ca::new("kvcache-e2e-ca")?;
-    let (serving_cert, serving_key) = ca.server(&[
+    // The `kubernetes` Service's ClusterIP and the advertised address, for Pods and nodes.
+    let mut names = vec![
         "localhost",
         "127.0.0.1",
+        "10.96.0.1",
         "kubernetes",
         "kubernetes.default",
         "kubernetes.default.svc",
-    ])?;
+        "kubernetes.default.svc.cluster.local",
+    ];
+    names.extend(advertise);
+    let (serving_cert, serving_key) = ca.server(&names)?;
     let (admin_cert, admin_key) = ca.client("kvcache-admin", "system:masters")?;
     let sa = KeyPair::generate()?;
     let files = PkiFiles {

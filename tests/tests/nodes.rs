@@ -6,11 +6,11 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
 use kvcache_e2e::cluster::{ControlPlane, Options, block_on, client_from};
-use kvcache_e2e::nodes::{BUSYBOX_IMAGE, Nodes};
+use kvcache_e2e::nodes::{BUSYBOX_IMAGE, NodeNetwork, Nodes};
 use kvcache_e2e::paths;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -24,9 +24,16 @@ fn cluster() -> &'static Cluster {
     static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
     let c = CLUSTER.get_or_init(|| {
         let dir = paths::scratch("nodes").map_err(|e| e.to_string())?;
-        let control_plane =
-            ControlPlane::start(&dir, &Options::default()).map_err(|e| e.to_string())?;
-        let nodes = Nodes::start(&control_plane, 2, &dir).map_err(|e| e.to_string())?;
+        let net = NodeNetwork::plan();
+        let control_plane = ControlPlane::start(
+            &dir,
+            &Options {
+                advertise: Some(net.host_ip.clone()),
+                ..Options::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let nodes = Nodes::start(&control_plane, &net, 2, &dir).map_err(|e| e.to_string())?;
         Ok(Cluster {
             control_plane,
             nodes,
@@ -42,7 +49,7 @@ fn pod(name: &str, node: &str, command: &[&str], probe: bool) -> Pod {
     let mut p: Pod = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": {"app": name}},
         "spec": {
             "nodeName": node,
             "restartPolicy": "Never",
@@ -158,6 +165,45 @@ fn two_nodes_run_pods_that_reach_each_other() {
         )
         .await?;
         let p = wait_pod(&pods, "fetch", "finished", |p| {
+            matches!(phase(p).as_deref(), Some("Succeeded" | "Failed"))
+        })
+        .await;
+        assert_eq!(phase(&p).as_deref(), Some("Succeeded"), "{:#?}", p.status);
+
+        // kube-proxy: a ClusterIP Service in front of the Pod on node 1, reached from node 0.
+        let services: Api<Service> = Api::namespaced(client.clone(), "default");
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web-1"},
+            "spec": {"selector": {"app": "web-1"}, "ports": [{"port": 80, "targetPort": 8080}]}
+        }))
+        .expect("service");
+        let svc = services.create(&PostParams::default(), &svc).await?;
+        let cluster_ip = svc.spec.and_then(|s| s.cluster_ip).expect("a ClusterIP");
+        let url = format!("http://{cluster_ip}/busybox");
+        // The Service's endpoints reach kube-proxy a moment after it is created: retry inside.
+        let retrying = format!(
+            "for i in $(/bin/busybox seq 1 30); do /bin/busybox wget -q -O /dev/null {url} && exit 0; /bin/busybox sleep 1; done; exit 1"
+        );
+        pods.create(
+            &PostParams::default(),
+            &pod("via-service", &nodes[0].0, &["/bin/busybox", "sh", "-c", &retrying], false),
+        )
+        .await?;
+        let p = wait_pod(&pods, "via-service", "finished", |p| {
+            matches!(phase(p).as_deref(), Some("Succeeded" | "Failed"))
+        })
+        .await;
+        assert_eq!(phase(&p).as_deref(), Some("Succeeded"), "{:#?}", p.status);
+
+        // And the API server through the `kubernetes` Service, as a Pod's client would.
+        let api = "for i in $(/bin/busybox seq 1 30); do /bin/busybox wget --no-check-certificate -q -O /dev/null https://10.96.0.1/healthz && exit 0; /bin/busybox sleep 1; done; exit 1";
+        pods.create(
+            &PostParams::default(),
+            &pod("to-api", &nodes[1].0, &["/bin/busybox", "sh", "-c", api], false),
+        )
+        .await?;
+        let p = wait_pod(&pods, "to-api", "finished", |p| {
             matches!(phase(p).as_deref(), Some("Succeeded" | "Failed"))
         })
         .await;

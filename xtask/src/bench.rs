@@ -51,6 +51,7 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
         &Options {
             controllers: false,
             reaper: true,
+            advertise: None,
         },
     )?;
     let kubeconfig = cp.kubeconfig.clone();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use kvcache_e2e::cluster::{ControlPlane, Options, block_on, client_from, install_crds};
-use kvcache_e2e::nodes::Nodes;
+use kvcache_e2e::nodes::{NodeNetwork, Nodes};
 use kvcache_e2e::process::{alive, stop_pids};
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
 
@@ -46,11 +46,13 @@ pub fn up(nodes: usize) -> anyhow::Result<()> {
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
+    let net = NodeNetwork::plan();
     let cp = ControlPlane::start(
         &dir,
         &Options {
             controllers: true,
             reaper: false,
+            advertise: (nodes > 0).then(|| net.host_ip.clone()),
         },
     )?;
     let kubeconfig = cp.kubeconfig.clone();
@@ -62,7 +64,7 @@ pub fn up(nodes: usize) -> anyhow::Result<()> {
     let server = cp.server.clone();
     if nodes > 0 {
         let started = std::time::Instant::now();
-        let n = Nodes::start(&cp, nodes, &dir)?;
+        let n = Nodes::start(&cp, &net, nodes, &dir)?;
         let names: Vec<String> = n
             .nodes
             .iter()

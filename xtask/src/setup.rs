@@ -173,11 +173,12 @@ fn store_venv() -> anyhow::Result<PathBuf> {
     Ok(venv)
 }
 
-const COMPONENTS: [&str; 4] = [
+const COMPONENTS: [&str; 5] = [
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
     "kubelet",
+    "kube-proxy",
 ];
 
 fn control_plane() -> anyhow::Result<PathBuf> {
