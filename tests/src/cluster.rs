@@ -152,7 +152,14 @@ impl ControlPlane {
                 .arg(format!("--service-account-private-key-file={}", pki.sa_key.display()))
                 .arg(format!("--root-ca-file={}", pki.ca_cert.display()))
                 .arg("--use-service-account-credentials=false")
-                .arg("--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service-lb-controller,-route");
+                // With real nodes the node lifecycle controller lifts the `not-ready` taint a
+                // node registers with once its kubelet reports Ready; without nodes (hand-made
+                // Node objects that never heartbeat) it would taint them and evict their Pods.
+                .arg(if options.advertise.is_some() {
+                    "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-route"
+                } else {
+                    "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-service-lb-controller,-route"
+                });
             procs.push(Proc::spawn(
                 "kube-controller-manager",
                 kcm,

@@ -25,6 +25,29 @@ use crate::{Error, Result, paths};
 
 /// How long a node gets to register and become Ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Memory each node offers Pods (`allocatable`): the machine's memory is shared by every node,
+/// so each reserves the rest; demo-sized members fit, an oversized one stays Pending.
+pub const NODE_ALLOCATABLE_MEMORY: u64 = 4 << 30;
+/// Labels every node carries: what the examples select (`kvcache: "true"` for the disk-heavy
+/// group, the walkthrough's InstanceType).
+pub const NODE_LABELS: &str = "kvcache=true,gpustack.ai/instance-type=gpu-a10-24g";
+/// The extended resource each node advertises through its status (the standard way to test
+/// extended resources without a device plugin): one GPU, for roles that ask for one.
+pub const NODE_GPUS: (&str, &str) = ("nvidia.com/gpu", "1");
+
+/// The machine's memory, from /proc/meminfo.
+fn machine_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// The images every node's runtime gets (OCI archives in the image cache).
 pub const PAUSE_IMAGE: &str = "localhost/kvcache/pause:1";
 /// A tiny image with static busybox (`httpd`, `wget`, `sh`), for tests of the nodes themselves.
@@ -230,8 +253,9 @@ impl Nodes {
             std::fs::write(
                 ndir.join("kubelet.yaml"),
                 format!(
-                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\ncgroupRoot: /{name}\nfailCgroupV1: false\nfailSwapOn: false\ncontainerRuntimeEndpoint: unix://{sock}\nreadOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nenforceNodeAllocatable: []\nevictionHard: {{}}\nauthentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\nauthorization: {{mode: AlwaysAllow}}\nregisterNode: true\nresolvConf: /etc/resolv.conf\n",
+                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\ncgroupRoot: /{name}\nfailCgroupV1: false\nfailSwapOn: false\ncontainerRuntimeEndpoint: unix://{sock}\nreadOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nenforceNodeAllocatable: []\nevictionHard: {{}}\nauthentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\nauthorization: {{mode: AlwaysAllow}}\nregisterNode: true\nresolvConf: /etc/resolv.conf\nsystemReserved:\n  memory: \"{reserved}\"\n",
                     sock = sock.display(),
+                    reserved = machine_memory().saturating_sub(NODE_ALLOCATABLE_MEMORY),
                 ),
             )
             .map_err(crate::io("writing the kubelet config"))?;
@@ -244,7 +268,8 @@ impl Nodes {
                 .arg(ndir.join("kubeconfig"))
                 .arg("--root-dir")
                 .arg(ndir.join("kubelet"))
-                .args(["--hostname-override", &name, "--node-ip", &ip]);
+                .args(["--hostname-override", &name, "--node-ip", &ip])
+                .arg(format!("--node-labels={NODE_LABELS}"));
             let kubelet_log = ndir.join("kubelet.log");
             procs.push(Proc::spawn(&format!("kubelet {name}"), cmd, &kubelet_log)?);
             // kube-proxy (iptables) in the node's namespace: ClusterIP Services work from its
@@ -296,7 +321,31 @@ impl Nodes {
             watchdog: Some(watchdog),
         };
         all.wait_ready(&cp.kubeconfig)?;
+        all.advertise_gpus(&cp.kubeconfig)?;
         Ok(all)
+    }
+
+    fn advertise_gpus(&self, kubeconfig: &Path) -> Result<()> {
+        let kc = kubeconfig.to_owned();
+        let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            let api = Api::<Node>::all(client);
+            let (resource, count) = NODE_GPUS;
+            let patch = serde_json::json!({"status": {
+                "capacity": {resource: count},
+                "allocatable": {resource: count},
+            }});
+            for n in names {
+                api.patch_status(
+                    &n,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await?;
+            }
+            Ok(())
+        })
     }
 
     fn wait_ready(&mut self, kubeconfig: &Path) -> Result<()> {

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
 use kvcache_e2e::cluster::{ControlPlane, Options, block_on, client_from};
-use kvcache_e2e::nodes::{BUSYBOX_IMAGE, NodeNetwork, Nodes};
+use kvcache_e2e::nodes::{BUSYBOX_IMAGE, NODE_ALLOCATABLE_MEMORY, NodeNetwork, Nodes};
 use kvcache_e2e::paths;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -131,7 +131,26 @@ fn two_nodes_run_pods_that_reach_each_other() {
                     .any(|a| a.type_ == "InternalIP" && a.address == *ip),
                 "{name}: {addresses:?}"
             );
+            let labels = node.metadata.labels.clone().unwrap_or_default();
+            assert_eq!(labels.get("kvcache").map(String::as_str), Some("true"));
+            assert_eq!(
+                labels.get("gpustack.ai/instance-type").map(String::as_str),
+                Some("gpu-a10-24g")
+            );
         }
+        // Demo sizing: each node offers NODE_ALLOCATABLE_MEMORY and one GPU.
+        let fresh = Api::<Node>::all(client.clone()).get(&nodes[0].0).await?;
+        let allocatable = fresh.status.and_then(|s| s.allocatable).unwrap_or_default();
+        let memory = kvcache_api::quantity::parse_bytes(&allocatable["memory"].0)
+            .expect("a byte quantity");
+        assert!(
+            memory.abs_diff(NODE_ALLOCATABLE_MEMORY) < 256 << 20,
+            "allocatable memory {memory} is about {NODE_ALLOCATABLE_MEMORY}"
+        );
+        assert_eq!(
+            allocatable.get("nvidia.com/gpu").map(|q| q.0.as_str()),
+            Some("1")
+        );
         let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
         let serve = ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/bin"];
         for (i, (node, _, _)) in nodes.iter().enumerate() {
@@ -195,6 +214,36 @@ fn two_nodes_run_pods_that_reach_each_other() {
         })
         .await;
         assert_eq!(phase(&p).as_deref(), Some("Succeeded"), "{:#?}", p.status);
+
+        // A Pod asking for more memory than a node offers stays Pending, with the scheduler's
+        // reason (no nodeName: the scheduler places Pods).
+        let mut big = pod("too-big", "", &["/bin/busybox", "sleep", "60"], false);
+        if let Some(spec) = big.spec.as_mut() {
+            spec.node_name = None;
+            spec.containers[0].resources = serde_json::from_value(
+                serde_json::json!({"requests": {"memory": "8Gi"}}),
+            )
+            .ok();
+        }
+        pods.create(&PostParams::default(), &big).await?;
+        let p = wait_pod(&pods, "too-big", "unschedulable", |p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter().any(|c| {
+                        c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")
+                    })
+                })
+        })
+        .await;
+        let message = p
+            .status
+            .and_then(|s| s.conditions)
+            .and_then(|c| c.into_iter().find(|c| c.type_ == "PodScheduled"))
+            .and_then(|c| c.message)
+            .unwrap_or_default();
+        assert!(message.contains("Insufficient memory"), "{message}");
 
         // And the API server through the `kubernetes` Service, as a Pod's client would.
         let api = "for i in $(/bin/busybox seq 1 30); do /bin/busybox wget --no-check-certificate -q -O /dev/null https://10.96.0.1/healthz && exit 0; /bin/busybox sleep 1; done; exit 1";
