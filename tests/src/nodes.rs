@@ -25,6 +25,12 @@ use crate::{Error, Result, paths};
 
 /// How long a node gets to register and become Ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Where the nodes' sockets and mount namespaces live (a private mount, so namespace files
+/// can be kept there).
+const RUN_DIR: &str = "/run/kvcache-nodes";
+/// Host paths each node sees as its own folder (the disk tier's path in the examples).
+pub const PRIVATE_PATHS: &[&str] = &["/var/lib/kvcache"];
+
 /// Memory each node offers Pods (`allocatable`): the machine's memory is shared by every node,
 /// so each reserves the rest; demo-sized members fit, an oversized one stays Pending.
 pub const NODE_ALLOCATABLE_MEMORY: u64 = 4 << 30;
@@ -82,6 +88,8 @@ impl NodeNetwork {
 
 /// One node.
 pub struct NodeInfo {
+    /// Where the node's own host folders live (its view of `PRIVATE_PATHS`).
+    pub host_root: PathBuf,
     /// Its name (also its hostname).
     pub name: String,
     /// Its address on the node bridge.
@@ -157,6 +165,10 @@ impl Nodes {
         let mut nodes = Vec::new();
         let mut procs = Vec::new();
 
+        // A private mount to keep the nodes' mount namespace files in.
+        sh(&format!(
+            "mkdir -p {RUN_DIR}\nmountpoint -q {RUN_DIR} || mount --bind {RUN_DIR} {RUN_DIR}\nmount --make-private {RUN_DIR}"
+        ))?;
         // The bridge; the API server listens on its host address too.
         sh(&format!(
             "ip link add {bridge} type bridge\nip addr add {host_ip}/24 dev {bridge}\nip link set {bridge} up"
@@ -174,13 +186,31 @@ impl Nodes {
             let ip = format!("10.220.{octet}.{}", 10 + i);
             let pod_cidr = format!("10.{}.{i}.0/24", 100 + tag % 100);
             let ndir = dir.join(&name);
-            let run = PathBuf::from("/run/kvcache-nodes").join(&name);
+            let run = PathBuf::from(RUN_DIR).join(&name);
             let sock = run.join("containerd.sock");
             std::fs::create_dir_all(ndir.join("cni")).map_err(crate::io("node directories"))?;
             std::fs::create_dir_all(&run).map_err(crate::io("node run directory"))?;
+            // Its own view of host paths, as on a separate machine: a private mount namespace
+            // (kept in a file) in which each of PRIVATE_PATHS is the node's own folder.
+            let mnt = run.join("mnt");
+            std::fs::write(&mnt, "").map_err(crate::io("the mount namespace file"))?;
+            let mut binds = String::new();
+            for p in PRIVATE_PATHS {
+                let own = ndir.join("host").join(p.trim_start_matches('/'));
+                std::fs::create_dir_all(&own).map_err(crate::io("a node's own folder"))?;
+                let _ = write!(
+                    binds,
+                    "mkdir -p {p} && mount --bind {} {p} && ",
+                    own.display()
+                );
+            }
+            sh(&format!(
+                "unshare --mount={m} --propagation private sh -c '{binds}true'",
+                m = mnt.display()
+            ))?;
             let _ = writeln!(
                 down,
-                "pkill -9 -f '{d}/kubelet.yaml'\npkill -9 -f '{d}/kube-proxy.yaml'\npkill -9 -f '{d}/containerd.toml'\nfor p in $(pgrep -f '{sock}'); do kill -9 $p; done\nfor f in $(find /sys/fs/cgroup/pids/{name} -name cgroup.procs 2>/dev/null); do for p in $(cat $f); do kill -9 $p 2>/dev/null; done; done\ngrep -E ' ({d}|{r})' /proc/mounts | awk '{{print $2}}' | sort -r | xargs -r -n1 umount -l 2>/dev/null\nip netns del {name} 2>/dev/null\nfor h in /sys/fs/cgroup/*/{name}; do [ -d $h ] && find $h -depth -type d -exec rmdir {{}} \\; 2>/dev/null; done\nip route del {pod_cidr} 2>/dev/null\nrm -rf {r}",
+                "pkill -9 -f '{d}/kubelet.yaml'\npkill -9 -f '{d}/kube-proxy.yaml'\npkill -9 -f '{d}/containerd.toml'\nfor p in $(pgrep -f '{sock}'); do kill -9 $p; done\nfor f in $(find /sys/fs/cgroup/pids/{name} -name cgroup.procs 2>/dev/null); do for p in $(cat $f); do kill -9 $p 2>/dev/null; done; done\ngrep -E ' ({d}|{r})' /proc/mounts | awk '{{print $2}}' | sort -r | xargs -r -n1 umount -l 2>/dev/null\numount {r}/mnt 2>/dev/null\nip netns del {name} 2>/dev/null\nfor h in /sys/fs/cgroup/*/{name}; do [ -d $h ] && find $h -depth -type d -exec rmdir {{}} \\; 2>/dev/null; done\nip route del {pod_cidr} 2>/dev/null\nrm -rf {r}",
                 d = ndir.display(),
                 r = run.display(),
                 sock = sock.display(),
@@ -218,7 +248,8 @@ impl Nodes {
             )
             .map_err(crate::io("writing the CNI config"))?;
             let mut cmd = Command::new("nsenter");
-            cmd.arg(format!("--net=/var/run/netns/{name}"))
+            cmd.arg(format!("--mount={}", mnt.display()))
+                .arg(format!("--net=/var/run/netns/{name}"))
                 .arg("containerd")
                 .arg("--config")
                 .arg(ndir.join("containerd.toml"));
@@ -260,7 +291,9 @@ impl Nodes {
             )
             .map_err(crate::io("writing the kubelet config"))?;
             let mut cmd = Command::new("nsenter");
-            cmd.arg(format!("--net=/var/run/netns/{name}"))
+            cmd.arg(format!("--mount={}", mnt.display()))
+                .arg(format!("--mount={}", mnt.display()))
+                .arg(format!("--net=/var/run/netns/{name}"))
                 .arg(bin.join("kubelet"))
                 .arg("--config")
                 .arg(ndir.join("kubelet.yaml"))
@@ -283,7 +316,8 @@ impl Nodes {
             )
             .map_err(crate::io("writing the kube-proxy config"))?;
             let mut cmd = Command::new("nsenter");
-            cmd.arg(format!("--net=/var/run/netns/{name}"))
+            cmd.arg(format!("--mount={}", mnt.display()))
+                .arg(format!("--net=/var/run/netns/{name}"))
                 .arg(bin.join("kube-proxy"))
                 .arg("--config")
                 .arg(ndir.join("kube-proxy.yaml"));
@@ -293,6 +327,7 @@ impl Nodes {
                 &ndir.join("kube-proxy.log"),
             )?);
             nodes.push(NodeInfo {
+                host_root: ndir.join("host"),
                 name,
                 ip,
                 pod_cidr,
@@ -310,7 +345,7 @@ impl Nodes {
         }
         let _ = writeln!(
             down,
-            "ip link del {bridge} 2>/dev/null\n# Pod sandboxes' namespaces (CNI names them cni-*), once nothing runs in them.\nfor n in $(ip netns list | awk '/^cni-/{{print $1}}'); do [ -z \"$(ip netns pids $n 2>/dev/null)\" ] && ip netns del $n; done\nexit 0"
+            "umount {RUN_DIR} 2>/dev/null\nip link del {bridge} 2>/dev/null\n# Pod sandboxes' namespaces (CNI names them cni-*), once nothing runs in them.\nfor n in $(ip netns list | awk '/^cni-/{{print $1}}'); do [ -z \"$(ip netns pids $n 2>/dev/null)\" ] && ip netns del $n; done\nexit 0"
         );
         std::fs::write(&teardown, &down).map_err(crate::io("writing the teardown script"))?;
         let watchdog = watchdog(&teardown)?;

@@ -257,7 +257,43 @@ fn two_nodes_run_pods_that_reach_each_other() {
         })
         .await;
         assert_eq!(phase(&p).as_deref(), Some("Succeeded"), "{:#?}", p.status);
+        // Each node has its own view of host paths: a file a Pod writes under /var/lib/kvcache
+        // on node 0 is not there on node 1 (as on separate machines).
+        for (i, (node, _, _)) in nodes.iter().enumerate() {
+            let script = if i == 0 {
+                "/bin/busybox touch /data/from-node-0"
+            } else {
+                "/bin/busybox sleep 2; [ ! -e /data/from-node-0 ]"
+            };
+            let mut p = pod(&format!("tier-{i}"), node, &["/bin/busybox", "sh", "-c", script], false);
+            if let Some(spec) = p.spec.as_mut() {
+                spec.volumes = serde_json::from_value(serde_json::json!([{
+                    "name": "tier",
+                    "hostPath": {"path": "/var/lib/kvcache", "type": "Directory"}
+                }]))
+                .ok();
+                spec.containers[0].volume_mounts = serde_json::from_value(
+                    serde_json::json!([{"name": "tier", "mountPath": "/data"}]),
+                )
+                .ok();
+            }
+            pods.create(&PostParams::default(), &p).await?;
+            let done = wait_pod(&pods, &format!("tier-{i}"), "finished", |p| {
+                matches!(phase(p).as_deref(), Some("Succeeded" | "Failed"))
+            })
+            .await;
+            assert_eq!(phase(&done).as_deref(), Some("Succeeded"), "tier-{i}: {:#?}", done.status);
+        }
         Ok(())
     })
     .expect("the scenario");
+    // The file is in node 0's own folder.
+    let own = cluster().nodes.nodes[0]
+        .host_root
+        .join("var/lib/kvcache/from-node-0");
+    assert!(own.exists(), "{} exists", own.display());
+    assert!(
+        !std::path::Path::new("/var/lib/kvcache/from-node-0").exists(),
+        "the machine's own folder is untouched"
+    );
 }
