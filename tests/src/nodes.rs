@@ -180,6 +180,21 @@ impl Nodes {
                 &format!("    server: https://{host_ip}:{port}"),
             );
         let cluster_cidr = format!("10.{}.0.0/16", 100 + tag % 100);
+        // Cluster DNS: CoreDNS on the bridge's host address, answering for cluster.local from
+        // the API server; every node's kubelet hands that address to its Pods.
+        std::fs::write(
+            dir.join("Corefile"),
+            format!(
+                ".:53 {{\n    bind {host_ip}\n    errors\n    cache 5\n    kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        kubeconfig {kc} kvcache-e2e\n        fallthrough in-addr.arpa ip6.arpa\n    }}\n}}\n",
+                kc = cp.kubeconfig.display()
+            ),
+        )
+        .map_err(crate::io("writing the Corefile"))?;
+        let mut dns = Command::new(bin.join("coredns"));
+        dns.arg("-conf").arg(dir.join("Corefile"));
+        let dns = Proc::spawn("coredns", dns, &dir.join("coredns.log"))?;
+        let _ = writeln!(down, "pkill -9 -f '{}/Corefile'", dir.display());
+        procs.push(dns);
 
         for i in 0..count {
             let name = format!("kvc{tag}n{i}");
@@ -284,7 +299,7 @@ impl Nodes {
             std::fs::write(
                 ndir.join("kubelet.yaml"),
                 format!(
-                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\ncgroupRoot: /{name}\nfailCgroupV1: false\nfailSwapOn: false\ncontainerRuntimeEndpoint: unix://{sock}\nreadOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nenforceNodeAllocatable: []\nevictionHard: {{}}\nauthentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\nauthorization: {{mode: AlwaysAllow}}\nregisterNode: true\nresolvConf: /etc/resolv.conf\nsystemReserved:\n  memory: \"{reserved}\"\n",
+                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\ncgroupRoot: /{name}\nfailCgroupV1: false\nfailSwapOn: false\ncontainerRuntimeEndpoint: unix://{sock}\nreadOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nenforceNodeAllocatable: []\nevictionHard: {{}}\nauthentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\nauthorization: {{mode: AlwaysAllow}}\nregisterNode: true\nresolvConf: /etc/resolv.conf\nclusterDNS: [{host_ip}]\nclusterDomain: cluster.local\nsystemReserved:\n  memory: \"{reserved}\"\n",
                     sock = sock.display(),
                     reserved = machine_memory().saturating_sub(NODE_ALLOCATABLE_MEMORY),
                 ),

@@ -245,6 +245,22 @@ fn two_nodes_run_pods_that_reach_each_other() {
             .unwrap_or_default();
         assert!(message.contains("Insufficient memory"), "{message}");
 
+        // Cluster DNS: the Service's name resolves in a Pod (busybox's nslookup has its own
+        // resolver; a static binary's libc would need NSS libraries the image does not carry).
+        let lookup = format!(
+            "for i in $(/bin/busybox seq 1 30); do /bin/busybox nslookup web-1.default.svc.cluster.local | /bin/busybox grep -q {cluster_ip} && exit 0; /bin/busybox sleep 1; done; exit 1"
+        );
+        pods.create(
+            &PostParams::default(),
+            &pod("resolve", &nodes[1].0, &["/bin/busybox", "sh", "-c", &lookup], false),
+        )
+        .await?;
+        let p = wait_pod(&pods, "resolve", "finished", |p| {
+            matches!(phase(p).as_deref(), Some("Succeeded" | "Failed"))
+        })
+        .await;
+        assert_eq!(phase(&p).as_deref(), Some("Succeeded"), "{:#?}", p.status);
+
         // And the API server through the `kubernetes` Service, as a Pod's client would.
         let api = "for i in $(/bin/busybox seq 1 30); do /bin/busybox wget --no-check-certificate -q -O /dev/null https://10.96.0.1/healthz && exit 0; /bin/busybox sleep 1; done; exit 1";
         pods.create(

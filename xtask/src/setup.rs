@@ -173,6 +173,9 @@ fn store_venv() -> anyhow::Result<PathBuf> {
     Ok(venv)
 }
 
+/// The CoreDNS release `xtask/go/coredns` pins.
+const COREDNS_VERSION: &str = "v1.15.0";
+
 const COMPONENTS: [&str; 5] = [
     "kube-apiserver",
     "kube-controller-manager",
@@ -185,10 +188,14 @@ fn control_plane() -> anyhow::Result<PathBuf> {
     let bin = k8s_bin_dir();
     let marker = bin.join(".kvcache-built");
     let want = format!(
-        "kubernetes {KUBERNETES_VERSION}, etcd {ETCD_VERSION}, {}\n",
+        "kubernetes {KUBERNETES_VERSION}, etcd {ETCD_VERSION}, {}, coredns {COREDNS_VERSION}\n",
         COMPONENTS.join(" ")
     );
-    if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
+    let all_there = ["etcd", "coredns"]
+        .iter()
+        .chain(COMPONENTS.iter())
+        .all(|b| bin.join(b).exists());
+    if all_there && std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
         return Ok(bin);
     }
     std::fs::create_dir_all(&bin)?;
@@ -212,6 +219,10 @@ fn control_plane() -> anyhow::Result<PathBuf> {
     // What a previous setup built stays (a new component is built alone).
     if !bin.join("etcd").exists() {
         go_build(&go.join("etcd"), ".", &bin.join("etcd"), "-s -w")?;
+    }
+    // Cluster DNS for the nodes: CoreDNS with only the kubernetes, cache and errors plugins.
+    if !bin.join("coredns").exists() {
+        go_build(&go.join("coredns"), ".", &bin.join("coredns"), "-s -w")?;
     }
     let minor = KUBERNETES_VERSION
         .trim_start_matches('v')
