@@ -524,16 +524,28 @@ async fn deletion_waits_for_the_pool_and_a_restart_converges_without_duplicates(
     })
     .await
     .expect("thread");
+    // An edit after the restart: the new process must observe its generation.
+    let edited: KVCacheBackend = serde_yaml::from_str(
+        &two_groups
+            .replace("        - {medium: DRAM, capacityPerMember: 32Mi}\n", "")
+            .replace(
+                "{medium: DRAM, capacityPerMember: 64Mi}",
+                "{medium: DRAM, capacityPerMember: 64Mi, nodeSelector: {kvcache: 'true'}}",
+            ),
+    )
+    .expect("backend");
+    create(&client, &edited).await;
+    let generation = Api::<KVCacheBackend>::all(client.clone())
+        .get("held-store")
+        .await
+        .expect("backend")
+        .metadata
+        .generation;
     wait_backend(
         &client,
         "held-store",
-        "a status written by the new process",
-        |b| {
-            b.status
-                .as_ref()
-                .and_then(|s| s.conditions.first())
-                .is_some()
-        },
+        "the restarted operator observing the edit",
+        |b| b.status.as_ref().and_then(|s| s.observed_generation) == generation,
     )
     .await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);

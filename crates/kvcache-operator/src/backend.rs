@@ -512,14 +512,7 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
                 obs.rendered_hashes = objects
                     .daemon_sets
                     .iter()
-                    .map(|d| {
-                        d.spec
-                            .as_ref()
-                            .and_then(|s| s.template.metadata.as_ref())
-                            .and_then(|m| m.annotations.as_ref())
-                            .and_then(|a| a.get(POD_SPEC_HASH).cloned())
-                            .unwrap_or_default()
-                    })
+                    .map(kvcache_render::backend::pod_spec_hash)
                     .collect();
                 let (live, held) = apply_objects(
                     shared,

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kvcache_api::KVCacheBackend;
 use kvcache_api::Quantity;
 use kvcache_api::backend::*;
-use kvcache_render::backend::{BackendInputs, POD_SPEC_HASH, render};
+use kvcache_render::backend::{BackendInputs, render};
 use proptest::prelude::*;
 
 fn group() -> impl Strategy<Value = MemberGroup> {
@@ -116,14 +116,7 @@ fn hashes(b: &KVCacheBackend) -> Vec<String> {
         .expect("renders")
         .daemon_sets
         .iter()
-        .map(|d| {
-            d.spec
-                .as_ref()
-                .and_then(|s| s.template.metadata.as_ref())
-                .and_then(|m| m.annotations.as_ref())
-                .and_then(|a| a.get(POD_SPEC_HASH).cloned())
-                .unwrap_or_default()
-        })
+        .map(kvcache_render::backend::pod_spec_hash)
         .collect()
 }
 

@@ -84,6 +84,16 @@ pub struct BackendObjects {
     pub daemon_sets: Vec<DaemonSet>,
 }
 
+/// The fingerprint a member DaemonSet's Pod template carries (empty when it has none).
+pub fn pod_spec_hash(ds: &DaemonSet) -> String {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(POD_SPEC_HASH).cloned())
+        .unwrap_or_default()
+}
+
 /// `<backend>-leader`.
 pub fn leader_name(backend: &str) -> String {
     names::object(backend, "leader")
