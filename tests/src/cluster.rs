@@ -352,6 +352,35 @@ fn http_get(path: &str) -> Result<http::Request<Vec<u8>>> {
         })
 }
 
+/// Waits on a watch until the object `name` satisfies `ok`; fails naming the object, `what` was
+/// awaited, and the last state seen.
+pub async fn wait_object<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    within: Duration,
+    ok: impl Fn(&K) -> bool,
+) -> Result<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let cond = |o: Option<&K>| o.is_some_and(&ok);
+    let outcome = tokio::time::timeout(
+        within,
+        kube::runtime::wait::await_condition(api.clone(), name, cond),
+    )
+    .await;
+    if let Ok(Ok(Some(o))) = outcome {
+        return Ok(o);
+    }
+    let last = api.get_opt(name).await.ok().flatten();
+    Err(Error::Wait {
+        what: format!("{name}: {what} (within {within:?})"),
+        reason: format!("{outcome:?}; last seen: {last:#?}"),
+    })
+}
+
 /// Applies the CRDs in `dir` (every `*.yaml`) with server-side apply and waits until each is
 /// Established. Returns their names.
 pub async fn install_crds(client: &Client, dir: &Path) -> Result<Vec<String>> {

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{Api, PostParams};
-use kube::runtime::wait::await_condition;
-use kvcache_e2e::cluster::{ControlPlane, Options, block_on, client_from};
+use kvcache_e2e::cluster::{ControlPlane, Options, block_on, client_from, wait_object};
 use kvcache_e2e::nodes::{BUSYBOX_IMAGE, NODE_ALLOCATABLE_MEMORY, NodeNetwork, Nodes};
 use kvcache_e2e::paths;
 
@@ -73,18 +72,9 @@ fn pod(name: &str, node: &str, command: &[&str], probe: bool) -> Pod {
 }
 
 async fn wait_pod(api: &Api<Pod>, name: &str, what: &str, ok: impl Fn(&Pod) -> bool) -> Pod {
-    let cond = |p: Option<&Pod>| p.is_some_and(&ok);
-    match tokio::time::timeout(WAIT, await_condition(api.clone(), name, cond)).await {
-        Ok(Ok(Some(p))) => p,
-        other => panic!(
-            "waited {WAIT:?} for Pod {name}: {what} ({other:?}); last status: {:#?}",
-            api.get_opt(name)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|p| p.status)
-        ),
-    }
+    wait_object(api, name, what, WAIT, ok)
+        .await
+        .unwrap_or_else(|e| panic!("Pod {e}"))
 }
 
 fn ready(p: &Pod) -> bool {

@@ -13,6 +13,7 @@ use kube::runtime::wait::await_condition;
 use kube::{Client, ResourceExt};
 use kvcache_api::backend::BackendPhase;
 use kvcache_api::{KVCacheBackend, KVCachePool};
+use kvcache_e2e::cluster::wait_object;
 use kvcache_e2e::operator::{Operator, SELECTOR_LABEL};
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
 use kvcache_e2e::{paths, shared};
@@ -48,17 +49,9 @@ async fn wait_backend(
     ok: impl Fn(&KVCacheBackend) -> bool,
 ) -> KVCacheBackend {
     let api: Api<KVCacheBackend> = Api::all(client.clone());
-    let cond = |o: Option<&KVCacheBackend>| o.is_some_and(&ok);
-    match tokio::time::timeout(WAIT, await_condition(api.clone(), name, cond)).await {
-        Ok(Ok(Some(b))) => b,
-        other => {
-            let last = api.get_opt(name).await.ok().flatten();
-            panic!(
-                "waited {WAIT:?} for KVCacheBackend {name}: {what} ({other:?}); last status: {:#?}",
-                last.and_then(|b| b.status)
-            )
-        }
-    }
+    wait_object(&api, name, what, WAIT, ok)
+        .await
+        .unwrap_or_else(|e| panic!("KVCacheBackend {e}"))
 }
 
 fn capacity(b: &KVCacheBackend) -> Option<String> {
@@ -510,14 +503,17 @@ async fn deletion_waits_for_the_pool_and_a_restart_converges_without_duplicates(
     count(daemons.clone(), 1).await;
 
     // A restarted operator converges on the same objects: nothing duplicated, nothing lost.
-    let before: Vec<String> = daemons
-        .list(&owned)
-        .await
-        .expect("list")
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
+    let member_names = || async {
+        daemons
+            .list(&owned)
+            .await
+            .expect("list")
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect::<Vec<String>>()
+    };
+    let before = member_names().await;
     let mut op = tokio::task::spawn_blocking(move || {
         operator.restart().expect("operator restarts");
         operator
@@ -550,15 +546,7 @@ async fn deletion_waits_for_the_pool_and_a_restart_converges_without_duplicates(
     .await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     assert_eq!(deployments.list(&owned).await.expect("list").items.len(), 1);
-    let after: Vec<String> = daemons
-        .list(&owned)
-        .await
-        .expect("list")
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
-    assert_eq!(before, after);
+    assert_eq!(before, member_names().await);
 
     // A pool on it holds the deletion, and the status names the pool.
     let pool: KVCachePool = serde_yaml::from_str(

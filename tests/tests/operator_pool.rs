@@ -14,6 +14,7 @@ use kube::{Client, ResourceExt};
 use kvcache_api::model::InstanceType;
 use kvcache_api::pool::PoolPhase;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
+use kvcache_e2e::cluster::wait_object;
 use kvcache_e2e::operator::Operator;
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions, http_get};
 use kvcache_e2e::{paths, shared};
@@ -44,14 +45,9 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     K::DynamicType: Default,
 {
-    let cond = |o: Option<&K>| o.is_some_and(&ok);
-    match tokio::time::timeout(WAIT, await_condition(api.clone(), name, cond)).await {
-        Ok(Ok(Some(o))) => o,
-        other => panic!(
-            "waited {WAIT:?} for {name}: {what} ({other:?}); last: {:#?}",
-            api.get_opt(name).await.ok().flatten()
-        ),
-    }
+    wait_object(api, name, what, WAIT, ok)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn binding_condition(b: &KVCachePoolBinding, t: &str) -> Option<(String, String)> {

@@ -486,7 +486,8 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
     if let Some(managed) = &b.spec.connection.managed {
         obs.endpoint = Some(client_endpoint(&name, &ns));
         let settings = settings(shared);
-        match store_image(b, &settings) {
+        let image = store_image(b, &settings);
+        match image {
             None => {
                 render_problem = Some(kvcache_render::Error::NoStoreImage {
                     backend: name.clone(),
@@ -532,7 +533,7 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
                 .await
                 .map_err(kerr("get", format!("Lease {}", leader_name(&name))))?;
             // What the running master says it is, published by the elector.
-            let tagged = store_image(b, &settings).and_then(store_version_of_image);
+            let tagged = image.and_then(store_version_of_image);
             obs.store_version = lease
                 .as_ref()
                 .and_then(|l| l.annotations().get(STORE_VERSION_ANNOTATION).cloned())

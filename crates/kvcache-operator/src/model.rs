@@ -165,6 +165,8 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
         .collect();
     let mut refusal = None;
     let mut held = false;
+    // The names of the role Deployments rendered and applied this pass, when they were.
+    let mut rendered: Option<BTreeSet<String>> = None;
     let deployments: Api<Deployment> = Api::namespaced(shared.client.clone(), &ns);
     let services: Api<Service> = Api::namespaced(shared.client.clone(), &ns);
     let attachment = match &resolved {
@@ -203,25 +205,18 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
                         .await
                         .map_err(kerr("apply", format!("Service {ns}/{}", s.name_any())))?;
                 }
-                prune(&deployments, &md, &keep).await?;
+                rendered = Some(keep);
             }
             // An injection refusal (or a missing InstanceType) starts no Pod with a broken
             // connector: what runs stays, the condition says why.
             Err(e) => refusal = Some((e.reason(), e.to_string())),
         }
     }
-    // Observe the roles' Deployments.
-    let uid = md.uid().unwrap_or_default();
-    let owned: Vec<Deployment> = deployments
-        .list(&ListParams::default().labels(&format!(
-            "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={}",
-            kvcache_render::names::label_value(&md.name_any())
-        )))
-        .await
-        .map_err(kerr("list", format!("Deployments of {}", id(&md))))?
-        .into_iter()
-        .filter(|d| d.owner_references().iter().any(|o| o.uid == uid))
-        .collect();
+    // One listing serves the prune and the observation of the roles' Deployments.
+    let owned = owned_deployments(&deployments, &md).await?;
+    if let Some(keep) = &rendered {
+        prune(&deployments, &owned, keep).await?;
+    }
     let roles: Vec<RoleObservation> = md
         .spec
         .roles
@@ -319,24 +314,32 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
     Ok(Action::requeue(OBSERVE_INTERVAL))
 }
 
-/// Deletes role Deployments of this ModelDeployment (owned by its uid) that the render no longer
-/// returns.
-async fn prune(
+/// The role Deployments this ModelDeployment owns (by its uid, not by labels alone).
+async fn owned_deployments(
     api: &Api<Deployment>,
     md: &ModelDeployment,
-    keep: &BTreeSet<String>,
-) -> Result<(), Error> {
+) -> Result<Vec<Deployment>, Error> {
     let uid = md.uid().unwrap_or_default();
-    let list = api
+    Ok(api
         .list(&ListParams::default().labels(&format!(
             "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={}",
             kvcache_render::names::label_value(&md.name_any())
         )))
         .await
-        .map_err(kerr("list", format!("Deployments of {}", id(md))))?;
-    for d in list {
-        let ours = d.owner_references().iter().any(|o| o.uid == uid);
-        if ours && !keep.contains(&d.name_any()) && d.meta().deletion_timestamp.is_none() {
+        .map_err(kerr("list", format!("Deployments of {}", id(md))))?
+        .into_iter()
+        .filter(|d| d.owner_references().iter().any(|o| o.uid == uid))
+        .collect())
+}
+
+/// Deletes the owned role Deployments the render no longer returns.
+async fn prune(
+    api: &Api<Deployment>,
+    owned: &[Deployment],
+    keep: &BTreeSet<String>,
+) -> Result<(), Error> {
+    for d in owned {
+        if !keep.contains(&d.name_any()) && d.meta().deletion_timestamp.is_none() {
             match api.delete(&d.name_any(), &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
