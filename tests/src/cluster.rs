@@ -117,6 +117,13 @@ impl ControlPlane {
                 pki.serving_key.display()
             ))
             .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
+            // Logs and exec reach the kubelets as the admin (the kubelets trust this CA).
+            .arg(format!(
+                "--kubelet-client-certificate={}",
+                pki.admin_cert.display()
+            ))
+            .arg(format!("--kubelet-client-key={}", pki.admin_key.display()))
+            .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
             .arg(format!(
                 "--service-account-key-file={}",
                 pki.sa_pub.display()

@@ -8,12 +8,15 @@
 
 pub mod cluster;
 pub mod failover;
+pub mod images;
 pub mod nodes;
 pub mod operator;
 pub mod paths;
 pub mod pki;
+pub mod pods;
 pub mod process;
 pub mod store;
+pub mod walkthrough;
 
 pub use cluster::{ControlPlane, TestCluster, shared};
 pub use store::{Master, MasterOptions, Member, MemberOptions};

@@ -98,6 +98,11 @@ pub fn scratch(prefix: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The workspace's root folder.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 /// A binary of this workspace, built (debug) on first use per test process.
 fn workspace_bin(package: &'static str) -> Result<PathBuf> {
     use std::sync::Mutex;
@@ -106,7 +111,7 @@ fn workspace_bin(package: &'static str) -> Result<PathBuf> {
     if let Some((_, path)) = built.iter().find(|(p, _)| *p == package) {
         return Ok(path.clone());
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = workspace_root();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
         .current_dir(&root)

@@ -244,12 +244,13 @@ impl Member {
 /// The Python client, one process per call. A get first asks `is_exist` (1 present, 0 absent,
 /// negative: the store's error), so a miss and a failed read are told apart: the client's `get`
 /// returns empty bytes for both.
-const CLIENT: &str = r#"
+pub(crate) const CLIENT: &str = r#"
 import sys
 from mooncake.store import MooncakeDistributedStore
 master, op, key = sys.argv[1], sys.argv[2], sys.argv[3]
 tenant = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None
-cfg = {"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+host = sys.argv[6] if len(sys.argv) > 6 and sys.argv[6] else "127.0.0.1"
+cfg = {"local_hostname": host, "metadata_server": "P2PHANDSHAKE",
        "global_segment_size": 0, "local_buffer_size": 16 * 1024 * 1024,
        "protocol": "tcp", "rdma_devices": "", "master_server_addr": master}
 if tenant:
@@ -300,17 +301,26 @@ fn client(
         what: "the store's Python client".into(),
         source,
     })?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    client_answer(
+        master,
+        &out.status.to_string(),
+        &String::from_utf8_lossy(&out.stdout),
+        &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// Reads the client's `RESULT <step> <code>` line.
+pub(crate) fn client_answer(
+    master: &str,
+    status: &str,
+    stdout: &str,
+    stderr: &str,
+) -> Result<(String, i64)> {
     let unreadable = |line: &str| Error::ClientOutput {
-        status: out.status.to_string(),
+        status: status.to_owned(),
         output: format!(
             "{line}{}",
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .rev()
-                .take(5)
-                .collect::<Vec<_>>()
-                .join(" | ")
+            stderr.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
         ),
     };
     let line = stdout
@@ -335,11 +345,9 @@ pub fn put(master: &str, key: &str, tenant: Option<&str>, size: usize) -> Result
     client(master, "put", key, tenant, size).map(|(_, code)| code)
 }
 
-/// Reads `key` as `tenant`: a hit with its size, or a miss. A store error (a negative code from
-/// the existence check, or a present key that reads back empty) is an `Error::Store`, never a miss.
-pub fn get(master: &str, key: &str, tenant: Option<&str>) -> Result<Lookup> {
-    let (what, code) = client(master, "get", key, tenant, 0)?;
-    match what.as_str() {
+/// What a get's answer means (see [`get`]).
+pub(crate) fn lookup(master: &str, what: &str, code: i64) -> Result<Lookup> {
+    match what {
         "miss" => Ok(Lookup::Miss),
         "get" if code > 0 => Ok(Lookup::Hit(usize::try_from(code).unwrap_or(usize::MAX))),
         "get" => Err(Error::Store {
@@ -353,6 +361,13 @@ pub fn get(master: &str, key: &str, tenant: Option<&str>) -> Result<Lookup> {
             code,
         }),
     }
+}
+
+/// Reads `key` as `tenant`: a hit with its size, or a miss. A store error (a negative code from
+/// the existence check, or a present key that reads back empty) is an `Error::Store`, never a miss.
+pub fn get(master: &str, key: &str, tenant: Option<&str>) -> Result<Lookup> {
+    let (what, code) = client(master, "get", key, tenant, 0)?;
+    lookup(master, &what, code)
 }
 
 /// A plain HTTP GET on loopback; a non-200 answer is an error.

@@ -3,6 +3,7 @@
 mod bench;
 mod cluster;
 mod crds;
+mod images;
 mod setup;
 mod test;
 

@@ -39,7 +39,7 @@ pub fn all() -> anyhow::Result<Installed> {
     debian_packages()?;
     let mooncake_venv = store_venv()?;
     let k8s_bin = control_plane()?;
-    let images = node_images()?;
+    let images = crate::images::all()?;
     Ok(Installed {
         k8s_bin,
         images,
@@ -57,8 +57,9 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// `libibverbs1` (the one shared library the store's binaries need), and what the nodes run:
-/// containerd, runc, the CNI plugins, iptables; buildah and static busybox build their images.
-const DEBIAN_PACKAGES: [&str; 7] = [
+/// containerd, runc, the CNI plugins, iptables; buildah, static busybox and debootstrap build
+/// their images.
+const DEBIAN_PACKAGES: [&str; 8] = [
     "libibverbs1",
     "containerd",
     "runc",
@@ -66,6 +67,7 @@ const DEBIAN_PACKAGES: [&str; 7] = [
     "iptables",
     "buildah",
     "busybox-static",
+    "debootstrap",
 ];
 
 fn debian_packages() -> anyhow::Result<()> {
@@ -93,64 +95,6 @@ fn debian_packages() -> anyhow::Result<()> {
     let mut install = apt(&["install", "-y", "-qq", "--no-install-recommends"]);
     install.args(&missing);
     run(&mut install)
-}
-
-/// The nodes' images as OCI archives: a sandbox ("pause") image and a busybox image, both from
-/// Debian's static busybox, built with buildah (no registry is reachable).
-fn node_images() -> anyhow::Result<PathBuf> {
-    let dir = cache_dir().join("images");
-    let marker = dir.join(".kvcache-built");
-    let busybox = std::fs::read("/bin/busybox").context("reading /bin/busybox (busybox-static)")?;
-    let want = format!("pause:1 busybox:1 {} bytes of busybox\n", busybox.len());
-    if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
-        return Ok(dir);
-    }
-    std::fs::create_dir_all(&dir)?;
-    println!("setup: building the node images into {}", dir.display());
-    let buildah = |args: &[&str]| -> anyhow::Result<String> {
-        let out = Command::new("buildah")
-            .args(args)
-            .env("STORAGE_DRIVER", "vfs")
-            .output()
-            .with_context(|| format!("running buildah {args:?}"))?;
-        if !out.status.success() {
-            bail!(
-                "buildah {args:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    };
-    for (image, file, entrypoint, cmd) in [
-        (
-            "localhost/kvcache/pause:1",
-            "pause.tar",
-            r#"["/bin/busybox","sleep","2147483647"]"#,
-            "[]",
-        ),
-        (
-            "localhost/kvcache/busybox:1",
-            "busybox.tar",
-            r#"["/bin/busybox"]"#,
-            r#"["sh"]"#,
-        ),
-    ] {
-        let c = buildah(&["from", "scratch"])?;
-        let c = c.lines().last().unwrap_or_default().to_owned();
-        buildah(&["copy", &c, "/bin/busybox", "/bin/busybox"])?;
-        buildah(&["config", "--entrypoint", entrypoint, "--cmd", cmd, &c])?;
-        buildah(&["commit", "-q", &c, image])?;
-        buildah(&["rm", &c])?;
-        let archive = dir.join(file);
-        let _ = std::fs::remove_file(&archive);
-        buildah(&[
-            "push",
-            image,
-            &format!("oci-archive:{}:{image}", archive.display()),
-        ])?;
-    }
-    std::fs::write(&marker, want)?;
-    Ok(dir)
 }
 
 fn store_venv() -> anyhow::Result<PathBuf> {

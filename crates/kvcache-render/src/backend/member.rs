@@ -108,6 +108,11 @@ fn store_env(g: &Group<'_>) -> Vec<EnvVar> {
     env
 }
 
+/// The disk-tier survey, run as the image's user before the member starts: a folder that user
+/// cannot write stops the Pod here with a message naming the fix (the store would otherwise
+/// start and fail each offload later); otherwise it reports how many entries the folder held.
+const TIER_SURVEY: &str = "probe=\"$TIER/.kvcache-write-check\"; if ! ( : > \"$probe\" ) 2>/dev/null; then u=$(id -u); echo \"tier path $TIER is not writable by the store image's user (uid $u): create it on the node owned by that user, e.g. install -d -o $u -g 0 -m 0750 $TIER\" | tee /dev/termination-log; exit 1; fi; rm -f \"$probe\"; n=$(ls -A \"$TIER\" | wc -l); echo \"entries=$n path=$TIER\" | tee /dev/termination-log";
+
 /// What a disk tier adds to the member Pod.
 struct TierParts {
     env: Vec<EnvVar>,
@@ -213,13 +218,9 @@ fn disk_tier(g: &Group<'_>, managed: &Managed, tier: &LocalDisk) -> Result<TierP
             name: "tier-survey".into(),
             image: Some(g.image.into()),
             image_pull_policy: Some(g.pull_policy()),
-            command: Some(vec![
-                "sh".into(),
-                "-c".into(),
-                "n=$(ls -A \"$TIER\" | wc -l); echo \"entries=$n path=$TIER\" | tee /dev/termination-log".into(),
-            ]),
+            command: Some(vec!["sh".into(), "-c".into(), TIER_SURVEY.into()]),
             env: Some(vec![env_value("TIER", tier.path.as_str())]),
-            volume_mounts: Some(vec![mount("local-disk", &tier.path, true)]),
+            volume_mounts: Some(vec![mount("local-disk", &tier.path, false)]),
             termination_message_policy: Some("File".into()),
             ..Default::default()
         },

@@ -1,0 +1,93 @@
+//! The images the nodes run, built locally by `cargo xtask setup` (no registry is reachable) as
+//! OCI archives in the image cache, and imported into every node's containerd under their names.
+//! One table, read by the builder (xtask) and by the nodes.
+
+/// One image: its archive in the image cache, the name it is built under, and the other names
+/// the nodes give it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Image {
+    /// The archive's file name in the image cache.
+    pub archive: &'static str,
+    /// The name it is built and imported under.
+    pub name: &'static str,
+    /// Further names (tags) the nodes give it after the import.
+    pub also: &'static [&'static str],
+}
+
+/// The Pod sandbox ("pause") image: static busybox sleeping.
+pub const PAUSE: Image = Image {
+    archive: "pause.tar",
+    name: "localhost/kvcache/pause:1",
+    also: &[],
+};
+
+/// A tiny image with static busybox (`httpd`, `wget`, `sh`, `nslookup`), for tests of the nodes
+/// themselves.
+pub const BUSYBOX: Image = Image {
+    archive: "busybox.tar",
+    name: "localhost/kvcache/busybox:1",
+    also: &[],
+};
+
+/// The store image under the tag the render uses by default: Debian bookworm (debootstrap) with
+/// the PyPI wheel's `mooncake_master`, `mc_store_rest_server` and Python client, running as the
+/// non-root user `mooncake` (uid 65532, as the published image).
+pub const STORE: Image = Image {
+    archive: "store.tar",
+    name: "docker.io/gpustack/mirrored-mooncake:0.3.13.post1-cpu",
+    also: &[],
+};
+
+/// The operator image from the repository's `Dockerfile`: `kvcache-operator` and
+/// `kvcache-elector` on an empty base, non-root.
+pub const OPERATOR: Image = Image {
+    archive: "operator.tar",
+    name: "docker.io/gpustack/kvcache-operator:0.1.0",
+    also: &[],
+};
+
+/// The engine stand-in with the store's own client (0.3.13.post1), under the runner tags the
+/// render picks for vLLM 0.29.0 (`images/engine/standin.py`).
+pub const ENGINE: Image = Image {
+    archive: "engine.tar",
+    name: "localhost/kvcache/engine:mooncake-0.3.13.post1",
+    also: &[
+        "docker.io/gpustack/runner:cuda12.9-vllm0.29.0",
+        "docker.io/gpustack/runner:cpu-vllm0.29.0",
+    ],
+};
+
+/// The engine stand-in with an older Mooncake client (0.3.11.post1: the newest older wheel that
+/// imports here; 0.3.12's non-CUDA wheels need libcudart), under the runner tags of an SGLang
+/// version whose client line is not the store's.
+pub const ENGINE_OLD_CLIENT: Image = Image {
+    archive: "engine-0.3.11.post1.tar",
+    name: "localhost/kvcache/engine:mooncake-0.3.11.post1",
+    also: &[
+        "docker.io/gpustack/runner:cuda12.9-sglang0.5.18",
+        "docker.io/gpustack/runner:cpu-sglang0.5.18",
+    ],
+};
+
+/// The older client's package version.
+pub const OLD_CLIENT_VERSION: &str = "0.3.11.post1";
+
+/// Every image, in build order.
+pub const ALL: [Image; 6] = [PAUSE, BUSYBOX, STORE, ENGINE, ENGINE_OLD_CLIENT, OPERATOR];
+
+/// The images a node gets unless told otherwise: all of them.
+pub const NODE_DEFAULT: &[Image] = &ALL;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvcache_api::settings::DEFAULT_BACKEND_IMAGE;
+    use kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE;
+
+    /// The kubelet asks containerd for `docker.io/<name>` when a name has no registry.
+    #[test]
+    fn full_names_are_the_render_defaults() {
+        assert_eq!(STORE.name, format!("docker.io/{DEFAULT_BACKEND_IMAGE}"));
+        assert_eq!(OPERATOR.name, format!("docker.io/{DEFAULT_OPERATOR_IMAGE}"));
+    }
+}

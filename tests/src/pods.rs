@@ -1,0 +1,346 @@
+//! Pods on the real nodes: wait until they are Ready, read their logs, run a command inside one
+//! (through the API server and the kubelet, as `kubectl logs` and `kubectl exec` do).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{AttachParams, ListParams, LogParams};
+use kube::runtime::wait::await_condition;
+
+use crate::{Error, Result};
+
+/// Whether a Pod's Ready condition is True.
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The Pod's node, if it is scheduled.
+pub fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+}
+
+/// The Pod's address, once it has one.
+pub fn ip_of(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref().and_then(|s| s.pod_ip.as_deref())
+}
+
+/// A Pod's name.
+pub fn name_of(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// Waits until `count` Pods matching `selector` are Ready (and no more match); returns them,
+/// sorted by name. A timeout names the selector and shows each Pod's phase and conditions.
+pub async fn wait_ready(
+    api: &Api<Pod>,
+    selector: &str,
+    count: usize,
+    within: Duration,
+) -> Result<Vec<Pod>> {
+    wait_pods(api, selector, &format!("{count} Ready"), within, |pods| {
+        pods.len() == count && pods.iter().all(is_ready)
+    })
+    .await
+}
+
+/// Waits until the Pods matching `selector` satisfy `ok`; `what` says what was waited for.
+/// Returns them, sorted by name.
+pub async fn wait_pods(
+    api: &Api<Pod>,
+    selector: &str,
+    what: &str,
+    within: Duration,
+    ok: impl Fn(&[Pod]) -> bool,
+) -> Result<Vec<Pod>> {
+    let deadline = tokio::time::Instant::now() + within;
+    let lp = ListParams::default().labels(selector);
+    let mut last: Vec<Pod>;
+    loop {
+        // A list, then a watch for the next change of any of them (bounded by the deadline).
+        let mut pods = api.list(&lp).await?.items;
+        pods.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+        if ok(&pods) {
+            return Ok(pods);
+        }
+        last = pods;
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            break;
+        }
+        let wait = (deadline - now).min(Duration::from_secs(2));
+        let _ = tokio::time::timeout(wait, next_change(api, &lp)).await;
+    }
+    Err(Error::Wait {
+        what: format!("Pods {selector}: {what} (within {within:?})"),
+        reason: format!(
+            "{}\nrecent events in the namespace:\n{}",
+            describe(&last),
+            recent_events(api).await
+        ),
+    })
+}
+
+/// The namespace's last warning and normal events, one line each (for a wait that ran out).
+async fn recent_events(pods: &Api<Pod>) -> String {
+    use k8s_openapi::api::core::v1::Event;
+    let client: kube::Client = pods.clone().into_client();
+    let ns = pods.namespace().unwrap_or("default").to_owned();
+    let events: Api<Event> = Api::namespaced(client, &ns);
+    match events.list(&ListParams::default()).await {
+        Ok(list) => {
+            let mut lines: Vec<String> = list
+                .items
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{} {}/{}: {} {}",
+                        e.type_.as_deref().unwrap_or_default(),
+                        e.involved_object.kind.as_deref().unwrap_or_default(),
+                        e.involved_object.name.as_deref().unwrap_or_default(),
+                        e.reason.as_deref().unwrap_or_default(),
+                        e.message.as_deref().unwrap_or_default()
+                    )
+                })
+                .collect();
+            let skip = lines.len().saturating_sub(15);
+            lines.drain(..skip);
+            lines.join("\n")
+        }
+        Err(e) => format!("(events not readable: {e})"),
+    }
+}
+
+async fn next_change(api: &Api<Pod>, lp: &ListParams) {
+    use futures::StreamExt;
+    let wp = kube::api::WatchParams::default()
+        .labels(lp.label_selector.as_deref().unwrap_or_default())
+        .timeout(2);
+    if let Ok(stream) = api.watch(&wp, "0").await {
+        let mut stream = Box::pin(stream);
+        let _ = stream.next().await;
+    }
+}
+
+/// One line per Pod: name, node, phase, and its conditions and container states.
+pub fn describe(pods: &[Pod]) -> String {
+    if pods.is_empty() {
+        return "no Pods matched".into();
+    }
+    pods.iter()
+        .map(|p| {
+            let s = p.status.as_ref();
+            let conditions: Vec<String> = s
+                .and_then(|s| s.conditions.as_ref())
+                .map(|c| {
+                    c.iter()
+                        .map(|c| {
+                            format!(
+                                "{}={} {}",
+                                c.type_,
+                                c.status,
+                                c.message.as_deref().unwrap_or_default()
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let containers: Vec<String> = s
+                .and_then(|s| s.container_statuses.as_ref())
+                .map(|cs| {
+                    cs.iter()
+                        .map(|c| format!("{}: {:?}", c.name, c.state))
+                        .collect()
+                })
+                .unwrap_or_default();
+            format!(
+                "{} on {:?}: {} [{}] {}",
+                name_of(p),
+                node_of(p),
+                s.and_then(|s| s.phase.as_deref()).unwrap_or("?"),
+                conditions.join("; "),
+                containers.join("; ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Waits until the named Pod satisfies `ok`.
+pub async fn wait_pod(
+    api: &Api<Pod>,
+    name: &str,
+    what: &str,
+    within: Duration,
+    ok: impl Fn(&Pod) -> bool,
+) -> Result<Pod> {
+    let cond = |p: Option<&Pod>| p.is_some_and(&ok);
+    if let Ok(Ok(Some(p))) =
+        tokio::time::timeout(within, await_condition(api.clone(), name, cond)).await
+    {
+        return Ok(p);
+    }
+    let last = api.get_opt(name).await?;
+    Err(Error::Wait {
+        what: format!("Pod {name}: {what} (within {within:?})"),
+        reason: describe(&last.into_iter().collect::<Vec<_>>()),
+    })
+}
+
+/// The logs of a Pod's container (`None`: its only one).
+pub async fn logs(api: &Api<Pod>, pod: &str, container: Option<&str>) -> Result<String> {
+    let lp = LogParams {
+        container: container.map(str::to_owned),
+        ..LogParams::default()
+    };
+    Ok(api.logs(pod, &lp).await?)
+}
+
+/// Waits until a Pod's log holds `needle`; returns the log.
+pub async fn wait_log(
+    api: &Api<Pod>,
+    pod: &str,
+    container: Option<&str>,
+    needle: &str,
+    within: Duration,
+) -> Result<String> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut last: String;
+    loop {
+        match logs(api, pod, container).await {
+            Ok(log) if log.contains(needle) => return Ok(log),
+            Ok(log) => last = log,
+            Err(e) => last = format!("(logs not readable: {e})"),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Wait {
+                what: format!("Pod {pod}: a log line with {needle:?} (within {within:?})"),
+                reason: format!("its log so far:\n{last}"),
+            });
+        }
+        // Logs have no watch: read again shortly.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// What a command run in a Pod printed, and whether it succeeded.
+#[derive(Clone, Debug)]
+pub struct Output {
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+    /// Exit status 0.
+    pub success: bool,
+}
+
+/// Runs `command` in the Pod's container (`None`: its only one) and collects what it printed.
+pub async fn exec(
+    api: &Api<Pod>,
+    pod: &str,
+    container: Option<&str>,
+    command: &[&str],
+) -> Result<Output> {
+    use tokio::io::AsyncReadExt;
+    let mut params = AttachParams::default().stdout(true).stderr(true);
+    if let Some(c) = container {
+        params = params.container(c);
+    }
+    let mut attached = api.exec(pod, command.iter().copied(), &params).await?;
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    let out = attached.stdout();
+    let err = attached.stderr();
+    let status = attached.take_status();
+    let read_out = async {
+        if let Some(mut o) = out {
+            let _ = o.read_to_string(&mut stdout).await;
+        }
+    };
+    let read_err = async {
+        if let Some(mut e) = err {
+            let _ = e.read_to_string(&mut stderr).await;
+        }
+    };
+    tokio::join!(read_out, read_err);
+    let status = match status {
+        Some(s) => s.await,
+        None => None,
+    };
+    let _ = attached.join().await;
+    Ok(Output {
+        stdout,
+        stderr,
+        success: status.is_some_and(|s| s.status.as_deref() == Some("Success")),
+    })
+}
+
+/// The store's Python client run inside `pod` (any Pod whose image carries it: a member, the
+/// engine stand-in), one process per call, dialling `master` (`host:port`, names resolved by
+/// the cluster DNS) from the Pod's own address.
+async fn store_client(
+    api: &Api<Pod>,
+    pod: &str,
+    master: &str,
+    op: &str,
+    key: &str,
+    tenant: Option<&str>,
+    size: usize,
+) -> Result<(String, i64)> {
+    let p = api.get(pod).await?;
+    let ip = ip_of(&p).unwrap_or("127.0.0.1").to_owned();
+    let size = size.to_string();
+    let out = exec(
+        api,
+        pod,
+        None,
+        &[
+            "python3",
+            "-c",
+            crate::store::CLIENT,
+            master,
+            op,
+            key,
+            tenant.unwrap_or(""),
+            &size,
+            &ip,
+        ],
+    )
+    .await?;
+    crate::store::client_answer(
+        master,
+        if out.success { "exit 0" } else { "failed" },
+        &out.stdout,
+        &out.stderr,
+    )
+}
+
+/// Puts `size` bytes under `key` through the store's client inside `pod`; the store's code.
+pub async fn store_put(
+    api: &Api<Pod>,
+    pod: &str,
+    master: &str,
+    key: &str,
+    tenant: Option<&str>,
+    size: usize,
+) -> Result<i64> {
+    store_client(api, pod, master, "put", key, tenant, size)
+        .await
+        .map(|(_, code)| code)
+}
+
+/// Reads `key` through the store's client inside `pod`: a hit or the store's own miss; a store
+/// error is an error.
+pub async fn store_get(
+    api: &Api<Pod>,
+    pod: &str,
+    master: &str,
+    key: &str,
+    tenant: Option<&str>,
+) -> Result<crate::store::Lookup> {
+    let (what, code) = store_client(api, pod, master, "get", key, tenant, 0).await?;
+    crate::store::lookup(master, &what, code)
+}

@@ -1,0 +1,199 @@
+//! The seed walkthrough (`examples/walkthrough`) at demo size, rendered by
+//! `kvcache-operator render` and applied with the client.
+//!
+//! Demo sizing (these nodes offer 4 GiB of memory and one `nvidia.com/gpu` each): every member
+//! group contributes `capacityPerMember: 256Mi`, and the InstanceType keeps its GPU but asks for
+//! 250m CPU and 384Mi of memory instead of 8 CPUs and 32Gi.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::discovery::pinned_kind;
+use kube::{Client, ResourceExt};
+
+use crate::{Error, Result, paths};
+
+/// Each member's contribution at demo size.
+pub const DEMO_CAPACITY_PER_MEMBER: &str = "256Mi";
+/// The InstanceType's CPU at demo size.
+pub const DEMO_ROLE_CPU: &str = "250m";
+/// The InstanceType's memory at demo size.
+pub const DEMO_ROLE_MEMORY: &str = "384Mi";
+/// The field manager the tests apply with.
+pub const MANAGER: &str = "kvcache-e2e";
+
+/// The walkthrough's own folder.
+pub fn examples(name: &str) -> PathBuf {
+    paths::workspace_root().join("examples").join(name)
+}
+
+/// Copies the manifests of `from` into `out` with demo sizing, then lets `edit` change each
+/// object (as a JSON value) before it is written; an object for which `edit` answers false is
+/// left out. Returns `out`.
+pub fn demo_manifests(
+    from: &Path,
+    out: &Path,
+    edit: impl Fn(&mut serde_json::Value) -> bool,
+) -> Result<PathBuf> {
+    std::fs::create_dir_all(out).map_err(crate::io(format!("creating {}", out.display())))?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(from)
+        .map_err(crate::io(format!("reading {}", from.display())))?
+        .filter_map(std::result::Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    for f in files {
+        let text =
+            std::fs::read_to_string(&f).map_err(crate::io(format!("reading {}", f.display())))?;
+        let mut docs = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let mut v: serde_json::Value =
+                serde::Deserialize::deserialize(doc).map_err(|e| Error::Invalid {
+                    path: f.display().to_string(),
+                    what: "manifest",
+                    reason: e.to_string(),
+                })?;
+            if v.is_null() {
+                continue;
+            }
+            demo_size(&mut v);
+            if !edit(&mut v) {
+                continue;
+            }
+            docs.push(serde_yaml::to_string(&v).map_err(|e| Error::Invalid {
+                path: f.display().to_string(),
+                what: "manifest",
+                reason: e.to_string(),
+            })?);
+        }
+        let name = f.file_name().unwrap_or_default();
+        std::fs::write(out.join(name), docs.join("---\n"))
+            .map_err(crate::io("writing a demo manifest"))?;
+    }
+    Ok(out.to_owned())
+}
+
+/// Demo sizing of one object.
+fn demo_size(v: &mut serde_json::Value) {
+    match v["kind"].as_str() {
+        Some("KVCacheBackend") => {
+            if let Some(groups) = v
+                .pointer_mut("/spec/connection/managed/members")
+                .and_then(|m| m.as_array_mut())
+            {
+                for g in groups {
+                    g["capacityPerMember"] = DEMO_CAPACITY_PER_MEMBER.into();
+                }
+            }
+        }
+        Some("InstanceType") => {
+            if let Some(r) = v.pointer_mut("/spec/resources") {
+                r["cpu"] = DEMO_ROLE_CPU.into();
+                r["memory"] = DEMO_ROLE_MEMORY.into();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Renders a folder of manifests with `kvcache-operator render`, store workloads in
+/// `namespace`; returns the objects.
+pub fn render(dir: &Path, namespace: &str) -> Result<Vec<DynamicObject>> {
+    let out = Command::new(paths::operator_bin()?)
+        .args(["render", "--namespace", namespace, "-f"])
+        .arg(dir)
+        .output()
+        .map_err(|source| Error::Spawn {
+            what: "kvcache-operator render".into(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(Error::Invalid {
+            path: dir.display().to_string(),
+            what: "render",
+            reason: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut objects = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v: serde_json::Value =
+            serde::Deserialize::deserialize(doc).map_err(|e| Error::Invalid {
+                path: dir.display().to_string(),
+                what: "rendered object",
+                reason: e.to_string(),
+            })?;
+        if v.is_null() {
+            continue;
+        }
+        objects.push(
+            serde_json::from_value::<DynamicObject>(v).map_err(|e| Error::Invalid {
+                path: dir.display().to_string(),
+                what: "rendered object",
+                reason: e.to_string(),
+            })?,
+        );
+    }
+    Ok(objects)
+}
+
+/// Applies objects with server-side apply (namespaces they name are created first).
+pub async fn apply(client: &Client, objects: &[DynamicObject]) -> Result<()> {
+    let pp = PatchParams::apply(MANAGER).force();
+    let namespaces: std::collections::BTreeSet<String> =
+        objects.iter().filter_map(|o| o.namespace()).collect();
+    for ns in namespaces {
+        ensure_namespace(client, &ns).await?;
+    }
+    for o in objects {
+        let types = o.types.clone().ok_or_else(|| Error::Invalid {
+            path: o.name_any(),
+            what: "rendered object",
+            reason: "no apiVersion/kind".into(),
+        })?;
+        let gvk = kube::api::GroupVersionKind::try_from(&types).map_err(|e| Error::Invalid {
+            path: o.name_any(),
+            what: "rendered object",
+            reason: e.to_string(),
+        })?;
+        let (ar, caps) = pinned_kind(client, &gvk).await?;
+        let api: Api<DynamicObject> = match (caps.scope, o.namespace()) {
+            (kube::discovery::Scope::Namespaced, Some(ns)) => {
+                Api::namespaced_with(client.clone(), &ns, &ar)
+            }
+            _ => Api::all_with(client.clone(), &ar),
+        };
+        api.patch(&o.name_any(), &pp, &Patch::Apply(o)).await?;
+    }
+    Ok(())
+}
+
+/// Creates a namespace unless it exists.
+pub async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns =
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+    api.patch(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&ns),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The label selector of one backend component's Pods (`leader`, `member-<group>`).
+pub fn backend_pods(backend: &str, component: &str) -> String {
+    format!(
+        "app.kubernetes.io/name=kv-cache-backend,app.kubernetes.io/instance={backend},app.kubernetes.io/component={component}"
+    )
+}
+
+/// The label selector of one ModelDeployment role's Pods.
+pub fn role_pods(deployment: &str, role: &str) -> String {
+    format!(
+        "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={deployment},app.kubernetes.io/component={role}"
+    )
+}

@@ -1,0 +1,492 @@
+//! The store on real nodes, with the operator not involved: the objects `kvcache-operator
+//! render` prints for the walkthrough (at demo size) are applied with the client, and the real
+//! kubelets run them from the locally built images: the leader through the elector, one member
+//! per node mounting through the leader Service's DNS name, and the engine stand-in playing vLLM.
+//! Each test has its own operator namespace on the one shared two-node cluster.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams};
+use kvcache_e2e::cluster::block_on;
+use kvcache_e2e::nodes::{self, NODE_ALLOCATABLE_MEMORY};
+use kvcache_e2e::pods::{self, ip_of, name_of, node_of};
+use kvcache_e2e::store::{Lookup, metric_value};
+use kvcache_e2e::walkthrough::{self, backend_pods, role_pods};
+use kvcache_e2e::{Error, paths};
+use kvcache_render::backend::ADMIN_PORT;
+
+/// Time for Pods to start from the local images.
+const WAIT: Duration = Duration::from_secs(120);
+const MIB: u64 = 1 << 20;
+
+/// Renders the demo-size walkthrough (changed by `edit`) into operator namespace `ns` and
+/// applies it.
+async fn apply_walkthrough(
+    client: &kube::Client,
+    ns: &str,
+    edit: impl Fn(&mut serde_json::Value) -> bool,
+) -> Result<(), Error> {
+    let dir = paths::scratch(ns)?;
+    let manifests = walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, edit)?;
+    let objects = walkthrough::render(&manifests, ns)?;
+    walkthrough::apply(client, &objects).await
+}
+
+/// Only the store: the walkthrough without its ModelDeployment, the backend changed by `edit`.
+fn backend_only(
+    edit: impl Fn(&mut serde_json::Value) + 'static,
+) -> impl Fn(&mut serde_json::Value) -> bool {
+    move |v: &mut serde_json::Value| {
+        edit(v);
+        v["kind"] != "ModelDeployment"
+    }
+}
+
+/// The leader Service's address as Pods dial it.
+fn leader_service(ns: &str, port: i32) -> String {
+    format!("mooncake-dram-leader.{ns}.svc:{port}")
+}
+
+/// Reads the master's /metrics through the leader Service, from inside `pod`.
+async fn master_metrics(api: &Api<Pod>, pod: &str, ns: &str) -> Result<String, Error> {
+    let url = format!("http://{}/metrics", leader_service(ns, ADMIN_PORT));
+    let out = pods::exec(
+        api,
+        pod,
+        None,
+        &[
+            "python3",
+            "-c",
+            "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())",
+            &url,
+        ],
+    )
+    .await?;
+    if out.success {
+        Ok(out.stdout)
+    } else {
+        Err(Error::Http {
+            url,
+            message: out.stderr,
+        })
+    }
+}
+
+/// Waits until the master, read through the Service from inside `pod`, reports `bytes` of
+/// capacity. The store has no watch: its figure is read again every half second.
+async fn wait_capacity(api: &Api<Pod>, pod: &str, ns: &str, bytes: u64) -> Result<String, Error> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let seen = master_metrics(api, pod, ns).await;
+        if let Ok(text) = &seen {
+            if metric_value(text, "master_total_capacity_bytes") == Some(bytes as f64) {
+                return Ok(text.clone());
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Wait {
+                what: format!(
+                    "master_total_capacity_bytes {bytes} through the leader Service of {ns}"
+                ),
+                reason: match seen {
+                    Ok(text) => format!(
+                        "it reports {:?}",
+                        metric_value(&text, "master_total_capacity_bytes")
+                    ),
+                    Err(e) => e.to_string(),
+                },
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[test]
+fn walkthrough_at_demo_size_runs_on_real_pods() {
+    let cluster = nodes::shared();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = kvcache_e2e::cluster::client_from(&kc).await?;
+        let ns = "kvc-walk";
+        apply_walkthrough(&client, ns, |_| true).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), ns);
+
+        // The leader runs the master through the elector and is Ready only once it serves.
+        let leader =
+            pods::wait_ready(&store, &backend_pods("mooncake-dram", "leader"), 1, WAIT).await?;
+        let log = pods::wait_log(
+            &store,
+            name_of(&leader[0]),
+            Some("master"),
+            "mooncake_master",
+            WAIT,
+        )
+        .await?;
+        assert!(
+            log.contains("0.3.13.post1"),
+            "the elector asks the master for its version before it starts it; log:\n{log}"
+        );
+
+        // One member per node, each dialling the master by the Service's DNS name.
+        let members =
+            pods::wait_ready(&store, &backend_pods("mooncake-dram", "member-0"), 2, WAIT).await?;
+        let on: std::collections::BTreeSet<&str> = members.iter().filter_map(node_of).collect();
+        assert_eq!(
+            on.len(),
+            2,
+            "one member per node: {}",
+            pods::describe(&members)
+        );
+        for m in &members {
+            let env = m.spec.as_ref().unwrap().containers[0]
+                .env
+                .clone()
+                .unwrap_or_default();
+            let master = env
+                .iter()
+                .find(|e| e.name == "MOONCAKE_MASTER")
+                .and_then(|e| e.value.clone());
+            assert_eq!(master.as_deref(), Some(leader_service(ns, 50051).as_str()));
+        }
+
+        // The master, read through the Service, counts both members: 2 x 256 MiB.
+        let metrics = wait_capacity(&store, name_of(&members[0]), ns, 512 * MIB).await?;
+        assert_eq!(
+            metric_value(&metrics, "master_active_clients"),
+            Some(2.0),
+            "{metrics}"
+        );
+
+        // The rendered qwen-chat role (the engine stand-in as vLLM 0.29.0) writes and reads a
+        // block under tenant `default` through the injected settings.
+        let team: Api<Pod> = Api::namespaced(client.clone(), "team-a");
+        let engines = pods::wait_ready(&team, &role_pods("qwen-chat", "server"), 2, WAIT).await?;
+        for e in &engines {
+            let log = pods::wait_log(&team, name_of(e), None, "get key=", WAIT).await?;
+            assert!(
+                log.contains(&format!("master {}", leader_service(ns, 50051))),
+                "{log}"
+            );
+            assert!(log.contains("tenant default"), "{log}");
+            assert!(
+                log.contains(&format!("bytes={} rc=0", MIB)),
+                "the put succeeds: {log}"
+            );
+            assert!(
+                log.contains(&format!("exist=1 bytes={}", MIB)),
+                "the block reads back: {log}"
+            );
+        }
+        let metrics = master_metrics(&store, name_of(&members[0]), ns).await?;
+        assert_eq!(
+            metric_value(&metrics, "master_key_count"),
+            Some(2.0),
+            "{metrics}"
+        );
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn three_leader_replicas_serve_one_at_a_time_and_a_failover_is_a_cold_cache() {
+    let cluster = nodes::shared();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = kvcache_e2e::cluster::client_from(&kc).await?;
+        let ns = "kvc-ha";
+        apply_walkthrough(
+            &client,
+            ns,
+            backend_only(|v| {
+                if v["kind"] == "KVCacheBackend" {
+                    v["spec"]["connection"]["managed"]["leader"]["replicas"] = 3.into();
+                }
+            }),
+        )
+        .await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let leaders: Api<Deployment> = Api::namespaced(client.clone(), ns);
+        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+        let selector = backend_pods("mooncake-dram", "leader");
+
+        // 3 desired, 1 ready: the standbys wait for the Lease and never pass readiness.
+        let members =
+            pods::wait_ready(&store, &backend_pods("mooncake-dram", "member-0"), 2, WAIT).await?;
+        let first = pods::wait_pods(&store, &selector, "3 running, exactly 1 Ready", WAIT, |p| {
+            p.len() == 3 && p.iter().filter(|p| pods::is_ready(p)).count() == 1
+        })
+        .await?;
+        let serving = first.iter().find(|p| pods::is_ready(p)).unwrap();
+        let d = kvcache_e2e::cluster::wait_object(
+            &leaders,
+            "mooncake-dram-leader",
+            "3 desired / 1 ready",
+            WAIT,
+            |d| {
+                let s = d.status.as_ref();
+                s.and_then(|s| s.replicas) == Some(3) && s.and_then(|s| s.ready_replicas) == Some(1)
+            },
+        )
+        .await?;
+        assert_eq!(d.spec.unwrap().replicas, Some(3));
+        let slice = only_leader_slice(&slices).await?;
+        let ready: Vec<String> = ready_addresses(&slice);
+        assert_eq!(
+            ready,
+            vec![ip_of(serving).unwrap().to_owned()],
+            "{slice:#?}"
+        );
+
+        // A key written before the failover.
+        let master = leader_service(ns, 50051);
+        let member = name_of(&members[0]).to_owned();
+        wait_capacity(&store, &member, ns, 512 * MIB).await?;
+        assert_eq!(
+            pods::store_put(&store, &member, &master, "before-failover", None, 4096).await?,
+            0
+        );
+        assert_eq!(
+            pods::store_get(&store, &member, &master, "before-failover", None).await?,
+            Lookup::Hit(4096)
+        );
+
+        // The serving leader goes: a standby takes the Lease and serves, members remount, and
+        // the earlier key is gone (the master keeps its objects in memory only).
+        let gone = name_of(serving).to_owned();
+        store.delete(&gone, &DeleteParams::default()).await?;
+        let next = pods::wait_pods(
+            &store,
+            &selector,
+            "a Ready leader other than the deleted one",
+            WAIT,
+            |p| p.iter().any(|p| pods::is_ready(p) && name_of(p) != gone),
+        )
+        .await?;
+        let new_leader = next
+            .iter()
+            .find(|p| pods::is_ready(p) && name_of(p) != gone)
+            .unwrap();
+        wait_capacity(&store, &member, ns, 512 * MIB).await?;
+        assert_eq!(
+            pods::store_get(&store, &member, &master, "before-failover", None).await?,
+            Lookup::Miss
+        );
+        let slice = only_leader_slice(&slices).await?;
+        assert_eq!(
+            ready_addresses(&slice),
+            vec![ip_of(new_leader).unwrap().to_owned()]
+        );
+        Ok(())
+    })
+    .unwrap();
+}
+
+async fn only_leader_slice(slices: &Api<EndpointSlice>) -> Result<EndpointSlice, Error> {
+    let lp = ListParams::default().labels("kubernetes.io/service-name=mooncake-dram-leader");
+    let mut list = slices.list(&lp).await?.items;
+    assert_eq!(list.len(), 1, "one EndpointSlice for the leader Service");
+    Ok(list.remove(0))
+}
+
+/// The addresses of a slice whose endpoints are ready.
+fn ready_addresses(slice: &EndpointSlice) -> Vec<String> {
+    slice
+        .endpoints
+        .iter()
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .flat_map(|e| e.addresses.clone())
+        .collect()
+}
+
+#[test]
+fn a_member_larger_than_a_node_stays_pending_with_the_schedulers_reason() {
+    let cluster = nodes::shared();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = kvcache_e2e::cluster::client_from(&kc).await?;
+        let ns = "kvc-big";
+        // More than a node offers: the member's request is this plus its buffer.
+        let too_big = format!("{}Mi", NODE_ALLOCATABLE_MEMORY / MIB);
+        apply_walkthrough(
+            &client,
+            ns,
+            backend_only(move |v| {
+                if v["kind"] == "KVCacheBackend" {
+                    v["spec"]["connection"]["managed"]["members"][0]["capacityPerMember"] =
+                        too_big.clone().into();
+                }
+            }),
+        )
+        .await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let pending = pods::wait_pods(
+            &store,
+            &backend_pods("mooncake-dram", "member-0"),
+            "2 Pending members, unschedulable for memory",
+            WAIT,
+            |p| {
+                p.len() == 2
+                    && p.iter().all(|p| {
+                        p.status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|c| {
+                                c.iter().any(|c| {
+                                    c.type_ == "PodScheduled"
+                                        && c.status == "False"
+                                        && c.reason.as_deref() == Some("Unschedulable")
+                                        && c.message
+                                            .as_deref()
+                                            .is_some_and(|m| m.contains("Insufficient memory"))
+                                })
+                            })
+                    })
+            },
+        )
+        .await?;
+        for p in &pending {
+            assert_eq!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Pending")
+            );
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// A disk tier at demo size: the examples' `/var/lib/kvcache` on each node (its own folder on
+/// each), buckets written once 32 keys have gathered (the render's bucket key limit), on a one
+/// second heartbeat set through the group's `extraEnv`.
+fn disk_tier(path: &'static str) -> impl Fn(&mut serde_json::Value) + 'static {
+    move |v: &mut serde_json::Value| {
+        if v["kind"] == "KVCacheBackend" {
+            let g = &mut v["spec"]["connection"]["managed"]["members"][0];
+            g["localDisks"] = serde_json::json!([{"path": path, "capacity": "1Gi"}]);
+            g["extraEnv"] = serde_json::json!([
+                {"name": "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "value": "1"}
+            ]);
+        }
+    }
+}
+
+/// The uid the store image runs as (what the tier folder must be writable by).
+const STORE_UID: u32 = 65532;
+
+#[test]
+fn a_disk_tier_writes_buckets_on_the_node_and_an_unwritable_one_keeps_the_member_unready() {
+    let cluster = nodes::shared();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    // Each node's own view of /var/lib/kvcache: the tier folder, owned by the image's user,
+    // and a locked folder owned by root.
+    let mut tiers = Vec::new();
+    for n in &cluster.nodes.nodes {
+        let root = n.host_root.join("var/lib/kvcache");
+        let tier = root.join("tier");
+        let locked = root.join("locked");
+        for (dir, uid) in [(&tier, STORE_UID), (&locked, 0)] {
+            std::fs::create_dir_all(dir).unwrap();
+            std::os::unix::fs::chown(dir, Some(uid), Some(0)).unwrap();
+            std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o750))
+                .unwrap();
+        }
+        tiers.push(tier);
+    }
+    block_on(async move {
+        let client = kvcache_e2e::cluster::client_from(&kc).await?;
+
+        // The writable tier: members Ready, buckets on the nodes after 40 writes.
+        let ns = "kvc-disk";
+        apply_walkthrough(&client, ns, backend_only(disk_tier("/var/lib/kvcache/tier"))).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let members = pods::wait_ready(&store, &backend_pods("mooncake-dram", "member-0"), 2, WAIT).await?;
+        let member = name_of(&members[0]).to_owned();
+        let before = wait_capacity(&store, &member, ns, 512 * MIB).await?;
+        let allocated_before = metric_value(&before, "master_allocated_file_size_bytes").unwrap_or(0.0);
+        let master = leader_service(ns, 50051);
+        let ip = ip_of(&members[0]).unwrap().to_owned();
+        let out = pods::exec(&store, &member, None, &[
+            "python3", "-c", PUT_MANY, &master, &ip, "40", "65536",
+        ]).await?;
+        assert!(out.success && out.stdout.contains("puts ok 40"), "{out:?}");
+
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let (buckets, metrics) = loop {
+            let buckets: Vec<_> = tiers
+                .iter()
+                .flat_map(|t| std::fs::read_dir(t).into_iter().flatten().flatten())
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "bucket"))
+                .collect();
+            let metrics = master_metrics(&store, &member, ns).await?;
+            let allocated = metric_value(&metrics, "master_allocated_file_size_bytes").unwrap_or(0.0);
+            if !buckets.is_empty() && allocated > allocated_before {
+                break (buckets, metrics);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no .bucket file under {tiers:?} with master_allocated_file_size_bytes above {allocated_before} (now {allocated}; buckets {buckets:?})"
+            );
+            // Buckets are written on the members' one-second heartbeat; the folders have no watch.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        assert!(!buckets.is_empty());
+        assert_eq!(
+            metric_value(&metrics, "master_total_file_capacity_bytes"),
+            Some((2u64 << 30) as f64),
+            "the tier's declared 1Gi per member, two members: {metrics}"
+        );
+
+        // The locked folder: the survey stops each member before the store starts, saying why.
+        let ns = "kvc-locked";
+        apply_walkthrough(&client, ns, backend_only(disk_tier("/var/lib/kvcache/locked"))).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let stuck = pods::wait_pods(&store, &backend_pods("mooncake-dram", "member-0"), "2 members whose tier survey failed", WAIT, |p| {
+            p.len() == 2 && p.iter().all(|p| survey_message(p).is_some_and(|m| m.contains("not writable")))
+        })
+        .await?;
+        for p in &stuck {
+            assert!(!pods::is_ready(p));
+            let m = survey_message(p).unwrap();
+            assert!(m.contains(&format!("uid {STORE_UID}")) && m.contains("install -d -o 65532"), "{m}");
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The tier survey's termination message, once it ended.
+fn survey_message(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .init_container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == "tier-survey")
+        .and_then(|c| {
+            c.last_state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .or(c.state.as_ref().and_then(|s| s.terminated.as_ref()))
+        })
+        .and_then(|t| t.message.clone())
+}
+
+/// Puts N blocks of SIZE bytes through the store's client (default tenant).
+const PUT_MANY: &str = r#"
+import sys
+from mooncake.store import MooncakeDistributedStore
+master, host, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+store = MooncakeDistributedStore()
+rc = store.setup({"local_hostname": host, "metadata_server": "P2PHANDSHAKE", "global_segment_size": 0,
+                  "local_buffer_size": 16 << 20, "protocol": "tcp", "rdma_devices": "", "master_server_addr": master})
+assert rc == 0, f"setup {rc}"
+ok = sum(1 for i in range(n) if store.put(f"tier-{i}", bytes([i % 256]) * size) == 0)
+print("puts ok", ok)
+store.close()
+"#;

@@ -1,0 +1,455 @@
+//! The nodes' images, built locally without a registry (table: `kvcache_e2e::images`):
+//! - pause and busybox from Debian's static busybox;
+//! - a Debian bookworm base made by `debootstrap` (python3 and the store's shared libraries,
+//!   a non-root user `mooncake`, uid 65532 as the published image), from which the store image (the PyPI wheel in
+//!   `/opt/mooncake`) and the engine stand-ins (`images/engine`, with the store's client or an
+//!   older one) are layered;
+//! - the operator image from the repository's `Dockerfile` (release binaries on an empty base).
+//!
+//! Each is written as an OCI archive into the image cache and rebuilt only when its inputs
+//! change (a `.inputs` file beside the archive records them).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use kvcache_e2e::images::{self, Image};
+
+use crate::crds::root;
+use crate::setup::{MOONCAKE_PACKAGE, MOONCAKE_VERSION, cache_dir};
+
+/// Debian packages of the base: the interpreter and what the wheel's binaries link.
+const BASE_PACKAGES: &str = "python3,python3-venv,libibverbs1,libcurl4,libnuma1,ca-certificates";
+/// The Debian release and mirror of the base (the machine's own apt source).
+const SUITE: &str = "bookworm";
+const MIRROR: &str = "http://deb.debian.org/debian";
+/// Bumped when a recipe below changes in a way its inputs do not show.
+const RECIPE: u32 = 2;
+const BASE_NAME: &str = "localhost/kvcache/base:bookworm";
+
+/// Builds every image that is missing or stale; returns the image cache.
+pub fn all() -> anyhow::Result<PathBuf> {
+    let dir = cache_dir().join("images");
+    std::fs::create_dir_all(&dir)?;
+    busybox_images(&dir)?;
+    let base = format!("{SUITE} {BASE_PACKAGES} recipe {RECIPE}");
+    let store_inputs = format!("{base}; {MOONCAKE_PACKAGE}=={MOONCAKE_VERSION}");
+    let standin = standin_digest()?;
+    let old = images::OLD_CLIENT_VERSION;
+    let plans: [(Image, String); 3] = [
+        (images::STORE, store_inputs.clone()),
+        (
+            images::ENGINE,
+            format!("{store_inputs}; stand-in {standin}"),
+        ),
+        (
+            images::ENGINE_OLD_CLIENT,
+            format!("{base}; {MOONCAKE_PACKAGE}=={old}; stand-in {standin}"),
+        ),
+    ];
+    let stale: Vec<&(Image, String)> = plans.iter().filter(|(i, w)| stale(&dir, i, w)).collect();
+    if !stale.is_empty() {
+        base_image(&dir, &base)?;
+        for (image, inputs) in stale {
+            let started = Instant::now();
+            match image.archive {
+                a if a == images::STORE.archive => store_image(&dir, MOONCAKE_VERSION)?,
+                a if a == images::ENGINE.archive => engine_image(&dir, images::STORE.name, None)?,
+                _ => engine_image(&dir, BASE_NAME, Some(old))?,
+            }
+            save(&dir, image, inputs)?;
+            println!(
+                "setup: image {} built in {:.0?}",
+                image.name,
+                started.elapsed()
+            );
+        }
+    }
+    operator_image(&dir)?;
+    Ok(dir)
+}
+
+fn stale(dir: &Path, image: &Image, inputs: &str) -> bool {
+    !dir.join(image.archive).exists()
+        || std::fs::read_to_string(inputs_file(dir, image))
+            .ok()
+            .as_deref()
+            != Some(inputs)
+}
+
+fn inputs_file(dir: &Path, image: &Image) -> PathBuf {
+    dir.join(format!("{}.inputs", image.archive))
+}
+
+/// Writes the image's archive (layers uncompressed: the nodes import them faster) and records
+/// its inputs.
+fn save(dir: &Path, image: &Image, inputs: &str) -> anyhow::Result<()> {
+    let archive = dir.join(image.archive);
+    let _ = std::fs::remove_file(&archive);
+    buildah(&[
+        "push",
+        "--disable-compression",
+        image.name,
+        &format!("oci-archive:{}:{}", archive.display(), image.name),
+    ])?;
+    std::fs::write(inputs_file(dir, image), inputs)?;
+    Ok(())
+}
+
+fn buildah(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("buildah")
+        .args(args)
+        .env("STORAGE_DRIVER", "vfs")
+        .output()
+        .with_context(|| format!("running buildah {args:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "buildah {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// A working container from `from`; its id.
+fn container(from: &str) -> anyhow::Result<String> {
+    let out = buildah(&["from", "--pull-never", from])?;
+    Ok(out.lines().last().unwrap_or_default().to_owned())
+}
+
+fn run_in(c: &str, script: &str) -> anyhow::Result<()> {
+    buildah(&["run", "--isolation", "chroot", c, "--", "sh", "-ec", script]).map(drop)
+}
+
+fn commit(c: &str, name: &str) -> anyhow::Result<()> {
+    buildah(&["commit", "-q", "--rm", c, name]).map(drop)
+}
+
+/// The sandbox image and the busybox image, from Debian's static busybox.
+fn busybox_images(dir: &Path) -> anyhow::Result<()> {
+    let busybox = std::fs::read("/bin/busybox").context("reading /bin/busybox (busybox-static)")?;
+    let inputs = format!("{} bytes of busybox", busybox.len());
+    for (image, entrypoint, cmd) in [
+        (
+            images::PAUSE,
+            r#"["/bin/busybox","sleep","2147483647"]"#,
+            "[]",
+        ),
+        (images::BUSYBOX, r#"["/bin/busybox"]"#, r#"["sh"]"#),
+    ] {
+        if !stale(dir, &image, &inputs) {
+            continue;
+        }
+        let c = buildah(&["from", "scratch"])?;
+        let c = c.lines().last().unwrap_or_default().to_owned();
+        buildah(&["copy", &c, "/bin/busybox", "/bin/busybox"])?;
+        buildah(&["config", "--entrypoint", entrypoint, "--cmd", cmd, &c])?;
+        commit(&c, image.name)?;
+        save(dir, &image, &inputs)?;
+    }
+    Ok(())
+}
+
+/// The Debian base: `debootstrap --variant=minbase` with the store's packages, trimmed (no
+/// documentation, locales or apt lists), with the user `mooncake` (uid 65532). Kept as an image
+/// in buildah's storage; rebuilt when its inputs change.
+fn base_image(dir: &Path, inputs: &str) -> anyhow::Result<()> {
+    let marker = dir.join("base.inputs");
+    let present = buildah(&["images", "-q", BASE_NAME]).is_ok_and(|o| !o.is_empty());
+    if present && std::fs::read_to_string(&marker).ok().as_deref() == Some(inputs) {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let rootfs = dir.join("rootfs.tmp");
+    let _ = std::fs::remove_dir_all(&rootfs);
+    println!("setup: debootstrap {SUITE} ({BASE_PACKAGES}), about a minute");
+    let out = Command::new("debootstrap")
+        .args([
+            "--variant=minbase",
+            &format!("--include={BASE_PACKAGES}"),
+            SUITE,
+        ])
+        .arg(&rootfs)
+        .arg(MIRROR)
+        .output()
+        .context("running debootstrap")?;
+    if !out.status.success() {
+        bail!(
+            "debootstrap failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .rev()
+                .take(10)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    let status = Command::new("chroot")
+        .arg(&rootfs)
+        .args([
+            "sh",
+            "-ec",
+            "useradd --uid 65532 --user-group --create-home --shell /bin/sh mooncake\nrm -rf /usr/share/doc/* /usr/share/man/* /usr/share/locale/* /usr/share/info/* /var/cache/apt/* /var/lib/apt/lists/* /var/log/* /dev/* /proc/* /sys/* /run/*",
+        ])
+        .status()
+        .context("chroot into the base")?;
+    if !status.success() {
+        bail!("preparing the base root filesystem failed with {status}");
+    }
+    let tar = dir.join("rootfs.tar");
+    let status = Command::new("tar")
+        .arg("-C")
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .context("tar of the base")?;
+    if !status.success() {
+        bail!("packing the base root filesystem failed with {status}");
+    }
+    let c = buildah(&["from", "scratch"])?;
+    let c = c.lines().last().unwrap_or_default().to_owned();
+    buildah(&["add", &c, &tar.display().to_string(), "/"])?;
+    buildah(&[
+        "config",
+        "--user",
+        "65532:65532",
+        "--workingdir",
+        "/home/mooncake",
+        "--env",
+        "PATH=/opt/mooncake/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "--cmd",
+        "/bin/sh",
+        &c,
+    ])?;
+    commit(&c, BASE_NAME)?;
+    std::fs::remove_dir_all(&rootfs)?;
+    std::fs::remove_file(&tar)?;
+    std::fs::write(&marker, inputs)?;
+    println!("setup: base image built in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// The wheels of one Mooncake version and its dependencies, downloaded once (the image builds
+/// install them without reaching the network).
+fn wheels(version: &str) -> anyhow::Result<PathBuf> {
+    let dir = cache_dir().join("wheels").join(version);
+    let marker = dir.join(".complete");
+    if marker.exists() {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--only-binary=:all:",
+            "-d",
+        ])
+        .arg(&dir)
+        .arg(format!("{MOONCAKE_PACKAGE}=={version}"))
+        .status()
+        .context("running pip download")?;
+    if !status.success() {
+        bail!("pip download {MOONCAKE_PACKAGE}=={version} failed with {status}");
+    }
+    std::fs::write(&marker, version)?;
+    Ok(dir)
+}
+
+/// Installs a Mooncake version into `/opt/mooncake` of container `c`, with the real binaries
+/// on PATH (the `bin/` wrappers of the wheel are Python scripts; the processes a Pod runs should
+/// be the binaries themselves).
+fn install_mooncake(c: &str, version: &str, keep_bench: bool) -> anyhow::Result<()> {
+    let wheels = wheels(version)?;
+    buildah(&["copy", c, &wheels.display().to_string(), "/tmp/wheels"])?;
+    let site = "/opt/mooncake/lib/python3.11/site-packages";
+    let bench = if keep_bench {
+        String::new()
+    } else {
+        format!("rm -f {site}/mooncake/transfer_engine_bench\n")
+    };
+    run_in(
+        c,
+        &format!(
+            "python3 -m venv /opt/mooncake\n/opt/mooncake/bin/pip install --quiet --no-index --find-links /tmp/wheels {MOONCAKE_PACKAGE}=={version}\nrm -rf /tmp/wheels {site}/pip {site}/pip-* {site}/setuptools {site}/setuptools-* /root/.cache\n{bench}for b in mooncake_master mooncake_client; do if [ -x {site}/mooncake/$b ]; then ln -sf {site}/mooncake/$b /usr/local/bin/$b; fi; done\nfind /opt/mooncake -name __pycache__ -prune -exec rm -rf {{}} +"
+        ),
+    )
+}
+
+fn store_image(_dir: &Path, version: &str) -> anyhow::Result<()> {
+    let c = container(BASE_NAME)?;
+    buildah(&["config", "--user", "0:0", &c])?;
+    install_mooncake(&c, version, false)?;
+    buildah(&[
+        "config",
+        "--user",
+        "65532:65532",
+        "--label",
+        &format!("org.opencontainers.image.version={version}"),
+        "--cmd",
+        "mooncake_master",
+        &c,
+    ])?;
+    commit(&c, images::STORE.name)
+}
+
+/// The engine stand-in on `from` (the store image, whose client it then shares), or on the base
+/// with the older client `old` installed.
+fn engine_image(_dir: &Path, from: &str, old: Option<&str>) -> anyhow::Result<()> {
+    let c = container(from)?;
+    buildah(&["config", "--user", "0:0", &c])?;
+    if let Some(version) = old {
+        install_mooncake(&c, version, false)?;
+    }
+    let src = root().join("images/engine");
+    for (file, to) in [
+        ("standin.py", "/opt/standin/standin.py"),
+        ("sglang/__init__.py", "/opt/standin/sglang/__init__.py"),
+        (
+            "sglang/launch_server.py",
+            "/opt/standin/sglang/launch_server.py",
+        ),
+        ("vllm", "/usr/local/bin/vllm"),
+        ("sglang-cli", "/usr/local/bin/sglang"),
+    ] {
+        buildah(&[
+            "copy",
+            "--chmod",
+            "0755",
+            &c,
+            &src.join(file).display().to_string(),
+            to,
+        ])?;
+    }
+    let name = if old.is_some() {
+        images::ENGINE_OLD_CLIENT.name
+    } else {
+        images::ENGINE.name
+    };
+    buildah(&[
+        "config",
+        "--user",
+        "65532:65532",
+        "--env",
+        "PYTHONPATH=/opt/standin",
+        "--env",
+        "PYTHONUNBUFFERED=1",
+        "--cmd",
+        "vllm serve stand-in",
+        &c,
+    ])?;
+    commit(&c, name)
+}
+
+/// A digest of the stand-in's files, so an edit rebuilds the engine images.
+fn standin_digest() -> anyhow::Result<String> {
+    let dir = root().join("images/engine");
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for file in [
+        "standin.py",
+        "vllm",
+        "sglang-cli",
+        "sglang/__init__.py",
+        "sglang/launch_server.py",
+    ] {
+        let bytes = std::fs::read(dir.join(file))
+            .with_context(|| format!("reading images/engine/{file}"))?;
+        for b in file.bytes().chain(bytes) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    Ok(format!("{h:016x}"))
+}
+
+/// The operator image: release binaries and the glibc files `ldd` names, staged as the build
+/// context of the repository's `Dockerfile`.
+fn operator_image(dir: &Path) -> anyhow::Result<()> {
+    let root = root();
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "kvcache-operator",
+            "-p",
+            "kvcache-elector",
+        ])
+        .current_dir(&root)
+        .status()
+        .context("cargo build --release")?;
+    if !status.success() {
+        bail!("building the operator's release binaries failed with {status}");
+    }
+    let release = root.join("target/release");
+    let binaries = ["kvcache-operator", "kvcache-elector"];
+    let dockerfile =
+        std::fs::read_to_string(root.join("Dockerfile")).context("reading the Dockerfile")?;
+    let mut inputs = format!("recipe {RECIPE}\n{dockerfile}");
+    for b in binaries {
+        let m = std::fs::metadata(release.join(b))?;
+        let modified = m
+            .modified()?
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        inputs.push_str(&format!("\n{b} {} {}", m.len(), modified.as_nanos()));
+    }
+    if !stale(dir, &images::OPERATOR, &inputs) {
+        return Ok(());
+    }
+    let started = Instant::now();
+    let context = root.join("target/image-context");
+    let _ = std::fs::remove_dir_all(&context);
+    let bin = context.join("rootfs/usr/local/bin");
+    std::fs::create_dir_all(&bin)?;
+    for b in binaries {
+        std::fs::copy(release.join(b), bin.join(b))?;
+        for lib in linked_libraries(&release.join(b))? {
+            let to = context.join("rootfs").join(lib.strip_prefix("/")?);
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::copy(&lib, &to).with_context(|| format!("copying {}", lib.display()))?;
+        }
+    }
+    std::fs::copy(root.join("Dockerfile"), context.join("Dockerfile"))?;
+    buildah(&[
+        "build",
+        "--quiet",
+        "--pull-never",
+        "-t",
+        images::OPERATOR.name,
+        "-f",
+        &context.join("Dockerfile").display().to_string(),
+        &context.display().to_string(),
+    ])?;
+    save(dir, &images::OPERATOR, &inputs)?;
+    println!("setup: operator image built in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// The shared libraries a binary loads (and the loader), as `ldd` resolves them.
+fn linked_libraries(binary: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let out = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .context("running ldd")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let path = match l.split_once("=>") {
+                Some((_, right)) => right.split_whitespace().next(),
+                None => l.split_whitespace().next(),
+            }?;
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
+}
