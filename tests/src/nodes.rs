@@ -29,8 +29,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Where the nodes' sockets and mount namespaces live (a private mount, so namespace files
 /// can be kept there).
 const RUN_DIR: &str = "/run/kvcache-nodes";
-/// Host paths each node sees as its own folder (the disk tier's path in the examples).
-pub const PRIVATE_PATHS: &[&str] = &["/var/lib/kvcache"];
+/// Host paths each node sees as its own folder: the disk tier's path in the examples, and the
+/// kubelet's Pod log folders (a kubelet removes the log folders of Pods it does not run, so
+/// shared folders lose the other nodes' logs).
+pub const PRIVATE_PATHS: &[&str] = &["/var/lib/kvcache", "/var/log/pods", "/var/log/containers"];
 
 /// Memory each node offers Pods (`allocatable`): the machine's memory is shared by every node,
 /// so each reserves the rest; demo-sized members fit, an oversized one stays Pending.

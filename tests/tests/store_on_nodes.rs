@@ -361,12 +361,18 @@ fn a_member_larger_than_a_node_stays_pending_with_the_schedulers_reason() {
 }
 
 /// A disk tier at demo size: the examples' `/var/lib/kvcache` on each node (its own folder on
-/// each), buckets written once 32 keys have gathered (the render's bucket key limit), on a one
-/// second heartbeat set through the group's `extraEnv`.
+/// each) behind a 32Mi segment. The master offloads an object to the tier when it evicts it from
+/// memory (`-offload_on_evict`, which the render derives from the declaration), so the test
+/// fills the segments twice; a 500 ms object lease (the leader's `extraArgs`; the render's
+/// default is 5 minutes) lets the second round evict the first. Buckets are written on the
+/// members' one-second heartbeat, set through the group's `extraEnv`.
 fn disk_tier(path: &'static str) -> impl Fn(&mut serde_json::Value) + 'static {
     move |v: &mut serde_json::Value| {
         if v["kind"] == "KVCacheBackend" {
-            let g = &mut v["spec"]["connection"]["managed"]["members"][0];
+            let managed = &mut v["spec"]["connection"]["managed"];
+            managed["leader"]["extraArgs"] = serde_json::json!(["default_kv_lease_ttl=500"]);
+            let g = &mut managed["members"][0];
+            g["capacityPerMember"] = "32Mi".into();
             g["localDisks"] = serde_json::json!([{"path": path, "capacity": "1Gi"}]);
             g["extraEnv"] = serde_json::json!([
                 {"name": "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "value": "1"}
@@ -400,20 +406,20 @@ fn a_disk_tier_writes_buckets_on_the_node_and_an_unwritable_one_keeps_the_member
     block_on(async move {
         let client = kvcache_e2e::cluster::client_from(&kc).await?;
 
-        // The writable tier: members Ready, buckets on the nodes after 40 writes.
+        // The writable tier: members Ready; two rounds of 56 MiB into 64 MiB of segments.
         let ns = "kvc-disk";
         apply_walkthrough(&client, ns, backend_only(disk_tier("/var/lib/kvcache/tier"))).await?;
         let store: Api<Pod> = Api::namespaced(client.clone(), ns);
         let members = pods::wait_ready(&store, &backend_pods("mooncake-dram", "member-0"), 2, WAIT).await?;
         let member = name_of(&members[0]).to_owned();
-        let before = wait_capacity(&store, &member, ns, 512 * MIB).await?;
+        let before = wait_capacity(&store, &member, ns, 64 * MIB).await?;
         let allocated_before = metric_value(&before, "master_allocated_file_size_bytes").unwrap_or(0.0);
         let master = leader_service(ns, 50051);
         let ip = ip_of(&members[0]).unwrap().to_owned();
         let out = pods::exec(&store, &member, None, &[
-            "python3", "-c", PUT_MANY, &master, &ip, "40", "65536",
+            "python3", "-c", PUT_MANY, &master, &ip, "2", "56", "1048576",
         ]).await?;
-        assert!(out.success && out.stdout.contains("puts ok 40"), "{out:?}");
+        assert!(out.success && out.stdout.contains("round 1 ok"), "{out:?}");
 
         let deadline = tokio::time::Instant::now() + WAIT;
         let (buckets, metrics) = loop {
@@ -428,10 +434,17 @@ fn a_disk_tier_writes_buckets_on_the_node_and_an_unwritable_one_keeps_the_member
             if !buckets.is_empty() && allocated > allocated_before {
                 break (buckets, metrics);
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no .bucket file under {tiers:?} with master_allocated_file_size_bytes above {allocated_before} (now {allocated}; buckets {buckets:?})"
-            );
+            if tokio::time::Instant::now() >= deadline {
+                let mut logs = String::new();
+                for m in &members {
+                    let log = pods::logs(&store, name_of(m), Some("member")).await.unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                    logs.push_str(&format!("\n--- {}:\n{}", name_of(m), tail.into_iter().rev().collect::<Vec<_>>().join("\n")));
+                }
+                panic!(
+                    "no .bucket file under {tiers:?} with master_allocated_file_size_bytes above {allocated_before} (now {allocated}; buckets {buckets:?}); members' logs:{logs}"
+                );
+            }
             // Buckets are written on the members' one-second heartbeat; the folders have no watch.
             tokio::time::sleep(Duration::from_millis(500)).await;
         };
@@ -477,16 +490,19 @@ fn survey_message(p: &Pod) -> Option<String> {
         .and_then(|t| t.message.clone())
 }
 
-/// Puts N blocks of SIZE bytes through the store's client (default tenant).
+/// ROUNDS rounds of N puts of SIZE bytes through the store's client (default tenant), a second
+/// apart (past the objects' lease, so a round may evict the one before).
 const PUT_MANY: &str = r#"
-import sys
+import sys, time
 from mooncake.store import MooncakeDistributedStore
-master, host, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+master, host, rounds, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 store = MooncakeDistributedStore()
 rc = store.setup({"local_hostname": host, "metadata_server": "P2PHANDSHAKE", "global_segment_size": 0,
                   "local_buffer_size": 16 << 20, "protocol": "tcp", "rdma_devices": "", "master_server_addr": master})
 assert rc == 0, f"setup {rc}"
-ok = sum(1 for i in range(n) if store.put(f"tier-{i}", bytes([i % 256]) * size) == 0)
-print("puts ok", ok)
+for r in range(rounds):
+    codes = [store.put(f"tier-{r}-{i}", bytes([i % 256]) * size) for i in range(n)]
+    print("round", r, "ok", codes.count(0), "codes", sorted(set(codes)), flush=True)
+    time.sleep(1)
 store.close()
 "#;

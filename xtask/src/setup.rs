@@ -120,12 +120,14 @@ fn store_venv() -> anyhow::Result<PathBuf> {
 /// The CoreDNS release `xtask/go/coredns` pins.
 const COREDNS_VERSION: &str = "v1.15.0";
 
-const COMPONENTS: [&str; 5] = [
+const COMPONENTS: [&str; 6] = [
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
     "kubelet",
     "kube-proxy",
+    // For the demo and for people looking at a running cluster (`cargo xtask cluster env`).
+    "kubectl",
 ];
 
 fn control_plane() -> anyhow::Result<PathBuf> {
