@@ -107,6 +107,11 @@ pub struct NodeInfo {
 pub struct Nodes {
     /// The nodes.
     pub nodes: Vec<NodeInfo>,
+    /// The cluster DNS server's address (the bridge's host address).
+    pub dns: String,
+    /// A kubeconfig that reaches the API server from inside the nodes' network (the admin's,
+    /// on the bridge address).
+    pub kubeconfig: PathBuf,
     /// The teardown script (also run by `cargo xtask cluster down`).
     pub teardown: PathBuf,
     procs: Vec<Proc>,
@@ -183,8 +188,13 @@ impl Nodes {
             }
         };
         let watchdog = watchdog(&teardown)?;
+        let kubeconfig = dir
+            .join(nodes.first().map_or("", |n| n.name.as_str()))
+            .join("kubeconfig");
         let mut all = Nodes {
             nodes,
+            dns: net.host_ip.clone(),
+            kubeconfig,
             teardown,
             procs,
             watchdog: Some(watchdog),

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use crate::nodes::Nodes;
 use crate::process::{Proc, free_port, wait_for};
 use crate::store::http_get;
 use crate::{Result, paths};
@@ -18,9 +19,12 @@ pub const SELECTOR_LABEL: &str = "kvcache-e2e/operator";
 pub struct Operator {
     /// The process.
     pub proc: Proc,
-    /// Its `/metrics` and health port on 127.0.0.1.
+    /// The address its `/metrics` and health port listens on.
+    pub host: String,
+    /// Its `/metrics` and health port.
     pub metrics_port: u16,
     args: Vec<String>,
+    launcher: Launch,
     kubeconfig: PathBuf,
     log: PathBuf,
 }
@@ -49,6 +53,50 @@ impl Operator {
         Self::start_with(kubeconfig, namespace, false, overrides, dir)
     }
 
+    /// Starts `kvcache-operator run` (every controller) as if in a Pod on the cluster's nodes:
+    /// in the first node's network namespace, where Services and Pod addresses are reached as
+    /// from a Pod, with a resolver configuration naming the cluster DNS (its own mount
+    /// namespace), so it reads each store through its leader Service's DNS name. Its metrics
+    /// port listens on that node's address.
+    pub fn start_on_nodes(nodes: &Nodes, namespace: &str, dir: &Path) -> Result<Operator> {
+        let node = nodes.nodes.first().ok_or_else(|| crate::Error::NodeSetup {
+            step: "starting the operator on the nodes".into(),
+            message: "no nodes".into(),
+        })?;
+        let resolv = dir.join("operator-resolv.conf");
+        std::fs::write(
+            &resolv,
+            format!(
+                "nameserver {}\nsearch {namespace}.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n",
+                nodes.dns
+            ),
+        )
+        .map_err(crate::io("writing the operator's resolv.conf"))?;
+        let metrics_port = free_port()?;
+        let args = vec![
+            "run".to_owned(),
+            format!("--namespace={namespace}"),
+            format!("--metrics-addr={}:{metrics_port}", node.ip),
+        ];
+        let log = dir.join(format!("operator-{metrics_port}.log"));
+        let launcher = Launch::OnNode {
+            netns: node.name.clone(),
+            resolv,
+        };
+        let proc = spawn(&launcher, &nodes.kubeconfig, &args, &log)?;
+        let mut op = Operator {
+            proc,
+            host: node.ip.clone(),
+            metrics_port,
+            args,
+            kubeconfig: nodes.kubeconfig.clone(),
+            log,
+            launcher,
+        };
+        op.wait_ready()?;
+        Ok(op)
+    }
+
     fn start_with(
         kubeconfig: &Path,
         namespace: &str,
@@ -73,20 +121,22 @@ impl Operator {
                 .map(|o| format!("--store-address-override={o}")),
         );
         let log = dir.join(format!("operator-{metrics_port}.log"));
-        let proc = spawn(kubeconfig, &args, &log)?;
+        let proc = spawn(&Launch::Host, kubeconfig, &args, &log)?;
         let mut op = Operator {
             proc,
+            host: "127.0.0.1".into(),
             metrics_port,
             args,
             kubeconfig: kubeconfig.to_owned(),
             log,
+            launcher: Launch::Host,
         };
         op.wait_ready()?;
         Ok(op)
     }
 
     fn wait_ready(&mut self) -> Result<()> {
-        let url = format!("http://127.0.0.1:{}/readyz", self.metrics_port);
+        let url = format!("http://{}:{}/readyz", self.host, self.metrics_port);
         wait_for(&mut self.proc, Duration::from_secs(60), || {
             http_get(&url).is_ok()
         })
@@ -100,18 +150,44 @@ impl Operator {
     /// Starts it again with the same arguments.
     pub fn restart(&mut self) -> Result<()> {
         self.proc.stop(Duration::from_secs(5));
-        self.proc = spawn(&self.kubeconfig, &self.args, &self.log)?;
+        self.proc = spawn(&self.launcher, &self.kubeconfig, &self.args, &self.log)?;
         self.wait_ready()
     }
 
     /// The operator's `/metrics` text.
     pub fn metrics(&self) -> Result<String> {
-        http_get(&format!("http://127.0.0.1:{}/metrics", self.metrics_port))
+        http_get(&format!(
+            "http://{}:{}/metrics",
+            self.host, self.metrics_port
+        ))
     }
 }
 
-fn spawn(kubeconfig: &Path, args: &[String], log: &Path) -> Result<Proc> {
-    let mut cmd = Command::new(paths::operator_bin()?);
+/// Where the process runs.
+#[derive(Clone, Debug)]
+enum Launch {
+    /// On the machine itself.
+    Host,
+    /// In a node's network namespace, with its own resolver configuration.
+    OnNode { netns: String, resolv: PathBuf },
+}
+
+fn spawn(launch: &Launch, kubeconfig: &Path, args: &[String], log: &Path) -> Result<Proc> {
+    let bin = paths::operator_bin()?;
+    let mut cmd = match launch {
+        Launch::Host => Command::new(bin),
+        Launch::OnNode { netns, resolv } => {
+            // unshare and nsenter exec in place: the process held is the operator itself.
+            let mut c = Command::new("unshare");
+            c.args(["--mount", "--propagation", "private", "sh", "-c"])
+                .arg(r#"mount --bind "$1" /etc/resolv.conf && ns="$2" && shift 2 && exec nsenter --net="/var/run/netns/$ns" "$@""#)
+                .arg("sh")
+                .arg(resolv)
+                .arg(netns)
+                .arg(&bin);
+            c
+        }
+    };
     cmd.args(args)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info,kube=warn");

@@ -184,6 +184,11 @@ pub fn env() -> anyhow::Result<()> {
         bail!("no control plane: run `cargo xtask cluster up`");
     }
     println!("export KUBECONFIG={}", kubeconfig.display());
+    // kubectl is built by setup from the same Kubernetes module as the cluster.
+    println!(
+        "export PATH={}:$PATH",
+        crate::setup::k8s_bin_dir().display()
+    );
     Ok(())
 }
 

@@ -62,7 +62,7 @@ enum ClusterAction {
     Down,
     /// Show its processes, whether the API server answers, and the nodes' readiness.
     Status,
-    /// Print `export KUBECONFIG=...`.
+    /// Print `export KUBECONFIG=...` and the PATH holding kubectl.
     Env,
 }
 

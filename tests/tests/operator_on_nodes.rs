@@ -1,0 +1,338 @@
+//! The operator against store Pods on real nodes: `kvcache-operator run` (as from a Pod: in a
+//! node's network, resolving the leader Service's DNS name through the cluster DNS) reconciles
+//! demo-size backends whose leader and members the kubelets run from the local images.
+//! One operator and one two-node cluster per test binary; each test has its own backend.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use kvcache_api::KVCacheBackend;
+use kvcache_api::backend::BackendPhase;
+use kvcache_api::quantity::parse_bytes;
+use kvcache_e2e::cluster::{block_on, client_from, crds_dir, install_crds, wait_object};
+use kvcache_e2e::nodes::{self, NodeCluster};
+use kvcache_e2e::operator::Operator;
+use kvcache_e2e::pods::{self, name_of};
+use kvcache_e2e::walkthrough::{self, backend_pods};
+use kvcache_e2e::{Error, paths};
+
+const WAIT: Duration = Duration::from_secs(120);
+const MIB: u64 = 1 << 20;
+/// Where the operator runs the store workloads.
+const NAMESPACE: &str = "gpustack-system";
+
+/// The cluster with the CRDs and one operator (every controller).
+fn cluster() -> &'static NodeCluster {
+    static OPERATOR: OnceLock<Result<Operator, String>> = OnceLock::new();
+    let cluster = nodes::shared();
+    let op = OPERATOR.get_or_init(|| {
+        let kc = cluster.control_plane.kubeconfig.clone();
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            install_crds(&client, &crds_dir()).await?;
+            walkthrough::ensure_namespace(&client, NAMESPACE).await
+        })
+        .map_err(|e| e.to_string())?;
+        let dir = paths::scratch("operator-on-nodes").map_err(|e| e.to_string())?;
+        Operator::start_on_nodes(&cluster.nodes, NAMESPACE, &dir).map_err(|e| e.to_string())
+    });
+    if let Err(e) = op {
+        panic!("the operator could not start on the nodes: {e}");
+    }
+    cluster
+}
+
+/// The walkthrough's backend at demo size under `name`, changed by `edit`.
+fn backend(name: &str, edit: impl Fn(&mut serde_json::Value)) -> KVCacheBackend {
+    let text =
+        std::fs::read_to_string(walkthrough::examples("walkthrough").join("01-backend.yaml"))
+            .expect("the walkthrough's backend");
+    let mut v: serde_json::Value = serde_yaml::from_str(&text).expect("YAML");
+    v["metadata"]["name"] = name.into();
+    v["spec"]["connection"]["managed"]["members"][0]["capacityPerMember"] =
+        walkthrough::DEMO_CAPACITY_PER_MEMBER.into();
+    edit(&mut v);
+    serde_json::from_value(v).expect("a KVCacheBackend")
+}
+
+async fn apply(client: &Client, b: &KVCacheBackend) -> Result<(), Error> {
+    Api::<KVCacheBackend>::all(client.clone())
+        .patch(
+            &b.name_any(),
+            &PatchParams::apply(walkthrough::MANAGER).force(),
+            &Patch::Apply(b),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn wait_backend(
+    client: &Client,
+    name: &str,
+    what: &str,
+    ok: impl Fn(&KVCacheBackend) -> bool,
+) -> Result<KVCacheBackend, Error> {
+    let api: Api<KVCacheBackend> = Api::all(client.clone());
+    wait_object(&api, name, what, WAIT, ok).await
+}
+
+fn capacity(b: &KVCacheBackend) -> Option<u64> {
+    b.status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| parse_bytes(&c.total.0).ok())
+}
+
+fn phase(b: &KVCacheBackend) -> Option<BackendPhase> {
+    b.status.as_ref().and_then(|s| s.phase)
+}
+
+/// A condition's status, reason and message.
+fn condition(b: &KVCacheBackend, t: &str) -> Option<(String, String, String)> {
+    b.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    })
+}
+
+/// The host processes of a Pod's container (found by the container id in their cgroup), to
+/// stop and continue a member without the kubelet noticing.
+fn host_pids(pod: &Pod) -> Vec<i32> {
+    let id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.container_id.as_deref())
+        .and_then(|c| c.rsplit("://").next())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!id.is_empty(), "the Pod has a running container");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id))
+        })
+        .collect()
+}
+
+fn signal(pids: &[i32], sig: nix::sys::signal::Signal) {
+    for pid in pids {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), sig);
+    }
+}
+
+#[test]
+fn the_walkthrough_backend_is_ready_with_what_its_members_mounted_and_degraded_names_a_stopped_member()
+ {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-ready";
+        apply(&client, &backend(name, |_| {})).await?;
+        let b = wait_backend(&client, name, "Ready with 512Mi from two members", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        let status = b.status.unwrap();
+        assert_eq!(status.members.len(), 2, "{:?}", status.members);
+        assert_eq!(status.store_version.as_deref(), Some("0.3.13.post1"));
+        assert_eq!(
+            status.endpoint.as_deref(),
+            Some(format!("{name}-leader.{NAMESPACE}.svc:50051").as_str())
+        );
+
+        // One member stops (its processes frozen; the Pod stays Ready, the master drops its
+        // segment after the client TTL): Degraded, naming that member.
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+        let stopped = &members[0];
+        let pids = host_pids(stopped);
+        signal(&pids, nix::sys::signal::Signal::SIGSTOP);
+        let degraded = wait_backend(
+            &client,
+            name,
+            "Degraded, MembersMounted=False naming the stopped member",
+            |b| {
+                phase(b) == Some(BackendPhase::Degraded)
+                    && condition(b, "MembersMounted")
+                        .is_some_and(|(s, _, m)| s == "False" && m.contains(name_of(stopped)))
+            },
+        )
+        .await;
+        signal(&pids, nix::sys::signal::Signal::SIGCONT);
+        let degraded = degraded?;
+        assert_eq!(
+            capacity(&degraded),
+            Some(256 * MIB),
+            "the store's own figure"
+        );
+
+        // It continues, remounts on its heartbeat: Ready again with both.
+        wait_backend(&client, name, "Ready again with 512Mi", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn three_leader_replicas_read_three_desired_one_ready_and_a_failover_keeps_the_phase_honest() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-ha";
+        apply(
+            &client,
+            &backend(name, |v| {
+                v["spec"]["connection"]["managed"]["leader"]["replicas"] = 3.into();
+            }),
+        )
+        .await?;
+        let b = wait_backend(&client, name, "Ready, ElectionObserved=True", |b| {
+            phase(b) == Some(BackendPhase::Ready)
+                && capacity(b) == Some(512 * MIB)
+                && condition(b, "ElectionObserved").is_some_and(|(s, _, _)| s == "True")
+        })
+        .await?;
+        let (_, _, message) = condition(&b, "LeaderAvailable").expect("LeaderAvailable");
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let leaders = pods::wait_pods(
+            &store,
+            &backend_pods(name, "leader"),
+            "3 leader Pods, 1 Ready",
+            WAIT,
+            |p| p.len() == 3 && p.iter().filter(|p| pods::is_ready(p)).count() == 1,
+        )
+        .await?;
+        let serving = leaders.iter().find(|p| pods::is_ready(p)).unwrap();
+
+        // Every status the backend passes through from the failover until it is Ready again.
+        let api: Api<KVCacheBackend> = Api::all(client.clone());
+        let seen = tokio::spawn({
+            let api = api.clone();
+            let name = name.to_owned();
+            async move {
+                use futures::StreamExt;
+                let mut seen = Vec::new();
+                let stream = kube::runtime::watcher::watch_object(api, &name);
+                let mut stream = Box::pin(stream);
+                let mut gone = false;
+                while let Some(Ok(Some(b))) = stream.next().await {
+                    let p = phase(&b);
+                    gone |= p != Some(BackendPhase::Ready);
+                    seen.push((p, capacity(&b)));
+                    if gone && p == Some(BackendPhase::Ready) && capacity(&b) == Some(512 * MIB) {
+                        break;
+                    }
+                }
+                seen
+            }
+        });
+        store
+            .delete(name_of(serving), &DeleteParams::default())
+            .await?;
+        let seen = tokio::time::timeout(WAIT, seen)
+            .await
+            .map_err(|_| Error::Wait {
+                what: format!("{name}: Ready again after the leader Pod was deleted"),
+                reason: "the watch did not see it".into(),
+            })?
+            .expect("the watch task");
+        // The gap shows: a phase other than Ready, and no capacity while no leader serves.
+        assert!(
+            seen.iter()
+                .any(|(p, c)| *p != Some(BackendPhase::Ready) && c.is_none()),
+            "a gap with no capacity: {seen:?} (LeaderAvailable before: {message})"
+        );
+        assert!(
+            seen.iter()
+                .all(|(p, c)| *p != Some(BackendPhase::Ready) || c.is_some()),
+            "Ready never without capacity: {seen:?}"
+        );
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_member_fingerprint_change_recreates_exactly_its_pods_and_a_wider_selector_none() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-roll";
+        apply(&client, &backend(name, |_| {})).await?;
+        wait_backend(&client, name, "Ready with 512Mi", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let selector = backend_pods(name, "member-0");
+        let before: Vec<String> = pods::wait_ready(&store, &selector, 2, WAIT)
+            .await?
+            .iter()
+            .map(|p| p.uid().unwrap_or_default())
+            .collect();
+
+        // Another node selector that selects the same nodes: no member Pod is recreated.
+        apply(
+            &client,
+            &backend(name, |v| {
+                v["spec"]["connection"]["managed"]["members"][0]["nodeSelector"] =
+                    serde_json::json!({"kvcache": "true"});
+            }),
+        )
+        .await?;
+        wait_backend(&client, name, "the edit observed", |b| {
+            b.status.as_ref().and_then(|s| s.observed_generation) == b.metadata.generation
+        })
+        .await?;
+        let after: Vec<String> = pods::wait_ready(&store, &selector, 2, WAIT)
+            .await?
+            .iter()
+            .map(|p| p.uid().unwrap_or_default())
+            .collect();
+        assert_eq!(before, after, "a selector change recreates no member Pod");
+
+        // Less capacity per member: the fingerprint moves, both Pods are replaced and the
+        // store reports the new figure.
+        apply(
+            &client,
+            &backend(name, |v| {
+                let g = &mut v["spec"]["connection"]["managed"]["members"][0];
+                g["nodeSelector"] = serde_json::json!({"kvcache": "true"});
+                g["capacityPerMember"] = "128Mi".into();
+            }),
+        )
+        .await?;
+        wait_backend(
+            &client,
+            name,
+            "Ready with 256Mi from the replaced members",
+            |b| phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(256 * MIB),
+        )
+        .await?;
+        let replaced = pods::wait_ready(&store, &selector, 2, WAIT).await?;
+        for p in &replaced {
+            assert!(
+                !before.contains(&p.uid().unwrap_or_default()),
+                "{} is new",
+                name_of(p)
+            );
+        }
+        Ok(())
+    })
+    .unwrap();
+}
