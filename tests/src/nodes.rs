@@ -173,7 +173,7 @@ impl Nodes {
         let bridge = &net.bridge;
         let _ = writeln!(
             down,
-            "umount {RUN_DIR} 2>/dev/null\nip link del {bridge} 2>/dev/null\n# Pod sandboxes' namespaces (CNI names them cni-*), once nothing runs in them.\nfor n in $(ip netns list | awk '/^cni-/{{print $1}}'); do [ -z \"$(ip netns pids $n 2>/dev/null)\" ] && ip netns del $n; done\nexit 0"
+            "umount {RUN_DIR} 2>/dev/null\nip link del {bridge} 2>/dev/null\n# Pod sandboxes' namespaces (CNI names them cni-*), once nothing runs in them.\nfor n in $(ip netns list 2>/dev/null | awk '/^cni-/{{print $1}}'); do [ -z \"$(ip netns pids $n 2>/dev/null)\" ] && ip netns del $n; done\nexit 0"
         );
         std::fs::write(&teardown, &down).map_err(crate::io("writing the teardown script"))?;
         let nodes = match result {

@@ -74,6 +74,13 @@ enum BenchKind {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+    /// From the master registering the last member's segment to `status.capacity` showing it,
+    /// on real nodes with the operator.
+    Capacity {
+        /// Rounds (a member Pod replaced each round).
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -105,6 +112,7 @@ fn main() -> anyhow::Result<()> {
         },
         Task::Bench { which } => match which {
             BenchKind::Failover { runs } => bench::failover(runs),
+            BenchKind::Capacity { runs } => bench::capacity(runs),
         },
         Task::Store { action } => match action {
             StoreAction::Up {
