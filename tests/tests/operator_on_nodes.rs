@@ -142,7 +142,7 @@ fn the_walkthrough_backend_is_ready_with_what_its_members_mounted_and_degraded_n
             phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
         })
         .await?;
-        let status = b.status.unwrap();
+        let status = b.status.expect("a status");
         assert_eq!(status.members.len(), 2, "{:?}", status.members);
         assert_eq!(status.store_version.as_deref(), Some("0.3.13.post1"));
         assert_eq!(
@@ -183,7 +183,7 @@ fn the_walkthrough_backend_is_ready_with_what_its_members_mounted_and_degraded_n
         .await?;
         Ok(())
     })
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -216,7 +216,10 @@ fn three_leader_replicas_read_three_desired_one_ready_and_a_failover_keeps_the_p
             |p| p.len() == 3 && p.iter().filter(|p| pods::is_ready(p)).count() == 1,
         )
         .await?;
-        let serving = leaders.iter().find(|p| pods::is_ready(p)).unwrap();
+        let serving = leaders
+            .iter()
+            .find(|p| pods::is_ready(p))
+            .expect("a Ready leader");
 
         // Every status the backend passes through from the failover until it is Ready again.
         let api: Api<KVCacheBackend> = Api::all(client.clone());
@@ -263,7 +266,7 @@ fn three_leader_replicas_read_three_desired_one_ready_and_a_failover_keeps_the_p
         );
         Ok(())
     })
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -334,5 +337,5 @@ fn a_member_fingerprint_change_recreates_exactly_its_pods_and_a_wider_selector_n
         }
         Ok(())
     })
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e}"));
 }

@@ -82,10 +82,10 @@ async fn wait_capacity(api: &Api<Pod>, pod: &str, ns: &str, bytes: u64) -> Resul
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let seen = master_metrics(api, pod, ns).await;
-        if let Ok(text) = &seen {
-            if metric_value(text, "master_total_capacity_bytes") == Some(bytes as f64) {
-                return Ok(text.clone());
-            }
+        if let Ok(text) = &seen
+            && metric_value(text, "master_total_capacity_bytes") == Some(bytes as f64)
+        {
+            return Ok(text.clone());
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(Error::Wait {
@@ -142,7 +142,7 @@ fn walkthrough_at_demo_size_runs_on_real_pods() {
             pods::describe(&members)
         );
         for m in &members {
-            let env = m.spec.as_ref().unwrap().containers[0]
+            let env = m.spec.as_ref().expect("a Pod spec").containers[0]
                 .env
                 .clone()
                 .unwrap_or_default();
@@ -189,7 +189,7 @@ fn walkthrough_at_demo_size_runs_on_real_pods() {
         );
         Ok(())
     })
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -221,7 +221,10 @@ fn three_leader_replicas_serve_one_at_a_time_and_a_failover_is_a_cold_cache() {
             p.len() == 3 && p.iter().filter(|p| pods::is_ready(p)).count() == 1
         })
         .await?;
-        let serving = first.iter().find(|p| pods::is_ready(p)).unwrap();
+        let serving = first
+            .iter()
+            .find(|p| pods::is_ready(p))
+            .expect("a Ready leader");
         let d = kvcache_e2e::cluster::wait_object(
             &leaders,
             "mooncake-dram-leader",
@@ -233,12 +236,12 @@ fn three_leader_replicas_serve_one_at_a_time_and_a_failover_is_a_cold_cache() {
             },
         )
         .await?;
-        assert_eq!(d.spec.unwrap().replicas, Some(3));
+        assert_eq!(d.spec.expect("a Deployment spec").replicas, Some(3));
         let slice = only_leader_slice(&slices).await?;
         let ready: Vec<String> = ready_addresses(&slice);
         assert_eq!(
             ready,
-            vec![ip_of(serving).unwrap().to_owned()],
+            vec![ip_of(serving).expect("the leader's address").to_owned()],
             "{slice:#?}"
         );
 
@@ -270,7 +273,7 @@ fn three_leader_replicas_serve_one_at_a_time_and_a_failover_is_a_cold_cache() {
         let new_leader = next
             .iter()
             .find(|p| pods::is_ready(p) && name_of(p) != gone)
-            .unwrap();
+            .expect("a new Ready leader");
         wait_capacity(&store, &member, ns, 512 * MIB).await?;
         assert_eq!(
             pods::store_get(&store, &member, &master, "before-failover", None).await?,
@@ -279,11 +282,15 @@ fn three_leader_replicas_serve_one_at_a_time_and_a_failover_is_a_cold_cache() {
         let slice = only_leader_slice(&slices).await?;
         assert_eq!(
             ready_addresses(&slice),
-            vec![ip_of(new_leader).unwrap().to_owned()]
+            vec![
+                ip_of(new_leader)
+                    .expect("the new leader's address")
+                    .to_owned()
+            ]
         );
         Ok(())
     })
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 async fn only_leader_slice(slices: &Api<EndpointSlice>) -> Result<EndpointSlice, Error> {
@@ -357,7 +364,7 @@ fn a_member_larger_than_a_node_stays_pending_with_the_schedulers_reason() {
         }
         Ok(())
     })
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// A disk tier at demo size: the examples' `/var/lib/kvcache` on each node (its own folder on
@@ -396,10 +403,10 @@ fn a_disk_tier_writes_buckets_on_the_node_and_an_unwritable_one_keeps_the_member
         let tier = root.join("tier");
         let locked = root.join("locked");
         for (dir, uid) in [(&tier, STORE_UID), (&locked, 0)] {
-            std::fs::create_dir_all(dir).unwrap();
-            std::os::unix::fs::chown(dir, Some(uid), Some(0)).unwrap();
+            std::fs::create_dir_all(dir).expect("the tier folder");
+            std::os::unix::fs::chown(dir, Some(uid), Some(0)).expect("chown");
             std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o750))
-                .unwrap();
+                .expect("chmod");
         }
         tiers.push(tier);
     }
@@ -415,7 +422,7 @@ fn a_disk_tier_writes_buckets_on_the_node_and_an_unwritable_one_keeps_the_member
         let before = wait_capacity(&store, &member, ns, 64 * MIB).await?;
         let allocated_before = metric_value(&before, "master_allocated_file_size_bytes").unwrap_or(0.0);
         let master = leader_service(ns, 50051);
-        let ip = ip_of(&members[0]).unwrap().to_owned();
+        let ip = ip_of(&members[0]).expect("a member address").to_owned();
         let out = pods::exec(&store, &member, None, &[
             "python3", "-c", PUT_MANY, &master, &ip, "2", "56", "1048576",
         ]).await?;
@@ -465,12 +472,12 @@ fn a_disk_tier_writes_buckets_on_the_node_and_an_unwritable_one_keeps_the_member
         .await?;
         for p in &stuck {
             assert!(!pods::is_ready(p));
-            let m = survey_message(p).unwrap();
+            let m = survey_message(p).expect("the survey's message");
             assert!(m.contains(&format!("uid {STORE_UID}")) && m.contains("install -d -o 65532"), "{m}");
         }
         Ok(())
     })
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// The tier survey's termination message, once it ended.
@@ -506,3 +513,66 @@ for r in range(rounds):
     time.sleep(1)
 store.close()
 "#;
+
+/// A bare Pod of the engine stand-in (no injection: its settings are written here by hand).
+fn standin_pod(name: &str, image: &str, command: &[&str], env: serde_json::Value) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "engine",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": command,
+                "env": env,
+                "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+            }],
+        },
+    }))
+    .expect("a Pod")
+}
+
+#[test]
+fn the_engine_stand_in_missing_a_setting_ends_at_once_saying_which() {
+    let cluster = nodes::shared();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = kvcache_e2e::cluster::client_from(&kc).await?;
+        let ns = "kvc-standin";
+        walkthrough::ensure_namespace(&client, ns).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), ns);
+        // A setting the engine needs is missing: the stand-in ends at once, saying which.
+        let current = kvcache_e2e::images::ENGINE.name;
+        store
+            .create(
+                &Default::default(),
+                &standin_pod(
+                    "no-connector",
+                    current,
+                    &["vllm", "serve", "a-model"],
+                    serde_json::json!([]),
+                ),
+            )
+            .await?;
+        let ended = pods::wait_pod(&store, "no-connector", "Failed", WAIT, |p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
+        })
+        .await?;
+        let terminated = ended
+            .status
+            .and_then(|s| s.container_statuses)
+            .and_then(|c| c.into_iter().next())
+            .and_then(|c| c.state)
+            .and_then(|s| s.terminated)
+            .expect("the container ended");
+        assert_eq!(terminated.exit_code, 2);
+        let log = pods::logs(&store, "no-connector", None).await?;
+        assert!(log.contains("no --kv-transfer-config"), "{log}");
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
