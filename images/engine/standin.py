@@ -7,7 +7,9 @@ It reads the store settings exactly where each engine reads them:
   SGLang  `--hicache-storage-backend mooncake`; the client settings are the environment
           (MOONCAKE_MASTER, MOONCAKE_TE_META_DATA_SERVER, MOONCAKE_PROTOCOL, MOONCAKE_DEVICE,
           MOONCAKE_GLOBAL_SEGMENT_SIZE, MOONCAKE_LOCAL_HOSTNAME, MOONCAKE_TENANT_ID).
-At start it puts one block and reads it back, logging the store's answers, then serves:
+At start it puts one block (again each second for up to STANDIN_RETRY_SECONDS, 60 by default,
+while the store refuses it: a store that is still coming up answers with quota or space errors)
+and reads it back, logging every answer of the store, then serves:
   /health                 200 once the client is set up (a real engine stays healthy when
                           writes fail)
   /put?key=K&size=N       puts N bytes under K, answers {"rc": code}
@@ -22,6 +24,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 from mooncake.store import MooncakeDistributedStore
 
@@ -217,7 +220,10 @@ def main(engine, argv):
         fail(f"the Mooncake client could not set up against {s['master']}: code {rc}")
     log("client set up")
     key = f"standin/{socket.gethostname()}/boot"
-    put(store, key, int(os.environ.get("STANDIN_BLOCK_BYTES", str(1 << 20))))
+    size = int(os.environ.get("STANDIN_BLOCK_BYTES", str(1 << 20)))
+    deadline = time.monotonic() + float(os.environ.get("STANDIN_RETRY_SECONDS", "60"))
+    while put(store, key, size) != 0 and time.monotonic() < deadline:
+        time.sleep(1)
     get(store, key)
     log(f"serving /health on port {s['port']}")
     serve(store, s["port"])

@@ -320,21 +320,33 @@ fn a_member_fingerprint_change_recreates_exactly_its_pods_and_a_wider_selector_n
             }),
         )
         .await?;
+        // Both member Pods replaced (the operator deletes exactly the stale ones)...
+        let replaced = pods::wait_pods(
+            &store,
+            &selector,
+            "2 Ready member Pods, none of the earlier ones",
+            WAIT,
+            |p| {
+                p.len() == 2
+                    && p.iter().all(|p| {
+                        pods::is_ready(p) && !before.contains(&p.uid().unwrap_or_default())
+                    })
+            },
+        )
+        .await?;
+        assert_eq!(replaced.len(), 2);
+        // ... and the store's figure is theirs: 2 x 128 MiB in two member rows.
         wait_backend(
             &client,
             name,
             "Ready with 256Mi from the replaced members",
-            |b| phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(256 * MIB),
+            |b| {
+                phase(b) == Some(BackendPhase::Ready)
+                    && capacity(b) == Some(256 * MIB)
+                    && b.status.as_ref().is_some_and(|s| s.members.len() == 2)
+            },
         )
         .await?;
-        let replaced = pods::wait_ready(&store, &selector, 2, WAIT).await?;
-        for p in &replaced {
-            assert!(
-                !before.contains(&p.uid().unwrap_or_default()),
-                "{} is new",
-                name_of(p)
-            );
-        }
         Ok(())
     })
     .unwrap_or_else(|e| panic!("{e}"));

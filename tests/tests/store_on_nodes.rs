@@ -53,7 +53,12 @@ fn leader_service(ns: &str, port: i32) -> String {
 
 /// Reads the master's /metrics through the leader Service, from inside `pod`.
 async fn master_metrics(api: &Api<Pod>, pod: &str, ns: &str) -> Result<String, Error> {
-    let url = format!("http://{}/metrics", leader_service(ns, ADMIN_PORT));
+    master_get(api, pod, ns, "metrics").await
+}
+
+/// Reads one of the master's admin pages through the leader Service, from inside `pod`.
+async fn master_get(api: &Api<Pod>, pod: &str, ns: &str, page: &str) -> Result<String, Error> {
+    let url = format!("http://{}/{page}", leader_service(ns, ADMIN_PORT));
     let out = pods::exec(
         api,
         pod,
@@ -94,8 +99,11 @@ async fn wait_capacity(api: &Api<Pod>, pod: &str, ns: &str, bytes: u64) -> Resul
                 ),
                 reason: match seen {
                     Ok(text) => format!(
-                        "it reports {:?}",
-                        metric_value(&text, "master_total_capacity_bytes")
+                        "it reports {:?}; its segments: {}",
+                        metric_value(&text, "master_total_capacity_bytes"),
+                        master_get(api, pod, ns, "get_all_segments")
+                            .await
+                            .unwrap_or_else(|e| e.to_string())
                     ),
                     Err(e) => e.to_string(),
                 },
