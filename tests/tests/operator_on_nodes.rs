@@ -3,21 +3,25 @@
 //! demo-size backends whose leader and members the kubelets run from the local images.
 //! One operator and one two-node cluster per test binary; each test has its own backend.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::api::ListParams;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::BackendPhase;
 use kvcache_api::quantity::parse_bytes;
+use kvcache_api::{KVCacheBackend, KVCachePool};
 use kvcache_e2e::cluster::{block_on, client_from, crds_dir, install_crds, wait_object};
 use kvcache_e2e::nodes::{self, NodeCluster};
 use kvcache_e2e::operator::Operator;
 use kvcache_e2e::pods::{self, name_of};
 use kvcache_e2e::walkthrough::{self, backend_pods};
 use kvcache_e2e::{Error, paths};
+use kvcache_render::backend::OWNER_LABEL;
 
 const WAIT: Duration = Duration::from_secs(120);
 const MIB: u64 = 1 << 20;
@@ -26,7 +30,13 @@ const NAMESPACE: &str = "gpustack-system";
 
 /// The cluster with the CRDs and one operator (every controller).
 fn cluster() -> &'static NodeCluster {
-    static OPERATOR: OnceLock<Result<Operator, String>> = OnceLock::new();
+    operator();
+    nodes::shared()
+}
+
+/// The binary's one operator (started with the cluster).
+fn operator() -> &'static Mutex<Operator> {
+    static OPERATOR: OnceLock<Result<Mutex<Operator>, String>> = OnceLock::new();
     let cluster = nodes::shared();
     let op = OPERATOR.get_or_init(|| {
         let kc = cluster.control_plane.kubeconfig.clone();
@@ -37,21 +47,29 @@ fn cluster() -> &'static NodeCluster {
         })
         .map_err(|e| e.to_string())?;
         let dir = paths::scratch("operator-on-nodes").map_err(|e| e.to_string())?;
-        Operator::start_on_nodes(&cluster.nodes, NAMESPACE, &dir).map_err(|e| e.to_string())
+        Operator::start_on_nodes(&cluster.nodes, NAMESPACE, &dir)
+            .map(Mutex::new)
+            .map_err(|e| e.to_string())
     });
-    if let Err(e) = op {
-        panic!("the operator could not start on the nodes: {e}");
+    match op {
+        Ok(op) => op,
+        Err(e) => panic!("the operator could not start on the nodes: {e}"),
     }
-    cluster
 }
 
-/// The walkthrough's backend at demo size under `name`, changed by `edit`.
+/// The image the tests' backends name themselves, so that only the setting test's backend
+/// follows the cluster setting (the render's default, as a user would write it).
+const PINNED_IMAGE: &str = kvcache_api::settings::DEFAULT_BACKEND_IMAGE;
+
+/// The walkthrough's backend at demo size under `name`, with its image pinned, changed by
+/// `edit`.
 fn backend(name: &str, edit: impl Fn(&mut serde_json::Value)) -> KVCacheBackend {
     let text =
         std::fs::read_to_string(walkthrough::examples("walkthrough").join("01-backend.yaml"))
             .expect("the walkthrough's backend");
     let mut v: serde_json::Value = serde_yaml::from_str(&text).expect("YAML");
     v["metadata"]["name"] = name.into();
+    v["spec"]["image"] = PINNED_IMAGE.into();
     v["spec"]["connection"]["managed"]["members"][0]["capacityPerMember"] =
         walkthrough::DEMO_CAPACITY_PER_MEMBER.into();
     edit(&mut v);
@@ -347,6 +365,229 @@ fn a_member_fingerprint_change_recreates_exactly_its_pods_and_a_wider_selector_n
             },
         )
         .await?;
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The store image by another name that carries the same master (the engine stand-in is layered
+/// on the store image): what the setting is changed to.
+const OTHER_STORE_IMAGE: &str = "localhost/kvcache/engine:mooncake-0.3.13.post1";
+
+fn image_of(p: &Pod) -> Option<String> {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+}
+
+#[test]
+fn a_setting_change_rolls_the_pods_of_backends_without_their_own_image_only() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let (follows, pinned) = ("dram-follows", "dram-pinned");
+        apply(
+            &client,
+            &backend(follows, |v| {
+                // The walkthrough's own choice: no image, the cluster setting decides.
+                if let Some(spec) = v["spec"].as_object_mut() {
+                    spec.remove("image");
+                }
+            }),
+        )
+        .await?;
+        apply(&client, &backend(pinned, |_| {})).await?;
+        for name in [follows, pinned] {
+            wait_backend(&client, name, "Ready with 512Mi", |b| {
+                phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+            })
+            .await?;
+        }
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let uids = |p: &[Pod]| {
+            p.iter()
+                .map(|p| p.uid().unwrap_or_default())
+                .collect::<Vec<_>>()
+        };
+        let pinned_before =
+            pods::wait_ready(&store, &backend_pods(pinned, "member-0"), 2, WAIT).await?;
+
+        let maps: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
+        let setting = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": kvcache_api::settings::SETTINGS_CONFIG_MAP},
+            "data": {"kv-cache-backend-image": OTHER_STORE_IMAGE},
+        });
+        maps.patch(
+            kvcache_api::settings::SETTINGS_CONFIG_MAP,
+            &PatchParams::apply(walkthrough::MANAGER).force(),
+            &Patch::Apply(&setting),
+        )
+        .await?;
+        // The unpinned backend's leader and members run the new image, and it is Ready again.
+        for component in ["leader", "member-0"] {
+            let want = if component == "leader" { 1 } else { 2 };
+            pods::wait_pods(
+                &store,
+                &backend_pods(follows, component),
+                &format!("{want} Ready on {OTHER_STORE_IMAGE}"),
+                WAIT,
+                |p| {
+                    p.len() == want
+                        && p.iter().all(|p| {
+                            pods::is_ready(p) && image_of(p).as_deref() == Some(OTHER_STORE_IMAGE)
+                        })
+                },
+            )
+            .await?;
+        }
+        wait_backend(&client, follows, "Ready with 512Mi on the new image", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        // The pinned one: the same member Pods, on its own image.
+        let pinned_after =
+            pods::wait_ready(&store, &backend_pods(pinned, "member-0"), 2, WAIT).await?;
+        assert_eq!(uids(&pinned_before), uids(&pinned_after));
+        assert!(
+            pinned_after
+                .iter()
+                .all(|p| image_of(p).as_deref() == Some(PINNED_IMAGE))
+        );
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_backend_a_pool_uses_stays_deleting_naming_it_and_goes_with_its_pods_after() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-held";
+        apply(&client, &backend(name, |_| {})).await?;
+        wait_backend(&client, name, "Ready with 512Mi", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        let pool: KVCachePool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool",
+            "metadata": {"name": "holds-dram-held"},
+            "spec": {"backends": [name], "quota": {"total": "256Mi"}},
+        }))
+        .expect("a pool");
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        pools
+            .patch(
+                "holds-dram-held",
+                &PatchParams::apply(walkthrough::MANAGER).force(),
+                &Patch::Apply(&pool),
+            )
+            .await?;
+        wait_backend(&client, name, "usedBy naming the pool", |b| {
+            b.status
+                .as_ref()
+                .is_some_and(|s| s.used_by.iter().any(|u| u.name == "holds-dram-held"))
+        })
+        .await?;
+
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        backends.delete(name, &DeleteParams::default()).await?;
+        let held = wait_backend(&client, name, "Deleting, naming the pool", |b| {
+            phase(b) == Some(BackendPhase::Deleting)
+                && condition(b, "Deletable")
+                    .is_some_and(|(s, _, m)| s == "False" && m.contains("holds-dram-held"))
+        })
+        .await?;
+        assert!(held.metadata.deletion_timestamp.is_some());
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+
+        // The pool goes: so does the backend, with its workloads and their Pods.
+        pools
+            .delete("holds-dram-held", &DeleteParams::default())
+            .await?;
+        tokio::time::timeout(
+            WAIT,
+            kube::runtime::wait::await_condition(
+                backends.clone(),
+                name,
+                kube::runtime::wait::conditions::is_deleted(&held.uid().unwrap_or_default()),
+            ),
+        )
+        .await
+        .map_err(|_| Error::Wait {
+            what: format!("{name}: gone once its pool is"),
+            reason: "still there".into(),
+        })?
+        .map_err(|e| Error::Wait {
+            what: format!("{name}: gone once its pool is"),
+            reason: e.to_string(),
+        })?;
+        for component in ["leader", "member-0"] {
+            pods::wait_pods(
+                &store,
+                &backend_pods(name, component),
+                "no Pods left",
+                WAIT,
+                |p| p.is_empty(),
+            )
+            .await?;
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn an_operator_restarted_mid_way_converges_with_no_duplicate_or_orphan() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    let name = "dram-restart";
+    let kc2 = kc.clone();
+    block_on(async move {
+        let client = client_from(&kc2).await?;
+        apply(&client, &backend(name, |_| {})).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Restarted while it renders the new backend.
+    operator()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .restart()
+        .unwrap_or_else(|e| panic!("the operator restarts: {e}"));
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let b = wait_backend(&client, name, "Ready with 512Mi after the restart", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        let owned =
+            ListParams::default().labels(&format!("{OWNER_LABEL}={}", b.uid().unwrap_or_default()));
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+        let daemons: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+        let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+        assert_eq!(
+            deployments.list(&owned).await?.items.len(),
+            1,
+            "one leader Deployment"
+        );
+        assert_eq!(
+            daemons.list(&owned).await?.items.len(),
+            1,
+            "one member DaemonSet"
+        );
+        assert_eq!(
+            services.list(&owned).await?.items.len(),
+            1,
+            "one leader Service"
+        );
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        pods::wait_ready(&store, &backend_pods(name, "leader"), 1, WAIT).await?;
+        pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
         Ok(())
     })
     .unwrap_or_else(|e| panic!("{e}"));
