@@ -188,8 +188,9 @@ fn spawn(launch: &Launch, kubeconfig: &Path, args: &[String], log: &Path) -> Res
             c
         }
     };
-    cmd.args(args)
-        .env("KUBECONFIG", kubeconfig)
-        .env("RUST_LOG", "info,kube=warn");
+    cmd.args(args).env("KUBECONFIG", kubeconfig).env(
+        "RUST_LOG",
+        std::env::var("KVCACHE_E2E_OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+    );
     Proc::spawn("kvcache-operator", cmd, log)
 }

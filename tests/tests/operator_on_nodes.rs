@@ -592,3 +592,75 @@ fn an_operator_restarted_mid_way_converges_with_no_duplicate_or_orphan() {
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// A condition's status and reason in any status with a `conditions` list.
+fn has_condition(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+    status: &str,
+    reason: &str,
+) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == t && c.status == status && c.reason == reason)
+}
+
+#[test]
+fn the_walkthrough_applied_in_creation_order_converges_on_real_pods() {
+    use kvcache_api::{KVCachePoolBinding, ModelDeployment};
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let dir = paths::scratch("walkthrough-in-order")?;
+        let manifests = walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |_| true)?;
+        // Each file in turn, as `kubectl apply -f 00-… -f 01-… …` would.
+        let mut files: Vec<_> = std::fs::read_dir(&manifests).map_err(kvcache_e2e::io("manifests"))?.flatten().map(|e| e.path()).collect();
+        files.sort();
+        for f in &files {
+            let text = std::fs::read_to_string(f).map_err(kvcache_e2e::io("a manifest"))?;
+            let objects: Vec<kube::api::DynamicObject> = serde_yaml::Deserializer::from_str(&text)
+                .map(|d| serde::Deserialize::deserialize(d).expect("an object"))
+                .collect();
+            walkthrough::apply(&client, &objects).await?;
+        }
+
+        // The store: Ready with what its two members mounted.
+        wait_backend(&client, "mooncake-dram", "Ready with 512Mi", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        // The Binding: granted what the master recut (its ceiling is 8Gi, the store 512Mi).
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-a");
+        let binding = wait_object(&bindings, "team-a", "QuotaGranted=True/Recut with a figure (8Gi asked of 512Mi)", WAIT, |b| {
+            b.status.as_ref().is_some_and(|s| has_condition(&s.conditions, "QuotaGranted", "True", "Recut") && s.effective_quota.is_some())
+        })
+        .await?;
+        let granted = parse_bytes(&binding.status.as_ref().and_then(|s| s.effective_quota.clone()).expect("a figure").0).expect("bytes");
+        assert_eq!(granted, 512 * MIB, "the only tenant: the master recuts its 8Gi to all 512Mi");
+        // The master's own ledger says the same.
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let members = pods::wait_ready(&store, &backend_pods("mooncake-dram", "member-0"), 2, WAIT).await?;
+        let out = pods::exec(&store, name_of(&members[0]), None, &[
+            "python3", "-c",
+            "import sys, json, urllib.request; d = json.load(urllib.request.urlopen(sys.argv[1], timeout=3)); print([t['effective_quota_bytes'] for t in d['data'] if t['tenant_id'] == 'default'][0])",
+            &format!("http://mooncake-dram-leader.{NAMESPACE}.svc:9003/api/v1/tenant_quotas"),
+        ]).await?;
+        assert_eq!(out.stdout.trim(), granted.to_string(), "{out:?}");
+
+        // The workload: its Pods (the stand-in as vLLM) write under tenant default, and the
+        // deployment reports the cache attached from what the store charged.
+        let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-a");
+        wait_object(&models, "qwen-chat", "CacheAttached=True/CacheActive", WAIT, |m| {
+            m.status.as_ref().is_some_and(|s| has_condition(&s.conditions, "CacheAttached", "True", "CacheActive"))
+        })
+        .await?;
+        let team: Api<Pod> = Api::namespaced(client.clone(), "team-a");
+        for e in pods::wait_ready(&team, &walkthrough::role_pods("qwen-chat", "server"), 2, WAIT).await? {
+            let log = pods::wait_log(&team, name_of(&e), None, "get key=", WAIT).await?;
+            assert!(log.contains("tenant default") && log.contains("exist=1"), "{log}");
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
