@@ -605,9 +605,30 @@ fn has_condition(
         .any(|c| c.type_ == t && c.status == status && c.reason == reason)
 }
 
+/// The walkthrough's role asks for one GPU per replica and the nodes offer two in all: the
+/// tests that run it take turns.
+static GPUS: Mutex<()> = Mutex::new(());
+
+/// Deletes a ModelDeployment and waits until its Pods are gone (their GPUs free).
+async fn remove_model(client: &Client, ns: &str, name: &str) -> Result<(), Error> {
+    let models: Api<kvcache_api::ModelDeployment> = Api::namespaced(client.clone(), ns);
+    models.delete(name, &DeleteParams::default()).await?;
+    let team: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods::wait_pods(
+        &team,
+        &walkthrough::role_pods(name, "server"),
+        "no Pods left",
+        WAIT,
+        |p| p.is_empty(),
+    )
+    .await?;
+    Ok(())
+}
+
 #[test]
 fn the_walkthrough_applied_in_creation_order_converges_on_real_pods() {
     use kvcache_api::{KVCachePoolBinding, ModelDeployment};
+    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
     let cluster = cluster();
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {
@@ -660,7 +681,140 @@ fn the_walkthrough_applied_in_creation_order_converges_on_real_pods() {
             let log = pods::wait_log(&team, name_of(&e), None, "get key=", WAIT).await?;
             assert!(log.contains("tenant default") && log.contains("exist=1"), "{log}");
         }
-        Ok(())
+        remove_model(&client, "team-a", "qwen-chat").await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn the_walkthrough_applied_in_reverse_order_reports_what_is_missing_then_converges() {
+    use kvcache_api::{KVCachePoolBinding, ModelDeployment};
+    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let dir = paths::scratch("walkthrough-reversed")?;
+        // Its own names, beside the creation-order run: backend, pool, namespace and Binding.
+        let manifests =
+            walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
+                match v["kind"].as_str() {
+                    Some("Namespace") => v["metadata"]["name"] = "team-b".into(),
+                    Some("KVCacheBackend") => v["metadata"]["name"] = "mooncake-rev".into(),
+                    Some("KVCachePool") => {
+                        v["metadata"]["name"] = "shared-rev".into();
+                        v["spec"]["backends"] = serde_json::json!(["mooncake-rev"]);
+                    }
+                    Some("KVCachePoolBinding") => {
+                        v["metadata"]["name"] = "team-b".into();
+                        v["metadata"]["namespace"] = "team-b".into();
+                        v["spec"]["poolRef"]["name"] = "shared-rev".into();
+                    }
+                    Some("ModelDeployment") => {
+                        v["metadata"]["namespace"] = "team-b".into();
+                        v["spec"]["kvCache"]["poolRef"]["name"] = "team-b".into();
+                    }
+                    _ => {}
+                }
+                true
+            })?;
+        let mut files: Vec<_> = std::fs::read_dir(&manifests)
+            .map_err(kvcache_e2e::io("manifests"))?
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        files.reverse();
+        let apply_file = |f: std::path::PathBuf| {
+            let client = client.clone();
+            async move {
+                let text = std::fs::read_to_string(&f).map_err(kvcache_e2e::io("a manifest"))?;
+                let objects: Vec<kube::api::DynamicObject> =
+                    serde_yaml::Deserializer::from_str(&text)
+                        .map(|d| serde::Deserialize::deserialize(d).expect("an object"))
+                        .collect();
+                walkthrough::apply(&client, &objects).await
+            }
+        };
+        let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-b");
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-b");
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        // 05 the ModelDeployment, 04 the InstanceType: no Binding yet.
+        apply_file(files[0].clone()).await?;
+        apply_file(files[1].clone()).await?;
+        wait_object(
+            &models,
+            "qwen-chat",
+            "DomainRegistered=False/BindingNotFound",
+            WAIT,
+            |m| {
+                m.status.as_ref().is_some_and(|s| {
+                    has_condition(
+                        &s.conditions,
+                        "DomainRegistered",
+                        "False",
+                        "BindingNotFound",
+                    )
+                })
+            },
+        )
+        .await?;
+        // 03 the Binding: no pool yet.
+        apply_file(files[2].clone()).await?;
+        wait_object(
+            &bindings,
+            "team-b",
+            "QuotaObserved=False/PoolNotFound",
+            WAIT,
+            |b| {
+                b.status.as_ref().is_some_and(|s| {
+                    has_condition(&s.conditions, "QuotaObserved", "False", "PoolNotFound")
+                })
+            },
+        )
+        .await?;
+        // 02 the pool: no backend yet.
+        apply_file(files[3].clone()).await?;
+        wait_object(
+            &pools,
+            "shared-rev",
+            "BackendResolved=False/BackendNotFound",
+            WAIT,
+            |p| {
+                p.status.as_ref().is_some_and(|s| {
+                    has_condition(&s.conditions, "BackendResolved", "False", "BackendNotFound")
+                })
+            },
+        )
+        .await?;
+        // 01 the backend (00 the namespace exists already): everything converges.
+        apply_file(files[4].clone()).await?;
+        apply_file(files[5].clone()).await?;
+        wait_backend(&client, "mooncake-rev", "Ready with 512Mi", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        wait_object(&bindings, "team-b", "QuotaGranted=True", WAIT, |b| {
+            b.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "QuotaGranted" && c.status == "True")
+            })
+        })
+        .await?;
+        wait_object(
+            &models,
+            "qwen-chat",
+            "CacheAttached=True/CacheActive",
+            WAIT,
+            |m| {
+                m.status.as_ref().is_some_and(|s| {
+                    has_condition(&s.conditions, "CacheAttached", "True", "CacheActive")
+                })
+            },
+        )
+        .await?;
+        remove_model(&client, "team-b", "qwen-chat").await
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }

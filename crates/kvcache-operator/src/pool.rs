@@ -418,8 +418,31 @@ async fn reconcile_binding(
     finalizer(&api, BINDING_FINALIZER, b, |event| async {
         match event {
             // Its status is the pool's to write, from the same ledger reading; usedBy is ours.
+            // A Binding whose pool does not exist (yet) has no pool pass to write it: it says
+            // so itself, and the pool's pass takes over once the pool arrives.
             Finalized::Apply(b) => {
                 write_used_by(&shared, &b).await?;
+                if shared
+                    .pools
+                    .get(&ObjectRef::new(&b.spec.pool_ref.name))
+                    .is_none()
+                {
+                    let verdict = binding_status(&BindingInput {
+                        binding: &id(&b),
+                        tenant: tenant_of(&b),
+                        ceiling_bytes: b
+                            .spec
+                            .quota
+                            .ceiling
+                            .bytes("spec.quota.ceiling")
+                            .unwrap_or(0),
+                        pool: None,
+                        entry: None,
+                        contested_with: &[],
+                        release: Release::NotDeleting,
+                    });
+                    write_binding_status(&shared, &b, verdict).await?;
+                }
                 Ok(Action::await_change())
             }
             Finalized::Cleanup(b) => release_binding(&b, &shared).await,
