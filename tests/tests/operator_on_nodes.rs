@@ -818,3 +818,118 @@ fn the_walkthrough_applied_in_reverse_order_reports_what_is_missing_then_converg
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn an_sglang_deployment_on_another_store_line_is_refused_and_no_pod_starts() {
+    use kvcache_api::ModelDeployment;
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let dir = paths::scratch("walkthrough-sglang")?;
+        // The walkthrough with SGLang 0.5.18 (its runner carries the 0.3.12.post1 client) against
+        // the 0.3.13.post1 store, under names of its own.
+        let manifests =
+            walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
+                match v["kind"].as_str() {
+                    Some("Namespace") => v["metadata"]["name"] = "team-sgl".into(),
+                    Some("KVCacheBackend") => {
+                        v["metadata"]["name"] = "mooncake-sgl".into();
+                        v["spec"]["image"] = PINNED_IMAGE.into();
+                    }
+                    Some("KVCachePool") => {
+                        v["metadata"]["name"] = "shared-sgl".into();
+                        v["spec"]["backends"] = serde_json::json!(["mooncake-sgl"]);
+                    }
+                    Some("KVCachePoolBinding") => {
+                        v["metadata"]["name"] = "team-sgl".into();
+                        v["metadata"]["namespace"] = "team-sgl".into();
+                        v["spec"]["poolRef"]["name"] = "shared-sgl".into();
+                    }
+                    Some("ModelDeployment") => {
+                        v["metadata"]["namespace"] = "team-sgl".into();
+                        v["spec"]["kvCache"]["poolRef"]["name"] = "team-sgl".into();
+                        v["spec"]["engine"] =
+                            serde_json::json!({"name": "SGLang", "version": "0.5.18"});
+                    }
+                    _ => {}
+                }
+                true
+            })?;
+        let objects = {
+            let mut files: Vec<_> = std::fs::read_dir(&manifests)
+                .map_err(kvcache_e2e::io("manifests"))?
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            files.sort();
+            let mut objects = Vec::new();
+            for f in files {
+                let text = std::fs::read_to_string(&f).map_err(kvcache_e2e::io("a manifest"))?;
+                for d in serde_yaml::Deserializer::from_str(&text) {
+                    objects.push(serde::Deserialize::deserialize(d).expect("an object"));
+                }
+            }
+            objects
+        };
+        walkthrough::apply(&client, &objects).await?;
+        wait_backend(
+            &client,
+            "mooncake-sgl",
+            "Ready with the store's version observed",
+            |b| {
+                phase(b) == Some(BackendPhase::Ready)
+                    && b.status.as_ref().and_then(|s| s.store_version.as_deref())
+                        == Some("0.3.13.post1")
+            },
+        )
+        .await?;
+        let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-sgl");
+        let refused = wait_object(
+            &models,
+            "qwen-chat",
+            "a False condition StoreVersionMismatch",
+            WAIT,
+            |m| {
+                m.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|c| c.status == "False" && c.reason == "StoreVersionMismatch")
+                })
+            },
+        )
+        .await?;
+        let message = refused
+            .status
+            .as_ref()
+            .and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|c| c.reason == "StoreVersionMismatch")
+            })
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        assert!(
+            message.contains("0.3.13") && message.contains("0.3.12"),
+            "{message}"
+        );
+        // Nothing runs with a connector that would fail every write.
+        let team: Api<Pod> = Api::namespaced(client.clone(), "team-sgl");
+        let running = team.list(&ListParams::default()).await?.items;
+        assert!(
+            running.is_empty(),
+            "no Pod starts: {}",
+            pods::describe(&running)
+        );
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), "team-sgl");
+        assert!(
+            deployments
+                .list(&ListParams::default())
+                .await?
+                .items
+                .is_empty()
+        );
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
