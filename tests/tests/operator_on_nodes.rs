@@ -672,8 +672,11 @@ fn the_walkthrough_applied_in_creation_order_converges_on_real_pods() {
         // The workload: its Pods (the stand-in as vLLM) write under tenant default, and the
         // deployment reports the cache attached from what the store charged.
         let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-a");
-        wait_object(&models, "qwen-chat", "CacheAttached=True/CacheActive", WAIT, |m| {
-            m.status.as_ref().is_some_and(|s| has_condition(&s.conditions, "CacheAttached", "True", "CacheActive"))
+        wait_object(&models, "qwen-chat", "CacheAttached=True/CacheActive, InstanceTypesResolved=True", WAIT, |m| {
+            m.status.as_ref().is_some_and(|s| {
+                has_condition(&s.conditions, "CacheAttached", "True", "CacheActive")
+                    && has_condition(&s.conditions, "InstanceTypesResolved", "True", "Resolved")
+            })
         })
         .await?;
         let team: Api<Pod> = Api::namespaced(client.clone(), "team-a");
@@ -713,7 +716,9 @@ fn the_walkthrough_applied_in_reverse_order_reports_what_is_missing_then_converg
                     Some("ModelDeployment") => {
                         v["metadata"]["namespace"] = "team-b".into();
                         v["spec"]["kvCache"]["poolRef"]["name"] = "team-b".into();
+                        v["spec"]["roles"][0]["instanceType"] = "gpu-a10-24g-rev".into();
                     }
+                    Some("InstanceType") => v["metadata"]["name"] = "gpu-a10-24g-rev".into(),
                     _ => {}
                 }
                 true
@@ -739,13 +744,12 @@ fn the_walkthrough_applied_in_reverse_order_reports_what_is_missing_then_converg
         let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-b");
         let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-b");
         let pools: Api<KVCachePool> = Api::all(client.clone());
-        // 05 the ModelDeployment, 04 the InstanceType: no Binding yet.
+        // 05 the ModelDeployment: no InstanceType and no Binding yet.
         apply_file(files[0].clone()).await?;
-        apply_file(files[1].clone()).await?;
         wait_object(
             &models,
             "qwen-chat",
-            "DomainRegistered=False/BindingNotFound",
+            "BindingNotFound and InstanceTypeNotFound",
             WAIT,
             |m| {
                 m.status.as_ref().is_some_and(|s| {
@@ -754,7 +758,26 @@ fn the_walkthrough_applied_in_reverse_order_reports_what_is_missing_then_converg
                         "DomainRegistered",
                         "False",
                         "BindingNotFound",
+                    ) && has_condition(
+                        &s.conditions,
+                        "InstanceTypesResolved",
+                        "False",
+                        "InstanceTypeNotFound",
                     )
+                })
+            },
+        )
+        .await?;
+        // 04 the InstanceType.
+        apply_file(files[1].clone()).await?;
+        wait_object(
+            &models,
+            "qwen-chat",
+            "InstanceTypesResolved=True",
+            WAIT,
+            |m| {
+                m.status.as_ref().is_some_and(|s| {
+                    has_condition(&s.conditions, "InstanceTypesResolved", "True", "Resolved")
                 })
             },
         )

@@ -265,6 +265,13 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
         tenant_charged,
         held,
         deleting: md.meta().deletion_timestamp.is_some(),
+        missing_instance_types: md
+            .spec
+            .roles
+            .iter()
+            .filter(|r| !instance_types.contains_key(&r.instance_type))
+            .map(|r| (r.name.clone(), r.instance_type.clone()))
+            .collect(),
     };
     let (phase, message, conditions) = model_status(&obs);
     let stored = md.status.clone().unwrap_or_default();

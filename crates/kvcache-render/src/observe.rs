@@ -972,6 +972,8 @@ pub struct ModelObservation {
     pub held: bool,
     /// Being deleted.
     pub deleting: bool,
+    /// Roles whose InstanceType does not exist: (role, InstanceType).
+    pub missing_instance_types: Vec<(String, String)>,
 }
 
 /// A ModelDeployment's conditions (5.12) and phase from what was observed.
@@ -1059,6 +1061,27 @@ pub fn model_status(
             "NoObservationAvailable",
             "the ready replicas reported no store operation and the domain holds no data: normal while idle",
         ),
+    });
+    conds.push(if obs.missing_instance_types.is_empty() {
+        Cond::yes(
+            "InstanceTypesResolved",
+            "Resolved",
+            "every role's InstanceType exists",
+        )
+    } else {
+        Cond::no(
+            "InstanceTypesResolved",
+            "InstanceTypeNotFound",
+            obs.missing_instance_types
+                .iter()
+                .map(|(role, it)| {
+                    format!(
+                        "role {role} names InstanceType {it}, which does not exist: create it (kubectl get instancetypes lists them) or name another in roles[].instanceType"
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        )
     });
     let behind: Vec<&RoleObservation> = obs
         .roles

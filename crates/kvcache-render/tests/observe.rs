@@ -514,3 +514,105 @@ fn the_running_version_is_reported_and_a_disagreeing_tag_is_named() {
     );
     assert_eq!(written.store_version.as_deref(), Some("0.3.11.post1"));
 }
+
+mod model_deployment {
+    use kvcache_api::condition::{Cond, Status};
+    use kvcache_api::model::ModelDeploymentPhase;
+    use kvcache_render::observe::{ModelObservation, Resolution, RoleObservation, model_status};
+
+    fn role(ready: i32) -> RoleObservation {
+        RoleObservation {
+            name: "server".into(),
+            desired: 2,
+            ready,
+            updated: 2,
+            total: 2,
+            observed: true,
+            unmanaged: false,
+        }
+    }
+
+    fn attached() -> ModelObservation {
+        ModelObservation {
+            resolution: Resolution::Resolved {
+                binding: "team-a".into(),
+                pool: "shared-dram".into(),
+                tenant: "default".into(),
+            },
+            refusal: None,
+            roles: vec![role(2)],
+            tenant_charged: Some(1 << 20),
+            held: false,
+            deleting: false,
+            missing_instance_types: Vec::new(),
+        }
+    }
+
+    fn find<'a>(conds: &'a [Cond], t: &str) -> &'a Cond {
+        conds
+            .iter()
+            .find(|c| c.type_ == t)
+            .unwrap_or_else(|| panic!("no {t} in {conds:?}"))
+    }
+
+    #[test]
+    fn every_instance_type_present_is_resolved() {
+        let (phase, _, conds) = model_status(&attached());
+        let c = find(&conds, "InstanceTypesResolved");
+        assert_eq!((c.status, c.reason), (Status::True, "Resolved"));
+        assert_eq!(phase, ModelDeploymentPhase::Ready);
+    }
+
+    #[test]
+    fn a_missing_instance_type_is_a_condition_naming_the_role_and_the_type() {
+        let mut obs = attached();
+        obs.missing_instance_types = vec![("server".into(), "gpu-h100".into())];
+        // The render fails on it too: nothing is applied.
+        obs.refusal = Some((
+            "ReferenceNotFound",
+            "InstanceType gpu-h100 not found".into(),
+        ));
+        let (phase, _, conds) = model_status(&obs);
+        let c = find(&conds, "InstanceTypesResolved");
+        assert_eq!(
+            (c.status, c.reason),
+            (Status::False, "InstanceTypeNotFound")
+        );
+        assert!(
+            c.message.contains("role server") && c.message.contains("gpu-h100"),
+            "{}",
+            c.message
+        );
+        assert_eq!(phase, ModelDeploymentPhase::Degraded);
+        let r = find(&conds, "ReplicasUpToDate");
+        assert_eq!((r.status, r.reason), (Status::False, "RolloutHeldByCache"));
+    }
+
+    #[test]
+    fn a_binding_missing_from_the_namespace_says_what_to_name() {
+        let mut obs = attached();
+        obs.resolution = Resolution::BindingNotFound {
+            binding: "shared-dram".into(),
+            namespace: "team-a".into(),
+        };
+        obs.tenant_charged = None;
+        let (_, _, conds) = model_status(&obs);
+        let c = find(&conds, "DomainRegistered");
+        assert_eq!((c.status, c.reason), (Status::False, "BindingNotFound"));
+        assert!(
+            c.message.contains("a Binding in this namespace"),
+            "{}",
+            c.message
+        );
+    }
+
+    #[test]
+    fn without_kv_cache_it_is_not_applicable() {
+        let mut obs = attached();
+        obs.resolution = Resolution::NotApplicable;
+        obs.tenant_charged = None;
+        let (_, _, conds) = model_status(&obs);
+        let c = find(&conds, "DomainRegistered");
+        assert_eq!((c.status, c.reason), (Status::True, "NotApplicable"));
+    }
+}
