@@ -67,6 +67,9 @@ pub fn all() -> anyhow::Result<PathBuf> {
         }
     }
     operator_image(&dir)?;
+    // Superseded builds stay in buildah's storage as unnamed images (a few hundred MB each):
+    // remove them. The archives above are what the nodes load.
+    buildah(&["rmi", "--prune"]).context("pruning superseded image builds")?;
     Ok(dir)
 }
 
