@@ -145,8 +145,7 @@ pub enum Error {
 /// Result with the harness error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Maps an I/O error to the harness error, saying what was being done.
-pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
     let context = context.into();
     move |source| Error::Io { context, source }
 }

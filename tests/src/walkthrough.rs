@@ -37,14 +37,7 @@ pub fn demo_manifests(
     edit: impl Fn(&mut serde_json::Value) -> bool,
 ) -> Result<PathBuf> {
     std::fs::create_dir_all(out).map_err(crate::io(format!("creating {}", out.display())))?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(from)
-        .map_err(crate::io(format!("reading {}", from.display())))?
-        .filter_map(std::result::Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
-    for f in files {
+    for f in manifest_files(from)? {
         let text =
             std::fs::read_to_string(&f).map_err(crate::io(format!("reading {}", f.display())))?;
         let mut docs = Vec::new();
@@ -116,25 +109,45 @@ pub fn render(dir: &Path, namespace: &str) -> Result<Vec<DynamicObject>> {
             reason: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
         });
     }
-    let text = String::from_utf8_lossy(&out.stdout);
+    objects(
+        &String::from_utf8_lossy(&out.stdout),
+        &dir.display().to_string(),
+    )
+}
+
+/// The `*.yaml` files of a folder, in name order (the examples' creation order).
+pub fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(crate::io(format!("reading {}", dir.display())))?
+        .filter_map(std::result::Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// The objects of a manifest file.
+pub fn read_objects(file: &Path) -> Result<Vec<DynamicObject>> {
+    let text =
+        std::fs::read_to_string(file).map_err(crate::io(format!("reading {}", file.display())))?;
+    objects(&text, &file.display().to_string())
+}
+
+/// The objects of a multi-document YAML text (`source` names it in errors).
+fn objects(text: &str, source: &str) -> Result<Vec<DynamicObject>> {
+    let invalid = |e: &dyn std::fmt::Display| Error::Invalid {
+        path: source.to_owned(),
+        what: "object",
+        reason: e.to_string(),
+    };
     let mut objects = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let v: serde_json::Value =
-            serde::Deserialize::deserialize(doc).map_err(|e| Error::Invalid {
-                path: dir.display().to_string(),
-                what: "rendered object",
-                reason: e.to_string(),
-            })?;
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let v: serde_json::Value = serde::Deserialize::deserialize(doc).map_err(|e| invalid(&e))?;
         if v.is_null() {
             continue;
         }
-        objects.push(
-            serde_json::from_value::<DynamicObject>(v).map_err(|e| Error::Invalid {
-                path: dir.display().to_string(),
-                what: "rendered object",
-                reason: e.to_string(),
-            })?,
-        );
+        objects.push(serde_json::from_value::<DynamicObject>(v).map_err(|e| invalid(&e))?);
     }
     Ok(objects)
 }

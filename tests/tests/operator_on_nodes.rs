@@ -636,14 +636,8 @@ fn the_walkthrough_applied_in_creation_order_converges_on_real_pods() {
         let dir = paths::scratch("walkthrough-in-order")?;
         let manifests = walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |_| true)?;
         // Each file in turn, as `kubectl apply -f 00-… -f 01-… …` would.
-        let mut files: Vec<_> = std::fs::read_dir(&manifests).map_err(kvcache_e2e::io("manifests"))?.flatten().map(|e| e.path()).collect();
-        files.sort();
-        for f in &files {
-            let text = std::fs::read_to_string(f).map_err(kvcache_e2e::io("a manifest"))?;
-            let objects: Vec<kube::api::DynamicObject> = serde_yaml::Deserializer::from_str(&text)
-                .map(|d| serde::Deserialize::deserialize(d).expect("an object"))
-                .collect();
-            walkthrough::apply(&client, &objects).await?;
+        for f in walkthrough::manifest_files(&manifests)? {
+            walkthrough::apply(&client, &walkthrough::read_objects(&f)?).await?;
         }
 
         // The store: Ready with what its two members mounted.
@@ -723,23 +717,11 @@ fn the_walkthrough_applied_in_reverse_order_reports_what_is_missing_then_converg
                 }
                 true
             })?;
-        let mut files: Vec<_> = std::fs::read_dir(&manifests)
-            .map_err(kvcache_e2e::io("manifests"))?
-            .flatten()
-            .map(|e| e.path())
-            .collect();
-        files.sort();
+        let mut files = walkthrough::manifest_files(&manifests)?;
         files.reverse();
         let apply_file = |f: std::path::PathBuf| {
             let client = client.clone();
-            async move {
-                let text = std::fs::read_to_string(&f).map_err(kvcache_e2e::io("a manifest"))?;
-                let objects: Vec<kube::api::DynamicObject> =
-                    serde_yaml::Deserializer::from_str(&text)
-                        .map(|d| serde::Deserialize::deserialize(d).expect("an object"))
-                        .collect();
-                walkthrough::apply(&client, &objects).await
-            }
+            async move { walkthrough::apply(&client, &walkthrough::read_objects(&f)?).await }
         };
         let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-b");
         let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-b");
@@ -879,22 +861,10 @@ fn an_sglang_deployment_on_another_store_line_is_refused_and_no_pod_starts() {
                 }
                 true
             })?;
-        let objects = {
-            let mut files: Vec<_> = std::fs::read_dir(&manifests)
-                .map_err(kvcache_e2e::io("manifests"))?
-                .flatten()
-                .map(|e| e.path())
-                .collect();
-            files.sort();
-            let mut objects = Vec::new();
-            for f in files {
-                let text = std::fs::read_to_string(&f).map_err(kvcache_e2e::io("a manifest"))?;
-                for d in serde_yaml::Deserializer::from_str(&text) {
-                    objects.push(serde::Deserialize::deserialize(d).expect("an object"));
-                }
-            }
-            objects
-        };
+        let mut objects = Vec::new();
+        for f in walkthrough::manifest_files(&manifests)? {
+            objects.extend(walkthrough::read_objects(&f)?);
+        }
         walkthrough::apply(&client, &objects).await?;
         wait_backend(
             &client,
