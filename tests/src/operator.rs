@@ -39,7 +39,7 @@ impl Operator {
         overrides: &[String],
         dir: &Path,
     ) -> Result<Operator> {
-        Self::start_with(kubeconfig, namespace, true, overrides, dir)
+        Self::start_with(kubeconfig, namespace, true, overrides, dir, &[])
     }
 
     /// Like [`Operator::start`], reconciling every backend and the pools and Bindings (one such
@@ -50,7 +50,18 @@ impl Operator {
         overrides: &[String],
         dir: &Path,
     ) -> Result<Operator> {
-        Self::start_with(kubeconfig, namespace, false, overrides, dir)
+        Self::start_with(kubeconfig, namespace, false, overrides, dir, &[])
+    }
+
+    /// Like [`Operator::start_unscoped`], with more arguments (the webhook's, say).
+    pub fn start_unscoped_with(
+        kubeconfig: &Path,
+        namespace: &str,
+        overrides: &[String],
+        dir: &Path,
+        extra: &[String],
+    ) -> Result<Operator> {
+        Self::start_with(kubeconfig, namespace, false, overrides, dir, extra)
     }
 
     /// Starts `kvcache-operator run` (every controller) as if in a Pod on the cluster's nodes:
@@ -103,6 +114,7 @@ impl Operator {
         scoped: bool,
         overrides: &[String],
         dir: &Path,
+        extra: &[String],
     ) -> Result<Operator> {
         let metrics_port = free_port()?;
         // Several operators share the test binary's cluster: each reconciles only the backends
@@ -120,6 +132,7 @@ impl Operator {
                 .iter()
                 .map(|o| format!("--store-address-override={o}")),
         );
+        args.extend(extra.iter().cloned());
         let log = dir.join(format!("operator-{metrics_port}.log"));
         let proc = spawn(&Launch::Host, kubeconfig, &args, &log)?;
         let mut op = Operator {
@@ -192,5 +205,9 @@ fn spawn(launch: &Launch, kubeconfig: &Path, args: &[String], log: &Path) -> Res
         "RUST_LOG",
         std::env::var("KVCACHE_E2E_OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
     );
-    Proc::spawn("kvcache-operator", cmd, log)
+    let proc = Proc::spawn("kvcache-operator", cmd, log)?;
+    // An operator kept in a `static` is never dropped: a watchdog stops it once this test
+    // process is gone (one was seen still running, without its nodes, after its test binary).
+    crate::process::reaper(&[proc.pid()])?;
+    Ok(proc)
 }

@@ -103,7 +103,16 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// A binary of this workspace, built (debug) on first use per test process.
+static RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on, workspace binaries are built and run in release (benchmarks measure what
+/// ships). Call before the first binary is asked for.
+pub fn use_release_builds() {
+    RELEASE.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A binary of this workspace, built on first use per test process: debug, or release after
+/// [`use_release_builds`].
 fn workspace_bin(package: &'static str) -> Result<PathBuf> {
     use std::sync::Mutex;
     static BUILT: Mutex<Vec<(&'static str, PathBuf)>> = Mutex::new(Vec::new());
@@ -112,10 +121,12 @@ fn workspace_bin(package: &'static str) -> Result<PathBuf> {
         return Ok(path.clone());
     }
     let root = workspace_root();
+    let release = RELEASE.load(std::sync::atomic::Ordering::Relaxed);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
         .current_dir(&root)
         .args(["build", "--quiet", "-p", package, "--bin", package])
+        .args(release.then_some("--release"))
         .status()
         .map_err(|e| Error::Build {
             what: package,
@@ -130,7 +141,9 @@ fn workspace_bin(package: &'static str) -> Result<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let path = target.join("debug").join(package);
+    let path = target
+        .join(if release { "release" } else { "debug" })
+        .join(package);
     built.push((package, path.clone()));
     Ok(path)
 }

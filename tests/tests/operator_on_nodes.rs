@@ -206,6 +206,7 @@ fn the_walkthrough_backend_is_ready_with_what_its_members_mounted_and_degraded_n
 
 #[test]
 fn three_leader_replicas_read_three_desired_one_ready_and_a_failover_keeps_the_phase_honest() {
+    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
     let cluster = cluster();
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {
@@ -923,6 +924,296 @@ fn an_sglang_deployment_on_another_store_line_is_refused_and_no_pod_starts() {
                 .is_empty()
         );
         Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The walkthrough's objects under names of their own (`tag`): namespace and Binding
+/// `team-<tag>`, backend `mooncake-<tag>` (image pinned), pool `shared-<tag>`.
+fn walkthrough_as(v: &mut serde_json::Value, tag: &str) {
+    let team = format!("team-{tag}");
+    match v["kind"].as_str() {
+        Some("Namespace") => v["metadata"]["name"] = team.into(),
+        Some("KVCacheBackend") => {
+            v["metadata"]["name"] = format!("mooncake-{tag}").into();
+            v["spec"]["image"] = PINNED_IMAGE.into();
+        }
+        Some("KVCachePool") => {
+            v["metadata"]["name"] = format!("shared-{tag}").into();
+            v["spec"]["backends"] = serde_json::json!([format!("mooncake-{tag}")]);
+        }
+        Some("KVCachePoolBinding") => {
+            v["metadata"]["name"] = team.clone().into();
+            v["metadata"]["namespace"] = team.into();
+            v["spec"]["poolRef"]["name"] = format!("shared-{tag}").into();
+        }
+        Some("ModelDeployment") => {
+            v["metadata"]["namespace"] = team.clone().into();
+            v["spec"]["kvCache"]["poolRef"]["name"] = team.into();
+        }
+        _ => {}
+    }
+}
+
+/// A failover restarts a master; the tests that cause one take turns (see the store_on_nodes
+/// note on a member seen mounting on another backend's master during a failover).
+static FAILOVER: Mutex<()> = Mutex::new(());
+
+fn binding_has(b: &kvcache_api::KVCachePoolBinding, t: &str, status: &str, reason: &str) -> bool {
+    b.status
+        .as_ref()
+        .is_some_and(|s| has_condition(&s.conditions, t, status, reason))
+}
+
+fn effective(b: &kvcache_api::KVCachePoolBinding) -> Option<u64> {
+    b.status
+        .as_ref()
+        .and_then(|s| s.effective_quota.as_ref())
+        .and_then(|q| parse_bytes(&q.0).ok())
+}
+
+/// Deletes the walkthrough objects of `tag` (Binding, pool, backend), without waiting: their
+/// finalizers release them in order.
+async fn remove_walkthrough(client: &Client, tag: &str) -> Result<(), Error> {
+    let team = format!("team-{tag}");
+    Api::<kvcache_api::KVCachePoolBinding>::namespaced(client.clone(), &team)
+        .delete(&team, &DeleteParams::default())
+        .await?;
+    Api::<KVCachePool>::all(client.clone())
+        .delete(&format!("shared-{tag}"), &DeleteParams::default())
+        .await?;
+    Api::<KVCacheBackend>::all(client.clone())
+        .delete(&format!("mooncake-{tag}"), &DeleteParams::default())
+        .await?;
+    Ok(())
+}
+
+#[test]
+fn a_ceiling_edit_reaches_the_running_master_and_a_leader_restart_shows_the_empty_window() {
+    use kvcache_api::KVCachePoolBinding;
+    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let dir = paths::scratch("walkthrough-ledger")?;
+        let manifests =
+            walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
+                walkthrough_as(v, "led");
+                !matches!(v["kind"].as_str(), Some("ModelDeployment" | "InstanceType"))
+            })?;
+        for f in walkthrough::manifest_files(&manifests)? {
+            walkthrough::apply(&client, &walkthrough::read_objects(&f)?).await?;
+        }
+        wait_backend(&client, "mooncake-led", "Ready with 512Mi", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-led");
+        wait_object(&bindings, "team-led", "QuotaGranted=True/Recut of 512Mi", WAIT, |b| {
+            binding_has(b, "QuotaGranted", "True", "Recut") && effective(b) == Some(512 * MIB)
+        })
+        .await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let leader = pods::wait_ready(&store, &backend_pods("mooncake-led", "leader"), 1, WAIT).await?;
+        let leader_uid = leader[0].uid();
+
+        // A ceiling below capacity: granted as asked, by the running master.
+        bindings
+            .patch(
+                "team-led",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"quota": {"ceiling": "128Mi"}}})),
+            )
+            .await?;
+        wait_object(&bindings, "team-led", "QuotaGranted=True/Granted 128Mi", WAIT, |b| {
+            binding_has(b, "QuotaGranted", "True", "Granted") && effective(b) == Some(128 * MIB)
+        })
+        .await?;
+        let members = pods::wait_ready(&store, &backend_pods("mooncake-led", "member-0"), 2, WAIT).await?;
+        let out = pods::exec(&store, name_of(&members[0]), None, &[
+            "python3", "-c",
+            "import sys, json, urllib.request; d = json.load(urllib.request.urlopen(sys.argv[1], timeout=3)); print([t['effective_quota_bytes'] for t in d['data'] if t['tenant_id'] == 'default'][0])",
+            &format!("http://mooncake-led-leader.{NAMESPACE}.svc:9003/api/v1/tenant_quotas"),
+        ]).await?;
+        assert_eq!(out.stdout.trim(), (128 * MIB).to_string(), "the master's own ledger: {out:?}");
+        let now = pods::wait_ready(&store, &backend_pods("mooncake-led", "leader"), 1, WAIT).await?;
+        assert_eq!(now[0].uid(), leader_uid, "the same leader Pod");
+        let restarts = now[0]
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .map(|c| c.iter().map(|c| c.restart_count).sum::<i32>());
+        assert_eq!(restarts, Some(0), "no container restarted for the edit");
+
+        // A leader restart: the new master starts empty. The members are held still meanwhile,
+        // so that the window lasts until they are let go.
+        let pids: Vec<i32> = members.iter().flat_map(host_pids).collect();
+        signal(&pids, nix::sys::signal::Signal::SIGSTOP);
+        store.delete(name_of(&leader[0]), &DeleteParams::default()).await?;
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        let window = async {
+            wait_object(&pools, "shared-led", "CapacityAllocatable=False/NothingToAllocate", WAIT, |p| {
+                p.status.as_ref().is_some_and(|s| {
+                    has_condition(&s.conditions, "CapacityAllocatable", "False", "NothingToAllocate")
+                })
+            })
+            .await?;
+            wait_object(&bindings, "team-led", "QuotaGranted=False/ZeroGranted", WAIT, |b| {
+                binding_has(b, "QuotaGranted", "False", "ZeroGranted")
+            })
+            .await
+        }
+        .await;
+        signal(&pids, nix::sys::signal::Signal::SIGCONT);
+        window?;
+        // It clears by itself once the members mount on the new master.
+        wait_object(&pools, "shared-led", "CapacityAllocatable=True", WAIT, |p| {
+            p.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| c.type_ == "CapacityAllocatable" && c.status == "True")
+            })
+        })
+        .await?;
+        wait_object(&bindings, "team-led", "QuotaGranted=True/Granted 128Mi again", WAIT, |b| {
+            binding_has(b, "QuotaGranted", "True", "Granted") && effective(b) == Some(128 * MIB)
+        })
+        .await?;
+        remove_walkthrough(&client, "led").await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn without_multi_tenancy_the_binding_is_unenforced_the_engine_writes_and_a_pool_name_never_attaches()
+ {
+    use kvcache_api::{KVCachePoolBinding, ModelDeployment};
+    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let dir = paths::scratch("walkthrough-plain")?;
+        let manifests =
+            walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
+                walkthrough_as(v, "plain");
+                if v["kind"] == "KVCacheBackend" {
+                    v["spec"]["connection"]["managed"]["leader"]["multiTenancy"] = false.into();
+                }
+                true
+            })?;
+        for f in walkthrough::manifest_files(&manifests)? {
+            walkthrough::apply(&client, &walkthrough::read_objects(&f)?).await?;
+        }
+        wait_backend(&client, "mooncake-plain", "Ready with 512Mi", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-plain");
+        let b = wait_object(
+            &bindings,
+            "team-plain",
+            "QuotaGranted=True/Unenforced",
+            WAIT,
+            |b| binding_has(b, "QuotaGranted", "True", "Unenforced"),
+        )
+        .await?;
+        assert_eq!(effective(&b), None, "no figure without a ledger");
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        let p = pools.get("shared-plain").await?;
+        assert!(
+            p.status.as_ref().is_some_and(|s| has_condition(
+                &s.conditions,
+                "QuotaLedgerAvailable",
+                "False",
+                "MultiTenancyDisabled"
+            )),
+            "{:?}",
+            p.status
+        );
+        // The engine stand-in writes and reads back all the same (into the store's one tenant).
+        let team: Api<Pod> = Api::namespaced(client.clone(), "team-plain");
+        for e in pods::wait_ready(
+            &team,
+            &walkthrough::role_pods("qwen-chat", "server"),
+            2,
+            WAIT,
+        )
+        .await?
+        {
+            let log = pods::wait_log(&team, name_of(&e), None, "get key=", WAIT).await?;
+            assert!(log.contains(" rc=0") && log.contains("exist=1"), "{log}");
+        }
+        // Observed, never inferred: without a ledger the store reports no charge per domain.
+        let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-plain");
+        wait_object(
+            &models,
+            "qwen-chat",
+            "CacheAttached=Unknown/NoObservationAvailable",
+            WAIT,
+            |m| {
+                m.status.as_ref().is_some_and(|s| {
+                    has_condition(
+                        &s.conditions,
+                        "CacheAttached",
+                        "Unknown",
+                        "NoObservationAvailable",
+                    )
+                })
+            },
+        )
+        .await?;
+        remove_model(&client, "team-plain", "qwen-chat").await?;
+
+        // The pool's name is not a Binding: it never attaches, and nothing is rendered.
+        let mut by_pool = walkthrough::read_objects(
+            &walkthrough::manifest_files(&manifests)?
+                .into_iter()
+                .find(|f| f.to_string_lossy().contains("modeldeployment"))
+                .expect("the ModelDeployment manifest"),
+        )?;
+        for o in &mut by_pool {
+            o.metadata.name = Some("qwen-by-pool".into());
+            o.data["spec"]["kvCache"]["poolRef"]["name"] = "shared-plain".into();
+        }
+        walkthrough::apply(&client, &by_pool).await?;
+        let m = wait_object(
+            &models,
+            "qwen-by-pool",
+            "DomainRegistered=False/BindingNotFound",
+            WAIT,
+            |m| {
+                m.status.as_ref().is_some_and(|s| {
+                    has_condition(
+                        &s.conditions,
+                        "DomainRegistered",
+                        "False",
+                        "BindingNotFound",
+                    )
+                })
+            },
+        )
+        .await?;
+        let message = m
+            .status
+            .and_then(|s| {
+                s.conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "DomainRegistered")
+            })
+            .map(|c| c.message)
+            .unwrap_or_default();
+        assert!(message.contains("a Binding in this namespace"), "{message}");
+        assert!(
+            Api::<Deployment>::namespaced(client.clone(), "team-plain")
+                .get_opt("qwen-by-pool-server")
+                .await?
+                .is_none(),
+            "nothing is rendered without a Binding"
+        );
+        models
+            .delete("qwen-by-pool", &DeleteParams::default())
+            .await?;
+        remove_walkthrough(&client, "plain").await
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }

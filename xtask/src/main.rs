@@ -4,6 +4,7 @@ mod bench;
 mod cluster;
 mod crds;
 mod images;
+mod scale;
 mod setup;
 mod test;
 
@@ -81,6 +82,18 @@ enum BenchKind {
         #[arg(long, default_value_t = 10)]
         runs: usize,
     },
+    /// Many objects: cold-start convergence, operator memory at rest, reconciles per edit.
+    Scale {
+        /// Backends (one real master each) and pools.
+        #[arg(long, default_value_t = 10)]
+        backends: usize,
+        /// Namespaces.
+        #[arg(long, default_value_t = 100)]
+        namespaces: usize,
+        /// Bindings and ModelDeployments per namespace.
+        #[arg(long, default_value_t = 20)]
+        per_namespace: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -113,6 +126,15 @@ fn main() -> anyhow::Result<()> {
         Task::Bench { which } => match which {
             BenchKind::Failover { runs } => bench::failover(runs),
             BenchKind::Capacity { runs } => bench::capacity(runs),
+            BenchKind::Scale {
+                backends,
+                namespaces,
+                per_namespace,
+            } => scale::scale(scale::Shape {
+                backends,
+                namespaces,
+                per_namespace,
+            }),
         },
         Task::Store { action } => match action {
             StoreAction::Up {

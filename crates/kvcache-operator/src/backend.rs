@@ -14,7 +14,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -96,7 +96,7 @@ pub async fn run(shared: Arc<Shared>) {
     if !shared.config.backend_selector.is_empty() {
         selected = selected.labels(&shared.config.backend_selector);
     }
-    let controller = Controller::new(backends, selected);
+    let controller = crate::run::controller(backends, selected);
     let store = controller.store();
     let (pod_store, lease_store, settings_store, slice_store) =
         (store.clone(), store.clone(), store.clone(), store.clone());
@@ -152,9 +152,8 @@ pub async fn run(shared: Arc<Shared>) {
             },
         )
         // A pool names its backend (status.usedBy, deletion hold, the tenant policy).
-        .watches(
-            Api::<KVCachePool>::all(client.clone()),
-            watcher::Config::default(),
+        .watches_stream(
+            crate::run::spec_changes(Api::<KVCachePool>::all(client.clone())),
             |pool| {
                 pool.spec
                     .backend()
@@ -164,9 +163,8 @@ pub async fn run(shared: Arc<Shared>) {
             },
         )
         // A Binding's ceiling or domain changes its backend's tenant policy seed.
-        .watches(
-            Api::<KVCachePoolBinding>::all(client.clone()),
-            watcher::Config::default(),
+        .watches_stream(
+            crate::run::spec_changes(Api::<KVCachePoolBinding>::all(client.clone())),
             move |binding| {
                 binding_shared
                     .pools

@@ -22,6 +22,9 @@ pub enum Error {
     /// The finalizer helper failed.
     #[error("finalizer: {0}")]
     Finalizer(String),
+    /// The webhook's certificate could not be made or read.
+    #[error("webhook certificate: {0}")]
+    Certificate(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl Error {
@@ -32,7 +35,13 @@ impl Error {
             Error::Render(_) => "render",
             Error::DeletionHeld(_) => "deletion_held",
             Error::Finalizer(_) => "finalizer",
+            Error::Certificate(_) => "certificate",
         }
+    }
+
+    /// A certificate failure.
+    pub fn certificate(e: impl std::error::Error + Send + Sync + 'static) -> Error {
+        Error::Certificate(Box::new(e))
     }
 }
 

@@ -2,6 +2,7 @@
 //! renders what the operator would create.
 
 mod backend;
+mod certs;
 mod cli;
 mod error;
 mod model;
@@ -10,6 +11,7 @@ mod run;
 mod status;
 mod store;
 mod telemetry;
+mod webhook;
 
 use std::process::ExitCode;
 

@@ -12,7 +12,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -40,16 +41,22 @@ fn id(md: &ModelDeployment) -> String {
 /// Runs the controller until shutdown.
 pub async fn run(shared: Arc<Shared>) {
     let client = shared.client.clone();
-    let controller = Controller::new(
+    let controller = crate::run::controller(
         Api::<ModelDeployment>::all(client.clone()),
         watcher::Config::default(),
     );
     let store = controller.store();
     let (by_binding, by_it) = (store.clone(), store);
     controller
-        .owns(
-            Api::<Deployment>::all(client.clone()),
-            watcher::Config::default(),
+        // The roles' Deployments: their metadata is enough to map them to their owner (the
+        // reconcile lists them live).
+        .owns_stream(
+            watcher(
+                Api::<kube::core::PartialObjectMeta<Deployment>>::all(client.clone()),
+                watcher::Config::default().labels("app.kubernetes.io/name=model-deployment"),
+            )
+            .default_backoff()
+            .touched_objects(),
         )
         // A Binding (and through it the pool and backend) changes what the roles attach to.
         .watches(

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -57,13 +57,13 @@ fn id(b: &KVCachePoolBinding) -> String {
 pub async fn run_pools(shared: Arc<Shared>) {
     let client = shared.client.clone();
     let pools: Api<KVCachePool> = Api::all(client.clone());
-    let controller = Controller::new(pools, watcher::Config::default());
+    let controller = crate::run::controller(pools, watcher::Config::default());
     let by_backend = controller.store();
     controller
-        // A Binding's ceiling, domain or existence changes its pool's ledger.
-        .watches(
-            Api::<KVCachePoolBinding>::all(client.clone()),
-            watcher::Config::default(),
+        // A Binding's ceiling, domain or existence changes its pool's ledger (the statuses
+        // this pass writes do not).
+        .watches_stream(
+            crate::run::spec_changes(Api::<KVCachePoolBinding>::all(client.clone())),
             |b| Some(ObjectRef::new(&b.spec.pool_ref.name)),
         )
         // The backend's status moves with capacity and the leader: re-read the ledger.
@@ -90,11 +90,10 @@ pub async fn run_pools(shared: Arc<Shared>) {
 pub async fn run_bindings(shared: Arc<Shared>) {
     let client = shared.client.clone();
     let bindings: Api<KVCachePoolBinding> = Api::all(client.clone());
-    Controller::new(bindings, watcher::Config::default())
+    crate::run::controller(bindings, watcher::Config::default())
         // A ModelDeployment attaching or leaving changes its Binding's usedBy.
-        .watches(
-            Api::<kvcache_api::ModelDeployment>::all(client.clone()),
-            watcher::Config::default(),
+        .watches_stream(
+            crate::run::spec_changes(Api::<kvcache_api::ModelDeployment>::all(client.clone())),
             |md| {
                 let ns = md.namespace()?;
                 md.spec
@@ -413,9 +412,10 @@ async fn reconcile_binding(
     b: Arc<KVCachePoolBinding>,
     shared: Arc<Shared>,
 ) -> Result<Action, Error> {
+    let started = Instant::now();
     let api: Api<KVCachePoolBinding> =
         Api::namespaced(shared.client.clone(), &b.namespace().unwrap_or_default());
-    finalizer(&api, BINDING_FINALIZER, b, |event| async {
+    let result = finalizer(&api, BINDING_FINALIZER, b, |event| async {
         match event {
             // Its status is the pool's to write, from the same ledger reading; usedBy is ours.
             // A Binding whose pool does not exist (yet) has no pool pass to write it: it says
@@ -449,7 +449,9 @@ async fn reconcile_binding(
         }
     })
     .await
-    .map_err(crate::error::from_finalizer)
+    .map_err(crate::error::from_finalizer);
+    shared.metrics.succeeded(BINDING, started, &result);
+    result
 }
 
 /// The ModelDeployments of the Binding's namespace that attach to it, from the cache.

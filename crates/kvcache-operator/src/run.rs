@@ -51,6 +51,39 @@ pub struct RunArgs {
     /// this address instead of its leader Service. Only for running outside the cluster.
     #[arg(long = "store-address-override", env = "KVCACHE_STORE_ADDRESS_OVERRIDE", value_delimiter = ',', value_parser = parse_override)]
     pub store_address_overrides: Vec<(String, String)>,
+    /// Where the admission webhook listens (HTTPS). Unset: no webhook is served (the
+    /// installation sets `0.0.0.0:9443`).
+    #[arg(long, env = "KVCACHE_WEBHOOK_ADDR")]
+    pub webhook_addr: Option<SocketAddr>,
+    /// The Service the API server reaches the webhook through (in `--namespace`); its DNS names
+    /// are in the serving certificate.
+    #[arg(
+        long,
+        env = "KVCACHE_WEBHOOK_SERVICE",
+        default_value = "kvcache-operator"
+    )]
+    pub webhook_service: String,
+    /// More names (DNS names or IP addresses) for the serving certificate.
+    #[arg(
+        long = "webhook-name",
+        env = "KVCACHE_WEBHOOK_NAMES",
+        value_delimiter = ','
+    )]
+    pub webhook_names: Vec<String>,
+    /// The Secret (in `--namespace`) holding the webhook's CA and serving pair.
+    #[arg(
+        long,
+        env = "KVCACHE_WEBHOOK_SECRET",
+        default_value = "kvcache-operator-webhook-tls"
+    )]
+    pub webhook_secret: String,
+    /// The validating and mutating webhook configurations whose `caBundle` the operator keeps.
+    #[arg(
+        long,
+        env = "KVCACHE_WEBHOOK_CONFIGURATION",
+        default_value = "kvcache-operator"
+    )]
+    pub webhook_configuration: String,
 }
 
 fn parse_override(text: &str) -> Result<(String, String), String> {
@@ -142,12 +175,99 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config))
-        .default_backoff()
-        .touched_objects()
-        .for_each(|_| futures::future::ready(()));
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, config).modify(|o: &mut K| o.meta_mut().managed_fields = None),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| futures::future::ready(()));
     tokio::spawn(stream);
     reader
+}
+
+/// How many reconciles of one controller run at once. Unbounded, 2,000 ModelDeployments
+/// reconciled together overloaded the API server of the scale benchmark (504 Gateway Timeout).
+pub const CONCURRENCY: u16 = 16;
+
+/// A controller whose primary watch goes through a reflector of our own that drops
+/// `managedFields` before objects are cached (most of a server-side-applied object's bytes,
+/// and read by no controller), with bounded concurrency.
+pub fn controller<K>(api: Api<K>, config: watcher::Config) -> kube::runtime::Controller<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let trigger = reflector::reflector(
+        writer,
+        watcher(api, config).modify(|o: &mut K| o.meta_mut().managed_fields = None),
+    )
+    .default_backoff()
+    .applied_objects();
+    kube::runtime::Controller::for_stream(trigger, reader)
+        .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
+}
+
+/// What a relation watch passes on: an object whose desired state changed (its generation),
+/// whose finalizers changed, or that was deleted. Status-only writes pass by, so that a status
+/// one controller writes (the pool pass writes every Binding's) never requeues the objects that
+/// only depend on the spec. The first sight of each object passes.
+pub fn spec_changes<K>(
+    api: Api<K>,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let mut seen: HashMap<String, SpecKey> = HashMap::new();
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let out = match event {
+                Err(e) => Some(Err(e)),
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                    let key = SpecKey::of(&o);
+                    let uid = o.meta().uid.clone().unwrap_or_default();
+                    (seen.insert(uid, key.clone()) != Some(key)).then_some(Ok(o))
+                }
+                Ok(watcher::Event::Delete(o)) => {
+                    seen.remove(&o.meta().uid.clone().unwrap_or_default());
+                    Some(Ok(o))
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+            };
+            futures::future::ready(out)
+        })
+}
+
+/// What [`spec_changes`] compares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SpecKey {
+    generation: Option<i64>,
+    finalizers: Vec<String>,
+    deleting: bool,
+}
+
+impl SpecKey {
+    fn of<K: kube::Resource>(o: &K) -> Self {
+        let m = o.meta();
+        SpecKey {
+            generation: m.generation,
+            finalizers: m.finalizers.clone().unwrap_or_default(),
+            deleting: m.deletion_timestamp.is_some(),
+        }
+    }
 }
 
 /// Runs the operator until SIGTERM or Ctrl-C.
@@ -169,6 +289,9 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     }
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(Readiness::default());
+    ready
+        .webhook
+        .store(args.webhook_addr.is_none(), Ordering::Relaxed);
     let server = {
         let (m, r, addr) = (metrics.clone(), ready.clone(), args.metrics_addr);
         let listener_check = tokio::net::TcpListener::bind(addr)
@@ -245,6 +368,35 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         polls: Mutex::new(HashMap::new()),
     });
     ready.controllers.store(true, Ordering::Relaxed);
+    // The webhook serves on every replica, beside the controllers.
+    let webhook = args.webhook_addr.map(|addr| {
+        let presented = Arc::new(crate::certs::Presented::default());
+        let service = &args.webhook_service;
+        let ns = &shared.config.namespace;
+        let mut names = vec![
+            format!("{service}.{ns}.svc"),
+            format!("{service}.{ns}.svc.cluster.local"),
+        ];
+        names.extend(args.webhook_names.iter().cloned());
+        let keeper = crate::certs::Keeper {
+            client: shared.client.clone(),
+            namespace: ns.clone(),
+            secret: args.webhook_secret.clone(),
+            configuration: args.webhook_configuration.clone(),
+            names,
+            presented: presented.clone(),
+        };
+        let keeping = tokio::spawn(keeper.run(ready.clone()));
+        let router = crate::webhook::router(Arc::new(crate::webhook::Webhook {
+            shared: shared.clone(),
+        }));
+        let serving = tokio::spawn(async move {
+            if let Err(e) = crate::webhook::serve(addr, router, presented).await {
+                error!(error = %e, %addr, "the webhook server stopped");
+            }
+        });
+        (keeping, serving)
+    });
     info!(namespace = %shared.config.namespace, "kvcache-operator running");
     // Pools and Bindings are reconciled by the operator that reconciles every backend (a
     // selector scopes backends only, for several operators on one cluster).
@@ -259,6 +411,10 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         backend::run(shared).await;
     }
     server.abort();
+    if let Some((keeping, serving)) = webhook {
+        keeping.abort();
+        serving.abort();
+    }
     info!("stopped");
     Ok(())
 }
@@ -266,6 +422,31 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_write_is_not_a_spec_change_and_a_ceiling_or_deletion_is() {
+        let b: KVCachePoolBinding = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+            "metadata": {"name": "team-a", "namespace": "team-a", "generation": 1, "uid": "u"},
+            "spec": {"poolRef": {"name": "shared"}, "quota": {"ceiling": "1Gi"}, "domain": {"blockSize": 64, "dtype": "bfloat16"}}
+        }))
+        .expect("a Binding");
+        let mut status_only = b.clone();
+        status_only.status = Some(Default::default());
+        status_only.metadata.resource_version = Some("2".into());
+        assert_eq!(SpecKey::of(&status_only), SpecKey::of(&b));
+        let mut edited = b.clone();
+        edited.metadata.generation = Some(2);
+        assert_ne!(SpecKey::of(&edited), SpecKey::of(&b));
+        let mut held = b.clone();
+        held.metadata.finalizers = Some(vec!["kvcache.gpustack.ai/release".into()]);
+        assert_ne!(SpecKey::of(&held), SpecKey::of(&b));
+        let mut deleting = b.clone();
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        );
+        assert_ne!(SpecKey::of(&deleting), SpecKey::of(&b));
+    }
 
     #[test]
     fn overrides_and_durations() {

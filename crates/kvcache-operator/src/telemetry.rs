@@ -57,6 +57,15 @@ pub struct StoreLabels {
     pub result: String,
 }
 
+/// Labels of a webhook request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabels {
+    /// `validate`, …
+    pub webhook: String,
+    /// `allowed` or `refused`.
+    pub outcome: String,
+}
+
 /// The operator's own series.
 pub struct Metrics {
     registry: Registry,
@@ -66,6 +75,8 @@ pub struct Metrics {
     pub reconcile_seconds: Family<ReconcileLabels, Histogram>,
     /// Store reads by backend and result.
     pub store_reads: Family<StoreLabels, Counter>,
+    /// Webhook request durations by webhook and outcome.
+    pub webhook_seconds: Family<WebhookLabels, Histogram>,
 }
 
 impl Default for Metrics {
@@ -76,6 +87,14 @@ impl Default for Metrics {
             Histogram::new(exponential_buckets(0.001, 2.0, 14))
         });
         let store_reads = Family::<StoreLabels, Counter>::default();
+        let webhook_seconds = Family::<WebhookLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+        });
+        registry.register(
+            "webhook_request_duration_seconds",
+            "Admission webhook request duration by webhook and outcome",
+            webhook_seconds.clone(),
+        );
         registry.register(
             "reconciles",
             "Reconciles by controller and outcome",
@@ -96,6 +115,7 @@ impl Default for Metrics {
             reconciles,
             reconcile_seconds,
             store_reads,
+            webhook_seconds,
         }
     }
 }
@@ -126,6 +146,16 @@ impl Metrics {
         }
     }
 
+    /// Records one webhook request.
+    pub fn webhook(&self, webhook: &str, outcome: &str, seconds: f64) {
+        self.webhook_seconds
+            .get_or_create(&WebhookLabels {
+                webhook: webhook.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .observe(seconds);
+    }
+
     fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
@@ -138,6 +168,8 @@ impl Metrics {
 pub struct Readiness {
     /// The controllers' caches are synced.
     pub controllers: AtomicBool,
+    /// The webhook serves (or none is asked for).
+    pub webhook: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -154,10 +186,15 @@ async fn metrics(State(s): State<Shared>) -> (StatusCode, String) {
 }
 
 async fn readyz(State(s): State<Shared>) -> (StatusCode, &'static str) {
-    if s.ready.controllers.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok")
-    } else {
+    if !s.ready.controllers.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet")
+    } else if !s.ready.webhook.load(Ordering::Relaxed) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the webhook has no certificate yet",
+        )
+    } else {
+        (StatusCode::OK, "ok")
     }
 }
 

@@ -354,8 +354,12 @@ pub fn webhooks(namespace: &str) -> (MutatingWebhookConfiguration, ValidatingWeb
                         "kvcachepools",
                         "kvcachepoolbindings",
                         "modeldeployments",
+                        "instancetypes",
                     ],
                 )]),
+                // Equivalent: a request through another version of these resources (should
+                // one be served later) is converted and judged all the same.
+                match_policy: Some("Equivalent".into()),
                 failure_policy: Some("Fail".into()),
                 side_effects: "None".into(),
                 admission_review_versions: vec!["v1".into()],

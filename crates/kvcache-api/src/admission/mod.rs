@@ -10,6 +10,7 @@ use std::fmt;
 use crate::Settings;
 
 mod backend;
+pub mod cross;
 mod model;
 mod pool;
 

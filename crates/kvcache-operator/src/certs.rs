@@ -1,0 +1,503 @@
+//! The webhook's certificates: the operator makes its own CA and serving certificate (rcgen),
+//! keeps them in a Secret in its namespace (so that every replica serves the same pair and a
+//! restart keeps it), writes the CA into its webhook configurations' `caBundle`, and renews the
+//! serving certificate (and, near its end, the CA) before expiry.
+//!
+//! Rotation without dropping requests: the new CA is added to `caBundle` beside the old one
+//! before any replica serves a certificate it signed, and every replica reloads the Secret on a
+//! timer and swaps the certificate it presents for new connections (in-flight ones finish on
+//! the old one).
+//!
+//! What is decided here is pure ([`plan`]: what to keep, renew or make, from the stored
+//! pair and the clock); the operator fetches the Secret, calls, and writes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+use crate::error::Error;
+
+/// The Secret's keys.
+pub const CA_CERT: &str = "ca.crt";
+/// The CA's key.
+pub const CA_KEY: &str = "ca.key";
+/// The serving certificate.
+pub const TLS_CERT: &str = "tls.crt";
+/// The serving key.
+pub const TLS_KEY: &str = "tls.key";
+/// Earlier CAs still trusted (PEM, concatenated): kept in `caBundle` until the certificates
+/// they signed are gone.
+pub const CA_PREVIOUS: &str = "ca-previous.crt";
+
+/// How long a CA lives.
+pub const CA_LIFETIME: Duration = Duration::from_secs(5 * 365 * 24 * 3600);
+/// How long a serving certificate lives.
+pub const SERVING_LIFETIME: Duration = Duration::from_secs(90 * 24 * 3600);
+/// Renew when less than this is left.
+pub const RENEW_BEFORE: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The PEM texts of a pair as stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stored {
+    /// CA certificate.
+    pub ca_cert: String,
+    /// CA key.
+    pub ca_key: String,
+    /// Serving certificate.
+    pub tls_cert: String,
+    /// Serving key.
+    pub tls_key: String,
+    /// Earlier CAs.
+    pub ca_previous: String,
+}
+
+impl Stored {
+    /// From a Secret's data.
+    pub fn from_data(data: &BTreeMap<String, Vec<u8>>) -> Stored {
+        let text = |k: &str| {
+            data.get(k)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default()
+        };
+        Stored {
+            ca_cert: text(CA_CERT),
+            ca_key: text(CA_KEY),
+            tls_cert: text(TLS_CERT),
+            tls_key: text(TLS_KEY),
+            ca_previous: text(CA_PREVIOUS),
+        }
+    }
+
+    /// As a Secret's data.
+    pub fn to_data(&self) -> BTreeMap<String, Vec<u8>> {
+        [
+            (CA_CERT, &self.ca_cert),
+            (CA_KEY, &self.ca_key),
+            (TLS_CERT, &self.tls_cert),
+            (TLS_KEY, &self.tls_key),
+            (CA_PREVIOUS, &self.ca_previous),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.as_bytes().to_vec()))
+        .collect()
+    }
+
+    /// What the webhook configurations trust: the current CA and the earlier ones.
+    pub fn ca_bundle(&self) -> String {
+        format!("{}{}", self.ca_cert, self.ca_previous)
+    }
+}
+
+/// What one certificate says about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Facts {
+    /// Seconds since the epoch at which it expires.
+    pub not_after: i64,
+    /// Its DNS names and IP addresses.
+    pub names: Vec<String>,
+}
+
+/// Reads a PEM certificate's expiry and names.
+pub fn facts(pem: &str) -> Option<Facts> {
+    let der = CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    let mut names = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for n in &san.value.general_names {
+            match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => names.push((*d).to_owned()),
+                x509_parser::extensions::GeneralName::IPAddress(ip) => {
+                    if let Ok(a) = <[u8; 4]>::try_from(*ip) {
+                        names.push(std::net::Ipv4Addr::from(a).to_string());
+                    } else if let Ok(a) = <[u8; 16]>::try_from(*ip) {
+                        names.push(std::net::Ipv6Addr::from(a).to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Some(Facts {
+        not_after: cert.validity().not_after.timestamp(),
+        names,
+    })
+}
+
+/// What to do with the stored pair.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Serve it as it is.
+    Keep,
+    /// Issue a new serving certificate from the stored CA (why).
+    RenewServing(&'static str),
+    /// Make a new CA (the old one stays trusted) and a serving certificate from it (why).
+    NewCa(&'static str),
+}
+
+/// Decides from the stored pair, the names it must carry and the clock (seconds since the
+/// epoch).
+pub fn plan(stored: &Stored, names: &[String], now: i64) -> Plan {
+    let renew = RENEW_BEFORE.as_secs() as i64;
+    let Some(ca) = facts(&stored.ca_cert).filter(|_| !stored.ca_key.is_empty()) else {
+        return Plan::NewCa("no CA is stored");
+    };
+    // A CA must outlive the serving certificate it signs.
+    if ca.not_after - now < SERVING_LIFETIME.as_secs() as i64 + renew {
+        return Plan::NewCa("the CA expires soon");
+    }
+    let Some(serving) = facts(&stored.tls_cert).filter(|_| !stored.tls_key.is_empty()) else {
+        return Plan::RenewServing("no serving certificate is stored");
+    };
+    if serving.not_after - now < renew {
+        return Plan::RenewServing("the serving certificate expires within 30 days");
+    }
+    if names.iter().any(|n| !serving.names.contains(n)) {
+        return Plan::RenewServing(
+            "the serving certificate lacks a name the webhook is reached by",
+        );
+    }
+    Plan::Keep
+}
+
+fn distinguished(cn: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    dn
+}
+
+fn validity(params: &mut CertificateParams, lifetime: Duration) {
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now + time::Duration::seconds(lifetime.as_secs() as i64);
+}
+
+/// Carries out a plan: the pair to store.
+pub fn carry_out(plan: &Plan, stored: &Stored, names: &[String]) -> Result<Stored, Error> {
+    let mut next = stored.clone();
+    if let Plan::NewCa(_) = plan {
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(Error::certificate)?;
+        params.distinguished_name = distinguished("kvcache-operator webhook CA");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        validity(&mut params, CA_LIFETIME);
+        let key = KeyPair::generate().map_err(Error::certificate)?;
+        let cert = params.self_signed(&key).map_err(Error::certificate)?;
+        // The old CA stays trusted until the certificates it signed are gone (one serving
+        // lifetime); only the latest earlier CA is kept.
+        next.ca_previous = if facts(&stored.ca_cert).is_some() {
+            stored.ca_cert.clone()
+        } else {
+            String::new()
+        };
+        next.ca_cert = cert.pem();
+        next.ca_key = key.serialize_pem();
+    }
+    if matches!(plan, Plan::Keep) {
+        return Ok(next);
+    }
+    let ca_key = KeyPair::from_pem(&next.ca_key).map_err(Error::certificate)?;
+    let issuer = Issuer::from_ca_cert_pem(&next.ca_cert, ca_key).map_err(Error::certificate)?;
+    let mut params = CertificateParams::new(names.to_vec()).map_err(Error::certificate)?;
+    params.distinguished_name = distinguished("kvcache-operator webhook");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    validity(&mut params, SERVING_LIFETIME);
+    let key = KeyPair::generate().map_err(Error::certificate)?;
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(Error::certificate)?;
+    next.tls_cert = cert.pem();
+    next.tls_key = key.serialize_pem();
+    Ok(next)
+}
+
+/// The certificate the TLS server presents, swapped in place on renewal.
+#[derive(Debug, Default)]
+pub struct Presented {
+    current: RwLock<Option<Arc<CertifiedKey>>>,
+}
+
+impl Presented {
+    /// Presents this pair from now on (new connections).
+    pub fn load(&self, stored: &Stored) -> Result<(), Error> {
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(stored.tls_cert.as_bytes())
+                .collect::<Result<_, _>>()
+                .map_err(Error::certificate)?;
+        let key =
+            PrivateKeyDer::from_pem_slice(stored.tls_key.as_bytes()).map_err(Error::certificate)?;
+        let key =
+            rustls::crypto::ring::sign::any_supported_type(&key).map_err(Error::certificate)?;
+        let pair = Arc::new(CertifiedKey::new(certs, key));
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(pair);
+        Ok(())
+    }
+
+    /// Whether a certificate is loaded (readiness).
+    pub fn loaded(&self) -> bool {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+}
+
+impl ResolvesServerCert for Presented {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// Keeps the stored pair current, the webhook configurations trusting it, and the presented
+/// certificate loaded (the operator's side of this module: fetch, call [`plan`], write).
+pub struct Keeper {
+    /// The API client.
+    pub client: kube::Client,
+    /// The operator's namespace (where the Secret is).
+    pub namespace: String,
+    /// The Secret's name.
+    pub secret: String,
+    /// The webhook configurations' name (validating and mutating).
+    pub configuration: String,
+    /// The names the serving certificate carries.
+    pub names: Vec<String>,
+    /// What the TLS server presents.
+    pub presented: Arc<Presented>,
+}
+
+/// How often every replica re-reads the Secret (and renews when due).
+pub const RELOAD: Duration = Duration::from_secs(60);
+
+impl Keeper {
+    /// One pass: read, renew when due (another replica may have written first: then its pair
+    /// is taken), trust, present.
+    pub async fn once(&self) -> Result<(), Error> {
+        use k8s_openapi::ByteString;
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::api::{Api, ObjectMeta, PostParams};
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = format!("Secret {}/{}", self.namespace, self.secret);
+        for _ in 0..3 {
+            let current = api
+                .get_opt(&self.secret)
+                .await
+                .map_err(crate::error::kube("get", what.clone()))?;
+            let data: BTreeMap<String, Vec<u8>> = current
+                .as_ref()
+                .and_then(|s| s.data.as_ref())
+                .map(|d| d.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+                .unwrap_or_default();
+            let stored = Stored::from_data(&data);
+            let now = time::OffsetDateTime::now_utc().unix_timestamp();
+            let decided = plan(&stored, &self.names, now);
+            let pair = if decided == Plan::Keep {
+                stored
+            } else {
+                let next = carry_out(&decided, &stored, &self.names)?;
+                let secret = Secret {
+                    metadata: ObjectMeta {
+                        name: Some(self.secret.clone()),
+                        namespace: Some(self.namespace.clone()),
+                        resource_version: current
+                            .as_ref()
+                            .and_then(|c| c.metadata.resource_version.clone()),
+                        labels: Some(BTreeMap::from([(
+                            "app.kubernetes.io/managed-by".to_owned(),
+                            "kvcache-operator".to_owned(),
+                        )])),
+                        ..Default::default()
+                    },
+                    type_: Some("kubernetes.io/tls".into()),
+                    data: Some(
+                        next.to_data()
+                            .into_iter()
+                            .map(|(k, v)| (k, ByteString(v)))
+                            .collect(),
+                    ),
+                    ..Default::default()
+                };
+                let written = match &current {
+                    Some(_) => {
+                        api.replace(&self.secret, &PostParams::default(), &secret)
+                            .await
+                    }
+                    None => api.create(&PostParams::default(), &secret).await,
+                };
+                match written {
+                    Ok(_) => {
+                        tracing::info!(why = ?decided, "webhook certificate written");
+                        next
+                    }
+                    // Another replica wrote first: take its pair.
+                    Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                    Err(e) => return Err(crate::error::kube("write", what)(e)),
+                }
+            };
+            // Trust first, then present: a new CA is in caBundle before anything it signed
+            // is served.
+            self.trust(&pair.ca_bundle()).await?;
+            self.presented.load(&pair)?;
+            return Ok(());
+        }
+        Err(Error::Certificate(
+            format!("{what} kept changing under three attempts to write it").into(),
+        ))
+    }
+
+    /// Writes `bundle` into every webhook of the validating and mutating configurations (those
+    /// that exist; a missing one is not ours to create).
+    async fn trust(&self, bundle: &str) -> Result<(), Error> {
+        use k8s_openapi::ByteString;
+        use k8s_openapi::api::admissionregistration::v1::{
+            MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+        };
+        use kube::api::{Api, PostParams};
+        let want = ByteString(bundle.as_bytes().to_vec());
+        let validating: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
+        let what = format!("webhook configuration {}", self.configuration);
+        if let Some(mut c) = validating
+            .get_opt(&self.configuration)
+            .await
+            .map_err(crate::error::kube("get", what.clone()))?
+        {
+            let hooks = c.webhooks.get_or_insert_with(Vec::new);
+            if hooks
+                .iter()
+                .any(|w| w.client_config.ca_bundle.as_ref() != Some(&want))
+            {
+                for w in hooks.iter_mut() {
+                    w.client_config.ca_bundle = Some(want.clone());
+                }
+                validating
+                    .replace(&self.configuration, &PostParams::default(), &c)
+                    .await
+                    .map_err(crate::error::kube("update", what.clone()))?;
+            }
+        }
+        let mutating: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
+        if let Some(mut c) = mutating
+            .get_opt(&self.configuration)
+            .await
+            .map_err(crate::error::kube("get", what.clone()))?
+        {
+            let hooks = c.webhooks.get_or_insert_with(Vec::new);
+            if hooks
+                .iter()
+                .any(|w| w.client_config.ca_bundle.as_ref() != Some(&want))
+            {
+                for w in hooks.iter_mut() {
+                    w.client_config.ca_bundle = Some(want.clone());
+                }
+                mutating
+                    .replace(&self.configuration, &PostParams::default(), &c)
+                    .await
+                    .map_err(crate::error::kube("update", what))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs [`Keeper::once`] now and every [`RELOAD`], until the task is dropped; `ready` is
+    /// set once a certificate is presented.
+    pub async fn run(self, ready: Arc<crate::telemetry::Readiness>) {
+        loop {
+            match self.once().await {
+                Ok(()) => ready
+                    .webhook
+                    .store(true, std::sync::atomic::Ordering::Relaxed),
+                Err(e) => tracing::warn!(error = %e, "webhook certificate"),
+            }
+            tokio::time::sleep(if self.presented.loaded() {
+                RELOAD
+            } else {
+                Duration::from_secs(2)
+            })
+            .await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Vec<String> {
+        vec![
+            "kvcache-operator-webhook.gpustack-system.svc".into(),
+            "127.0.0.1".into(),
+        ]
+    }
+
+    #[test]
+    fn nothing_stored_makes_a_ca_and_a_serving_pair_that_then_is_kept() {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let empty = Stored::default();
+        let p = plan(&empty, &names(), now);
+        assert_eq!(p, Plan::NewCa("no CA is stored"));
+        let made = carry_out(&p, &empty, &names()).expect("made");
+        assert_eq!(plan(&made, &names(), now), Plan::Keep);
+        let f = facts(&made.tls_cert).expect("a certificate");
+        assert_eq!(f.names, names());
+        assert!(made.ca_previous.is_empty());
+        // The presented pair loads.
+        let presented = Presented::default();
+        presented.load(&made).expect("loads");
+        assert!(presented.loaded());
+    }
+
+    #[test]
+    fn expiry_and_a_new_name_renew_the_serving_pair_and_an_old_ca_stays_trusted() {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let made = carry_out(&Plan::NewCa("test"), &Stored::default(), &names()).expect("made");
+        let day = 24 * 3600;
+        assert_eq!(
+            plan(&made, &names(), now + 61 * day),
+            Plan::RenewServing("the serving certificate expires within 30 days")
+        );
+        let mut more = names();
+        more.push("kvcache-operator-webhook.gpustack-system.svc.cluster.local".into());
+        assert!(matches!(plan(&made, &more, now), Plan::RenewServing(_)));
+        let renewed = carry_out(&plan(&made, &more, now), &made, &more).expect("renewed");
+        assert_eq!(renewed.ca_cert, made.ca_cert, "the CA is kept");
+        assert_ne!(renewed.tls_cert, made.tls_cert);
+        // Near the CA's end: a new CA, the old one still in the bundle.
+        let late = now + 5 * 365 * day - 100 * day;
+        assert_eq!(
+            plan(&renewed, &more, late),
+            Plan::NewCa("the CA expires soon")
+        );
+        let rotated = carry_out(&plan(&renewed, &more, late), &renewed, &more).expect("rotated");
+        assert_ne!(rotated.ca_cert, renewed.ca_cert);
+        assert!(rotated.ca_bundle().contains(renewed.ca_cert.trim()));
+        assert!(rotated.ca_bundle().contains(rotated.ca_cert.trim()));
+    }
+
+    #[test]
+    fn garbage_in_the_secret_is_replaced_not_a_panic() {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let junk = Stored {
+            ca_cert: "not a certificate".into(),
+            ca_key: "nor a key".into(),
+            tls_cert: "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".into(),
+            tls_key: String::new(),
+            ca_previous: String::new(),
+        };
+        assert_eq!(plan(&junk, &names(), now), Plan::NewCa("no CA is stored"));
+        assert!(carry_out(&plan(&junk, &names(), now), &junk, &names()).is_ok());
+    }
+}

@@ -1,0 +1,355 @@
+//! `cargo xtask bench scale`: the operator (release build) against a real API server with many
+//! objects: 10 external backends (one real multi-tenant master with one member each, on
+//! loopback), 10 pools, and Bindings and ModelDeployments spread over namespaces. Reports the
+//! time from a cold start to everything converged, the operator's resident memory at rest,
+//! and how many reconciles one Binding ceiling edit triggers, by controller.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::{Client, Resource};
+use kvcache_api::{InstanceType, KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
+use kvcache_e2e::cluster::{ControlPlane, Options, client_from, crds_dir, install_crds};
+use kvcache_e2e::operator::Operator;
+use kvcache_e2e::paths;
+use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
+
+use crate::setup;
+
+/// The benchmark's shape.
+pub struct Shape {
+    /// Backends (one master each) and as many pools.
+    pub backends: usize,
+    /// Namespaces.
+    pub namespaces: usize,
+    /// Bindings (and as many ModelDeployments) per namespace.
+    pub per_namespace: usize,
+}
+
+const MANAGER: &str = "bench-scale";
+const CEILING: &str = "256Ki";
+const EDITED: &str = "512Ki";
+const SEGMENT: u64 = 256 << 20;
+const OPERATOR_NS: &str = "gpustack-system";
+
+/// Runs `f` on a runtime of its own (the harness's `block_on` is for its own error type).
+fn block_on<F: std::future::Future>(f: F) -> anyhow::Result<F::Output> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(f))
+}
+
+fn ns_name(i: usize) -> String {
+    format!("team-{i:03}")
+}
+
+fn object<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> anyhow::Result<K> {
+    Ok(serde_json::from_value(v)?)
+}
+
+async fn apply<K>(api: &Api<K>, name: &str, obj: &K) -> anyhow::Result<()>
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(obj),
+    )
+    .await?;
+    Ok(())
+}
+
+/// `reconciles` counters by controller from the operator's `/metrics`.
+fn reconciles(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("kvcache_operator_reconciles_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let controller = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("controller=\""))
+            .map(|c| c.trim_end_matches('"').to_owned())
+            .unwrap_or_default();
+        *out.entry(controller).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    out
+}
+
+fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), (v - before.get(k).unwrap_or(&0.0)) as u64))
+        .collect()
+}
+
+fn resident_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/{pid}/status"))
+}
+
+fn condition_true(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == t && c.status == "True")
+}
+
+/// How many Bindings are granted and how many ModelDeployments have their domain registered.
+async fn converged(client: &Client) -> anyhow::Result<(usize, usize)> {
+    let bindings = Api::<KVCachePoolBinding>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|b| {
+            b.status.as_ref().is_some_and(|s| {
+                condition_true(&s.conditions, "QuotaGranted") && s.effective_quota.is_some()
+            })
+        })
+        .count();
+    let models = Api::<ModelDeployment>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|m| {
+            m.status.as_ref().is_some_and(|s| {
+                condition_true(&s.conditions, "DomainRegistered")
+                    && s.observed_generation == m.metadata.generation
+            })
+        })
+        .count();
+    Ok((bindings, models))
+}
+
+pub fn scale(shape: Shape) -> anyhow::Result<()> {
+    setup::all()?;
+    paths::use_release_builds();
+    // Built now, so that the cold start below measures the operator, not the compiler.
+    paths::operator_bin()?;
+    let dir = paths::scratch("bench-scale")?;
+    let cp = ControlPlane::start(&dir, &Options::default())?;
+    let kc = cp.kubeconfig.clone();
+    let total = shape.namespaces * shape.per_namespace;
+    println!(
+        "scale: {} backends, {} pools, {total} Bindings and {total} ModelDeployments in {} namespaces",
+        shape.backends, shape.backends, shape.namespaces
+    );
+
+    // The stores: one multi-tenant master with one member each, starting with no tenant.
+    let mut stores: Vec<(Master, Member)> = Vec::new();
+    for i in 0..shape.backends {
+        let d = dir.join(format!("store-{i}"));
+        std::fs::create_dir_all(&d)?;
+        let file = d.join("tenant-quota-policy.yaml");
+        std::fs::write(
+            &file,
+            kvcache_quota::policy::render(&format!("store-{i}"), &[])?.to_yaml(),
+        )?;
+        let master = Master::start(
+            &d,
+            MasterOptions {
+                extra_args: vec![
+                    "--enable_multi_tenants=true".into(),
+                    "--tenant_quota_connector_type=file".into(),
+                    format!("--tenant_quota_connector_uri={}", file.display()),
+                ],
+                ..Default::default()
+            },
+        )?;
+        let member = Member::start(&d, &MemberOptions::new(master.address(), SEGMENT))?;
+        master.wait_capacity(SEGMENT, Duration::from_secs(120))?;
+        stores.push((master, member));
+    }
+    let endpoints: Vec<(String, String)> = stores
+        .iter()
+        .map(|(m, _)| (m.address(), format!("127.0.0.1:{}", m.metrics_port)))
+        .collect();
+
+    // Every object, before the operator starts (a cold start).
+    let t = Instant::now();
+    let created = {
+        let kc = kc.clone();
+        let shape_ns = shape.namespaces;
+        let per = shape.per_namespace;
+        let backends = shape.backends;
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            install_crds(&client, &crds_dir()).await?;
+            let namespaces: Api<Namespace> = Api::all(client.clone());
+            for n in std::iter::once(OPERATOR_NS.to_owned()).chain((0..shape_ns).map(ns_name)) {
+                apply(&namespaces, &n, &object(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}))?).await?;
+            }
+            apply(&Api::<InstanceType>::all(client.clone()), "cpu-small", &object(serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1", "kind": "InstanceType", "metadata": {"name": "cpu-small"},
+                "spec": {"resources": {"cpu": "100m", "memory": "128Mi"}}
+            }))?).await?;
+            for (i, (client_addr, admin_addr)) in endpoints.iter().enumerate() {
+                apply(&Api::<KVCacheBackend>::all(client.clone()), &format!("store-{i}"), &object(serde_json::json!({
+                    "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": format!("store-{i}")},
+                    "spec": {"type": "Mooncake", "connection": {"external": {"endpoints": [
+                        {"name": "Client", "address": client_addr}, {"name": "Admin", "address": admin_addr}
+                    ]}}}
+                }))?).await?;
+                apply(&Api::<KVCachePool>::all(client.clone()), &format!("pool-{i}"), &object(serde_json::json!({
+                    "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": format!("pool-{i}")},
+                    "spec": {"backends": [format!("store-{i}")], "quota": {"total": "1Gi"}}
+                }))?).await?;
+            }
+            let work: Vec<(usize, usize)> = (0..shape_ns)
+                .flat_map(|n| (0..per).map(move |j| (n, j)))
+                .collect();
+            futures::stream::iter(work)
+                .map(|(n, j)| {
+                    let client = client.clone();
+                    async move {
+                        let ns = ns_name(n);
+                        let pool = (n * per + j) % backends;
+                        apply(&Api::<KVCachePoolBinding>::namespaced(client.clone(), &ns), &format!("binding-{j:02}"), &object(serde_json::json!({
+                            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+                            "metadata": {"name": format!("binding-{j:02}"), "namespace": ns},
+                            "spec": {"poolRef": {"name": format!("pool-{pool}")}, "quota": {"ceiling": CEILING},
+                                     "domain": {"name": format!("{ns}-{j:02}"), "blockSize": 64, "dtype": "bfloat16"}}
+                        }))?).await?;
+                        apply(&Api::<ModelDeployment>::namespaced(client.clone(), &ns), &format!("model-{j:02}"), &object(serde_json::json!({
+                            "apiVersion": "worker.gpustack.ai/v1", "kind": "ModelDeployment",
+                            "metadata": {"name": format!("model-{j:02}"), "namespace": ns},
+                            "spec": {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "engine": {"name": "vLLM", "version": "0.29.0"},
+                                     "kvCache": {"poolRef": {"name": format!("binding-{j:02}")}},
+                                     "roles": [{"name": "server", "replicas": 0, "instanceType": "cpu-small"}]}
+                        }))?).await?;
+                        anyhow::Ok(())
+                    }
+                })
+                .buffer_unordered(16)
+                .try_collect::<Vec<()>>()
+                .await?;
+            anyhow::Ok(())
+        })??;
+        t.elapsed()
+    };
+    println!("created every object in {:.1}s", created.as_secs_f64());
+
+    // Cold start: from launching the operator to every Binding granted and every
+    // ModelDeployment registered (read every second).
+    let t = Instant::now();
+    let operator = Operator::start_unscoped(&kc, OPERATOR_NS, &[], &dir)?;
+    let convergence = {
+        let kc = kc.clone();
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            let deadline = Instant::now() + Duration::from_secs(1800);
+            loop {
+                let (b, m) = converged(&client).await?;
+                if b == total && m == total {
+                    return anyhow::Ok(t.elapsed());
+                }
+                if Instant::now() > deadline {
+                    anyhow::bail!(
+                        "not converged after 30 minutes: {b}/{total} Bindings granted, {m}/{total} ModelDeployments registered"
+                    );
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })??
+    };
+    println!(
+        "converged {:.1}s after the operator started",
+        convergence.as_secs_f64()
+    );
+
+    // At rest: nothing left to converge; only the periodic reads of the stores go on.
+    std::thread::sleep(Duration::from_secs(30));
+    let rss = resident_kib(operator.proc.pid())?;
+    println!("operator RSS at rest: {:.1} MiB", rss as f64 / 1024.0);
+
+    // A quiet window of the same length as the edit's, to tell periodic work from the edit's.
+    let window = Duration::from_secs(20);
+    let before_quiet = reconciles(&operator.metrics()?);
+    std::thread::sleep(window);
+    let quiet = diff(&reconciles(&operator.metrics()?), &before_quiet);
+
+    let before = reconciles(&operator.metrics()?);
+    let t = Instant::now();
+    {
+        let kc = kc.clone();
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            let api: Api<KVCachePoolBinding> = Api::namespaced(client, &ns_name(0));
+            api.patch(
+                "binding-00",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"quota": {"ceiling": EDITED}}})),
+            )
+            .await?;
+            kvcache_e2e::cluster::wait_object(
+                &api,
+                "binding-00",
+                "the edited grant read back",
+                Duration::from_secs(120),
+                |b| {
+                    b.status
+                        .as_ref()
+                        .and_then(|s| s.effective_quota.as_ref())
+                        .and_then(|q| kvcache_api::quantity::parse_bytes(&q.0).ok())
+                        == Some(512 << 10)
+                },
+            )
+            .await?;
+            anyhow::Ok(())
+        })??;
+    }
+    let granted = t.elapsed();
+    std::thread::sleep(window.saturating_sub(granted));
+    let edit = diff(&reconciles(&operator.metrics()?), &before);
+    println!(
+        "the edited grant read back after {:.2}s",
+        granted.as_secs_f64()
+    );
+
+    println!();
+    println!(
+        "| {total} Bindings + {total} ModelDeployments, {} namespaces, {} backends | figure | goal |",
+        shape.namespaces, shape.backends
+    );
+    println!("|---|---|---|");
+    println!(
+        "| cold start to converged | {:.1} s | |",
+        convergence.as_secs_f64()
+    );
+    println!(
+        "| operator RSS at rest (release) | {:.1} MiB | under 64 MiB |",
+        rss as f64 / 1024.0
+    );
+    println!(
+        "| one ceiling edit: grant read back | {:.2} s | |",
+        granted.as_secs_f64()
+    );
+    for (controller, n) in &edit {
+        let q = quiet.get(controller).copied().unwrap_or(0);
+        println!(
+            "| one ceiling edit: {controller} reconciles in {}s (same window, no edit: {q}) | {n} | Binding, its pool, its ModelDeployments |",
+            window.as_secs()
+        );
+    }
+    drop(operator);
+    drop(stores);
+    drop(cp);
+    Ok(())
+}
