@@ -23,6 +23,8 @@ pub struct Operator {
     pub host: String,
     /// Its `/metrics` and health port.
     pub metrics_port: u16,
+    /// `https://HOST:PORT` of its admission webhook, when it serves one.
+    pub webhook: Option<String>,
     args: Vec<String>,
     launcher: Launch,
     kubeconfig: PathBuf,
@@ -84,10 +86,15 @@ impl Operator {
         )
         .map_err(crate::io("writing the operator's resolv.conf"))?;
         let metrics_port = free_port()?;
+        let webhook_port = free_port()?;
+        // The webhook listens on the node's address, which the API server reaches over the
+        // bridge; the serving certificate names that address.
         let args = vec![
             "run".to_owned(),
             format!("--namespace={namespace}"),
             format!("--metrics-addr={}:{metrics_port}", node.ip),
+            format!("--webhook-addr={}:{webhook_port}", node.ip),
+            format!("--webhook-name={}", node.ip),
         ];
         let log = dir.join(format!("operator-{metrics_port}.log"));
         let launcher = Launch::OnNode {
@@ -99,6 +106,7 @@ impl Operator {
             proc,
             host: node.ip.clone(),
             metrics_port,
+            webhook: Some(format!("https://{}:{webhook_port}", node.ip)),
             args,
             kubeconfig: nodes.kubeconfig.clone(),
             log,
@@ -135,10 +143,15 @@ impl Operator {
         args.extend(extra.iter().cloned());
         let log = dir.join(format!("operator-{metrics_port}.log"));
         let proc = spawn(&Launch::Host, kubeconfig, &args, &log)?;
+        let webhook = extra
+            .iter()
+            .find_map(|a| a.strip_prefix("--webhook-addr="))
+            .map(|a| format!("https://{a}"));
         let mut op = Operator {
             proc,
             host: "127.0.0.1".into(),
             metrics_port,
+            webhook,
             args,
             kubeconfig: kubeconfig.to_owned(),
             log,
@@ -210,4 +223,44 @@ fn spawn(launch: &Launch, kubeconfig: &Path, args: &[String], log: &Path) -> Res
     // process is gone (one was seen still running, without its nodes, after its test binary).
     crate::process::reaper(&[proc.pid()])?;
     Ok(proc)
+}
+
+/// Registers the installation's webhook configurations (`kvcache-render::install::webhooks`)
+/// with `base` (`https://HOST:PORT`, the operator's [`Operator::webhook`]) as their address
+/// instead of the Service; without `our_kinds`, only the Pod webhooks (injection and freeze).
+/// The operator writes their `caBundle`.
+pub async fn register_webhooks(
+    client: &kube::Client,
+    namespace: &str,
+    base: &str,
+    our_kinds: bool,
+) -> Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    use kube::api::{Api, Patch, PatchParams};
+    let (mut mutating, mut validating) = kvcache_render::install::webhooks(namespace);
+    let to_url = |c: &mut k8s_openapi::api::admissionregistration::v1::WebhookClientConfig| {
+        let path = c.service.take().and_then(|s| s.path).unwrap_or_default();
+        c.url = Some(format!("{base}{path}"));
+    };
+    for w in mutating.webhooks.iter_mut().flatten() {
+        to_url(&mut w.client_config);
+    }
+    let hooks = validating.webhooks.get_or_insert_with(Vec::new);
+    if !our_kinds {
+        hooks.retain(|w| w.name != "validate.kvcache.gpustack.ai");
+    }
+    for w in hooks.iter_mut() {
+        to_url(&mut w.client_config);
+    }
+    let pp = PatchParams::apply("kvcache-e2e").force();
+    let name = mutating.metadata.name.clone().unwrap_or_default();
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .patch(&name, &pp, &Patch::Apply(&mutating))
+        .await?;
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .patch(&name, &pp, &Patch::Apply(&validating))
+        .await?;
+    Ok(())
 }

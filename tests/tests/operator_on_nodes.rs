@@ -1217,3 +1217,102 @@ fn without_multi_tenancy_the_binding_is_unenforced_the_engine_writes_and_a_pool_
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn a_deployment_labelled_for_injection_gets_the_store_settings_and_its_pods_write_under_the_binding()
+ {
+    use kvcache_api::KVCachePoolBinding;
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    let webhook = operator()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .webhook
+        .clone()
+        .expect("the operator serves its webhook");
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        // The Pod webhooks only: our kinds stay judged by the schema in this binary.
+        kvcache_e2e::operator::register_webhooks(&client, NAMESPACE, &webhook, false).await?;
+        let dir = paths::scratch("walkthrough-injected")?;
+        let manifests =
+            walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
+                walkthrough_as(v, "inj");
+                if v["kind"] == "KVCachePoolBinding" {
+                    v["spec"]["domain"]["name"] = "chat".into();
+                }
+                !matches!(v["kind"].as_str(), Some("ModelDeployment" | "InstanceType"))
+            })?;
+        for f in walkthrough::manifest_files(&manifests)? {
+            walkthrough::apply(&client, &walkthrough::read_objects(&f)?).await?;
+        }
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-inj");
+        wait_object(&bindings, "team-inj", "QuotaGranted=True", WAIT, |b| {
+            b.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "QuotaGranted" && c.status == "True"))
+        })
+        .await?;
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        wait_object(&pools, "shared-inj", "a client endpoint and the ledger read", WAIT, |p| {
+            p.status.as_ref().is_some_and(|s| {
+                s.client_endpoint.is_some()
+                    && s.conditions.iter().any(|c| c.type_ == "QuotaLedgerAvailable" && c.status == "True")
+            })
+        })
+        .await?;
+        // Any workload, not a ModelDeployment: the engine stand-in as vLLM, opted in by label.
+        let deployment: Deployment = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "chat", "namespace": "team-inj"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "chat"}},
+                "template": {
+                    "metadata": {
+                        "labels": {"app": "chat", "kvcache.gpustack.ai/inject": "true"},
+                        "annotations": {"kvcache.gpustack.ai/binding": "team-inj", "kvcache.gpustack.ai/engine": "vLLM"}
+                    },
+                    "spec": {"containers": [{
+                        "name": "engine",
+                        "image": "docker.io/gpustack/runner:cpu-vllm0.29.0",
+                        "imagePullPolicy": "Never",
+                        "command": ["vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct"],
+                        "resources": {"requests": {"cpu": walkthrough::DEMO_ROLE_CPU, "memory": walkthrough::DEMO_ROLE_MEMORY},
+                                      "limits": {"memory": walkthrough::DEMO_ROLE_MEMORY}},
+                        "readinessProbe": {"httpGet": {"path": "/health", "port": 8000}}
+                    }]}
+                }
+            }
+        }))
+        .map_err(|e| Error::Invalid { path: "chat".into(), what: "Deployment", reason: e.to_string() })?;
+        Api::<Deployment>::namespaced(client.clone(), "team-inj")
+            .patch("chat", &PatchParams::apply(walkthrough::MANAGER).force(), &Patch::Apply(&deployment))
+            .await?;
+        let team: Api<Pod> = Api::namespaced(client.clone(), "team-inj");
+        let ready = pods::wait_ready(&team, "app=chat", 1, WAIT).await?;
+        let p = &ready[0];
+        let record: serde_json::Value = serde_json::from_str(
+            p.metadata.annotations.as_ref().and_then(|a| a.get("kvcache.gpustack.ai/injected")).expect("the record"),
+        )
+        .map_err(|e| Error::Invalid { path: name_of(p).into(), what: "record", reason: e.to_string() })?;
+        assert_eq!(record["binding"], "team-inj");
+        assert_eq!(record["domain"], "chat");
+        assert_eq!(record["tenantInjected"], true);
+        let log = pods::wait_log(&team, name_of(p), None, "get key=", WAIT).await?;
+        assert!(log.contains("tenant chat") && log.contains(" rc=0") && log.contains("exist=1"), "{log}");
+        // The store charges the Binding's domain: its usage shows on the Binding.
+        wait_object(&bindings, "team-inj", "usage charged to the domain", WAIT, |b| {
+            b.status
+                .as_ref()
+                .and_then(|s| s.usage.as_ref())
+                .and_then(|q| parse_bytes(&q.0).ok())
+                .is_some_and(|u| u > 0)
+        })
+        .await?;
+        Api::<Deployment>::namespaced(client.clone(), "team-inj")
+            .delete("chat", &DeleteParams::default())
+            .await?;
+        pods::wait_pods(&team, "app=chat", "no Pods left", WAIT, |p| p.is_empty()).await?;
+        remove_walkthrough(&client, "inj").await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}

@@ -37,20 +37,13 @@ fn hook() -> &'static Mutex<Hook> {
         block_on(async move {
             let client = cluster.client().await?;
             kvcache_e2e::walkthrough::ensure_namespace(&client, OPERATOR_NS).await?;
-            let (_, mut validating) = kvcache_render::install::webhooks(OPERATOR_NS);
-            let hooks = validating.webhooks.get_or_insert_with(Vec::new);
-            hooks.retain(|w| w.name == "validate.kvcache.gpustack.ai");
-            for w in hooks.iter_mut() {
-                w.client_config.service = None;
-                w.client_config.url = Some(format!("https://127.0.0.1:{port}/validate"));
-            }
-            Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                .patch(
-                    &validating.name_any(),
-                    &PatchParams::apply("kvcache-e2e").force(),
-                    &Patch::Apply(&validating),
-                )
-                .await?;
+            kvcache_e2e::operator::register_webhooks(
+                &client,
+                OPERATOR_NS,
+                &format!("https://127.0.0.1:{port}"),
+                true,
+            )
+            .await?;
             Ok::<_, Error>(())
         })
         .map_err(|e| e.to_string())?;
@@ -167,7 +160,7 @@ fn a_second_binding_claiming_a_domain_on_the_same_backend_is_refused_naming_the_
         assert!(
             message.contains("spec.domain.name")
                 && message.contains("claims-a/team")
-                && message.contains("KVCacheBackend claims-store"),
+                && message.contains("backend claims-store"),
             "{message}"
         );
         // Another name on the same backend is admitted.
@@ -264,6 +257,199 @@ fn with_the_operator_stopped_other_groups_are_still_written_and_a_new_certificat
         pools
             .create(&PostParams::default(), &yaml("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: after-restart}\nspec: {backends: [nowhere], quota: {total: 1Gi}}\n"))
             .await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+fn pod(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> k8s_openapi::api::core::v1::Pod {
+    let mut v = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "pods-a",
+            "labels": {"kvcache.gpustack.ai/inject": "true"},
+            "annotations": {"kvcache.gpustack.ai/binding": "chat", "kvcache.gpustack.ai/engine": "vLLM"}},
+        "spec": {"containers": [{"name": "engine", "image": "gpustack/runner:cpu-vllm0.29.0",
+            "command": ["vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct"]}]}
+    });
+    edit(&mut v);
+    serde_json::from_value(v).expect("a Pod")
+}
+
+#[test]
+fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_injected() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
+    let _turn = hook().lock().unwrap_or_else(|p| p.into_inner());
+    let dir = paths::scratch("webhook-pods").expect("dir");
+    // A real multi-tenant master with one member, as an external backend: the pool reads its
+    // ledger (QuotaLedgerAvailable=True) and publishes its address.
+    let policy = dir.join("tenant-quota-policy.yaml");
+    std::fs::write(
+        &policy,
+        kvcache_quota::policy::render("pods-store", &[])
+            .expect("policy")
+            .to_yaml(),
+    )
+    .expect("policy file");
+    let master = Master::start(
+        &dir,
+        MasterOptions {
+            extra_args: vec![
+                "--enable_multi_tenants=true".into(),
+                "--tenant_quota_connector_type=file".into(),
+                format!("--tenant_quota_connector_uri={}", policy.display()),
+            ],
+            ..Default::default()
+        },
+    )
+    .expect("master");
+    let _member =
+        Member::start(&dir, &MemberOptions::new(master.address(), 64 << 20)).expect("member");
+    master.wait_capacity(64 << 20, WAIT).expect("mounted");
+    let (client_addr, admin_addr) = (
+        master.address(),
+        format!("127.0.0.1:{}", master.metrics_port),
+    );
+    block_on(async move {
+        let client = client().await?;
+        wait_trusted(&client).await?;
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        let external = |name: &str, c: &str, a: &str| -> KVCacheBackend {
+            yaml(&format!("apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {name}}}\nspec:\n  connection:\n    external:\n      endpoints: [{{name: Client, address: '{c}'}}, {{name: Admin, address: '{a}'}}]\n"))
+        };
+        backends.create(&PostParams::default(), &external("pods-store", &client_addr, &admin_addr)).await?;
+        backends.create(&PostParams::default(), &external("pods-down", "127.0.0.1:1", "127.0.0.1:2")).await?;
+        for (pool, backend) in [("pods-pool", "pods-store"), ("pods-down-pool", "pods-down")] {
+            pools
+                .create(&PostParams::default(), &yaml(&format!("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {{name: {pool}}}\nspec: {{backends: [{backend}], quota: {{total: 1Gi}}}}\n")))
+                .await?;
+        }
+        namespace(&client, "pods-a").await;
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "pods-a");
+        let binding = |name: &str, pool: &str, domain: &str| -> KVCachePoolBinding {
+            yaml(&format!("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {{name: {name}, namespace: pods-a}}\nspec:\n  poolRef: {{name: {pool}}}\n  quota: {{ceiling: 16Mi}}\n  domain: {{name: {domain}, blockSize: 64, dtype: bfloat16}}\n"))
+        };
+        bindings.create(&PostParams::default(), &binding("chat", "pods-pool", "chat")).await?;
+        bindings.create(&PostParams::default(), &binding("down", "pods-down-pool", "down")).await?;
+        bindings.create(&PostParams::default(), &binding("dangling", "no-such-pool", "dangling")).await?;
+        let mut going = binding("going", "pods-pool", "going");
+        going.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+        bindings.create(&PostParams::default(), &going).await?;
+        bindings.delete("going", &DeleteParams::default()).await?;
+        wait_object(&pools, "pods-pool", "QuotaLedgerAvailable=True and a client endpoint", WAIT, |p| {
+            p.status.as_ref().is_some_and(|s| {
+                s.client_endpoint.is_some()
+                    && s.conditions.iter().any(|c| c.type_ == "QuotaLedgerAvailable" && c.status == "True")
+            })
+        })
+        .await?;
+        wait_object(&pools, "pods-down-pool", "QuotaLedgerAvailable reported False", WAIT, |p| {
+            p.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| c.type_ == "QuotaLedgerAvailable" && c.status == "False")
+            })
+        })
+        .await?;
+        wait_object(&bindings, "going", "being deleted", WAIT, |b| b.metadata.deletion_timestamp.is_some()).await?;
+
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "pods-a");
+        let dry = PostParams { dry_run: true, ..Default::default() };
+        // Injected: the file, the variable and the records, through the API server.
+        let out = pods.create(&dry, &pod("engine", |_| {})).await?;
+        let a = out.metadata.annotations.clone().unwrap_or_default();
+        let config: serde_json::Value = serde_json::from_str(a.get("kvcache.gpustack.ai/client-config").expect("client-config")).expect("JSON");
+        assert_eq!(config["master_server_address"], client_addr.as_str());
+        assert_eq!(config["tenant_id"], "chat");
+        assert!(a.contains_key("kvcache.gpustack.ai/injected"));
+        let c = &out.spec.as_ref().expect("spec").containers[0];
+        assert!(c.args.iter().flatten().any(|x| x == "--kv-transfer-config"), "{:?}", c.args);
+
+        // Each refusal, with its reason in what the client reads.
+        let ann = |k: &'static str, v: Option<&'static str>| {
+            move |p: &mut serde_json::Value| match v {
+                Some(v) => p["metadata"]["annotations"][k] = v.into(),
+                None => {
+                    if let Some(m) = p["metadata"]["annotations"].as_object_mut() {
+                        m.remove(k);
+                    }
+                }
+            }
+        };
+        let cmd = |command: serde_json::Value, args: serde_json::Value| {
+            move |p: &mut serde_json::Value| {
+                p["spec"]["containers"][0]["command"] = command;
+                p["spec"]["containers"][0]["args"] = args;
+            }
+        };
+        let null = serde_json::Value::Null;
+        let cases: Vec<(&str, Pod, &str)> = vec![
+            ("a", pod("a", ann("kvcache.gpustack.ai/binding", None)), "BindingMissing"),
+            ("b", pod("b", ann("kvcache.gpustack.ai/binding", Some("other/chat"))), "CrossNamespaceBinding"),
+            ("c", pod("c", ann("kvcache.gpustack.ai/binding", Some("nobody"))), "BindingNotFound"),
+            ("d", pod("d", ann("kvcache.gpustack.ai/binding", Some("dangling"))), "DanglingReference"),
+            ("e", pod("e", ann("kvcache.gpustack.ai/binding", Some("down"))), "LedgerNotReady"),
+            ("f", pod("f", ann("kvcache.gpustack.ai/engine", None)), "EngineMissing"),
+            ("f", pod("f2", ann("kvcache.gpustack.ai/manufacturer", Some("nvidia"))), "UnknownManufacturer"),
+            ("g", pod("g", |p| p["spec"]["containers"].as_array_mut().expect("list").push(serde_json::json!({"name": "side", "image": "busybox"}))), "ContainerAmbiguous"),
+            ("h", pod("h", |p| {
+                p["spec"]["initContainers"] = serde_json::json!([{"name": "warmup", "image": "busybox"}]);
+                p["metadata"]["annotations"]["kvcache.gpustack.ai/container"] = "warmup".into();
+            }), "InitContainerNamed"),
+            ("i", pod("i", |p| p["spec"]["containers"][0]["args"] = serde_json::json!(["--kv-transfer-config", "{}"])), "OwnedKeyPresent"),
+            ("j", pod("j", |p| p["spec"]["containers"][0]["args"] = serde_json::json!(["--kv-cache-dtype", "fp8"])), "DtypeOwned"),
+            ("k", pod("k", ann("kvcache.gpustack.ai/binding", Some("going"))), "BindingDeleting"),
+            ("m", pod("m", |p| p["spec"]["volumes"] = serde_json::json!([{"name": "kvcache-client-config", "emptyDir": {}}])), "VolumeCollision"),
+            ("n", pod("n", cmd(null.clone(), null.clone())), "NoLaunchCommand"),
+            ("o", pod("o", cmd(null.clone(), serde_json::json!(["serve"]))), "EntrypointNotInspectable"),
+            ("p", pod("p", cmd(serde_json::json!(["tini", "--"]), null.clone())), "LauncherWithoutProgram"),
+            ("q", pod("q", cmd(serde_json::json!(["python3", "-m", "sglang.launch_server"]), null.clone())), "WrongProgram"),
+            ("r", pod("r", cmd(serde_json::json!(["sh", "-c", "vllm serve m"]), null.clone())), "ShellLaunch"),
+            ("s", pod("s", cmd(serde_json::json!(["env", "-S", "vllm serve m"]), null.clone())), "HiddenCommand"),
+            ("t", pod("t", cmd(serde_json::json!(["./run.sh"]), null.clone())), "ScriptLaunch"),
+            ("u", pod("u", ann("kvcache.gpustack.ai/bindng", Some("chat"))), "UnknownAnnotation"),
+            ("v", pod("v", ann("kvcache.gpustack.ai/injected", Some("{}"))), "RecordSubmitted"),
+            ("w", pod("w", ann("kvcache.gpustack.ai/domain", Some("chat"))), "DomainAnnotation"),
+            ("x", pod("x", ann("kvcache.gpustack.ai/role", Some("Server"))), "InvalidRole"),
+            ("y", pod("y", ann("kvcache.gpustack.ai/manufacturer", Some("ascend"))), "NotSupportedTransport"),
+        ];
+        for (rule, p, reason) in cases {
+            match pods.create(&dry, &p).await {
+                Err(kube::Error::Api(s)) => assert!(
+                    s.message.contains(reason) && s.message.contains("inject.kvcache.gpustack.ai"),
+                    "5.7 {rule}: expected {reason}, got {}",
+                    s.message
+                ),
+                other => panic!("5.7 {rule}: expected a refusal ({reason}), got {other:?}"),
+            }
+        }
+
+        // The freeze: the records and the label cannot change; other metadata can.
+        let created = pods.create(&PostParams::default(), &pod("frozen", |_| {})).await?;
+        let edit = |patch: serde_json::Value| {
+            let pods = pods.clone();
+            async move { pods.patch("frozen", &PatchParams::default(), &Patch::Merge(patch)).await }
+        };
+        edit(serde_json::json!({"metadata": {"labels": {"team": "a"}, "annotations": {"note": "fine"}}})).await?;
+        for patch in [
+            serde_json::json!({"metadata": {"annotations": {"kvcache.gpustack.ai/injected": null}}}),
+            serde_json::json!({"metadata": {"annotations": {"kvcache.gpustack.ai/client-config": "{}"}}}),
+            serde_json::json!({"metadata": {"labels": {"kvcache.gpustack.ai/inject": "false"}}}),
+        ] {
+            match edit(patch.clone()).await {
+                Err(kube::Error::Api(s)) => assert!(s.message.contains("freeze.kvcache.gpustack.ai"), "{}", s.message),
+                other => panic!("the freeze lets {patch} through: {other:?}"),
+            }
+        }
+        assert!(created.metadata.annotations.is_some_and(|a| a.contains_key("kvcache.gpustack.ai/injected")));
+        // A Pod without the label is not touched.
+        let plain = pods
+            .create(&dry, &pod("plain", |p| {
+                p["metadata"]["labels"] = serde_json::json!({});
+                p["metadata"]["annotations"] = serde_json::json!({});
+            }))
+            .await?;
+        assert!(plain.metadata.annotations.unwrap_or_default().is_empty());
+        bindings.patch("going", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}))).await?;
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));

@@ -1,10 +1,10 @@
 //! The admission webhook, served over HTTPS by `kvcache-operator run` on every replica.
 //!
-//! `/validate` judges the five kinds: the single-object rules of `kvcache-api::admission`
-//! (`validate_create` / `validate_update`, with the cluster's settings) and the cross-object
-//! rules of `kvcache-api::admission::cross`. What a request gets back is decided by
-//! [`validate`], a pure function of the request and a snapshot of the related objects; the
-//! handler only takes the snapshot and encodes the answer.
+//! `/validate` judges the five kinds with `kvcache-render::review` (the judgement the offline
+//! `kvcache-operator validate` makes too): single-object rules with the cluster's settings,
+//! cross-object claims, owned keys on attached roles, unknown fields. What a request gets back
+//! is decided by [`validate`], a pure function of the request and a snapshot of the related
+//! objects; the handler only takes the snapshot and encodes the answer.
 //!
 //! Where lookups come from (catalogue 2.4.10 asks for live reads where a rule needs them):
 //! - settings, pools, backends, Bindings: the operator's reflector stores. A Binding created in
@@ -21,14 +21,13 @@ use axum::routing::post;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::response::{Status, StatusCause, StatusDetails};
-use kvcache_api::admission::cross::{self, Claimant, LedgerKnown};
-use kvcache_api::admission::{Admission, Verdict};
-use kvcache_api::model::InstanceType;
-use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment, Settings};
+use kvcache_api::manifest::{Manifest, Object};
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, Settings};
+use kvcache_render::review::{Review, review};
 use tracing::{info, warn};
 
 use crate::certs::Presented;
@@ -49,144 +48,67 @@ pub struct World {
 }
 
 impl World {
-    fn backend(&self, name: &str) -> Option<&KVCacheBackend> {
-        self.backends
+    fn objects(&self) -> Vec<Object> {
+        let backends = self
+            .backends
             .iter()
-            .find(|b| b.name_any() == name)
-            .map(|b| &**b)
-    }
-
-    fn pool(&self, name: &str) -> Option<&KVCachePool> {
-        self.pools
-            .iter()
-            .find(|p| p.name_any() == name)
-            .map(|p| &**p)
-    }
-
-    /// The backend a pool names, if the pool exists.
-    fn backend_of_pool(&self, pool: &str) -> Option<&str> {
-        self.pool(pool).and_then(|p| p.spec.backend())
-    }
-
-    /// What is known of a backend's ledger: a pool on it observed it, or the backend declares
-    /// it off.
-    fn ledger(&self, backend: &str) -> LedgerKnown {
-        if self
-            .backend(backend)
-            .and_then(|b| b.spec.connection.managed.as_ref())
-            .is_some_and(|m| !m.leader.multi_tenancy)
-        {
-            return LedgerKnown::Absent;
-        }
-        let observed = self
+            .map(|b| Object::Backend(Box::new((**b).clone())));
+        let pools = self
             .pools
             .iter()
-            .filter(|p| p.spec.backend() == Some(backend))
-            .filter_map(|p| p.status.as_ref())
-            .flat_map(|s| s.conditions.iter())
-            .find(|c| c.type_ == "QuotaLedgerAvailable");
-        match observed {
-            Some(c) if c.status == "True" => LedgerKnown::Present,
-            Some(c) if c.reason == "MultiTenancyDisabled" => LedgerKnown::Absent,
-            _ => LedgerKnown::Unknown,
-        }
+            .map(|p| Object::Pool(Box::new((**p).clone())));
+        // A Binding on its way out no longer holds its name.
+        let bindings = self
+            .bindings
+            .iter()
+            .filter(|b| b.metadata.deletion_timestamp.is_none())
+            .map(|b| Object::Binding(Box::new((**b).clone())));
+        backends.chain(pools).chain(bindings).collect()
     }
 }
 
-fn decode<K: serde::de::DeserializeOwned>(o: &DynamicObject) -> Result<K, String> {
-    serde_json::to_value(o)
-        .and_then(serde_json::from_value)
-        .map_err(|e| format!("the object does not decode: {e}"))
-}
-
-/// The objects of a request, decoded.
-fn objects<K: serde::de::DeserializeOwned>(
-    req: &AdmissionRequest<DynamicObject>,
-) -> Result<(K, Option<K>), String> {
-    let new = req
-        .object
-        .as_ref()
-        .ok_or_else(|| "the request carries no object".to_owned())
-        .and_then(decode)?;
-    let old = match (&req.operation, &req.old_object) {
-        (Operation::Update, Some(o)) => Some(decode(o)?),
-        _ => None,
-    };
-    Ok((new, old))
-}
-
-/// The single-object rules for `new` (against `old` on an update).
-fn judge<K: Admission>(new: &K, old: Option<&K>, settings: &Settings) -> Verdict {
-    match old {
-        Some(old) => new.validate_update(old, settings),
-        None => new.validate_create(settings),
+/// One object of a request, decoded strictly (unknown fields listed).
+fn manifest(o: &DynamicObject) -> Result<Manifest, String> {
+    let text = serde_json::to_string(o).map_err(|e| format!("the object does not encode: {e}"))?;
+    let mut parsed = kvcache_api::manifest::parse("admission request", &text)
+        .map_err(|e| format!("the object does not decode: {e}"))?;
+    match parsed.pop() {
+        Some(m) if parsed.is_empty() => Ok(m),
+        _ => Err("the request carries no object of this operator's kinds".into()),
     }
 }
 
-fn merge(mut a: Verdict, b: Verdict) -> Verdict {
-    a.violations.extend(b.violations);
-    a.warnings.extend(b.warnings);
-    a
-}
-
-/// The verdict on one request of one of our kinds.
+/// The judgement of one request of one of our kinds (`None`: nothing to judge, a DELETE).
 pub fn verdict(
     req: &AdmissionRequest<DynamicObject>,
     settings: &Settings,
     world: &World,
-) -> Result<Verdict, String> {
+) -> Result<Option<Review>, String> {
     if !matches!(req.operation, Operation::Create | Operation::Update) {
-        return Ok(Verdict::default());
+        return Ok(None);
     }
-    Ok(match req.kind.kind.as_str() {
-        "KVCacheBackend" => {
-            let (new, old) = objects::<KVCacheBackend>(req)?;
-            judge(&new, old.as_ref(), settings)
-        }
-        "KVCachePool" => {
-            let (new, old) = objects::<KVCachePool>(req)?;
-            let v = judge(&new, old.as_ref(), settings);
-            if old.is_none() {
-                let backend = new.spec.backend().and_then(|b| world.backend(b));
-                merge(v, cross::pool_against(&new, backend))
-            } else {
-                v
-            }
-        }
-        "KVCachePoolBinding" => {
-            let (new, old) = objects::<KVCachePoolBinding>(req)?;
-            let v = judge(&new, old.as_ref(), settings);
-            if old.is_none() {
-                let backend = world.backend_of_pool(&new.spec.pool_ref.name);
-                let claims: Vec<Claimant<'_>> = world
-                    .bindings
-                    .iter()
-                    .filter(|b| b.metadata.deletion_timestamp.is_none())
-                    .filter_map(|b| {
-                        world
-                            .backend_of_pool(&b.spec.pool_ref.name)
-                            .map(|backend| Claimant {
-                                binding: b,
-                                backend,
-                            })
-                    })
-                    .collect();
-                let ledger = backend.map_or(LedgerKnown::Unknown, |b| world.ledger(b));
-                merge(v, cross::binding_against(&new, backend, &claims, ledger))
-            } else {
-                v
-            }
-        }
-        "ModelDeployment" => {
-            let (new, old) = objects::<ModelDeployment>(req)?;
-            judge(&new, old.as_ref(), settings)
-        }
-        "InstanceType" => {
-            let (new, old) = objects::<InstanceType>(req)?;
-            judge(&new, old.as_ref(), settings)
-        }
-        other => return Err(format!("kind {other} is not judged by this webhook")),
-    })
+    if req.kind.group != GROUP {
+        return Err(format!(
+            "kind {}.{} is not judged by this webhook",
+            req.kind.kind, req.kind.group
+        ));
+    }
+    let new = req
+        .object
+        .as_ref()
+        .ok_or_else(|| "the request carries no object".to_owned())
+        .and_then(manifest)?;
+    let old = match (&req.operation, &req.old_object) {
+        (Operation::Update, Some(o)) => Some(manifest(o)?),
+        _ => None,
+    };
+    Ok(Some(review(
+        &new.object,
+        old.as_ref().map(|m| &m.object),
+        &world.objects(),
+        &new.unknown_fields,
+        settings,
+    )))
 }
 
 /// The answer to a request: admitted with warnings, or refused with a 422 `Invalid` status
@@ -198,7 +120,8 @@ pub fn validate(
 ) -> AdmissionResponse {
     let mut response = AdmissionResponse::from(req);
     let v = match verdict(req, settings, world) {
-        Ok(v) => v,
+        Ok(Some(v)) => v,
+        Ok(None) => return response,
         Err(why) => return response.deny(why),
     };
     if !v.warnings.is_empty() {
@@ -215,23 +138,19 @@ pub fn validate(
         .unwrap_or_else(|| req.name.clone());
     let message = format!(
         "{kind}.{GROUP} \"{name}\" is invalid: {}",
-        v.violations
+        v.refusals
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(", ")
     );
     let causes = v
-        .violations
+        .refusals
         .iter()
-        .map(|violation| StatusCause {
-            reason: if violation.message.starts_with("Duplicate value") {
-                "FieldValueDuplicate".into()
-            } else {
-                "FieldValueInvalid".into()
-            },
-            message: violation.message.clone(),
-            field: violation.field.clone(),
+        .map(|r| StatusCause {
+            reason: r.cause.cause_type().into(),
+            message: r.message.clone(),
+            field: r.field.clone(),
         })
         .collect();
     response.allowed = false;
@@ -246,6 +165,112 @@ pub fn validate(
             retry_after_seconds: 0,
         });
     response
+}
+
+/// The answer to a Pod CREATE (the injection, 5.1-5.7): the store settings as a JSON patch, or a
+/// refusal whose message starts with its reason. `namespace` is the operator's.
+pub fn mutate_pod(
+    req: &AdmissionRequest<DynamicObject>,
+    namespace: &str,
+    operator_image: &str,
+    settings: &Settings,
+    world: &World,
+) -> AdmissionResponse {
+    let response = AdmissionResponse::from(req);
+    if !matches!(req.operation, Operation::Create) {
+        return response;
+    }
+    let pod: Pod = match req
+        .object
+        .as_ref()
+        .map(|o| serde_json::to_value(o).and_then(serde_json::from_value::<Pod>))
+    {
+        Some(Ok(p)) => p,
+        Some(Err(e)) => return response.deny(format!("the Pod does not decode: {e}")),
+        None => return response.deny("the request carries no Pod"),
+    };
+    let pod_ns = req.namespace.clone().unwrap_or_default();
+    let binding_name = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(kvcache_render::pod::BINDING_ANNOTATION))
+        .cloned()
+        .unwrap_or_default();
+    let binding = world.bindings.iter().find(|b| {
+        b.metadata.namespace.as_deref() == Some(pod_ns.as_str())
+            && b.metadata.name.as_deref() == Some(binding_name.as_str())
+    });
+    let pool = binding.and_then(|b| {
+        world
+            .pools
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(b.spec.pool_ref.name.as_str()))
+    });
+    let backend = pool.and_then(|p| p.spec.backend()).and_then(|name| {
+        world
+            .backends
+            .iter()
+            .find(|b| b.metadata.name.as_deref() == Some(name))
+    });
+    let env = kvcache_render::resolve::Environment {
+        namespace,
+        operator_image,
+        settings,
+    };
+    let refs = kvcache_render::pod::References {
+        binding: binding.map(|b| &**b),
+        pool: pool.map(|p| &**p),
+        backend: backend.map(|b| &**b),
+    };
+    match kvcache_render::pod::inject_pod(&pod, &pod_ns, refs, &env) {
+        Ok(injected) => {
+            let before = serde_json::to_value(&pod);
+            let after = serde_json::to_value(&injected.pod);
+            let (Ok(before), Ok(after)) = (before, after) else {
+                return response.deny("the injected Pod does not encode");
+            };
+            let mut response = match response.with_patch(json_patch::diff(&before, &after)) {
+                Ok(r) => r,
+                Err(e) => {
+                    return AdmissionResponse::from(req)
+                        .deny(format!("the patch does not encode: {e}"));
+                }
+            };
+            if !injected.warnings.is_empty() {
+                response.warnings = Some(injected.warnings);
+            }
+            response
+        }
+        Err(refusal) => {
+            let mut r = response.deny(format!("{}: {}", refusal.reason, refusal.message));
+            r.result.reason = refusal.reason.to_owned();
+            r.result.code = 403;
+            r
+        }
+    }
+}
+
+/// The answer to a Pod UPDATE (the freeze, 5.8).
+pub fn freeze_pod(req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+    let response = AdmissionResponse::from(req);
+    let decode = |o: Option<&DynamicObject>| {
+        o.and_then(|o| serde_json::to_value(o).ok())
+            .and_then(|v| serde_json::from_value::<Pod>(v).ok())
+    };
+    match (
+        &req.operation,
+        decode(req.old_object.as_ref()),
+        decode(req.object.as_ref()),
+    ) {
+        (Operation::Update, Some(old), Some(new)) => {
+            match kvcache_render::pod::frozen_edit(&old, &new) {
+                Some(why) => response.deny(why),
+                None => response,
+            }
+        }
+        _ => response,
+    }
 }
 
 /// What the handlers read.
@@ -268,6 +293,20 @@ async fn validate_handler(
     State(hook): State<Arc<Webhook>>,
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
+    let settings = crate::backend::settings(&hook.shared);
+    let world = hook.world();
+    answer(&hook, "validate", review, |req| {
+        validate(req, &settings, &world)
+    })
+}
+
+/// Decodes a review, answers it with `decide`, records the outcome.
+fn answer(
+    hook: &Webhook,
+    name: &'static str,
+    review: AdmissionReview<DynamicObject>,
+    decide: impl FnOnce(&AdmissionRequest<DynamicObject>) -> AdmissionResponse,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
     let started = Instant::now();
     let req: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(r) => r,
@@ -276,8 +315,7 @@ async fn validate_handler(
             return axum::Json(AdmissionResponse::invalid(e.to_string()).into_review());
         }
     };
-    let settings = crate::backend::settings(&hook.shared);
-    let response = validate(&req, &settings, &hook.world());
+    let response = decide(&req);
     let outcome = if response.allowed {
         "allowed"
     } else {
@@ -285,22 +323,51 @@ async fn validate_handler(
     };
     hook.shared
         .metrics
-        .webhook("validate", outcome, started.elapsed().as_secs_f64());
+        .webhook(name, outcome, started.elapsed().as_secs_f64());
     info!(
+        webhook = name,
         kind = %req.kind.kind,
         namespace = req.namespace.as_deref().unwrap_or(""),
         name = %req.name,
         operation = ?req.operation,
         outcome,
+        reason = %response.result.reason,
         "admission"
     );
     axum::Json(response.into_review())
+}
+
+async fn mutate_pods_handler(
+    State(hook): State<Arc<Webhook>>,
+    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
+    let settings = crate::backend::settings(&hook.shared);
+    let world = hook.world();
+    let config = &hook.shared.config;
+    answer(&hook, "inject", review, |req| {
+        mutate_pod(
+            req,
+            &config.namespace,
+            &config.operator_image,
+            &settings,
+            &world,
+        )
+    })
+}
+
+async fn validate_pods_handler(
+    State(hook): State<Arc<Webhook>>,
+    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
+    answer(&hook, "freeze", review, freeze_pod)
 }
 
 /// The webhook's routes.
 pub fn router(hook: Arc<Webhook>) -> Router {
     Router::new()
         .route("/validate", post(validate_handler))
+        .route("/mutate-pods", post(mutate_pods_handler))
+        .route("/validate-pods", post(validate_pods_handler))
         .with_state(hook)
 }
 
@@ -406,7 +473,11 @@ mod tests {
         assert!(!r.allowed);
         assert_eq!(r.result.code, 422);
         assert_eq!(r.result.reason, "Invalid");
-        assert!(r.result.message.starts_with("KVCachePoolBinding.worker.gpustack.ai \"team\" is invalid: spec.domain.name: Duplicate value"), "{}", r.result.message);
+        assert!(
+            r.result.message.starts_with("KVCachePoolBinding.worker.gpustack.ai \"team\" is invalid: spec.domain.name: Duplicate: domain \"qwen\" is already held on backend m by KVCachePoolBinding team-a/team"),
+            "{}",
+            r.result.message
+        );
         let details = r.result.details.expect("details");
         assert_eq!(details.causes[0].field, "spec.domain.name");
         assert_eq!(details.causes[0].reason, "FieldValueDuplicate");

@@ -172,8 +172,24 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
         })
         .collect();
     let mut pool_backend = BTreeMap::new();
+    // What the pools observed of each backend's ledger (objects from the cluster carry status;
+    // manifests do not): `QuotaLedgerAvailable` True, or False/`MultiTenancyDisabled`.
+    let mut observed: BTreeMap<String, bool> = BTreeMap::new();
     for o in objects {
         if let Object::Pool(p) = o {
+            let seen = p
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter())
+                .find(|c| c.type_ == "QuotaLedgerAvailable")
+                .and_then(|c| match (c.status.as_str(), c.reason.as_str()) {
+                    ("True", _) => Some(true),
+                    ("False", "MultiTenancyDisabled") => Some(false),
+                    _ => None,
+                });
+            if let (Some(seen), Some(backend)) = (seen, p.spec.backend()) {
+                observed.insert(backend.to_owned(), seen);
+            }
             let name = p.metadata.name.clone().unwrap_or_default();
             let backend = p.spec.backend().unwrap_or_default().to_owned();
             if let Some(w) = backends.get(&backend).and_then(|b| pool_warning(&name, b)) {
@@ -212,10 +228,15 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
             });
             continue;
         }
-        let ledger = backends
+        // Declared off wins; otherwise what a pool observed; otherwise unknown.
+        let ledger = match backends
             .get(backend)
             .and_then(|be| be.spec.connection.managed.as_ref())
-            .map(|m| m.leader.multi_tenancy);
+            .map(|m| m.leader.multi_tenancy)
+        {
+            Some(false) => Some(false),
+            declared => observed.get(backend).copied().or(declared),
+        };
         let tenants: Vec<String> = claims
             .iter()
             .filter(|c| &c.backend == backend)
@@ -255,6 +276,67 @@ mod tests {
             binding: binding.into(),
             pool: "p".into(),
         }
+    }
+
+    fn object(v: serde_json::Value) -> Object {
+        let text = serde_json::to_string(&v).expect("JSON");
+        kvcache_api::manifest::parse("test", &text)
+            .expect("parses")
+            .remove(0)
+            .object
+    }
+
+    #[test]
+    fn a_pool_observing_no_ledger_makes_a_second_domain_on_an_external_store_a_refusal() {
+        let backend = object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "ext"},
+            "spec": {"connection": {"external": {"endpoints": [
+                {"name": "Client", "address": "m:50051"}, {"name": "Admin", "address": "m:9003"}]}}}
+        }));
+        let pool = |ledger: Option<(&str, &str)>| {
+            let mut v = serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "p"},
+                "spec": {"backends": ["ext"], "quota": {"total": "1Gi"}}
+            });
+            if let Some((status, reason)) = ledger {
+                v["status"] = serde_json::json!({"conditions": [{"type": "QuotaLedgerAvailable",
+                    "status": status, "reason": reason, "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
+            }
+            object(v)
+        };
+        let binding = |ns: &str, domain: &str| {
+            object(serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+                "metadata": {"name": "b", "namespace": ns},
+                "spec": {"poolRef": {"name": "p"}, "quota": {"ceiling": "1Gi"},
+                         "domain": {"name": domain, "blockSize": 64, "dtype": "bfloat16"}}
+            }))
+        };
+        let second = |ledger| {
+            cross_object(&[
+                backend.clone(),
+                pool(ledger),
+                binding("a", "qwen"),
+                binding("b", "llama"),
+            ])
+            .into_iter()
+            .find(|f| f.object.namespace.as_deref() == Some("b"))
+            .map(|f| f.kind)
+        };
+        assert_eq!(
+            second(Some(("False", "MultiTenancyDisabled"))),
+            Some(FindingKind::Forbidden)
+        );
+        assert_eq!(second(Some(("True", "LedgerRead"))), None);
+        assert_eq!(
+            second(None),
+            Some(FindingKind::Warning),
+            "unknown: a warning"
+        );
+        assert_eq!(
+            second(Some(("False", "LedgerUnreachable"))),
+            Some(FindingKind::Warning)
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod install;
 pub mod model;
 pub mod names;
 pub mod observe;
+pub mod pod;
 pub mod resolve;
 pub mod review;
 

@@ -133,6 +133,48 @@ fn role_keys(md: &kvcache_api::ModelDeployment, settings: &Settings) -> Vec<Refu
         .collect()
 }
 
+/// The first store version whose master has multi-tenancy (`--enable_multi_tenants`).
+pub const MULTI_TENANT_STORE: [u64; 3] = [0, 3, 12];
+
+/// The store image version rule (catalogue 3.1.9): a managed backend whose image runs a master
+/// older than 0.3.12 must declare `leader.multiTenancy: false`, because the render gives such a
+/// master the multi-tenant flags and it exits on the first unknown one. Judged when the backend
+/// is created or when its image or that field moves (ratcheting: a stored backend stays
+/// updatable when the setting's image changes). An image whose tag names no version is not
+/// judged. High availability needs nothing of the image: the render's election runs in
+/// `kvcache-elector`, shipped in the operator's image, not in the master.
+fn store_image_rule(
+    b: &kvcache_api::KVCacheBackend,
+    old: Option<&kvcache_api::KVCacheBackend>,
+    settings: &Settings,
+) -> Option<Refusal> {
+    let managed = b.spec.connection.managed.as_ref()?;
+    if !managed.leader.multi_tenancy {
+        return None;
+    }
+    if let Some(old) = old {
+        let was = old
+            .spec
+            .connection
+            .managed
+            .as_ref()
+            .map(|m| m.leader.multi_tenancy);
+        if old.spec.image == b.spec.image && was == Some(true) {
+            return None;
+        }
+    }
+    let image = crate::resolve::store_image(b, settings)?;
+    let version = kvcache_inject::versions::store_version_of_image(image)?;
+    let numbers = kvcache_inject::versions::numbers(&version)?;
+    (numbers.as_slice() < MULTI_TENANT_STORE.as_slice()).then(|| Refusal {
+        field: "spec.connection.managed.leader.multiTenancy".into(),
+        cause: Cause::Invalid,
+        message: format!(
+            "the store image {image} runs Mooncake {version}, whose master has no multi-tenancy: given the tenant flags it exits (unknown command line flag); declare leader.multiTenancy: false, or use an image of 0.3.12 or later"
+        ),
+    })
+}
+
 /// Judges `object` (as an update of `old` when given) against the other objects it is admitted
 /// beside (`others`: the cluster's objects for the webhook, the other manifests offline;
 /// a stored copy of `object` itself among them is ignored). `unknown_fields` are the paths a
@@ -157,6 +199,13 @@ pub fn review(
     let mut refusals = Vec::new();
     if let Object::ModelDeployment(md) = object {
         refusals.extend(role_keys(md, settings));
+    }
+    if let Object::Backend(b) = object {
+        let previous = match old {
+            Some(Object::Backend(o)) => Some(&**o),
+            _ => None,
+        };
+        refusals.extend(store_image_rule(b, previous, settings));
     }
     let mut warnings = verdict.warnings;
     // The object is judged last among the others, so a name it claims that another holds is

@@ -10,7 +10,6 @@ use std::fmt;
 use crate::Settings;
 
 mod backend;
-pub mod cross;
 mod model;
 mod pool;
 

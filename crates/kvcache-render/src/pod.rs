@@ -1,0 +1,339 @@
+//! The Pod injection webhook's decision (catalogue 5.1-5.7, 5.11): for an opted-in Pod, its
+//! Binding, pool and backend, either the Pod with the store settings added (through the same
+//! `kvcache-inject` entry point the ModelDeployment render uses) or a refusal with its reason.
+//! Pure: the webhook looks the objects up, calls [`inject_pod`] and answers with the difference.
+//!
+//! Refusals decided here: the annotation contract (unknown keys, submitted records, a `domain`
+//! key, a missing or invalid engine), the container choice, and the references (Binding
+//! missing or being deleted, pool or backend missing, the pool's ledger and endpoint). The rest
+//! (owned keys, dtype, launch command, volumes, transport, role) are `kvcache-inject`'s.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use kvcache_api::backend::KVCacheBackend;
+use kvcache_api::model::EngineName;
+use kvcache_api::pool::{KVCachePool, KVCachePoolBinding};
+use kvcache_inject::{
+    CLIENT_CONFIG_ANNOTATION, INJECTED_ANNOTATION, Ledger, Request, Source, engines, inject,
+    parse_role,
+};
+
+use crate::resolve::{Environment, attachment_on};
+
+/// The label that opts a Pod in (the webhook's `objectSelector`).
+pub const INJECT_LABEL: &str = "kvcache.gpustack.ai/inject";
+/// The Binding of the Pod's namespace.
+pub const BINDING_ANNOTATION: &str = "kvcache.gpustack.ai/binding";
+/// `vLLM` or `SGLang`.
+pub const ENGINE_ANNOTATION: &str = "kvcache.gpustack.ai/engine";
+/// `ascend` (vLLM only).
+pub const MANUFACTURER_ANNOTATION: &str = "kvcache.gpustack.ai/manufacturer";
+/// `Prefill` or `Decode`.
+pub const ROLE_ANNOTATION: &str = "kvcache.gpustack.ai/role";
+/// Which container, when there are several.
+pub const CONTAINER_ANNOTATION: &str = "kvcache.gpustack.ai/container";
+/// The launcher passes appended args through.
+pub const FORWARDED_ANNOTATION: &str = "kvcache.gpustack.ai/launch-args-forwarded";
+const PREFIX: &str = "kvcache.gpustack.ai/";
+
+/// A refused Pod: the reason (CamelCase) and what to do.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct PodRefusal {
+    /// The reason.
+    pub reason: &'static str,
+    /// The message.
+    pub message: String,
+}
+
+fn refuse(reason: &'static str, message: impl Into<String>) -> PodRefusal {
+    PodRefusal {
+        reason,
+        message: message.into(),
+    }
+}
+
+/// What the webhook found for the Pod's Binding.
+#[derive(Clone, Copy, Debug)]
+pub struct References<'a> {
+    /// The Binding named by the annotation, in the Pod's namespace.
+    pub binding: Option<&'a KVCachePoolBinding>,
+    /// Its pool.
+    pub pool: Option<&'a KVCachePool>,
+    /// The pool's backend.
+    pub backend: Option<&'a KVCacheBackend>,
+}
+
+/// The injected Pod and the warnings to hand back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Injected {
+    /// The Pod with the store settings.
+    pub pod: Pod,
+    /// Admitted, but worth knowing.
+    pub warnings: Vec<String>,
+}
+
+/// The annotation keys a Pod may carry under our prefix, the binding and the engine aside from
+/// what the webhook writes itself.
+const ACCEPTED: [&str; 6] = [
+    BINDING_ANNOTATION,
+    ENGINE_ANNOTATION,
+    MANUFACTURER_ANNOTATION,
+    ROLE_ANNOTATION,
+    CONTAINER_ANNOTATION,
+    FORWARDED_ANNOTATION,
+];
+
+/// The annotation contract (refusals u, v, w).
+fn annotation_keys(annotations: &BTreeMap<String, String>) -> Result<(), PodRefusal> {
+    for key in annotations.keys().filter(|k| k.starts_with(PREFIX)) {
+        if key == CLIENT_CONFIG_ANNOTATION || key == INJECTED_ANNOTATION {
+            return Err(refuse(
+                "RecordSubmitted",
+                format!(
+                    "{key} is written by the injection webhook and cannot be submitted: remove it from the Pod template"
+                ),
+            ));
+        }
+        if key == "kvcache.gpustack.ai/domain" {
+            return Err(refuse(
+                "DomainAnnotation",
+                "kvcache.gpustack.ai/domain does not exist: the domain is the Binding's spec.domain.name; name another Binding for another domain",
+            ));
+        }
+        if !ACCEPTED.contains(&key.as_str()) {
+            return Err(refuse(
+                "UnknownAnnotation",
+                format!(
+                    "{key} is not a kvcache.gpustack.ai annotation (known: {}); check the spelling",
+                    ACCEPTED.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The engine annotation (refusal f): required, never guessed.
+fn engine(annotations: &BTreeMap<String, String>) -> Result<EngineName, PodRefusal> {
+    match annotations.get(ENGINE_ANNOTATION).map(String::as_str) {
+        Some("vLLM") => Ok(EngineName::Vllm),
+        Some("SGLang") => Ok(EngineName::Sglang),
+        Some(other) => Err(refuse(
+            "InvalidEngine",
+            format!("{ENGINE_ANNOTATION} {other:?} is not vLLM or SGLang (the spelling is exact)"),
+        )),
+        None => Err(refuse(
+            "EngineMissing",
+            format!(
+                "{ENGINE_ANNOTATION} is required (vLLM or SGLang): the engine is never guessed from the image"
+            ),
+        )),
+    }
+}
+
+/// The container to inject (refusals g, h).
+fn container_index(pod: &Pod, annotations: &BTreeMap<String, String>) -> Result<usize, PodRefusal> {
+    let spec = pod.spec.as_ref();
+    let containers = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+    match annotations.get(CONTAINER_ANNOTATION) {
+        Some(name) => {
+            if let Some(i) = containers.iter().position(|c| &c.name == name) {
+                return Ok(i);
+            }
+            let init = spec
+                .and_then(|s| s.init_containers.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| &c.name == name));
+            if init {
+                Err(refuse(
+                    "InitContainerNamed",
+                    format!(
+                        "{CONTAINER_ANNOTATION} names init container {name:?}, which runs before the engine and would cache nothing: name the engine's container"
+                    ),
+                ))
+            } else {
+                Err(refuse(
+                    "ContainerNotFound",
+                    format!(
+                        "{CONTAINER_ANNOTATION} names {name:?}, which is not a container of this Pod"
+                    ),
+                ))
+            }
+        }
+        None if containers.len() == 1 => Ok(0),
+        None => Err(refuse(
+            "ContainerAmbiguous",
+            format!(
+                "the Pod has {} containers and no {CONTAINER_ANNOTATION}: name the engine's container (the first is never chosen)",
+                containers.len()
+            ),
+        )),
+    }
+}
+
+/// The pool's ledger as its `QuotaLedgerAvailable` condition reports it (refusal e).
+fn ledger(pool: &KVCachePool) -> Ledger {
+    let c = pool.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "QuotaLedgerAvailable")
+    });
+    match c {
+        Some(c) if c.status == "True" => Ledger::Enforced,
+        Some(c) if c.status == "False" && c.reason == "MultiTenancyDisabled" => Ledger::Absent,
+        Some(c) => Ledger::Unavailable(format!(
+            "QuotaLedgerAvailable={}/{}: {}",
+            c.status, c.reason, c.message
+        )),
+        None => Ledger::Unavailable("QuotaLedgerAvailable is not reported yet".into()),
+    }
+}
+
+/// Decides for one opted-in Pod in `namespace`.
+pub fn inject_pod(
+    pod: &Pod,
+    namespace: &str,
+    refs: References<'_>,
+    env: &Environment<'_>,
+) -> Result<Injected, PodRefusal> {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    annotation_keys(&annotations)?;
+    let binding_name = annotations
+        .get(BINDING_ANNOTATION)
+        .map(String::as_str)
+        .unwrap_or_default();
+    let engine_name = engine(&annotations)?;
+    let row = engines::row(
+        engine_name,
+        annotations.get(MANUFACTURER_ANNOTATION).map(String::as_str),
+    )
+    .map_err(|e| refuse(e.reason(), e.to_string()))?;
+    let role = parse_role(annotations.get(ROLE_ANNOTATION).map(String::as_str))
+        .map_err(|e| refuse(e.reason(), e.to_string()))?;
+    let index = container_index(pod, &annotations)?;
+    // The binding annotation's own shape (missing, another namespace) is kvcache-inject's;
+    // only look it up when it names something here.
+    let attachment = if binding_name.is_empty() || binding_name.contains('/') {
+        None
+    } else {
+        let b = refs.binding.ok_or_else(|| {
+            refuse(
+                "BindingNotFound",
+                format!("KVCachePoolBinding {namespace}/{binding_name} does not exist: create it in this namespace, or name one that exists (kubectl get kvcachepoolbindings -n {namespace})"),
+            )
+        })?;
+        if b.metadata.deletion_timestamp.is_some() {
+            return Err(refuse(
+                "BindingDeleting",
+                format!(
+                    "KVCachePoolBinding {namespace}/{binding_name} is being deleted: writes would fail with TENANT_NOT_REGISTERED once its tenant is released"
+                ),
+            ));
+        }
+        let pool = refs.pool.ok_or_else(|| {
+            refuse(
+                "DanglingReference",
+                format!("KVCachePoolBinding {namespace}/{binding_name} names KVCachePool {}, which does not exist", b.spec.pool_ref.name),
+            )
+        })?;
+        let backend = refs.backend.ok_or_else(|| {
+            refuse(
+                "DanglingReference",
+                format!(
+                    "KVCachePool {} names KVCacheBackend {}, which does not exist",
+                    b.spec.pool_ref.name,
+                    pool.spec.backend().unwrap_or_default()
+                ),
+            )
+        })?;
+        let mut att = attachment_on(binding_name, b, backend, env)
+            .map_err(|e| refuse("DanglingReference", e.to_string()))?;
+        // The pool's observations, not the declarations, decide (5.7 e and l).
+        att.ledger = ledger(pool);
+        att.client_endpoint = pool.status.as_ref().and_then(|s| s.client_endpoint.clone());
+        Some(att)
+    };
+    let spec = pod.spec.clone().unwrap_or_default();
+    let container = &spec.containers[index];
+    let volumes: Vec<String> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.clone())
+        .collect();
+    let empty = String::new();
+    let req = Request {
+        source: Source::Webhook,
+        engine: row,
+        role,
+        binding: binding_name,
+        domain: attachment.as_ref().map_or(&empty, |a| &a.domain),
+        ledger: attachment
+            .as_ref()
+            .map_or(Ledger::Absent, |a| a.ledger.clone()),
+        dtype: attachment.as_ref().map_or(&empty, |a| &a.dtype),
+        dtype_owned: env.settings.kv_cache_dtype_owned,
+        client_endpoint: attachment
+            .as_ref()
+            .and_then(|a| a.client_endpoint.as_deref()),
+        protocols: attachment.as_ref().map_or(&[], |a| a.protocols.as_slice()),
+        store_version: attachment.as_ref().and_then(|a| a.store_version.as_deref()),
+        engine_version: None,
+        container,
+        pod_volumes: &volumes,
+        launch_args_forwarded: annotations.get(FORWARDED_ANNOTATION).map(String::as_str)
+            == Some("true"),
+    };
+    let injection = inject(&req).map_err(|e| refuse(e.reason(), e.to_string()))?;
+    let mut out = pod.clone();
+    let out_spec = out.spec.get_or_insert_with(Default::default);
+    out_spec.containers[index] = injection.apply(container);
+    if let Some(v) = &injection.volume {
+        out_spec
+            .volumes
+            .get_or_insert_with(Vec::new)
+            .push(v.clone());
+    }
+    let a = out.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    if let Some(doc) = &injection.client_config {
+        a.insert(CLIENT_CONFIG_ANNOTATION.to_owned(), doc.clone());
+    }
+    a.insert(INJECTED_ANNOTATION.to_owned(), injection.record_json());
+    Ok(Injected {
+        pod: out,
+        warnings: injection.warnings,
+    })
+}
+
+/// The post-create freeze (5.8): on an UPDATE of an opted-in Pod, editing or removing the
+/// trigger label or either record annotation is refused; everything else passes.
+pub fn frozen_edit(old: &Pod, new: &Pod) -> Option<String> {
+    let label = |p: &Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(INJECT_LABEL))
+            .cloned()
+    };
+    let annotation = |p: &Pod, k: &str| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k))
+            .cloned()
+    };
+    if label(old) != label(new) {
+        return Some(format!(
+            "metadata.labels[{INJECT_LABEL}] cannot change on an existing Pod: injection happens at creation; change the Pod template and let the workload roll"
+        ));
+    }
+    for k in [INJECTED_ANNOTATION, CLIENT_CONFIG_ANNOTATION] {
+        if annotation(old, k) != annotation(new, k) {
+            return Some(format!(
+                "metadata.annotations[{k}] records the injection and cannot be edited or removed"
+            ));
+        }
+    }
+    None
+}
