@@ -454,3 +454,91 @@ fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_i
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// The real 0.3.11.post1 master from PyPI (the wheel setup downloaded for the older-client
+/// engine stand-in), unpacked into `dir`.
+fn master_0_3_11(dir: &std::path::Path) -> PathBuf {
+    let wheels = paths::cache_dir().join("wheels").join("0.3.11.post1");
+    let wheel = std::fs::read_dir(&wheels)
+        .expect("the 0.3.11.post1 wheels (cargo xtask setup)")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("mooncake_transfer_engine"))
+        })
+        .expect("the mooncake wheel");
+    // A wheel is a zip; Python's own module unpacks it.
+    let status = std::process::Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(dir)
+        .status()
+        .expect("python3");
+    assert!(status.success(), "unpacking {}", wheel.display());
+    let master = dir.join("mooncake").join("mooncake_master");
+    std::fs::set_permissions(&master, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    master
+}
+
+#[test]
+fn a_backend_on_a_master_without_multi_tenancy_is_refused_before_any_pod_and_that_master_shows_why()
+{
+    let _turn = hook().lock().unwrap_or_else(|p| p.into_inner());
+    let text = "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {name: old-store}\nspec:\n  image: kvcacheai/mooncake:0.3.11.post1\n  connection:\n    managed:\n      leader: {}\n      members: [{medium: DRAM, capacityPerMember: 64Mi}]\n";
+    let backend: KVCacheBackend = yaml(text);
+    // Why: the flags the render gives this backend's leader, to the real 0.3.11.post1 master.
+    let dir = paths::scratch("master-0.3.11").expect("dir");
+    let master = master_0_3_11(&dir);
+    let managed = backend.spec.connection.managed.clone().expect("managed");
+    let mut flags = kvcache_render::backend::master_flags(&managed);
+    let (rpc, metrics) = (free_port().expect("port"), free_port().expect("port"));
+    flags.push(format!("-rpc_port={rpc}"));
+    flags.push(format!("-metrics_port={metrics}"));
+    let out = std::process::Command::new(&master)
+        .args(&flags)
+        .env(
+            "LD_LIBRARY_PATH",
+            dir.join("mooncake_transfer_engine_non_cuda.libs"),
+        )
+        .output()
+        .expect("run the master");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it exits: {stderr}");
+    assert!(
+        stderr.contains("unknown command line flag 'enable_multi_tenants'"),
+        "{stderr}"
+    );
+    // The same backend is refused at admission: nothing is created, no Pod starts.
+    block_on(async move {
+        let client = client().await?;
+        wait_trusted(&client).await?;
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        let message = refusal(backends.create(&PostParams::default(), &backend).await);
+        assert!(
+            message.contains("spec.connection.managed.leader.multiTenancy")
+                && message.contains("0.3.11.post1")
+                && message.contains("unknown command line flag"),
+            "{message}"
+        );
+        assert!(backends.get_opt("old-store").await?.is_none());
+        // Declared single-tenant, the same image is admitted.
+        let mut single: KVCacheBackend = yaml(text);
+        if let Some(m) = single.spec.connection.managed.as_mut() {
+            m.leader.multi_tenancy = false;
+        }
+        backends
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &single,
+            )
+            .await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}

@@ -159,6 +159,26 @@ fn converged(
     (b, m)
 }
 
+/// Waits until the operator's reconcile counters hold still for `quiet`.
+fn settle(operator: &Operator, quiet: Duration, limit: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    let mut last = reconciles(&operator.metrics()?);
+    let mut since = Instant::now();
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = reconciles(&operator.metrics()?);
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= quiet {
+            return Ok(());
+        }
+    }
+    anyhow::bail!(
+        "the operator's reconcile counters never held still for {quiet:?} within {limit:?}"
+    )
+}
+
 pub fn scale(shape: Shape) -> anyhow::Result<()> {
     setup::all()?;
     paths::use_release_builds();
@@ -270,7 +290,19 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
     // Cold start: from launching the operator to every Binding granted and every
     // ModelDeployment registered (watched; counted every second).
     let t = Instant::now();
-    let operator = Operator::start_unscoped(&kc, OPERATOR_NS, &[], &dir)?;
+    // Periodic work stretched to 10 minutes (store polls, ledger re-reads, ModelDeployment
+    // resyncs), so that what an edit triggers is told apart from what a timer does.
+    let operator = Operator::start_unscoped_with(
+        &kc,
+        OPERATOR_NS,
+        &[],
+        &dir,
+        &[
+            "--store-poll-stable=10m".into(),
+            "--ledger-interval=10m".into(),
+            "--model-resync=10m".into(),
+        ],
+    )?;
     let convergence = {
         let kc = kc.clone();
         block_on(async move {
@@ -297,8 +329,14 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
         convergence.as_secs_f64()
     );
 
-    // At rest: nothing left to converge; only the periodic reads of the stores go on.
-    std::thread::sleep(Duration::from_secs(30));
+    // At rest: the reconcile counters hold still for 10 s (the timers are stretched to 10
+    // minutes, so only what converging started is still draining until then).
+    let settled = Instant::now();
+    settle(&operator, Duration::from_secs(10), Duration::from_secs(600))?;
+    println!(
+        "at rest {:.1}s after converging",
+        settled.elapsed().as_secs_f64()
+    );
     let rss = resident_kib(operator.proc.pid())?;
     println!("operator RSS at rest: {:.1} MiB", rss as f64 / 1024.0);
 

@@ -195,9 +195,18 @@ fn kv_role(role: RoleKind) -> &'static str {
 
 /// The one protocol the pool offers this engine, or the refusal naming every offer.
 fn protocol(req: &Request<'_>) -> Result<(&'static str, Vec<String>), Error> {
-    let row = req.engine;
-    let mut offers: Vec<(&'static str, &'static str)> = req
-        .protocols
+    store_protocol(req.engine, req.protocols)
+}
+
+/// The one store protocol `protocols` (the effective protocols of a pool's member groups) offer
+/// an engine, with warnings, or the `NotSupportedTransport` refusal naming every offer in the
+/// artifact spelling and the API value to set (catalogue 2.4.5, 2.4.7, 5.7 y, 5.9). Admission of
+/// a ModelDeployment and the injection make the same judgement.
+pub fn store_protocol(
+    row: &EngineRow,
+    protocols: &[Protocol],
+) -> Result<(&'static str, Vec<String>), Error> {
+    let mut offers: Vec<(&'static str, &'static str)> = protocols
         .iter()
         .map(|p| (p.artifact(), p.api_value()))
         .collect();

@@ -20,7 +20,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator: reconcile KVCacheBackends (and, as they arrive, the other kinds)
     /// against the cluster in KUBECONFIG or the one this Pod runs in.
-    Run(crate::run::RunArgs),
+    Run(Box<crate::run::RunArgs>),
     /// Print every CustomResourceDefinition as YAML (what `kubectl apply -f` installs).
     Crds,
     /// Check manifests offline against the admission rules, as `kubectl apply` would be judged.

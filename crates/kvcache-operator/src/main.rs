@@ -30,7 +30,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        return match runtime.block_on(run::run(run_args)) {
+        return match runtime.block_on(run::run(*run_args)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -31,11 +31,6 @@ use crate::error::{Error, kube as kerr};
 use crate::run::Shared;
 
 const CONTROLLER: &str = "modeldeployment";
-/// A resync while nothing changes: every input (the deployment, its Deployments, its Binding and
-/// through it the store's figures, InstanceTypes) re-triggers a reconcile by itself. A short
-/// interval here was the scale benchmark's bottleneck: 2,000 deployments each re-read every 15 s
-/// kept the queue full and starved new ones.
-const RESYNC: Duration = Duration::from_secs(300);
 
 fn id(md: &ModelDeployment) -> String {
     format!("{}/{}", md.namespace().unwrap_or_default(), md.name_any())
@@ -335,7 +330,11 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
     shared
         .metrics
         .reconciled(CONTROLLER, "ok", started.elapsed().as_secs_f64());
-    Ok(Action::requeue(RESYNC))
+    // A resync while nothing changes (`--model-resync`, 5 minutes): every input (the deployment,
+    // its Deployments, its Binding and through it the store's figures, InstanceTypes)
+    // re-triggers a reconcile by itself. A short interval here was the scale benchmark's
+    // bottleneck: 2,000 deployments each re-read every 15 s kept the queue full.
+    Ok(Action::requeue(shared.config.model_resync))
 }
 
 /// The role Deployments this ModelDeployment owns (by its uid, not by labels alone).

@@ -43,9 +43,6 @@ const POOL: &str = "kvcachepool";
 /// The field manager of a Binding's `status.usedBy` (the pool pass writes the rest).
 const USAGE_MANAGER: &str = "kvcache-operator-usage";
 const BINDING: &str = "kvcachepoolbinding";
-/// How often the ledger is read while nothing changes (grants move with capacity, which the
-/// backend's status reports; a backend status change re-reads at once).
-const LEDGER_INTERVAL: Duration = Duration::from_secs(15);
 /// Retry while a release waits on the master (catalogue 4.7.5).
 const RELEASE_RETRY: Duration = Duration::from_secs(30);
 
@@ -331,7 +328,7 @@ async fn pool_pass(p: &KVCachePool, shared: &Shared, deleting: bool) -> Result<A
             names.join(", ")
         ))),
         Release::Released => Ok(Action::await_change()),
-        _ => Ok(Action::requeue(LEDGER_INTERVAL)),
+        _ => Ok(Action::requeue(shared.config.ledger_interval)),
     }
 }
 

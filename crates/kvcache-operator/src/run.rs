@@ -37,6 +37,13 @@ pub struct RunArgs {
     /// The longest delay between two reads of a stable store.
     #[arg(long, env = "KVCACHE_STORE_POLL_STABLE", default_value = "15s", value_parser = kvcache_elector::parse_duration)]
     pub store_poll_stable: Duration,
+    /// How often a pool re-reads its master's ledger while nothing changes (grants move with
+    /// capacity; a backend status change re-reads at once).
+    #[arg(long, env = "KVCACHE_LEDGER_INTERVAL", default_value = "15s", value_parser = kvcache_elector::parse_duration)]
+    pub ledger_interval: Duration,
+    /// How often a ModelDeployment is reconciled while nothing it watches changes.
+    #[arg(long, env = "KVCACHE_MODEL_RESYNC", default_value = "5m", value_parser = kvcache_elector::parse_duration)]
+    pub model_resync: Duration,
     /// `text` or `json` logs.
     #[arg(long, env = "KVCACHE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -111,6 +118,10 @@ pub struct Config {
     pub poll_stable: Duration,
     /// Which backends this operator reconciles.
     pub backend_selector: String,
+    /// A pool's ledger re-read interval.
+    pub ledger_interval: Duration,
+    /// A ModelDeployment's resync interval.
+    pub model_resync: Duration,
 }
 
 /// What the controllers share (one per binary).
@@ -357,6 +368,8 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             poll_fast: args.store_poll_fast,
             poll_stable: args.store_poll_stable.max(args.store_poll_fast),
             backend_selector: args.backend_selector,
+            ledger_interval: args.ledger_interval,
+            model_resync: args.model_resync,
         },
         metrics,
         settings,

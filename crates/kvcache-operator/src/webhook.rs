@@ -45,6 +45,8 @@ pub struct World {
     pub pools: Vec<Arc<KVCachePool>>,
     /// Every Binding.
     pub bindings: Vec<Arc<KVCachePoolBinding>>,
+    /// Every InstanceType (a role's accelerator maker picks vLLM-Ascend).
+    pub instance_types: Vec<Arc<kvcache_api::model::InstanceType>>,
 }
 
 impl World {
@@ -63,7 +65,15 @@ impl World {
             .iter()
             .filter(|b| b.metadata.deletion_timestamp.is_none())
             .map(|b| Object::Binding(Box::new((**b).clone())));
-        backends.chain(pools).chain(bindings).collect()
+        let instance_types = self
+            .instance_types
+            .iter()
+            .map(|i| Object::InstanceType(Box::new((**i).clone())));
+        backends
+            .chain(pools)
+            .chain(bindings)
+            .chain(instance_types)
+            .collect()
     }
 }
 
@@ -285,6 +295,7 @@ impl Webhook {
             backends: self.shared.backends.state(),
             pools: self.shared.pools.state(),
             bindings: self.shared.bindings.state(),
+            instance_types: self.shared.instance_types.state(),
         }
     }
 }
@@ -460,6 +471,7 @@ mod tests {
             backends: vec![],
             pools: vec![Arc::new(pool)],
             bindings: vec![Arc::new(first)],
+            instance_types: vec![],
         }
     }
 
@@ -490,7 +502,7 @@ mod tests {
         assert!(r.allowed, "{:?}", r.result);
         assert!(
             r.warnings
-                .is_some_and(|w| w.iter().any(|w| w.contains("tenant compatibility floor")))
+                .is_some_and(|w| w.iter().any(|w| w.contains("is unproven")))
         );
     }
 
@@ -518,11 +530,9 @@ mod tests {
             "{}",
             r.result.message
         );
-        let r = validate(
-            &request("Pod", "CREATE", binding("team-b", "qwen")),
-            &Settings::default(),
-            &world(),
-        );
+        let mut pod = request("Pod", "CREATE", binding("team-b", "qwen"));
+        pod.kind.group = String::new();
+        let r = validate(&pod, &Settings::default(), &world());
         assert!(
             !r.allowed && r.result.message.contains("not judged"),
             "{}",

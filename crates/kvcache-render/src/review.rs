@@ -175,6 +175,105 @@ fn store_image_rule(
     })
 }
 
+/// The pool transports a ModelDeployment's roles would use (catalogue 2.4.5, 2.4.7): for a new
+/// deployment with `kvCache`, and on an update for the roles whose InstanceType or take-over
+/// command moved (2.4.11), each attached role's engine (vLLM-Ascend when its InstanceType's
+/// accelerator is made by `ascend`) must find exactly one protocol it can use among the pool's
+/// member groups. Judged only when the Binding, its pool and backend are among `others`;
+/// otherwise the deployment reports `BindingNotFound` (creation order is free).
+fn transport_rule(
+    md: &kvcache_api::ModelDeployment,
+    old: Option<&kvcache_api::ModelDeployment>,
+    others: &[Object],
+) -> Vec<Refusal> {
+    let Some(kv) = &md.spec.kv_cache else {
+        return Vec::new();
+    };
+    let ns = md.metadata.namespace.as_deref();
+    let binding = others.iter().find_map(|o| match o {
+        Object::Binding(b)
+            if b.metadata.namespace.as_deref() == ns
+                && b.metadata.name.as_deref() == Some(kv.pool_ref.name.as_str()) =>
+        {
+            Some(&**b)
+        }
+        _ => None,
+    });
+    let pool = binding.and_then(|b| {
+        others.iter().find_map(|o| match o {
+            Object::Pool(p)
+                if p.metadata.name.as_deref() == Some(b.spec.pool_ref.name.as_str()) =>
+            {
+                Some(&**p)
+            }
+            _ => None,
+        })
+    });
+    let backend = pool.and_then(|p| p.spec.backend()).and_then(|name| {
+        others.iter().find_map(|o| match o {
+            Object::Backend(b) if b.metadata.name.as_deref() == Some(name) => Some(&**b),
+            _ => None,
+        })
+    });
+    let Some(backend) = backend else {
+        return Vec::new();
+    };
+    let protocols: Vec<kvcache_api::backend::Protocol> = match (
+        &backend.spec.connection.managed,
+        &backend.spec.connection.external,
+    ) {
+        (Some(m), _) => m
+            .members
+            .iter()
+            .map(|g| g.protocol(backend.spec.transport.protocol))
+            .collect(),
+        _ => vec![backend.spec.transport.protocol],
+    };
+    let manufacturer = |instance_type: &str| {
+        others.iter().find_map(|o| match o {
+            Object::InstanceType(it) if it.metadata.name.as_deref() == Some(instance_type) => it
+                .spec
+                .accelerator
+                .as_ref()
+                .and_then(|a| a.manufacturer.clone()),
+            _ => None,
+        })
+    };
+    md.spec
+        .roles
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.command.is_empty())
+        .filter(|(_, r)| match old {
+            None => true,
+            Some(o) => o
+                .spec
+                .roles
+                .iter()
+                .find(|x| x.name == r.name)
+                .is_none_or(|x| {
+                    x.instance_type != r.instance_type
+                        || x.command.is_empty() != r.command.is_empty()
+                }),
+        })
+        .filter_map(|(i, r)| {
+            let m = manufacturer(&r.instance_type).filter(|m| m == "ascend");
+            let row = kvcache_inject::engines::row(md.spec.engine.name, m.as_deref()).ok()?;
+            kvcache_inject::store_protocol(row, &protocols)
+                .err()
+                .map(|e| Refusal {
+                    field: format!("spec.roles[{i}]"),
+                    cause: Cause::Forbidden,
+                    message: format!(
+                        "through KVCachePoolBinding {} (KVCacheBackend {}): {e}",
+                        kv.pool_ref.name,
+                        backend.metadata.name.as_deref().unwrap_or_default()
+                    ),
+                })
+        })
+        .collect()
+}
+
 /// Judges `object` (as an update of `old` when given) against the other objects it is admitted
 /// beside (`others`: the cluster's objects for the webhook, the other manifests offline;
 /// a stored copy of `object` itself among them is ignored). `unknown_fields` are the paths a
@@ -199,6 +298,11 @@ pub fn review(
     let mut refusals = Vec::new();
     if let Object::ModelDeployment(md) = object {
         refusals.extend(role_keys(md, settings));
+        let previous = match old {
+            Some(Object::ModelDeployment(o)) => Some(&**o),
+            _ => None,
+        };
+        refusals.extend(transport_rule(md, previous, others));
     }
     if let Object::Backend(b) = object {
         let previous = match old {
@@ -216,9 +320,11 @@ pub fn review(
         .cloned()
         .collect();
     all.push(object.clone());
+    // Claims are judged when an object arrives: a stored one (say two Bindings that raced past
+    // admission onto one name) stays updatable, so that its finalizer can still be removed.
     for f in claims::cross_object(&all)
         .into_iter()
-        .filter(|f| f.object == me)
+        .filter(|f| f.object == me && mode == Mode::Create)
     {
         match f.kind {
             FindingKind::Warning => warnings.push(f.message),

@@ -51,3 +51,103 @@ fn a_master_older_than_0_3_12_must_declare_multi_tenancy_off() {
     let new = backend(Some("kvcacheai/mooncake:0.3.13.post1"), true);
     assert!(!review(&old, Some(&new), &[], &[], &settings).allowed());
 }
+
+fn object(v: serde_json::Value) -> Object {
+    parse("test", &v.to_string())
+        .expect("parses")
+        .remove(0)
+        .object
+}
+
+/// A backend whose groups use `protocols`, its pool, a Binding, an InstanceType by `maker`.
+fn world(protocols: &[&str], maker: &str) -> Vec<Object> {
+    let members: Vec<serde_json::Value> = protocols
+        .iter()
+        .map(|p| serde_json::json!({"medium": "DRAM", "capacityPerMember": "1Gi", "transport": {"protocol": p}}))
+        .collect();
+    vec![
+        object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "m"},
+            "spec": {"image": "gpustack/mirrored-mooncake:0.3.13.post1-cpu",
+                     "connection": {"managed": {"leader": {}, "members": members}}}
+        })),
+        object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "p"},
+            "spec": {"backends": ["m"], "quota": {"total": "1Gi"}}
+        })),
+        object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+            "metadata": {"name": "b", "namespace": "team"},
+            "spec": {"poolRef": {"name": "p"}, "quota": {"ceiling": "1Gi"},
+                     "domain": {"blockSize": 64, "dtype": "bfloat16"}}
+        })),
+        object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "InstanceType", "metadata": {"name": "it"},
+            "spec": {"accelerator": {"resourceName": "x.com/acc", "manufacturer": maker},
+                     "resources": {"cpu": "1", "memory": "1Gi"}}
+        })),
+    ]
+}
+
+fn model(engine: &str) -> Object {
+    object(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "ModelDeployment",
+        "metadata": {"name": "chat", "namespace": "team"},
+        "spec": {"model": {"name": "m"}, "engine": {"name": engine, "version": "0.29.0"},
+                 "kvCache": {"poolRef": {"name": "b"}},
+                 "roles": [{"name": "server", "instanceType": "it", "resources": {"accelerator": 1}}]}
+    }))
+}
+
+#[test]
+fn a_new_deployment_on_a_pool_of_mixed_or_unusable_protocols_is_refused_naming_every_offer() {
+    let settings = Settings::default();
+    let r = review(
+        &model("vLLM"),
+        None,
+        &world(&["TCP", "RDMA"], "nvidia"),
+        &[],
+        &settings,
+    );
+    assert!(
+        r.refusals.iter().any(|f| f.field == "spec.roles[0]"
+            && f.message.contains("mixed protocols")
+            && f.message.contains("tcp")
+            && f.message.contains("rdma")),
+        "{r:?}"
+    );
+    // vLLM-Ascend (the role's InstanceType is made by ascend) on a TCP pool: set CANN.
+    let r = review(
+        &model("vLLM"),
+        None,
+        &world(&["TCP"], "ascend"),
+        &[],
+        &settings,
+    );
+    assert!(
+        r.refusals.iter().any(|f| f.message.contains("CANN")),
+        "{r:?}"
+    );
+    // One usable protocol: admitted.
+    let r = review(
+        &model("vLLM"),
+        None,
+        &world(&["TCP"], "nvidia"),
+        &[],
+        &settings,
+    );
+    assert!(r.allowed(), "{r:?}");
+    // An unchanged binding stays editable when the backend became mixed later (2.4.5 ratchet).
+    let md = model("vLLM");
+    let r = review(
+        &md,
+        Some(&md),
+        &world(&["TCP", "RDMA"], "nvidia"),
+        &[],
+        &settings,
+    );
+    assert!(r.allowed(), "{r:?}");
+    // Without the Binding among the objects, nothing is judged (creation order is free).
+    let r = review(&model("vLLM"), None, &[], &[], &settings);
+    assert!(r.allowed(), "{r:?}");
+}
