@@ -542,3 +542,44 @@ fn a_backend_on_a_master_without_multi_tenancy_is_refused_before_any_pod_and_tha
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn a_model_deployment_on_a_pool_of_mixed_protocols_is_refused_at_once_from_live_reads() {
+    use kvcache_api::ModelDeployment;
+    let _turn = hook().lock().unwrap_or_else(|p| p.into_inner());
+    block_on(async {
+        let client = client().await?;
+        wait_trusted(&client).await?;
+        // Created one after the other with no wait: the webhook reads them live (2.4.10).
+        Api::<KVCacheBackend>::all(client.clone())
+            .create(&PostParams::default(), &yaml("apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {name: mixed-store}\nspec:\n  image: gpustack/mirrored-mooncake:0.3.13.post1-cpu\n  connection:\n    managed:\n      leader: {}\n      members:\n        - {medium: DRAM, capacityPerMember: 64Mi, transport: {protocol: TCP}}\n        - {medium: DRAM, capacityPerMember: 64Mi, transport: {protocol: RDMA}, nodeSelector: {rdma: 'true'}}\n"))
+            .await?;
+        Api::<KVCachePool>::all(client.clone())
+            .create(&PostParams::default(), &yaml("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: mixed}\nspec: {backends: [mixed-store], quota: {total: 1Gi}}\n"))
+            .await?;
+        namespace(&client, "mixed-a").await;
+        Api::<KVCachePoolBinding>::namespaced(client.clone(), "mixed-a")
+            .create(&PostParams::default(), &yaml("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {name: chat, namespace: mixed-a}\nspec:\n  poolRef: {name: mixed}\n  quota: {ceiling: 16Mi}\n  domain: {name: chat, blockSize: 64, dtype: bfloat16}\n"))
+            .await?;
+        let md = |binding: &str| -> ModelDeployment {
+            yaml(&format!("apiVersion: worker.gpustack.ai/v1\nkind: ModelDeployment\nmetadata: {{name: chat, namespace: mixed-a}}\nspec:\n  model: {{name: Qwen/Qwen2.5-0.5B-Instruct}}\n  engine: {{name: vLLM, version: '0.29.0'}}\n  kvCache: {{poolRef: {{name: {binding}}}}}\n  roles:\n    - {{name: server, replicas: 0, instanceType: cpu}}\n"))
+        };
+        let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "mixed-a");
+        let message = refusal(models.create(&PostParams::default(), &md("chat")).await);
+        assert!(
+            message.contains("spec.roles[0]")
+                && message.contains("mixed protocols")
+                && message.contains("tcp")
+                && message.contains("rdma")
+                && message.contains("KVCacheBackend mixed-store"),
+            "{message}"
+        );
+        // A deployment naming a Binding that does not exist (yet) is admitted: it reports
+        // BindingNotFound until the Binding arrives.
+        models
+            .create(&PostParams { dry_run: true, ..Default::default() }, &md("later"))
+            .await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}

@@ -300,12 +300,103 @@ impl Webhook {
     }
 }
 
+/// What a ModelDeployment is judged against (catalogue 2.4.10): its Binding, that Binding's pool
+/// and backend, and the InstanceTypes its roles name, read live from the API server, so that a
+/// Binding created a moment earlier counts. A deployment being deleted is judged against nothing
+/// (the rules reading an InstanceType stand down).
+async fn live_world(client: &kube::Client, object: &DynamicObject) -> Result<World, String> {
+    use kube::api::Api;
+    use kvcache_api::ModelDeployment;
+    use kvcache_api::model::InstanceType;
+    let md: ModelDeployment = serde_json::to_value(object)
+        .and_then(serde_json::from_value)
+        .map_err(|e| format!("the object does not decode: {e}"))?;
+    let mut world = World::default();
+    if md.metadata.deletion_timestamp.is_some() {
+        return Ok(world);
+    }
+    let read = |what: String| move |e: kube::Error| format!("reading {what}: {e}");
+    let ns = md.metadata.namespace.clone().unwrap_or_default();
+    if let Some(kv) = &md.spec.kv_cache {
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), &ns);
+        let binding = bindings
+            .get_opt(&kv.pool_ref.name)
+            .await
+            .map_err(read(format!(
+                "KVCachePoolBinding {ns}/{}",
+                kv.pool_ref.name
+            )))?;
+        if let Some(b) = binding {
+            let pools: Api<KVCachePool> = Api::all(client.clone());
+            let pool = pools
+                .get_opt(&b.spec.pool_ref.name)
+                .await
+                .map_err(read(format!("KVCachePool {}", b.spec.pool_ref.name)))?;
+            if let Some(p) = pool {
+                if let Some(name) = p.spec.backend() {
+                    let backends: Api<KVCacheBackend> = Api::all(client.clone());
+                    if let Some(be) = backends
+                        .get_opt(name)
+                        .await
+                        .map_err(read(format!("KVCacheBackend {name}")))?
+                    {
+                        world.backends.push(Arc::new(be));
+                    }
+                }
+                world.pools.push(Arc::new(p));
+            }
+            world.bindings.push(Arc::new(b));
+        }
+    }
+    let its: Api<InstanceType> = Api::all(client.clone());
+    let mut names: Vec<&str> = md
+        .spec
+        .roles
+        .iter()
+        .map(|r| r.instance_type.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        if let Some(it) = its
+            .get_opt(name)
+            .await
+            .map_err(read(format!("InstanceType {name}")))?
+        {
+            world.instance_types.push(Arc::new(it));
+        }
+    }
+    Ok(world)
+}
+
 async fn validate_handler(
     State(hook): State<Arc<Webhook>>,
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
     let settings = crate::backend::settings(&hook.shared);
-    let world = hook.world();
+    // ModelDeployments: live reads (2.4.10). The other kinds: the caches, fresh enough for the
+    // claims they judge (a race past them is what DomainExclusive reports).
+    let live = match review.request.as_ref() {
+        Some(r)
+            if r.kind.kind == "ModelDeployment"
+                && matches!(r.operation, Operation::Create | Operation::Update) =>
+        {
+            match r.object.as_ref() {
+                Some(o) => Some(live_world(&hook.shared.client, o).await),
+                None => None,
+            }
+        }
+        _ => None,
+    };
+    let world = match live {
+        Some(Ok(w)) => w,
+        Some(Err(why)) => {
+            return answer(&hook, "validate", review, |req| {
+                AdmissionResponse::from(req).deny(why)
+            });
+        }
+        None => hook.world(),
+    };
     answer(&hook, "validate", review, |req| {
         validate(req, &settings, &world)
     })
