@@ -15,7 +15,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, CustomResourceExt};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::backend::{self, Poll};
 use crate::telemetry::{self, LogFormat, Metrics, Readiness};
@@ -44,6 +44,22 @@ pub struct RunArgs {
     /// How often a ModelDeployment is reconciled while nothing it watches changes.
     #[arg(long, env = "KVCACHE_MODEL_RESYNC", default_value = "5m", value_parser = kvcache_elector::parse_duration)]
     pub model_resync: Duration,
+    /// Run the controllers only while holding the Lease `--leader-election-lease` in
+    /// `--namespace` (several replicas: one reconciles, the others serve webhooks and wait). The
+    /// installation sets it.
+    #[arg(long, env = "KVCACHE_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// The operator's own Lease.
+    #[arg(
+        long,
+        env = "KVCACHE_LEADER_ELECTION_LEASE",
+        default_value = "kvcache-operator"
+    )]
+    pub leader_election_lease: String,
+    /// How long the Lease holds without renewal (seconds); a standby takes over after it, or at
+    /// once when the leader releases it on SIGTERM.
+    #[arg(long, env = "KVCACHE_LEADER_ELECTION_DURATION", default_value_t = 15)]
+    pub leader_election_duration: u64,
     /// `text` or `json` logs.
     #[arg(long, env = "KVCACHE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -164,6 +180,12 @@ pub enum RunError {
         /// The CRD's name.
         crd: String,
     },
+    /// The operator's Lease could not be read or written.
+    #[error("the operator's leader election: {0}")]
+    Election(#[from] kube_lease_manager::LeaseManagerError),
+    /// The Lease was lost while leading: the process exits so that it restarts as a standby.
+    #[error("lost the operator's Lease {0} while leading; exiting to restart as a standby")]
+    LeaseLost(String),
     /// The metrics/health server could not start.
     #[error("cannot serve metrics and health on {addr}: {source}")]
     Serve {
@@ -411,22 +433,141 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         (keeping, serving)
     });
     info!(namespace = %shared.config.namespace, "kvcache-operator running");
-    // Pools and Bindings are reconciled by the operator that reconciles every backend (a
-    // selector scopes backends only, for several operators on one cluster).
-    if shared.config.backend_selector.is_empty() {
-        tokio::join!(
-            backend::run(shared.clone()),
-            crate::pool::run_pools(shared.clone()),
-            crate::pool::run_bindings(shared.clone()),
-            crate::model::run(shared.clone()),
-        );
+    // Leader election: the webhooks and metrics serve on every replica; the controllers run on
+    // the one holding the Lease.
+    let election = if args.leader_elect {
+        let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
+            format!(
+                "{}-{}",
+                std::env::var("HOSTNAME").unwrap_or_else(|_| "kvcache-operator".into()),
+                std::process::id()
+            )
+        });
+        let duration = args.leader_election_duration.max(2);
+        let lease_name = args.leader_election_lease.clone();
+        let ns = shared.config.namespace.clone();
+        let client = shared.client.clone();
+        let campaign = |identity: String| {
+            let (client, lease_name, ns) = (client.clone(), lease_name.clone(), ns.clone());
+            async move {
+                let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &lease_name)
+                    .with_namespace(&ns)
+                    .with_identity(&identity)
+                    .with_duration(duration)
+                    .with_grace((duration / 3).max(1))
+                    .with_field_manager("kvcache-operator-election")
+                    .build()
+                    .await?;
+                Ok::<_, RunError>(manager.watch().await)
+            }
+        };
+        let (mut leading, mut task) = campaign(identity.clone()).await?;
+        info!(%identity, lease = %args.leader_election_lease, "standing by for the operator's Lease");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|source| RunError::Serve {
+                addr: args.metrics_addr,
+                source,
+            })?;
+        // kube-lease-manager's standby retries when the Lease it last saw would expire; a
+        // leader that releases the Lease on SIGTERM is noticed here, on a watch of the Lease,
+        // and a new campaign takes it at once.
+        let released = watcher(
+            Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+                shared.client.clone(),
+                &shared.config.namespace,
+            ),
+            watcher::Config::default()
+                .fields(&format!("metadata.name={}", args.leader_election_lease)),
+        )
+        .default_backoff()
+        .applied_objects()
+        .filter_map(|l| {
+            futures::future::ready(l.ok().filter(|l| {
+                l.spec
+                    .as_ref()
+                    .and_then(|s| s.holder_identity.as_deref())
+                    .is_none_or(str::is_empty)
+            }))
+        });
+        futures::pin_mut!(released);
+        loop {
+            if *leading.borrow_and_update() {
+                break;
+            }
+            tokio::select! {
+                changed = leading.changed() => if changed.is_err() {
+                    return Err(RunError::LeaseLost(args.leader_election_lease.clone()));
+                },
+                Some(_) = released.next() => {
+                    drop(leading);
+                    let _ = task.await;
+                    (leading, task) = campaign(identity.clone()).await?;
+                }
+                _ = term.recv() => {
+                    info!("stopping while standing by");
+                    drop(leading);
+                    let _ = task.await;
+                    server.abort();
+                    return Ok(());
+                }
+                _ = tokio::signal::ctrl_c() => {
+                    drop(leading);
+                    let _ = task.await;
+                    server.abort();
+                    return Ok(());
+                }
+            }
+        }
+        info!(%identity, "leading: the controllers start");
+        Some((leading, task))
     } else {
-        backend::run(shared).await;
+        None
+    };
+    shared.metrics.leader.set(1);
+    let controllers = async {
+        // Pools and Bindings are reconciled by the operator that reconciles every backend (a
+        // selector scopes backends only, for several operators on one cluster).
+        if shared.config.backend_selector.is_empty() {
+            tokio::join!(
+                backend::run(shared.clone()),
+                crate::pool::run_pools(shared.clone()),
+                crate::pool::run_bindings(shared.clone()),
+                crate::model::run(shared.clone()),
+            );
+        } else {
+            backend::run(shared.clone()).await;
+        }
+    };
+    let mut lost = None;
+    match election {
+        Some((mut leading, task)) => {
+            let still_leading = async {
+                while leading.changed().await.is_ok() {
+                    if !*leading.borrow_and_update() {
+                        break;
+                    }
+                }
+            };
+            tokio::select! {
+                () = controllers => {}
+                () = still_leading => lost = Some(args.leader_election_lease.clone()),
+            }
+            // Dropping the receiver releases the Lease (at once, so a standby takes over).
+            drop(leading);
+            if let Ok(Err(e)) = task.await {
+                warn!(error = %e, "releasing the operator's Lease");
+            }
+        }
+        None => controllers.await,
     }
+    shared.metrics.leader.set(0);
     server.abort();
     if let Some((keeping, serving)) = webhook {
         keeping.abort();
         serving.abort();
+    }
+    if let Some(lease) = lost {
+        return Err(RunError::LeaseLost(lease));
     }
     info!("stopped");
     Ok(())

@@ -77,6 +77,8 @@ pub struct Metrics {
     pub store_reads: Family<StoreLabels, Counter>,
     /// Webhook request durations by webhook and outcome.
     pub webhook_seconds: Family<WebhookLabels, Histogram>,
+    /// 1 while this replica leads (runs the controllers), 0 while it stands by.
+    pub leader: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl Default for Metrics {
@@ -90,6 +92,12 @@ impl Default for Metrics {
         let webhook_seconds = Family::<WebhookLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0005, 2.0, 14))
         });
+        let leader = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register(
+            "leader",
+            "Whether this replica leads (runs the controllers): 1, or 0 while it stands by",
+            leader.clone(),
+        );
         registry.register(
             "webhook_request_duration_seconds",
             "Admission webhook request duration by webhook and outcome",
@@ -116,6 +124,7 @@ impl Default for Metrics {
             reconcile_seconds,
             store_reads,
             webhook_seconds,
+            leader,
         }
     }
 }

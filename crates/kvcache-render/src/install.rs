@@ -206,7 +206,9 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
         &Deployment {
             metadata: meta(NAME, ns),
             spec: Some(DeploymentSpec {
-                replicas: Some(1),
+                // Two replicas: one runs the controllers while holding the Lease
+                // `kvcache-operator`, the other stands by and takes over when it is released.
+                replicas: Some(2),
                 selector: LabelSelector {
                     match_labels: Some(selector.clone()),
                     ..Default::default()
@@ -221,7 +223,7 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
                         containers: vec![Container {
                             name: "operator".into(),
                             image: Some(image.into()),
-                            args: Some(vec!["run".into()]),
+                            args: Some(vec!["run".into(), "--leader-elect".into()]),
                             env: Some(vec![EnvVar {
                                 name: "KVCACHE_NAMESPACE".into(),
                                 value_from: Some(EnvVarSource {

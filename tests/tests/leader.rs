@@ -1,0 +1,129 @@
+//! The operator's own leader election on a real API server: of two replicas one runs the
+//! controllers and the other stands by (serving only metrics and health); SIGTERM on the leader
+//! releases the Lease so the standby takes over before the Lease would have expired.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, PostParams};
+use kvcache_api::KVCachePool;
+use kvcache_e2e::cluster::{block_on, shared, wait_object};
+use kvcache_e2e::operator::Operator;
+use kvcache_e2e::{Error, paths};
+
+/// Long enough that a takeover within it can only come from the leader releasing the Lease.
+const LEASE_SECONDS: u64 = 60;
+const WAIT: Duration = Duration::from_secs(45);
+
+fn leads(op: &Operator) -> Option<bool> {
+    let text = op.metrics().ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("kvcache_operator_leader "))
+        .map(|v| v.trim() == "1")
+}
+
+fn reconciled_any(op: &Operator) -> bool {
+    op.metrics().is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.starts_with("kvcache_operator_reconciles_total{"))
+    })
+}
+
+/// Waits until `ok` holds for the operator's metrics, saying what it waited for.
+fn wait_for(op: &Operator, what: &str, ok: impl Fn(&Operator) -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !ok(op) {
+        assert!(Instant::now() < deadline, "waited {WAIT:?} for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn pool(name: &str) -> KVCachePool {
+    serde_yaml::from_str(&format!(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {{name: {name}}}\nspec: {{backends: [nowhere], quota: {{total: 1Gi}}}}\n"
+    ))
+    .expect("a pool")
+}
+
+#[test]
+fn one_replica_reconciles_the_other_stands_by_and_sigterm_hands_over_at_once() {
+    let cluster = shared();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    let ns = block_on(async {
+        let client = cluster.client().await?;
+        cluster.namespace(&client, "op-leader").await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let dir = paths::scratch("leader").expect("dir");
+    let args = [
+        "--leader-elect".to_owned(),
+        format!("--leader-election-duration={LEASE_SECONDS}"),
+    ];
+    let mut first = Operator::start_unscoped_with(&kc, &ns, &[], &dir, &args).expect("first");
+    wait_for(&first, "the first replica to lead", |o| {
+        leads(o) == Some(true)
+    });
+    let second = Operator::start_unscoped_with(&kc, &ns, &[], &dir, &args).expect("second");
+    wait_for(&second, "the second replica to report standing by", |o| {
+        leads(o) == Some(false)
+    });
+
+    let ns2 = ns.clone();
+    block_on(async move {
+        let client = cluster.client().await?;
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        pools
+            .create(&PostParams::default(), &pool("led-by-first"))
+            .await?;
+        wait_object(
+            &pools,
+            "led-by-first",
+            "a status from the leader",
+            WAIT,
+            |p| p.status.is_some(),
+        )
+        .await?;
+        let lease = Api::<Lease>::namespaced(client, &ns2)
+            .get("kvcache-operator")
+            .await?;
+        assert!(
+            lease.spec.and_then(|s| s.holder_identity).is_some(),
+            "the Lease has a holder"
+        );
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!reconciled_any(&second), "the standby reconciles nothing");
+
+    // SIGTERM on the leader: it releases the Lease, and the standby leads well before the
+    // Lease (60 s) would have expired.
+    let stopped = Instant::now();
+    first.stop(Duration::from_secs(20));
+    wait_for(
+        &second,
+        "the standby to lead after the leader's SIGTERM",
+        |o| leads(o) == Some(true),
+    );
+    assert!(
+        stopped.elapsed() < Duration::from_secs(LEASE_SECONDS),
+        "taken over by release, not by expiry"
+    );
+    block_on(async move {
+        let client = cluster.client().await?;
+        let pools: Api<KVCachePool> = Api::all(client);
+        pools
+            .create(&PostParams::default(), &pool("led-by-second"))
+            .await?;
+        wait_object(
+            &pools,
+            "led-by-second",
+            "a status from the new leader",
+            WAIT,
+            |p| p.status.is_some(),
+        )
+        .await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(reconciled_any(&second), "the new leader reconciles");
+}
