@@ -23,6 +23,21 @@ pub struct MasterOptions {
     pub ports: Option<(u16, u16)>,
 }
 
+impl MasterOptions {
+    /// A multi-tenant master reading its tenant ledger from the policy document at `policy`
+    /// (the file connector, as the render gives a managed leader).
+    pub fn multi_tenant(policy: &Path) -> Self {
+        MasterOptions {
+            extra_args: vec![
+                "--enable_multi_tenants=true".into(),
+                "--tenant_quota_connector_type=file".into(),
+                format!("--tenant_quota_connector_uri={}", policy.display()),
+            ],
+            ..Default::default()
+        }
+    }
+}
+
 /// A running `mooncake_master`.
 pub struct Master {
     /// The process.

@@ -837,28 +837,10 @@ fn an_sglang_deployment_on_another_store_line_is_refused_and_no_pod_starts() {
         // the 0.3.13.post1 store, under names of its own.
         let manifests =
             walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
-                match v["kind"].as_str() {
-                    Some("Namespace") => v["metadata"]["name"] = "team-sgl".into(),
-                    Some("KVCacheBackend") => {
-                        v["metadata"]["name"] = "mooncake-sgl".into();
-                        v["spec"]["image"] = PINNED_IMAGE.into();
-                    }
-                    Some("KVCachePool") => {
-                        v["metadata"]["name"] = "shared-sgl".into();
-                        v["spec"]["backends"] = serde_json::json!(["mooncake-sgl"]);
-                    }
-                    Some("KVCachePoolBinding") => {
-                        v["metadata"]["name"] = "team-sgl".into();
-                        v["metadata"]["namespace"] = "team-sgl".into();
-                        v["spec"]["poolRef"]["name"] = "shared-sgl".into();
-                    }
-                    Some("ModelDeployment") => {
-                        v["metadata"]["namespace"] = "team-sgl".into();
-                        v["spec"]["kvCache"]["poolRef"]["name"] = "team-sgl".into();
-                        v["spec"]["engine"] =
-                            serde_json::json!({"name": "SGLang", "version": "0.5.18"});
-                    }
-                    _ => {}
+                walkthrough_as(v, "sgl");
+                if v["kind"] == "ModelDeployment" {
+                    v["spec"]["engine"] =
+                        serde_json::json!({"name": "SGLang", "version": "0.5.18"});
                 }
                 true
             })?;

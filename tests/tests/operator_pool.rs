@@ -125,12 +125,7 @@ async fn the_ledger_on_the_real_master() {
             &d,
             MasterOptions {
                 client_ttl: Some(3),
-                extra_args: vec![
-                    "--enable_multi_tenants=true".into(),
-                    "--tenant_quota_connector_type=file".into(),
-                    format!("--tenant_quota_connector_uri={}", file.display()),
-                ],
-                ..Default::default()
+                ..MasterOptions::multi_tenant(&file)
             },
         )
         .expect("master");

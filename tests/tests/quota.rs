@@ -51,18 +51,8 @@ fn store_with(tenants: &[(&str, u64)], segment: u64) -> (Master, Member, Vec<(St
     let doc = policy::render("loopback", &ceilings).expect("the document renders");
     let file = dir.join("tenant-quota-policy.yaml");
     std::fs::write(&file, doc.to_yaml()).expect("write policy");
-    let master = Master::start(
-        &dir,
-        MasterOptions {
-            extra_args: vec![
-                "--enable_multi_tenants=true".into(),
-                "--tenant_quota_connector_type=file".into(),
-                format!("--tenant_quota_connector_uri={}", file.display()),
-            ],
-            ..Default::default()
-        },
-    )
-    .expect("the master accepts the rendered document");
+    let master = Master::start(&dir, MasterOptions::multi_tenant(&file))
+        .expect("the master accepts the rendered document");
     let member =
         Member::start(&dir, &MemberOptions::new(master.address(), segment)).expect("member");
     let deadline = Instant::now() + Duration::from_secs(15);

@@ -291,18 +291,7 @@ fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_i
             .to_yaml(),
     )
     .expect("policy file");
-    let master = Master::start(
-        &dir,
-        MasterOptions {
-            extra_args: vec![
-                "--enable_multi_tenants=true".into(),
-                "--tenant_quota_connector_type=file".into(),
-                format!("--tenant_quota_connector_uri={}", policy.display()),
-            ],
-            ..Default::default()
-        },
-    )
-    .expect("master");
+    let master = Master::start(&dir, MasterOptions::multi_tenant(&policy)).expect("master");
     let _member =
         Member::start(&dir, &MemberOptions::new(master.address(), 64 << 20)).expect("member");
     master.wait_capacity(64 << 20, WAIT).expect("mounted");

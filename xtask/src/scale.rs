@@ -203,17 +203,7 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
             &file,
             kvcache_quota::policy::render(&format!("store-{i}"), &[])?.to_yaml(),
         )?;
-        let master = Master::start(
-            &d,
-            MasterOptions {
-                extra_args: vec![
-                    "--enable_multi_tenants=true".into(),
-                    "--tenant_quota_connector_type=file".into(),
-                    format!("--tenant_quota_connector_uri={}", file.display()),
-                ],
-                ..Default::default()
-            },
-        )?;
+        let master = Master::start(&d, MasterOptions::multi_tenant(&file))?;
         let member = Member::start(&d, &MemberOptions::new(master.address(), SEGMENT))?;
         master.wait_capacity(SEGMENT, Duration::from_secs(120))?;
         stores.push((master, member));

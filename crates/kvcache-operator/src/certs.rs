@@ -362,53 +362,65 @@ impl Keeper {
     /// Writes `bundle` into every webhook of the validating and mutating configurations (those
     /// that exist; a missing one is not ours to create).
     async fn trust(&self, bundle: &str) -> Result<(), Error> {
-        use k8s_openapi::ByteString;
         use k8s_openapi::api::admissionregistration::v1::{
-            MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+            MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
         };
+        fn validating(c: &mut ValidatingWebhookConfiguration) -> Vec<&mut WebhookClientConfig> {
+            c.webhooks
+                .iter_mut()
+                .flatten()
+                .map(|w| &mut w.client_config)
+                .collect()
+        }
+        fn mutating(c: &mut MutatingWebhookConfiguration) -> Vec<&mut WebhookClientConfig> {
+            c.webhooks
+                .iter_mut()
+                .flatten()
+                .map(|w| &mut w.client_config)
+                .collect()
+        }
+        self.trust_in(bundle, validating).await?;
+        self.trust_in(bundle, mutating).await
+    }
+
+    /// [`Keeper::trust`] for one kind of configuration, whose client configs `hooks` lists.
+    async fn trust_in<K>(
+        &self,
+        bundle: &str,
+        hooks: fn(
+            &mut K,
+        )
+            -> Vec<&mut k8s_openapi::api::admissionregistration::v1::WebhookClientConfig>,
+    ) -> Result<(), Error>
+    where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        use k8s_openapi::ByteString;
         use kube::api::{Api, PostParams};
         let want = ByteString(bundle.as_bytes().to_vec());
-        let validating: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
+        let api: Api<K> = Api::all(self.client.clone());
         let what = format!("webhook configuration {}", self.configuration);
-        if let Some(mut c) = validating
+        let Some(mut c) = api
             .get_opt(&self.configuration)
             .await
             .map_err(crate::error::kube("get", what.clone()))?
-        {
-            let hooks = c.webhooks.get_or_insert_with(Vec::new);
-            if hooks
-                .iter()
-                .any(|w| w.client_config.ca_bundle.as_ref() != Some(&want))
-            {
-                for w in hooks.iter_mut() {
-                    w.client_config.ca_bundle = Some(want.clone());
-                }
-                validating
-                    .replace(&self.configuration, &PostParams::default(), &c)
-                    .await
-                    .map_err(crate::error::kube("update", what.clone()))?;
-            }
+        else {
+            return Ok(());
+        };
+        let configs = hooks(&mut c);
+        if configs.iter().all(|h| h.ca_bundle.as_ref() == Some(&want)) {
+            return Ok(());
         }
-        let mutating: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
-        if let Some(mut c) = mutating
-            .get_opt(&self.configuration)
+        for h in configs {
+            h.ca_bundle = Some(want.clone());
+        }
+        api.replace(&self.configuration, &PostParams::default(), &c)
             .await
-            .map_err(crate::error::kube("get", what.clone()))?
-        {
-            let hooks = c.webhooks.get_or_insert_with(Vec::new);
-            if hooks
-                .iter()
-                .any(|w| w.client_config.ca_bundle.as_ref() != Some(&want))
-            {
-                for w in hooks.iter_mut() {
-                    w.client_config.ca_bundle = Some(want.clone());
-                }
-                mutating
-                    .replace(&self.configuration, &PostParams::default(), &c)
-                    .await
-                    .map_err(crate::error::kube("update", what))?;
-            }
-        }
+            .map_err(crate::error::kube("update", what))?;
         Ok(())
     }
 

@@ -186,6 +186,9 @@ pub enum RunError {
     /// The Lease was lost while leading: the process exits so that it restarts as a standby.
     #[error("lost the operator's Lease {0} while leading; exiting to restart as a standby")]
     LeaseLost(String),
+    /// SIGTERM could not be listened for.
+    #[error("cannot listen for SIGTERM: {0}")]
+    Signal(#[source] std::io::Error),
     /// The metrics/health server could not start.
     #[error("cannot serve metrics and health on {addr}: {source}")]
     Serve {
@@ -196,8 +199,16 @@ pub enum RunError {
     },
 }
 
-/// A reflector store kept up to date by its own task.
-fn reflect<K>(api: Api<K>, config: watcher::Config) -> Store<K>
+/// A reflector over `api` whose cache drops `managedFields` before storing (most of a
+/// server-side-applied object's bytes, and read by nothing here): the store and the event
+/// stream that keeps it filled (with back-off), for the caller to drive.
+fn stripped_reflector<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+)
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -212,10 +223,23 @@ where
         writer,
         watcher(api, config).modify(|o: &mut K| o.meta_mut().managed_fields = None),
     )
-    .default_backoff()
-    .touched_objects()
-    .for_each(|_| futures::future::ready(()));
-    tokio::spawn(stream);
+    .default_backoff();
+    (reader, stream)
+}
+
+/// A reflector store kept up to date by its own task.
+fn reflect<K>(api: Api<K>, config: watcher::Config) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, stream) = stripped_reflector(api, config);
+    tokio::spawn(stream.for_each(|_| futures::future::ready(())));
     reader
 }
 
@@ -223,9 +247,8 @@ where
 /// reconciled together overloaded the API server of the scale benchmark (504 Gateway Timeout).
 pub const CONCURRENCY: u16 = 16;
 
-/// A controller whose primary watch goes through a reflector of our own that drops
-/// `managedFields` before objects are cached (most of a server-side-applied object's bytes,
-/// and read by no controller), with bounded concurrency.
+/// A controller whose primary watch goes through a [`stripped_reflector`] of our own, with
+/// bounded concurrency.
 pub fn controller<K>(api: Api<K>, config: watcher::Config) -> kube::runtime::Controller<K>
 where
     K: kube::Resource<DynamicType = ()>
@@ -236,14 +259,8 @@ where
         + Sync
         + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let trigger = reflector::reflector(
-        writer,
-        watcher(api, config).modify(|o: &mut K| o.meta_mut().managed_fields = None),
-    )
-    .default_backoff()
-    .applied_objects();
-    kube::runtime::Controller::for_stream(trigger, reader)
+    let (reader, stream) = stripped_reflector(api, config);
+    kube::runtime::Controller::for_stream(stream.applied_objects(), reader)
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
 }
 
@@ -464,10 +481,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         let (mut leading, mut task) = campaign(identity.clone()).await?;
         info!(%identity, lease = %args.leader_election_lease, "standing by for the operator's Lease");
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|source| RunError::Serve {
-                addr: args.metrics_addr,
-                source,
-            })?;
+            .map_err(RunError::Signal)?;
         // kube-lease-manager's standby retries when the Lease it last saw would expire; a
         // leader that releases the Lease on SIGTERM is noticed here, on a watch of the Lease,
         // and a new campaign takes it at once.
