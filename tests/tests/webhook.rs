@@ -563,6 +563,23 @@ fn a_model_deployment_on_a_pool_of_mixed_protocols_is_refused_at_once_from_live_
                 && message.contains("KVCacheBackend mixed-store"),
             "{message}"
         );
+        // Fabric interfaces per Pod on that pool (2.4.6): the groups' protocols differ.
+        let with_interfaces = |n: &str| -> ModelDeployment {
+            yaml(&format!("apiVersion: worker.gpustack.ai/v1\nkind: ModelDeployment\nmetadata: {{name: chat, namespace: mixed-a}}\nspec:\n  model: {{name: Qwen/Qwen2.5-0.5B-Instruct}}\n  engine: {{name: vLLM, version: '0.29.0'}}\n  kvCache: {{poolRef: {{name: chat}}}}\n  roles:\n    - {{name: server, replicas: 0, instanceType: cpu, resources: {{interface: {n}}}}}\n"))
+        };
+        let message = refusal(models.create(&PostParams::default(), &with_interfaces("2")).await);
+        assert!(
+            message.contains("spec.roles[0].resources.interface")
+                && message.contains("differing protocols (RDMA, TCP)")
+                && message.contains("KVCacheBackend mixed-store"),
+            "{message}"
+        );
+        // A negative count never reaches the webhook: the schema refuses it.
+        let message = refusal(models.create(&PostParams::default(), &with_interfaces("-1")).await);
+        assert!(
+            message.contains("spec.roles[0].resources.interface"),
+            "{message}"
+        );
         // A deployment naming a Binding that does not exist (yet) is admitted: it reports
         // BindingNotFound until the Binding arrives.
         models

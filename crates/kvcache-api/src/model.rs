@@ -223,6 +223,11 @@ pub struct RoleResources {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 64))]
     pub accelerator: Option<i32>,
+    /// Fabric interfaces (RDMA/EFA devices) per Pod. Needs a pool whose member groups all use
+    /// one managed fabric protocol (`RDMA` or `EFA`); refused otherwise at admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 32))]
+    pub interface: Option<i32>,
 }
 
 /// What the operator observed of a deployment.

@@ -9,6 +9,7 @@
 use std::fmt;
 
 use kvcache_api::Settings;
+use kvcache_api::backend::Protocol;
 use kvcache_api::admission::Verdict;
 use kvcache_api::manifest::{Manifest, Object, ObjectRef};
 use kvcache_quota::claims::{self, FindingKind};
@@ -175,20 +176,15 @@ fn store_image_rule(
     })
 }
 
-/// The pool transports a ModelDeployment's roles would use (catalogue 2.4.5, 2.4.7): for a new
-/// deployment with `kvCache`, and on an update for the roles whose InstanceType or take-over
-/// command moved (2.4.11), each attached role's engine (vLLM-Ascend when its InstanceType's
-/// accelerator is made by `ascend`) must find exactly one protocol it can use among the pool's
-/// member groups. Judged only when the Binding, its pool and backend are among `others`;
-/// otherwise the deployment reports `BindingNotFound` (creation order is free).
-fn transport_rule(
+/// The backend behind a ModelDeployment's Binding and the protocol of each of its member groups
+/// (an external store counts as one group on the backend's protocol), when the Binding, its pool
+/// and backend are among `others`; otherwise the deployment reports `BindingNotFound` (creation
+/// order is free) and the rules that need them wait for the deployment's next change.
+fn store_of<'a>(
     md: &kvcache_api::ModelDeployment,
-    old: Option<&kvcache_api::ModelDeployment>,
-    others: &[Object],
-) -> Vec<Refusal> {
-    let Some(kv) = &md.spec.kv_cache else {
-        return Vec::new();
-    };
+    others: &'a [Object],
+) -> Option<(&'a kvcache_api::KVCacheBackend, Vec<Protocol>)> {
+    let kv = md.spec.kv_cache.as_ref()?;
     let ns = md.metadata.namespace.as_deref();
     let binding = others.iter().find_map(|o| match o {
         Object::Binding(b)
@@ -198,36 +194,41 @@ fn transport_rule(
             Some(&**b)
         }
         _ => None,
-    });
-    let pool = binding.and_then(|b| {
-        others.iter().find_map(|o| match o {
-            Object::Pool(p)
-                if p.metadata.name.as_deref() == Some(b.spec.pool_ref.name.as_str()) =>
-            {
-                Some(&**p)
-            }
-            _ => None,
-        })
-    });
-    let backend = pool.and_then(|p| p.spec.backend()).and_then(|name| {
-        others.iter().find_map(|o| match o {
-            Object::Backend(b) if b.metadata.name.as_deref() == Some(name) => Some(&**b),
-            _ => None,
-        })
-    });
-    let Some(backend) = backend else {
-        return Vec::new();
-    };
-    let protocols: Vec<kvcache_api::backend::Protocol> = match (
-        &backend.spec.connection.managed,
-        &backend.spec.connection.external,
-    ) {
-        (Some(m), _) => m
+    })?;
+    let pool = others.iter().find_map(|o| match o {
+        Object::Pool(p) if p.metadata.name.as_deref() == Some(binding.spec.pool_ref.name.as_str()) => {
+            Some(&**p)
+        }
+        _ => None,
+    })?;
+    let name = pool.spec.backend()?;
+    let backend = others.iter().find_map(|o| match o {
+        Object::Backend(b) if b.metadata.name.as_deref() == Some(name) => Some(&**b),
+        _ => None,
+    })?;
+    let protocols = match &backend.spec.connection.managed {
+        Some(m) => m
             .members
             .iter()
             .map(|g| g.protocol(backend.spec.transport.protocol))
             .collect(),
-        _ => vec![backend.spec.transport.protocol],
+        None => vec![backend.spec.transport.protocol],
+    };
+    Some((backend, protocols))
+}
+
+/// The pool transports a ModelDeployment's roles would use (catalogue 2.4.5, 2.4.7): for a new
+/// deployment with `kvCache`, and on an update for the roles whose InstanceType or take-over
+/// command moved (2.4.11), each attached role's engine (vLLM-Ascend when its InstanceType's
+/// accelerator is made by `ascend`) must find exactly one protocol it can use among the pool's
+/// member groups.
+fn transport_rule(
+    md: &kvcache_api::ModelDeployment,
+    old: Option<&kvcache_api::ModelDeployment>,
+    others: &[Object],
+) -> Vec<Refusal> {
+    let (Some(kv), Some((backend, protocols))) = (&md.spec.kv_cache, store_of(md, others)) else {
+        return Vec::new();
     };
     let manufacturer = |instance_type: &str| {
         others.iter().find_map(|o| match o {
@@ -244,17 +245,10 @@ fn transport_rule(
         .iter()
         .enumerate()
         .filter(|(_, r)| r.command.is_empty())
-        .filter(|(_, r)| match old {
-            None => true,
-            Some(o) => o
-                .spec
-                .roles
-                .iter()
-                .find(|x| x.name == r.name)
-                .is_none_or(|x| {
-                    x.instance_type != r.instance_type
-                        || x.command.is_empty() != r.command.is_empty()
-                }),
+        .filter(|(_, r)| {
+            moved(old, r, |x| {
+                x.instance_type != r.instance_type || x.command.is_empty() != r.command.is_empty()
+            })
         })
         .filter_map(|(i, r)| {
             let m = manufacturer(&r.instance_type).filter(|m| m == "ascend");
@@ -270,6 +264,75 @@ fn transport_rule(
                         backend.metadata.name.as_deref().unwrap_or_default()
                     ),
                 })
+        })
+        .collect()
+}
+
+/// Whether a role is new (no `old` deployment, or no role of that name in it) or `changed`
+/// says what the rule reads of it moved since `old` (2.4.11: a rule re-runs only for those).
+fn moved(
+    old: Option<&kvcache_api::ModelDeployment>,
+    role: &kvcache_api::model::Role,
+    changed: impl Fn(&kvcache_api::model::Role) -> bool,
+) -> bool {
+    old.and_then(|o| o.spec.roles.iter().find(|x| x.name == role.name))
+        .is_none_or(changed)
+}
+
+/// Fabric interfaces per Pod (catalogue 2.4.6): a positive `resources.interface` needs a pool
+/// whose member groups all run one managed fabric protocol, `RDMA` or `EFA`. Refused when the
+/// backend is external (no managed leg), when no group runs a fabric protocol, when the groups'
+/// protocols differ, and for an RDMA+EFA mix. Re-judged on an update only for the roles whose
+/// interface request moved (the pool reference is frozen with `kvCache`). Negative and
+/// fractional values never reach here: the schema takes integers from 0.
+fn interface_rule(
+    md: &kvcache_api::ModelDeployment,
+    old: Option<&kvcache_api::ModelDeployment>,
+    others: &[Object],
+) -> Vec<Refusal> {
+    let (Some(kv), Some((backend, protocols))) = (&md.spec.kv_cache, store_of(md, others)) else {
+        return Vec::new();
+    };
+    let interface = |r: &kvcache_api::model::Role| r.resources.as_ref().and_then(|x| x.interface);
+    let mut offered: Vec<&'static str> = protocols.iter().map(|p| p.api_value()).collect();
+    offered.sort_unstable();
+    offered.dedup();
+    let fabric = |p: &&&str| matches!(**p, "RDMA" | "EFA");
+    let why = if backend.spec.connection.managed.is_none() {
+        Some("an external store has no managed RDMA/EFA leg".to_string())
+    } else if offered.iter().filter(fabric).count() > 1 {
+        Some("its member groups mix RDMA and EFA".to_string())
+    } else if !offered.iter().any(|p| fabric(&p)) {
+        Some(format!(
+            "its member groups offer {} and no RDMA/EFA leg",
+            offered.join(", ")
+        ))
+    } else if offered.len() > 1 {
+        Some(format!(
+            "its member groups offer differing protocols ({})",
+            offered.join(", ")
+        ))
+    } else {
+        None
+    };
+    let Some(why) = why else {
+        return Vec::new();
+    };
+    md.spec
+        .roles
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| interface(r).is_some_and(|n| n > 0))
+        .filter(|(_, r)| moved(old, r, |x| interface(x) != interface(r)))
+        .map(|(i, r)| Refusal {
+            field: format!("spec.roles[{i}].resources.interface"),
+            cause: Cause::Forbidden,
+            message: format!(
+                "{} fabric interfaces per Pod need one managed RDMA or EFA protocol across the pool's member groups, but through KVCachePoolBinding {} the KVCacheBackend {} cannot give them: {why}; remove resources.interface or give every member group transport.protocol RDMA (or EFA)",
+                interface(r).unwrap_or_default(),
+                kv.pool_ref.name,
+                backend.metadata.name.as_deref().unwrap_or_default()
+            ),
         })
         .collect()
 }
@@ -303,6 +366,7 @@ pub fn review(
             _ => None,
         };
         refusals.extend(transport_rule(md, previous, others));
+        refusals.extend(interface_rule(md, previous, others));
     }
     if let Object::Backend(b) = object {
         let previous = match old {

@@ -151,3 +151,81 @@ fn a_new_deployment_on_a_pool_of_mixed_or_unusable_protocols_is_refused_naming_e
     let r = review(&model("vLLM"), None, &[], &[], &settings);
     assert!(r.allowed(), "{r:?}");
 }
+
+fn model_with_interfaces(n: i64) -> Object {
+    object(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "ModelDeployment",
+        "metadata": {"name": "chat", "namespace": "team"},
+        "spec": {"model": {"name": "m"}, "engine": {"name": "vLLM", "version": "0.29.0"},
+                 "kvCache": {"poolRef": {"name": "b"}},
+                 "roles": [{"name": "server", "instanceType": "it",
+                            "resources": {"accelerator": 1, "interface": n}}]}
+    }))
+}
+
+#[test]
+fn fabric_interfaces_need_one_managed_rdma_or_efa_protocol_across_the_pool() {
+    let settings = Settings::default();
+    let refused = |protocols: &[&str], n: i64| {
+        review(
+            &model_with_interfaces(n),
+            None,
+            &world(protocols, "nvidia"),
+            &[],
+            &settings,
+        )
+        .refusals
+        .into_iter()
+        .filter(|f| f.field == "spec.roles[0].resources.interface")
+        .map(|f| f.message)
+        .collect::<Vec<_>>()
+    };
+    assert!(refused(&["RDMA"], 2).is_empty());
+    assert!(refused(&["EFA", "EFA"], 1).is_empty());
+    // Zero interfaces ask for nothing.
+    assert!(refused(&["TCP"], 0).is_empty());
+    let tcp = refused(&["TCP"], 2);
+    assert!(
+        tcp.len() == 1 && tcp[0].contains("offer TCP and no RDMA/EFA leg"),
+        "{tcp:?}"
+    );
+    let mixed = refused(&["RDMA", "EFA"], 1);
+    assert!(
+        mixed.len() == 1 && mixed[0].contains("mix RDMA and EFA"),
+        "{mixed:?}"
+    );
+    let differing = refused(&["RDMA", "TCP"], 1);
+    assert!(
+        differing.len() == 1 && differing[0].contains("differing protocols (RDMA, TCP)"),
+        "{differing:?}"
+    );
+    // An external store has no managed leg.
+    let mut external = world(&["RDMA"], "nvidia");
+    external[0] = object(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "m"},
+        "spec": {"transport": {"protocol": "RDMA"},
+                 "connection": {"external": {"endpoints": [
+                     {"name": "Client", "address": "10.0.0.1:50051"},
+                     {"name": "Admin", "address": "10.0.0.1:9003"}]}}}
+    }));
+    let r = review(&model_with_interfaces(1), None, &external, &[], &settings);
+    assert!(
+        r.refusals
+            .iter()
+            .any(|f| f.message.contains("external store has no managed RDMA/EFA leg")),
+        "{r:?}"
+    );
+    // Re-judged only when the interface request moved (2.4.11): an unchanged request stays
+    // editable on a pool that became TCP, a new count on it is refused.
+    let stored = model_with_interfaces(2);
+    let r = review(&stored, Some(&stored), &world(&["TCP"], "nvidia"), &[], &settings);
+    assert!(r.allowed(), "{r:?}");
+    let r = review(
+        &model_with_interfaces(4),
+        Some(&stored),
+        &world(&["TCP"], "nvidia"),
+        &[],
+        &settings,
+    );
+    assert!(!r.allowed(), "{r:?}");
+}

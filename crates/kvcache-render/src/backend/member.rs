@@ -257,8 +257,14 @@ fn fabric_limits(g: &Group<'_>) -> BTreeMap<String, K8sQuantity> {
     if !g.fabric() {
         return BTreeMap::new();
     }
-    let count = g.group.fabric_interface_count.unwrap_or(1).max(1);
-    let (resource, n) = match (g.protocol, count) {
+    fabric_device(g.protocol, g.group.fabric_interface_count.unwrap_or(1))
+}
+
+/// The device request for `count` interfaces of a fabric protocol (catalogue 3.4.2): EFA
+/// interfaces, or RDMA (shared for one interface, exclusive for more). Members and engine Pods
+/// (`roles[].resources.interface`) ask alike.
+pub(crate) fn fabric_device(protocol: Protocol, count: i32) -> BTreeMap<String, K8sQuantity> {
+    let (resource, n) = match (protocol, count.max(1)) {
         (Protocol::Efa, n) => ("vpc.amazonaws.com/efa", n),
         (_, 1) => ("device.gpustack.ai/rdma.shared", 1),
         (_, n) => ("device.gpustack.ai/rdma", n),

@@ -19,6 +19,7 @@ use kvcache_quota::policy::{POLICY_KEY, PolicyDocument};
 
 mod leader;
 mod member;
+pub(crate) use member::fabric_device;
 
 use leader::leader_deployment;
 pub use leader::master_flags;
