@@ -352,6 +352,19 @@ fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_i
         assert!(a.contains_key("kvcache.gpustack.ai/injected"));
         let c = &out.spec.as_ref().expect("spec").containers[0];
         assert!(c.args.iter().flatten().any(|x| x == "--kv-transfer-config"), "{:?}", c.args);
+        // A Pod created right after its Binding is injected: when the shared cache has not seen
+        // the Binding yet, the webhook reads it live (ten in a row, so a lagging cache shows).
+        for i in 0..10 {
+            let name = format!("late-{i}");
+            bindings.create(&PostParams::default(), &binding(&name, "pods-pool", &name)).await?;
+            let out = pods
+                .create(&dry, &pod("engine", |p| p["metadata"]["annotations"]["kvcache.gpustack.ai/binding"] = name.clone().into()))
+                .await
+                .unwrap_or_else(|e| panic!("a Pod on the Binding {name} created a moment earlier: {e}"));
+            let a = out.metadata.annotations.unwrap_or_default();
+            let config: serde_json::Value = serde_json::from_str(a.get("kvcache.gpustack.ai/client-config").expect("client-config")).expect("JSON");
+            assert_eq!(config["tenant_id"], name.as_str());
+        }
 
         // Each refusal, with its reason in what the client reads.
         let ann = |k: &'static str, v: Option<&'static str>| {

@@ -318,35 +318,7 @@ async fn live_world(client: &kube::Client, object: &DynamicObject) -> Result<Wor
     let read = |what: String| move |e: kube::Error| format!("reading {what}: {e}");
     let ns = md.metadata.namespace.clone().unwrap_or_default();
     if let Some(kv) = &md.spec.kv_cache {
-        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), &ns);
-        let binding = bindings
-            .get_opt(&kv.pool_ref.name)
-            .await
-            .map_err(read(format!(
-                "KVCachePoolBinding {ns}/{}",
-                kv.pool_ref.name
-            )))?;
-        if let Some(b) = binding {
-            let pools: Api<KVCachePool> = Api::all(client.clone());
-            let pool = pools
-                .get_opt(&b.spec.pool_ref.name)
-                .await
-                .map_err(read(format!("KVCachePool {}", b.spec.pool_ref.name)))?;
-            if let Some(p) = pool {
-                if let Some(name) = p.spec.backend() {
-                    let backends: Api<KVCacheBackend> = Api::all(client.clone());
-                    if let Some(be) = backends
-                        .get_opt(name)
-                        .await
-                        .map_err(read(format!("KVCacheBackend {name}")))?
-                    {
-                        world.backends.push(Arc::new(be));
-                    }
-                }
-                world.pools.push(Arc::new(p));
-            }
-            world.bindings.push(Arc::new(b));
-        }
+        live_binding(client, &ns, &kv.pool_ref.name, &mut world).await?;
     }
     let its: Api<InstanceType> = Api::all(client.clone());
     let mut names: Vec<&str> = md
@@ -439,14 +411,111 @@ fn answer(
     axum::Json(response.into_review())
 }
 
+/// Reads a Binding, its pool and that pool's backend live into `world` (those that exist).
+async fn live_binding(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    world: &mut World,
+) -> Result<(), String> {
+    use kube::api::Api;
+    let read = |what: String| move |e: kube::Error| format!("reading {what}: {e}");
+    let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), ns);
+    let Some(b) = bindings
+        .get_opt(name)
+        .await
+        .map_err(read(format!("KVCachePoolBinding {ns}/{name}")))?
+    else {
+        return Ok(());
+    };
+    let pools: Api<KVCachePool> = Api::all(client.clone());
+    if let Some(p) = pools
+        .get_opt(&b.spec.pool_ref.name)
+        .await
+        .map_err(read(format!("KVCachePool {}", b.spec.pool_ref.name)))?
+    {
+        if let Some(name) = p.spec.backend() {
+            let backends: Api<KVCacheBackend> = Api::all(client.clone());
+            if let Some(be) = backends
+                .get_opt(name)
+                .await
+                .map_err(read(format!("KVCacheBackend {name}")))?
+            {
+                world.backends.push(Arc::new(be));
+            }
+        }
+        world.pools.push(Arc::new(p));
+    }
+    world.bindings.push(Arc::new(b));
+    Ok(())
+}
+
+/// Whether `world` holds the Binding a Pod names, its pool and backend.
+fn resolves(world: &World, ns: &str, binding: &str) -> bool {
+    let Some(b) = world.bindings.iter().find(|b| {
+        b.metadata.namespace.as_deref() == Some(ns) && b.metadata.name.as_deref() == Some(binding)
+    }) else {
+        return false;
+    };
+    let Some(p) = world
+        .pools
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(b.spec.pool_ref.name.as_str()))
+    else {
+        return false;
+    };
+    p.spec.backend().is_some_and(|name| {
+        world
+            .backends
+            .iter()
+            .any(|be| be.metadata.name.as_deref() == Some(name))
+    })
+}
+
 async fn mutate_pods_handler(
     State(hook): State<Arc<Webhook>>,
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
     let settings = crate::backend::settings(&hook.shared);
-    let world = hook.world();
+    let mut world = hook.world();
+    let mut unreadable = None;
+    // The Binding, pool and backend come from the shared caches (fresh within a watch event);
+    // when the chain a Pod names is not all there (a Binding created a moment before its
+    // Pods), they are read live, so that the Pod is judged on what exists, not on a lagging
+    // cache. A failed read refuses the Pod (the webhook fails closed).
+    if let Some(req) = &review.request
+        && let Some(pod) = &req.object
+    {
+        let ns = req.namespace.clone().unwrap_or_default();
+        let binding = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(kvcache_render::pod::BINDING_ANNOTATION))
+            .cloned();
+        if let Some(binding) = binding.filter(|b| !b.is_empty())
+            && !resolves(&world, &ns, &binding)
+        {
+            let mut live = World::default();
+            if let Err(e) = live_binding(&hook.shared.client, &ns, &binding, &mut live).await {
+                tracing::warn!(namespace = %ns, binding = %binding, error = %e, "live read for a Pod's Binding failed");
+                unreadable = Some(e);
+            }
+            world.bindings.retain(|b| {
+                !(b.metadata.namespace.as_deref() == Some(ns.as_str())
+                    && b.metadata.name.as_deref() == Some(binding.as_str()))
+            });
+            world.bindings.extend(live.bindings);
+            world.pools.extend(live.pools);
+            world.backends.extend(live.backends);
+        }
+    }
     let config = &hook.shared.config;
     answer(&hook, "inject", review, |req| {
+        if let Some(e) = &unreadable {
+            return AdmissionResponse::from(req)
+                .deny(format!("BindingUnreadable: {e}; the Pod is refused until it can be read"));
+        }
         mutate_pod(
             req,
             &config.namespace,
