@@ -23,6 +23,8 @@ const SECRET: &str = "kvcache-operator-webhook-tls";
 
 struct Hook {
     operator: Operator,
+    /// The webhook's loopback port.
+    port: u16,
 }
 
 /// The binary's one operator with its webhook on a loopback port, and the validating
@@ -58,7 +60,7 @@ fn hook() -> &'static Mutex<Hook> {
             ],
         )
         .map_err(|e| e.to_string())?;
-        Ok(Mutex::new(Hook { operator }))
+        Ok(Mutex::new(Hook { operator, port }))
     });
     match started {
         Ok(h) => h,
@@ -260,6 +262,92 @@ fn with_the_operator_stopped_other_groups_are_still_written_and_a_new_certificat
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The certificate the webhook presents on `port` (PEM), as `openssl s_client` reads it.
+fn presented(port: u16) -> String {
+    let out = std::process::Command::new("openssl")
+        .args([
+            "s_client",
+            "-connect",
+            &format!("127.0.0.1:{port}"),
+            "-showcerts",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("openssl runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let begin = text
+        .find("-----BEGIN CERTIFICATE-----")
+        .expect("a certificate presented");
+    let end = text[begin..]
+        .find("-----END CERTIFICATE-----")
+        .expect("its end")
+        + begin;
+    text[begin..end + "-----END CERTIFICATE-----".len()].to_owned()
+}
+
+#[test]
+fn a_renewed_serving_certificate_is_presented_by_the_running_webhook_without_a_refused_request() {
+    let h = hook().lock().unwrap_or_else(|p| p.into_inner());
+    let port = h.port;
+    block_on(async move {
+        let client = client().await?;
+        let ca = wait_trusted(&client).await?;
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), OPERATOR_NS);
+        let cert = |s: &Secret| {
+            s.data
+                .as_ref()
+                .and_then(|d| d.get("tls.crt"))
+                .map(|b| String::from_utf8_lossy(&b.0).trim().to_owned())
+        };
+        let before = cert(&secrets.get(SECRET).await?).expect("tls.crt");
+        assert_eq!(presented(port).trim(), before, "the stored pair is presented");
+        // The Secret's serving pair replaced by one that does not carry the webhook's names
+        // (the CA's own, as if due): the running replica issues a new one from the same CA at
+        // once (it watches the Secret), and requests never fail meanwhile.
+        let stored = secrets.get(SECRET).await?.data.unwrap_or_default();
+        secrets
+            .patch(
+                SECRET,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"data": {
+                    "tls.crt": stored.get("ca.crt").expect("ca.crt"),
+                    "tls.key": stored.get("ca.key").expect("ca.key"),
+                }})),
+            )
+            .await?;
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        let dry = PostParams { dry_run: true, ..Default::default() };
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut requests = 0;
+        let after = loop {
+            pools
+                .create(&dry, &yaml("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: during-renewal}\nspec: {backends: [nowhere], quota: {total: 1Gi}}\n"))
+                .await
+                .unwrap_or_else(|e| panic!("request {requests} during the renewal refused: {e}"));
+            requests += 1;
+            let now = secrets.get(SECRET).await?;
+            if let Some(c) = cert(&now).filter(|c| *c != before) {
+                if presented(port).trim() == c {
+                    break c;
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the webhook did not present a renewed serving certificate within {WAIT:?}"
+            );
+        };
+        assert_ne!(after, before);
+        // Same CA: nothing had to change in caBundle.
+        assert_eq!(wait_trusted(&client).await?, ca);
+        pools
+            .create(&dry, &yaml("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: after-renewal}\nspec: {backends: [nowhere], quota: {total: 1Gi}}\n"))
+            .await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    drop(h);
 }
 
 fn pod(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> k8s_openapi::api::core::v1::Pod {

@@ -424,9 +424,18 @@ impl Keeper {
         Ok(())
     }
 
-    /// Runs [`Keeper::once`] now and every [`RELOAD`], until the task is dropped; `ready` is
-    /// set once a certificate is presented.
+    /// Runs [`Keeper::once`] now, whenever the Secret changes (another replica renewed it:
+    /// every replica presents the new pair within a watch event) and every [`RELOAD`] (expiry
+    /// comes with the clock, not with an event), until the task is dropped; `ready` is set once
+    /// a certificate is presented.
     pub async fn run(self, ready: Arc<crate::telemetry::Readiness>) {
+        use futures::StreamExt;
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), &self.namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.secret));
+        let mut changes = watcher(api, config).default_backoff().boxed();
+        let mut watching = true;
         loop {
             match self.once().await {
                 Ok(()) => ready
@@ -434,12 +443,19 @@ impl Keeper {
                     .store(true, std::sync::atomic::Ordering::Relaxed),
                 Err(e) => tracing::warn!(error = %e, "webhook certificate"),
             }
-            tokio::time::sleep(if self.presented.loaded() {
+            let wait = tokio::time::sleep(if self.presented.loaded() {
                 RELOAD
             } else {
                 Duration::from_secs(2)
-            })
-            .await;
+            });
+            tokio::select! {
+                () = wait => {}
+                event = changes.next(), if watching => match event {
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => tracing::debug!(error = %e, "watching the webhook Secret"),
+                    None => watching = false,
+                },
+            }
         }
     }
 }

@@ -513,8 +513,9 @@ async fn mutate_pods_handler(
     let config = &hook.shared.config;
     answer(&hook, "inject", review, |req| {
         if let Some(e) = &unreadable {
-            return AdmissionResponse::from(req)
-                .deny(format!("BindingUnreadable: {e}; the Pod is refused until it can be read"));
+            return AdmissionResponse::from(req).deny(format!(
+                "BindingUnreadable: {e}; the Pod is refused until it can be read"
+            ));
         }
         mutate_pod(
             req,

@@ -9,8 +9,8 @@
 use std::fmt;
 
 use kvcache_api::Settings;
-use kvcache_api::backend::Protocol;
 use kvcache_api::admission::Verdict;
+use kvcache_api::backend::Protocol;
 use kvcache_api::manifest::{Manifest, Object, ObjectRef};
 use kvcache_quota::claims::{self, FindingKind};
 
@@ -196,7 +196,9 @@ fn store_of<'a>(
         _ => None,
     })?;
     let pool = others.iter().find_map(|o| match o {
-        Object::Pool(p) if p.metadata.name.as_deref() == Some(binding.spec.pool_ref.name.as_str()) => {
+        Object::Pool(p)
+            if p.metadata.name.as_deref() == Some(binding.spec.pool_ref.name.as_str()) =>
+        {
             Some(&**p)
         }
         _ => None,

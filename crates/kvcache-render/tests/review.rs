@@ -210,15 +210,21 @@ fn fabric_interfaces_need_one_managed_rdma_or_efa_protocol_across_the_pool() {
     }));
     let r = review(&model_with_interfaces(1), None, &external, &[], &settings);
     assert!(
-        r.refusals
-            .iter()
-            .any(|f| f.message.contains("external store has no managed RDMA/EFA leg")),
+        r.refusals.iter().any(|f| f
+            .message
+            .contains("external store has no managed RDMA/EFA leg")),
         "{r:?}"
     );
     // Re-judged only when the interface request moved (2.4.11): an unchanged request stays
     // editable on a pool that became TCP, a new count on it is refused.
     let stored = model_with_interfaces(2);
-    let r = review(&stored, Some(&stored), &world(&["TCP"], "nvidia"), &[], &settings);
+    let r = review(
+        &stored,
+        Some(&stored),
+        &world(&["TCP"], "nvidia"),
+        &[],
+        &settings,
+    );
     assert!(r.allowed(), "{r:?}");
     let r = review(
         &model_with_interfaces(4),
