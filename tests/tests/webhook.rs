@@ -328,10 +328,10 @@ fn a_renewed_serving_certificate_is_presented_by_the_running_webhook_without_a_r
                 .unwrap_or_else(|e| panic!("request {requests} during the renewal refused: {e}"));
             requests += 1;
             let now = secrets.get(SECRET).await?;
-            if let Some(c) = cert(&now).filter(|c| *c != before) {
-                if presented(port).trim() == c {
-                    break c;
-                }
+            if let Some(c) = cert(&now).filter(|c| *c != before)
+                && presented(port).trim() == c
+            {
+                break c;
             }
             assert!(
                 std::time::Instant::now() < deadline,

@@ -1,5 +1,6 @@
 //! `cargo xtask`: the project's own tasks.
 
+mod admission;
 mod bench;
 mod cluster;
 mod crds;
@@ -82,6 +83,16 @@ enum BenchKind {
         #[arg(long, default_value_t = 10)]
         runs: usize,
     },
+    /// The admission webhook's cost: Binding and injected Pod creates through the API server
+    /// with and without the webhook registered, and the handler's own latency.
+    Admission {
+        /// Creates of each kind per round.
+        #[arg(long, default_value_t = 2000)]
+        creates: usize,
+        /// Requests in flight.
+        #[arg(long, default_value_t = 50)]
+        concurrency: usize,
+    },
     /// Many objects: cold-start convergence, operator memory at rest, reconciles per edit.
     Scale {
         /// Backends (one real master each) and pools.
@@ -126,6 +137,13 @@ fn main() -> anyhow::Result<()> {
         Task::Bench { which } => match which {
             BenchKind::Failover { runs } => bench::failover(runs),
             BenchKind::Capacity { runs } => bench::capacity(runs),
+            BenchKind::Admission {
+                creates,
+                concurrency,
+            } => admission::admission(admission::Shape {
+                creates,
+                concurrency,
+            }),
             BenchKind::Scale {
                 backends,
                 namespaces,

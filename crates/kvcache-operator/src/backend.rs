@@ -173,7 +173,11 @@ pub async fn run(shared: Arc<Shared>) {
             },
         )
         .shutdown_on_signal()
-        .run(reconcile, error_policy, shared.clone())
+        .run(
+            crate::run::traced(CONTROLLER, reconcile),
+            error_policy,
+            shared.clone(),
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "reconcile outcome");
@@ -589,6 +593,19 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
         computed.phase,
         computed.members.len()
     );
+    shared.metrics.backend(
+        &name,
+        computed
+            .capacity
+            .as_ref()
+            .and_then(|c| kvcache_api::quantity::parse_bytes(&c.total.0).ok()),
+        obs.members
+            .iter()
+            .filter(|m| m.ready && !m.terminating)
+            .count(),
+        computed.members.len(),
+        computed.phase == BackendPhase::Degraded,
+    );
     write_status(shared, b, &previous, computed, &obs).await?;
     Ok(Action::requeue(next_poll(shared, &name, figures)))
 }
@@ -749,6 +766,7 @@ async fn cleanup(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
                 .join(", ")
         )));
     }
+    shared.metrics.backend_gone(&name);
     let Some(uid) = b.uid() else {
         return Ok(Action::await_change());
     };

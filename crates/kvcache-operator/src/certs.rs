@@ -425,16 +425,45 @@ impl Keeper {
     }
 
     /// Runs [`Keeper::once`] now, whenever the Secret changes (another replica renewed it:
-    /// every replica presents the new pair within a watch event) and every [`RELOAD`] (expiry
+    /// every replica presents the new pair within a watch event) or a webhook configuration
+    /// does (one applied afresh gets its `caBundle` at once) and every [`RELOAD`] (expiry
     /// comes with the clock, not with an event), until the task is dropped; `ready` is set once
     /// a certificate is presented.
     pub async fn run(self, ready: Arc<crate::telemetry::Readiness>) {
         use futures::StreamExt;
         use k8s_openapi::api::core::v1::Secret;
         use kube::runtime::{WatchStreamExt, watcher};
-        let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), &self.namespace);
-        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.secret));
-        let mut changes = watcher(api, config).default_backoff().boxed();
+        use k8s_openapi::api::admissionregistration::v1::{
+            MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+        };
+        let secret = watcher::Config::default().fields(&format!("metadata.name={}", self.secret));
+        let configuration =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.configuration));
+        // Any change to the Secret or to either configuration (one applied afresh comes
+        // without caBundle) starts a pass; what the event was does not matter.
+        let mut changes = futures::stream::select_all([
+            watcher(
+                kube::Api::<Secret>::namespaced(self.client.clone(), &self.namespace),
+                secret,
+            )
+            .default_backoff()
+            .map(|e| e.map(drop))
+            .boxed(),
+            watcher(
+                kube::Api::<ValidatingWebhookConfiguration>::all(self.client.clone()),
+                configuration.clone(),
+            )
+            .default_backoff()
+            .map(|e| e.map(drop))
+            .boxed(),
+            watcher(
+                kube::Api::<MutatingWebhookConfiguration>::all(self.client.clone()),
+                configuration,
+            )
+            .default_backoff()
+            .map(|e| e.map(drop))
+            .boxed(),
+        ]);
         let mut watching = true;
         loop {
             match self.once().await {
@@ -452,7 +481,7 @@ impl Keeper {
                 () = wait => {}
                 event = changes.next(), if watching => match event {
                     Some(Ok(_)) => {}
-                    Some(Err(e)) => tracing::debug!(error = %e, "watching the webhook Secret"),
+                    Some(Err(e)) => tracing::debug!(error = %e, "watching the webhook Secret and configurations"),
                     None => watching = false,
                 },
             }

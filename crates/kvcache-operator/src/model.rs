@@ -89,7 +89,11 @@ pub async fn run(shared: Arc<Shared>) {
             },
         )
         .shutdown_on_signal()
-        .run(reconcile, error_policy, shared)
+        .run(
+            crate::run::traced(CONTROLLER, reconcile),
+            error_policy,
+            shared,
+        )
         .for_each(|_| futures::future::ready(()))
         .await;
 }

@@ -78,7 +78,11 @@ pub async fn run_pools(shared: Arc<Shared>) {
             },
         )
         .shutdown_on_signal()
-        .run(reconcile_pool, error_policy_pool, shared)
+        .run(
+            crate::run::traced(POOL, reconcile_pool),
+            error_policy_pool,
+            shared,
+        )
         .for_each(|_| futures::future::ready(()))
         .await;
 }
@@ -100,7 +104,11 @@ pub async fn run_bindings(shared: Arc<Shared>) {
             },
         )
         .shutdown_on_signal()
-        .run(reconcile_binding, error_policy_binding, shared)
+        .run(
+            crate::run::traced(BINDING, reconcile_binding),
+            error_policy_binding,
+            shared,
+        )
         .for_each(|_| futures::future::ready(()))
         .await;
 }

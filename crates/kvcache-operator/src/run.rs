@@ -264,6 +264,66 @@ where
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
 }
 
+/// The webhook's tasks: the certificate keeper and the server, which stops on `stop`.
+struct WebhookTasks {
+    keeping: tokio::task::JoinHandle<()>,
+    serving: tokio::task::JoinHandle<()>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl WebhookTasks {
+    /// Stops accepting connections and waits for the requests in flight (at most
+    /// [`crate::webhook::DRAIN`]).
+    async fn drain(self) {
+        self.keeping.abort();
+        let _ = self.stop.send(true);
+        let _ = self.serving.await;
+    }
+}
+
+/// A reconcile function whose every call runs in a span naming the controller, the object's
+/// namespace and name and a trace id of its own, so that every log line of one reconcile
+/// (JSON with `--log-format json`: the span's fields are on each line) can be found together.
+pub fn traced<K, F, Fut>(
+    controller: &'static str,
+    reconcile: F,
+) -> impl FnMut(Arc<K>, Arc<Shared>) -> tracing::instrument::Instrumented<Fut>
+where
+    K: kube::Resource,
+    F: Fn(Arc<K>, Arc<Shared>) -> Fut,
+{
+    use tracing::Instrument;
+    move |object, shared| {
+        let meta = object.meta();
+        let span = tracing::info_span!(
+            "reconcile",
+            controller,
+            namespace = meta.namespace.as_deref().unwrap_or_default(),
+            name = meta.name.as_deref().unwrap_or_default(),
+            trace_id = %trace_id(),
+        );
+        reconcile(object, shared).instrument(span)
+    }
+}
+
+/// A fresh 128-bit id in the W3C trace-context spelling (32 hex digits): two 64-bit hashes of
+/// a process-wide counter under the process's random hasher keys.
+pub fn trace_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::AtomicU64;
+    static KEYS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let keys = KEYS.get_or_init(std::hash::RandomState::new);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    let half = |salt: u64| {
+        let mut h = keys.build_hasher();
+        h.write_u64(n);
+        h.write_u64(salt);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(0), half(1))
+}
+
 /// What a relation watch passes on: an object whose desired state changed (its generation),
 /// whose finalizers changed, or that was deleted. Status-only writes pass by, so that a status
 /// one controller writes (the pool pass writes every Binding's) never requeues the objects that
@@ -370,6 +430,8 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         Api::<KVCachePoolBinding>::all(client.clone()),
         watcher::Config::default(),
     );
+    // The per-Binding series are read from this cache at each scrape.
+    let _ = metrics.bindings.set(bindings.clone());
     let backends = reflect(
         Api::<KVCacheBackend>::all(client.clone()),
         watcher::Config::default(),
@@ -442,12 +504,21 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         let router = crate::webhook::router(Arc::new(crate::webhook::Webhook {
             shared: shared.clone(),
         }));
+        let (stop, stopping) = tokio::sync::watch::channel(false);
         let serving = tokio::spawn(async move {
-            if let Err(e) = crate::webhook::serve(addr, router, presented).await {
+            let mut stopping = stopping;
+            let stopped = async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            };
+            if let Err(e) = crate::webhook::serve(addr, router, presented, stopped).await {
                 error!(error = %e, %addr, "the webhook server stopped");
             }
         });
-        (keeping, serving)
+        WebhookTasks {
+            keeping,
+            serving,
+            stop,
+        }
     });
     info!(namespace = %shared.config.namespace, "kvcache-operator running");
     // Leader election: the webhooks and metrics serve on every replica; the controllers run on
@@ -521,12 +592,18 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
                     info!("stopping while standing by");
                     drop(leading);
                     let _ = task.await;
+                    if let Some(w) = webhook {
+                        w.drain().await;
+                    }
                     server.abort();
                     return Ok(());
                 }
                 _ = tokio::signal::ctrl_c() => {
                     drop(leading);
                     let _ = task.await;
+                    if let Some(w) = webhook {
+                        w.drain().await;
+                    }
                     server.abort();
                     return Ok(());
                 }
@@ -575,11 +652,12 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         None => controllers.await,
     }
     shared.metrics.leader.set(0);
-    server.abort();
-    if let Some((keeping, serving)) = webhook {
-        keeping.abort();
-        serving.abort();
+    // The controllers have drained (shutdown_on_signal lets the reconciles in flight finish)
+    // and the Lease is released; the webhook answers what it is answering, then metrics stop.
+    if let Some(w) = webhook {
+        w.drain().await;
     }
+    server.abort();
     if let Some(lease) = lost {
         return Err(RunError::LeaseLost(lease));
     }

@@ -13,6 +13,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use kube::runtime::reflector::Store;
 use prometheus_client::registry::Registry;
 
 /// How logs are written.
@@ -66,6 +67,113 @@ pub struct WebhookLabels {
     pub outcome: String,
 }
 
+/// Labels of a backend's series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    /// The backend.
+    pub backend: String,
+}
+
+/// Labels of a backend's member counts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberLabels {
+    /// The backend.
+    pub backend: String,
+    /// `ready` (member Pods Ready) or `mounted` (segments the leader lists).
+    pub state: String,
+}
+
+/// Labels of a Binding's series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BindingLabels {
+    /// The Binding's namespace.
+    pub namespace: String,
+    /// The Binding.
+    pub binding: String,
+}
+
+/// A Binding's grant and usage as its status reports them (bytes); `None` where the status
+/// has no figure (no ledger, or not read yet).
+pub fn binding_figures(b: &kvcache_api::KVCachePoolBinding) -> (Option<u64>, Option<u64>) {
+    let bytes = |q: Option<&kvcache_api::quantity::Quantity>| {
+        q.and_then(|q| kvcache_api::quantity::parse_bytes(&q.0).ok())
+    };
+    let status = b.status.as_ref();
+    (
+        bytes(status.and_then(|s| s.effective_quota.as_ref())),
+        bytes(status.and_then(|s| s.usage.as_ref())),
+    )
+}
+
+/// Grants and usage per Binding, read from the shared Binding cache at each scrape (a Binding
+/// gone from the cache is gone from the series).
+#[derive(Default)]
+struct BindingCollector {
+    bindings: Arc<std::sync::OnceLock<Store<kvcache_api::KVCachePoolBinding>>>,
+}
+
+impl std::fmt::Debug for BindingCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BindingCollector")
+    }
+}
+
+impl prometheus_client::collector::Collector for BindingCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let Some(store) = self.bindings.get() else {
+            return Ok(());
+        };
+        let mut figures: Vec<(BindingLabels, Option<u64>, Option<u64>)> = store
+            .state()
+            .iter()
+            .map(|b| {
+                let (granted, used) = binding_figures(b);
+                (
+                    BindingLabels {
+                        namespace: b.metadata.namespace.clone().unwrap_or_default(),
+                        binding: b.metadata.name.clone().unwrap_or_default(),
+                    },
+                    granted,
+                    used,
+                )
+            })
+            .collect();
+        figures.sort_by(|a, b| (&a.0.namespace, &a.0.binding).cmp(&(&b.0.namespace, &b.0.binding)));
+        for (name, help, pick) in [
+            (
+                "binding_granted_bytes",
+                "The grant the store computed for a Binding's domain (status.effectiveQuota)",
+                0,
+            ),
+            (
+                "binding_used_bytes",
+                "Bytes the store reports a Binding's domain holds (status.usage)",
+                1,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (labels, granted, used) in &figures {
+                let value = if pick == 0 { granted } else { used };
+                if let Some(v) = value {
+                    let gauge = ConstGauge::new(i64::try_from(*v).unwrap_or(i64::MAX));
+                    gauge.encode(family.encode_family(labels)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The operator's own series.
 pub struct Metrics {
     registry: Registry,
@@ -79,6 +187,14 @@ pub struct Metrics {
     pub webhook_seconds: Family<WebhookLabels, Histogram>,
     /// 1 while this replica leads (runs the controllers), 0 while it stands by.
     pub leader: prometheus_client::metrics::gauge::Gauge,
+    /// A backend's capacity as its status reports it (what members registered), bytes.
+    pub backend_capacity: Family<BackendLabels, prometheus_client::metrics::gauge::Gauge>,
+    /// A backend's member counts: Pods Ready and segments mounted on the leader.
+    pub backend_members: Family<MemberLabels, prometheus_client::metrics::gauge::Gauge>,
+    /// 1 while a backend's phase is `Degraded`.
+    pub backend_degraded: Family<BackendLabels, prometheus_client::metrics::gauge::Gauge>,
+    /// The Binding cache the per-Binding series are read from (set once it exists).
+    pub bindings: Arc<std::sync::OnceLock<Store<kvcache_api::KVCachePoolBinding>>>,
 }
 
 impl Default for Metrics {
@@ -93,6 +209,27 @@ impl Default for Metrics {
             Histogram::new(exponential_buckets(0.0005, 2.0, 14))
         });
         let leader = prometheus_client::metrics::gauge::Gauge::default();
+        let backend_capacity = Family::default();
+        let backend_members = Family::default();
+        let backend_degraded = Family::default();
+        registry.register(
+            "backend_capacity_bytes",
+            "A backend's capacity as its status reports it: the segments its members registered",
+            backend_capacity.clone(),
+        );
+        registry.register(
+            "backend_members",
+            "A backend's members by state: ready (member Pods Ready) or mounted (segments the leader lists)",
+            backend_members.clone(),
+        );
+        registry.register(
+            "backend_degraded",
+            "1 while a backend's phase is Degraded",
+            backend_degraded.clone(),
+        );
+        let collector = BindingCollector::default();
+        let bindings = collector.bindings.clone();
+        registry.register_collector(Box::new(collector));
         registry.register(
             "leader",
             "Whether this replica leads (runs the controllers): 1, or 0 while it stands by",
@@ -125,6 +262,10 @@ impl Default for Metrics {
             store_reads,
             webhook_seconds,
             leader,
+            backend_capacity,
+            backend_members,
+            backend_degraded,
+            bindings,
         }
     }
 }
@@ -163,6 +304,47 @@ impl Metrics {
                 outcome: outcome.to_owned(),
             })
             .observe(seconds);
+    }
+
+    /// Sets a backend's series from the status just written and the member Pods observed.
+    pub fn backend(&self, backend: &str, capacity: Option<u64>, ready: usize, mounted: usize, degraded: bool) {
+        let b = BackendLabels {
+            backend: backend.to_owned(),
+        };
+        match capacity {
+            Some(c) => {
+                self.backend_capacity
+                    .get_or_create(&b)
+                    .set(i64::try_from(c).unwrap_or(i64::MAX));
+            }
+            None => {
+                self.backend_capacity.remove(&b);
+            }
+        }
+        for (state, n) in [("ready", ready), ("mounted", mounted)] {
+            self.backend_members
+                .get_or_create(&MemberLabels {
+                    backend: backend.to_owned(),
+                    state: state.to_owned(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.backend_degraded.get_or_create(&b).set(i64::from(degraded));
+    }
+
+    /// Drops a deleted backend's series.
+    pub fn backend_gone(&self, backend: &str) {
+        let b = BackendLabels {
+            backend: backend.to_owned(),
+        };
+        self.backend_capacity.remove(&b);
+        self.backend_degraded.remove(&b);
+        for state in ["ready", "mounted"] {
+            self.backend_members.remove(&MemberLabels {
+                backend: backend.to_owned(),
+                state: state.to_owned(),
+            });
+        }
     }
 
     fn encode(&self) -> Result<String, std::fmt::Error> {

@@ -203,7 +203,11 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
             pool_backend.insert(name, backend);
         }
     }
-    let mut claims: Vec<Claim> = Vec::new();
+    // The first holder of each (backend, tenant), and up to two distinct tenants per backend
+    // in the order they came (enough for `second_domain`: whether another tenant is there, and
+    // which one came first): each Binding is judged in O(log n), not against every claim.
+    let mut held: BTreeMap<(String, String), Claim> = BTreeMap::new();
+    let mut tenants_on: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for o in objects {
         let Object::Binding(b) = o else { continue };
         let Some(backend) = pool_backend.get(&b.spec.pool_ref.name) else {
@@ -219,7 +223,11 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
             ),
             pool: b.spec.pool_ref.name.clone(),
         };
-        if let Err(dup) = check(&claims, &claim) {
+        let holder = held
+            .get(&(claim.backend.clone(), claim.tenant.clone()))
+            .map(std::slice::from_ref)
+            .unwrap_or_default();
+        if let Err(dup) = check(holder, &claim) {
             out.push(Finding {
                 object: o.object_ref(),
                 field: "spec.domain.name",
@@ -237,12 +245,8 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
             Some(false) => Some(false),
             declared => observed.get(backend).copied().or(declared),
         };
-        let tenants: Vec<String> = claims
-            .iter()
-            .filter(|c| &c.backend == backend)
-            .map(|c| c.tenant.clone())
-            .collect();
-        match second_domain(backend, ledger, &tenants, &claim.tenant) {
+        let tenants = tenants_on.get(backend).map(Vec::as_slice).unwrap_or_default();
+        match second_domain(backend, ledger, tenants, &claim.tenant) {
             Ok(Some(w)) => out.push(Finding {
                 object: o.object_ref(),
                 field: "spec.domain.name",
@@ -260,7 +264,12 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
                 continue;
             }
         }
-        claims.push(claim);
+        let seen = tenants_on.entry(claim.backend.clone()).or_default();
+        if seen.len() < 2 && !seen.contains(&claim.tenant) {
+            seen.push(claim.tenant.clone());
+        }
+        held.entry((claim.backend.clone(), claim.tenant.clone()))
+            .or_insert(claim);
     }
     out
 }

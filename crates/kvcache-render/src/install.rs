@@ -1,6 +1,6 @@
-//! The operator's own installation: namespace, account, least-privilege RBAC, Deployment and
-//! Service. `cargo xtask manifests` writes it to `deploy/operator.yaml`. The webhook
-//! configurations ([`webhooks`]) are kept out of the file until the operator serves them.
+//! The operator's own installation: the CRDs, namespace, account, least-privilege RBAC, the
+//! Deployment (two replicas, leader election), its Service, PodDisruptionBudget and the webhook
+//! configurations. `cargo xtask manifests` writes it to `deploy/operator.yaml`.
 
 use std::collections::BTreeMap;
 
@@ -10,9 +10,13 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector,
-    PodSpec, PodTemplateSpec, Probe, Service, ServiceAccount, ServicePort, ServiceSpec,
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    Namespace, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, WeightedPodAffinityTerm,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
@@ -93,6 +97,10 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
         docs.push(v);
         Ok(())
     }
+    // The CRDs first: everything else may name their kinds.
+    for crd in kvcache_api::crd::all() {
+        push(&mut docs, &crd)?;
+    }
     push(
         &mut docs,
         &Namespace {
@@ -155,6 +163,19 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
                     &["customresourcedefinitions"],
                     &["get"],
                 ),
+                // Its own two webhook configurations only, to keep their caBundle (the watch
+                // names them with a field selector, which resourceNames allows).
+                PolicyRule {
+                    resource_names: Some(vec![NAME.into()]),
+                    ..rule(
+                        &["admissionregistration.k8s.io"],
+                        &[
+                            "validatingwebhookconfigurations",
+                            "mutatingwebhookconfigurations",
+                        ],
+                        &["get", "list", "watch", "update"],
+                    )
+                },
             ]),
             ..Default::default()
         },
@@ -180,7 +201,14 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
                 rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
                 // The leader Service's endpoints tell when the serving leader moves.
                 rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+                // The store Leases and the operator's own.
                 rule(&["coordination.k8s.io"], &["leases"], WRITE),
+                // The webhook's CA and serving pair (kept in one Secret, made on first start).
+                rule(
+                    &[""],
+                    &["secrets"],
+                    &["get", "list", "watch", "create", "update"],
+                ),
                 rule(
                     &["rbac.authorization.k8s.io"],
                     &["roles", "rolebindings"],
@@ -197,10 +225,7 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
             subjects: Some(vec![subject]),
         },
     )?;
-    let selector: BTreeMap<String, String> = labels()
-        .into_iter()
-        .filter(|(k, _)| k != "app.kubernetes.io/managed-by")
-        .collect();
+    let selector = selector_labels();
     push(
         &mut docs,
         &Deployment {
@@ -220,21 +245,56 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
                     }),
                     spec: Some(PodSpec {
                         service_account_name: Some(NAME.into()),
+                        // The restricted Pod Security Standard: non-root, no privilege
+                        // escalation, every capability dropped, the runtime's seccomp profile,
+                        // a read-only root filesystem (the operator writes nothing locally).
+                        security_context: Some(PodSecurityContext {
+                            run_as_non_root: Some(true),
+                            run_as_user: Some(65532),
+                            run_as_group: Some(65532),
+                            seccomp_profile: Some(SeccompProfile {
+                                type_: "RuntimeDefault".into(),
+                                localhost_profile: None,
+                            }),
+                            ..Default::default()
+                        }),
+                        // SIGTERM: the leader releases its Lease, in-flight reconciles and
+                        // webhook requests drain, all well within this.
+                        termination_grace_period_seconds: Some(30),
+                        // The two replicas on different nodes where there are two.
+                        affinity: Some(Affinity {
+                            pod_anti_affinity: Some(PodAntiAffinity {
+                                preferred_during_scheduling_ignored_during_execution: Some(vec![
+                                    WeightedPodAffinityTerm {
+                                        weight: 100,
+                                        pod_affinity_term: PodAffinityTerm {
+                                            label_selector: Some(LabelSelector {
+                                                match_labels: Some(selector.clone()),
+                                                ..Default::default()
+                                            }),
+                                            topology_key: "kubernetes.io/hostname".into(),
+                                            ..Default::default()
+                                        },
+                                    },
+                                ]),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }),
                         containers: vec![Container {
                             name: "operator".into(),
                             image: Some(image.into()),
-                            args: Some(vec!["run".into(), "--leader-elect".into()]),
-                            env: Some(vec![EnvVar {
-                                name: "KVCACHE_NAMESPACE".into(),
-                                value_from: Some(EnvVarSource {
-                                    field_ref: Some(ObjectFieldSelector {
-                                        api_version: None,
-                                        field_path: "metadata.namespace".into(),
-                                    }),
-                                    ..Default::default()
-                                }),
-                                value: None,
-                            }]),
+                            args: Some(vec![
+                                "run".into(),
+                                "--leader-elect".into(),
+                                format!("--webhook-addr=0.0.0.0:{WEBHOOK_PORT}"),
+                                format!("--metrics-addr=0.0.0.0:{METRICS_PORT}"),
+                            ]),
+                            env: Some(vec![
+                                field_env("KVCACHE_NAMESPACE", "metadata.namespace"),
+                                // The replica's identity in the Lease and in events.
+                                field_env("POD_NAME", "metadata.name"),
+                            ]),
                             ports: Some(vec![
                                 ContainerPort {
                                     name: Some("webhook".into()),
@@ -247,11 +307,27 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
                                     ..Default::default()
                                 },
                             ]),
-                            readiness_probe: Some(Probe {
-                                http_get: Some(HTTPGetAction {
-                                    path: Some("/health".into()),
-                                    port: IntOrString::String("metrics".into()),
-                                    ..Default::default()
+                            // Ready once the caches are synced and the webhook certificate is
+                            // loaded: a standby is ready too (it serves webhooks).
+                            readiness_probe: Some(http_probe("/readyz", 5, 3)),
+                            liveness_probe: Some(http_probe("/healthz", 20, 3)),
+                            resources: Some(ResourceRequirements {
+                                requests: Some(BTreeMap::from([
+                                    ("cpu".to_owned(), Quantity("50m".into())),
+                                    ("memory".to_owned(), Quantity("64Mi".into())),
+                                ])),
+                                limits: Some(BTreeMap::from([(
+                                    "memory".to_owned(),
+                                    Quantity("256Mi".into()),
+                                )])),
+                                ..Default::default()
+                            }),
+                            security_context: Some(SecurityContext {
+                                allow_privilege_escalation: Some(false),
+                                read_only_root_filesystem: Some(true),
+                                capabilities: Some(Capabilities {
+                                    drop: Some(vec!["ALL".into()]),
+                                    add: None,
                                 }),
                                 ..Default::default()
                             }),
@@ -290,12 +366,67 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
             ..Default::default()
         },
     )?;
+    // A drain never takes both replicas at once.
+    push(
+        &mut docs,
+        &PodDisruptionBudget {
+            metadata: meta(NAME, ns),
+            spec: Some(PodDisruptionBudgetSpec {
+                min_available: Some(IntOrString::Int(1)),
+                selector: Some(LabelSelector {
+                    match_labels: Some(selector_labels()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )?;
+    let (mutating, validating) = webhooks(namespace);
+    push(&mut docs, &validating)?;
+    push(&mut docs, &mutating)?;
     Ok(docs)
 }
 
-/// The webhook configurations the operator registers once it serves them (the Pod injection,
-/// the validation of our kinds, the Pod annotation freeze). Not part of the installation file:
-/// a configuration whose server is not running with a `caBundle` blocks every matching write.
+/// The labels the Deployment selects its Pods by.
+fn selector_labels() -> BTreeMap<String, String> {
+    labels()
+        .into_iter()
+        .filter(|(k, _)| k != "app.kubernetes.io/managed-by")
+        .collect()
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: None,
+                field_path: path.into(),
+            }),
+            ..Default::default()
+        }),
+        value: None,
+    }
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("metrics".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    }
+}
+
+/// The webhook configurations (the Pod injection, the validation of our kinds, the Pod
+/// annotation freeze), addressed to the operator's Service; the operator writes their
+/// `caBundle`. Until a replica serves, writes of our kinds and of Pods labelled
+/// `kvcache.gpustack.ai/inject: "true"` are refused (they fail closed); nothing else is matched.
 pub fn webhooks(namespace: &str) -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
     let client = |path: &str| WebhookClientConfig {
         service: Some(ServiceReference {
@@ -395,7 +526,7 @@ pub fn operator_yaml(namespace: &str, image: &str) -> Result<String, crate::Erro
             message: e.to_string(),
         })?;
     Ok(format!(
-        "# Generated by `cargo xtask manifests` from crates/kvcache-render; do not edit.\n# CRDs are in deploy/crds/.\n{}",
+        "# Generated by `cargo xtask manifests` from crates/kvcache-render; do not edit.\n# Install: kubectl apply -f deploy/operator.yaml (README: Install).\n{}",
         body.join("---\n")
     ))
 }

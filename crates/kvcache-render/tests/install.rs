@@ -1,6 +1,6 @@
 //! The operator's installation manifest is generated and committed (this fails when it is
-//! stale); its objects are parsed and judged one by one: least-privilege RBAC, and webhook
-//! configurations kept out of the file until the operator serves them.
+//! stale); its objects are parsed and judged one by one: least-privilege RBAC, the operator
+//! Pod's restricted security settings, the webhook configurations, the disruption budget.
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -59,30 +59,79 @@ fn deploy_operator_yaml_is_up_to_date() {
 }
 
 #[test]
-fn the_installation_registers_no_webhook_it_cannot_serve_yet() {
+fn the_installation_holds_crds_first_then_the_operator_its_webhooks_and_budget() {
     let kinds: Vec<String> = installation().iter().map(|d| kind(d).to_owned()).collect();
-    for webhook_kind in [
+    let crds = kinds
+        .iter()
+        .take_while(|k| *k == "CustomResourceDefinition")
+        .count();
+    assert_eq!(crds, 5, "the five CRDs come first: {kinds:?}");
+    for k in [
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
     ] {
-        assert!(
-            !kinds.iter().any(|k| k == webhook_kind),
-            "{webhook_kind} in the installation: {kinds:?}"
-        );
+        assert!(kinds.iter().any(|x| x == k), "{k} missing: {kinds:?}");
     }
-    assert!(kinds.iter().any(|k| k == "Deployment"), "{kinds:?}");
+    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_yaml::from_value(
+        installation()
+            .into_iter()
+            .find(|d| kind(d) == "Deployment")
+            .expect("a Deployment"),
+    )
+    .expect("parses");
+    let spec = deployment.spec.expect("spec");
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.expect("pod spec");
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap_or_default();
+    for a in ["run", "--leader-elect", "--webhook-addr=0.0.0.0:9443"] {
+        assert!(args.iter().any(|x| x == a), "{a} in {args:?}");
+    }
+    // The restricted Pod Security Standard, field by field.
+    let psc = pod.security_context.expect("pod security context");
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(
+        psc.seccomp_profile.map(|p| p.type_).as_deref(),
+        Some("RuntimeDefault")
+    );
+    let sc = c.security_context.clone().expect("container security context");
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.capabilities.and_then(|c| c.drop),
+        Some(vec!["ALL".to_string()])
+    );
+    let probe_path = |p: Option<k8s_openapi::api::core::v1::Probe>| {
+        p.and_then(|p| p.http_get).and_then(|h| h.path)
+    };
+    assert_eq!(probe_path(c.readiness_probe.clone()).as_deref(), Some("/readyz"));
+    assert_eq!(probe_path(c.liveness_probe.clone()).as_deref(), Some("/healthz"));
 }
 
 #[test]
-fn no_rule_reaches_secrets_or_grants_wildcards() {
+fn no_rule_grants_wildcards_and_secrets_only_in_the_operator_namespace() {
     let rules = rules();
     assert!(!rules.is_empty(), "the installation grants something");
     for (role, rule) in &rules {
         let resources = rule.resources.clone().unwrap_or_default();
-        assert!(
-            !resources.iter().any(|r| r == "secrets" || r == "*"),
-            "{role}: {rule:?}"
-        );
+        assert!(!resources.iter().any(|r| r == "*"), "{role}: {rule:?}");
+        // The webhook's certificate Secret lives in the operator's namespace: a Role, never
+        // a ClusterRole, and never delete.
+        if resources.iter().any(|r| r == "secrets") {
+            assert!(role.starts_with("Role "), "{role}: {rule:?}");
+            assert!(!rule.verbs.iter().any(|v| v == "delete"), "{role}: {rule:?}");
+        }
+        // Webhook configurations: its own two only.
+        if resources.iter().any(|r| r.ends_with("webhookconfigurations")) {
+            assert_eq!(
+                rule.resource_names.as_deref(),
+                Some(&["kvcache-operator".to_string()][..]),
+                "{role}: {rule:?}"
+            );
+        }
         assert!(!rule.verbs.iter().any(|v| v == "*"), "{role}: {rule:?}");
         assert!(
             !rule

@@ -1,0 +1,463 @@
+//! `cargo xtask bench admission`: the webhook's cost, through a real API server. Bindings and
+//! injected Pods are created at a fixed concurrency twice in one run, once with the webhook
+//! configurations registered and once without (the same operator runs both times, so only the
+//! admission call differs); reported: the end-to-end create latencies of both and their ratio,
+//! and the handler's own p50/p99 from the operator's histogram.
+//!
+//! The order is Bindings without, Bindings with, Pods without, Pods with: each pair runs
+//! back to back on a store (etcd) of the same size within a few percent.
+
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
+use kvcache_e2e::cluster::{ControlPlane, Options, client_from, crds_dir, install_crds};
+use kvcache_e2e::operator::{Operator, register_webhooks};
+use kvcache_e2e::paths;
+use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
+
+use crate::setup;
+
+/// The benchmark's shape.
+pub struct Shape {
+    /// Bindings created per round (and as many Pods).
+    pub creates: usize,
+    /// Requests in flight.
+    pub concurrency: usize,
+}
+
+const OPERATOR_NS: &str = "kvcache-bench";
+const NAMESPACES: usize = 20;
+const SEGMENT: u64 = 256 << 20;
+const CONFIGURATION: &str = "kvcache-operator";
+
+fn block_on<F: std::future::Future>(f: F) -> anyhow::Result<F::Output> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(f))
+}
+
+fn object<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> anyhow::Result<K> {
+    Ok(serde_json::from_value(v)?)
+}
+
+/// The `q` quantile of sorted durations.
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// One webhook's buckets from `/metrics`: (upper bound in seconds, cumulative count).
+fn buckets(text: &str, webhook: &str) -> Vec<(f64, f64)> {
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("kvcache_operator_webhook_request_duration_seconds_bucket{")
+        else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+        };
+        if label("webhook").as_deref() != Some(webhook) {
+            continue;
+        }
+        let Some(le) = label("le") else { continue };
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().unwrap_or(f64::INFINITY)
+        };
+        let n: f64 = value.trim().parse().unwrap_or(0.0);
+        // Outcomes (allowed, refused, ...) are summed per bound.
+        match out.iter_mut().find(|(b, _)| *b == le) {
+            Some(slot) => slot.1 += n,
+            None => out.push((le, n)),
+        }
+    }
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
+fn minus(after: &[(f64, f64)], before: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    after
+        .iter()
+        .map(|(le, n)| {
+            let was = before
+                .iter()
+                .find(|(b, _)| b == le)
+                .map(|(_, m)| *m)
+                .unwrap_or(0.0);
+            (*le, n - was)
+        })
+        .collect()
+}
+
+/// A quantile from cumulative buckets, interpolated linearly inside the bucket it falls in
+/// (as Prometheus' `histogram_quantile` does).
+fn bucket_quantile(b: &[(f64, f64)], q: f64) -> Option<f64> {
+    let total = b.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for &(le, n) in b {
+        if n >= rank {
+            if le.is_infinite() {
+                return Some(lower.0);
+            }
+            let within = if n > lower.1 {
+                (rank - lower.1) / (n - lower.1)
+            } else {
+                1.0
+            };
+            return Some(lower.0 + (le - lower.0) * within);
+        }
+        lower = (le, n);
+    }
+    None
+}
+
+/// Creates `n` objects made by `make(i)` at `concurrency`, returning each create's latency.
+async fn timed<K, F>(
+    apis: &[Api<K>],
+    n: usize,
+    concurrency: usize,
+    make: F,
+) -> anyhow::Result<Vec<Duration>>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    F: Fn(usize) -> anyhow::Result<K>,
+{
+    let objects: Vec<(usize, K)> = (0..n)
+        .map(|i| make(i).map(|o| (i, o)))
+        .collect::<anyhow::Result<_>>()?;
+    let mut out: Vec<Duration> = futures::stream::iter(objects)
+        .map(|(i, o)| {
+            let api = apis[i % apis.len()].clone();
+            async move {
+                let t = Instant::now();
+                api.create(&PostParams::default(), &o).await?;
+                anyhow::Ok(t.elapsed())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect()
+        .await?;
+    out.sort();
+    Ok(out)
+}
+
+async fn unregister(client: &kube::Client) -> anyhow::Result<()> {
+    let dp = DeleteParams::default();
+    for r in [
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .delete(CONFIGURATION, &dp)
+            .await
+            .map(drop),
+        Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .delete(CONFIGURATION, &dp)
+            .await
+            .map(drop),
+    ] {
+        match r {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Registers the configurations and waits until the operator wrote their `caBundle` and a
+/// dry-run create is answered by the webhook (its warning-free admission of a pool).
+async fn register(client: &kube::Client, base: &str) -> anyhow::Result<()> {
+    register_webhooks(client, OPERATOR_NS, base, true).await?;
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let v = validating.get(CONFIGURATION).await?;
+        let m = mutating.get(CONFIGURATION).await?;
+        let trusted = v
+            .webhooks
+            .iter()
+            .flatten()
+            .all(|w| w.client_config.ca_bundle.is_some())
+            && m.webhooks
+                .iter()
+                .flatten()
+                .all(|w| w.client_config.ca_bundle.is_some());
+        if trusted {
+            let probe: KVCachePool = object(serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "probe"},
+                "spec": {"backends": ["store"], "quota": {"total": "1Gi"}}
+            }))?;
+            let dry = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            if Api::<KVCachePool>::all(client.clone())
+                .create(&dry, &probe)
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "the webhook configurations were not trusted and answering within 120 s (caBundle written: {trusted})"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn binding(ns: &str, name: &str) -> anyhow::Result<KVCachePoolBinding> {
+    object(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"poolRef": {"name": "pool"}, "quota": {"ceiling": "256Ki"},
+                 "domain": {"name": format!("{ns}-{name}"), "blockSize": 64, "dtype": "bfloat16"}}
+    }))
+}
+
+/// An engine Pod opted in to injection on the namespace's first Binding (it is never scheduled:
+/// the control plane has no nodes; its create is what is measured).
+fn engine_pod(ns: &str, name: &str) -> anyhow::Result<Pod> {
+    object(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns,
+            "labels": {"kvcache.gpustack.ai/inject": "true"},
+            "annotations": {"kvcache.gpustack.ai/binding": "b-0000", "kvcache.gpustack.ai/engine": "vLLM"}},
+        "spec": {"containers": [{"name": "engine", "image": "gpustack/runner:cpu-vllm0.29.0",
+            "command": ["vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct"]}]}
+    }))
+}
+
+struct Round {
+    without: Vec<Duration>,
+    with: Vec<Duration>,
+    handler: Vec<(f64, f64)>,
+}
+
+pub fn admission(shape: Shape) -> anyhow::Result<()> {
+    setup::all()?;
+    paths::use_release_builds();
+    paths::operator_bin()?;
+    let dir = paths::scratch("bench-admission")?;
+    let cp = ControlPlane::start(&dir, &Options::default())?;
+    let kc = cp.kubeconfig.clone();
+    // A real multi-tenant master as the pool's external backend: the pool reads its ledger and
+    // publishes the address the injection writes.
+    let policy = dir.join("tenant-quota-policy.yaml");
+    std::fs::write(&policy, kvcache_quota::policy::render("store", &[])?.to_yaml())?;
+    let master = Master::start(&dir, MasterOptions::multi_tenant(&policy))?;
+    let member = Member::start(&dir, &MemberOptions::new(master.address(), SEGMENT))?;
+    master.wait_capacity(SEGMENT, Duration::from_secs(120))?;
+    let (client_addr, admin_addr) = (
+        master.address(),
+        format!("127.0.0.1:{}", master.metrics_port),
+    );
+    let port = kvcache_e2e::process::free_port()?;
+    let base = format!("https://127.0.0.1:{port}");
+    let n = shape.creates;
+    let c = shape.concurrency;
+    println!(
+        "admission: {n} Binding creates and {n} injected Pod creates at {c} concurrent, with and without the webhook"
+    );
+
+    let ns = |side: &str, i: usize| format!("{side}-{:02}", i % NAMESPACES);
+    {
+        let kc = kc.clone();
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            install_crds(&client, &crds_dir()).await?;
+            let namespaces: Api<Namespace> = Api::all(client.clone());
+            let pp = PatchParams::apply("bench-admission").force();
+            let all = std::iter::once(OPERATOR_NS.to_owned())
+                .chain(["without", "with", "pods-without", "pods-with"].iter().flat_map(|s| {
+                    (0..NAMESPACES).map(move |i| format!("{s}-{i:02}"))
+                }));
+            for name in all {
+                let o: Namespace = object(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))?;
+                namespaces.patch(&name, &pp, &Patch::Apply(&o)).await?;
+            }
+            let backend: KVCacheBackend = object(serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "store"},
+                "spec": {"type": "Mooncake", "connection": {"external": {"endpoints": [
+                    {"name": "Client", "address": client_addr}, {"name": "Admin", "address": admin_addr}]}}}
+            }))?;
+            Api::<KVCacheBackend>::all(client.clone()).patch("store", &pp, &Patch::Apply(&backend)).await?;
+            let pool: KVCachePool = object(serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "pool"},
+                "spec": {"backends": ["store"], "quota": {"total": "1Gi"}}
+            }))?;
+            Api::<KVCachePool>::all(client.clone()).patch("pool", &pp, &Patch::Apply(&pool)).await?;
+            // The Bindings the Pods name, one per Pod namespace.
+            for side in ["pods-without", "pods-with"] {
+                for i in 0..NAMESPACES {
+                    let ns = format!("{side}-{i:02}");
+                    Api::<KVCachePoolBinding>::namespaced(client.clone(), &ns)
+                        .create(&PostParams::default(), &binding(&ns, "b-0000")?)
+                        .await?;
+                }
+            }
+            anyhow::Ok(())
+        })??;
+    }
+    let operator = Operator::start_unscoped_with(
+        &kc,
+        OPERATOR_NS,
+        &[],
+        &dir,
+        &[
+            format!("--webhook-addr=127.0.0.1:{port}"),
+            "--webhook-name=127.0.0.1".into(),
+        ],
+    )?;
+    // The pool's client endpoint (the injection needs it) before anything is measured.
+    {
+        let kc = kc.clone();
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            kvcache_e2e::cluster::wait_object(
+                &Api::<KVCachePool>::all(client),
+                "pool",
+                "the pool's client endpoint",
+                Duration::from_secs(120),
+                |p| p.status.as_ref().is_some_and(|s| s.client_endpoint.is_some()),
+            )
+            .await?;
+            anyhow::Ok(())
+        })??;
+    }
+
+    let rounds: Vec<(&str, Round)> = {
+        let kc = kc.clone();
+        let operator = &operator;
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            let apis = |side: &str| -> Vec<Api<KVCachePoolBinding>> {
+                (0..NAMESPACES)
+                    .map(|i| Api::namespaced(client.clone(), &ns(side, i)))
+                    .collect()
+            };
+            let pod_apis = |side: &str| -> Vec<Api<Pod>> {
+                (0..NAMESPACES)
+                    .map(|i| Api::namespaced(client.clone(), &ns(side, i)))
+                    .collect()
+            };
+            let mut out = Vec::new();
+
+            unregister(&client).await?;
+            let without = timed(&apis("without"), n, c, |i| {
+                binding(&ns("without", i), &format!("b-{:04}", i / NAMESPACES + 1))
+            })
+            .await?;
+            register(&client, &base).await?;
+            let before = buckets(&operator.metrics()?, "validate");
+            let with = timed(&apis("with"), n, c, |i| {
+                binding(&ns("with", i), &format!("b-{:04}", i / NAMESPACES + 1))
+            })
+            .await?;
+            let handler = minus(&buckets(&operator.metrics()?, "validate"), &before);
+            out.push(("Binding create", Round { without, with, handler }));
+
+            unregister(&client).await?;
+            let without = timed(&pod_apis("pods-without"), n, c, |i| {
+                engine_pod(&ns("pods-without", i), &format!("engine-{i:05}"))
+            })
+            .await?;
+            register(&client, &base).await?;
+            let before = buckets(&operator.metrics()?, "inject");
+            let with = timed(&pod_apis("pods-with"), n, c, |i| {
+                engine_pod(&ns("pods-with", i), &format!("engine-{i:05}"))
+            })
+            .await?;
+            let handler = minus(&buckets(&operator.metrics()?, "inject"), &before);
+            // Each Pod was injected (the annotation the webhook writes), else the round
+            // measured nothing.
+            let sample = Api::<Pod>::namespaced(client.clone(), &ns("pods-with", 0))
+                .get("engine-00000")
+                .await?;
+            let injected = sample
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("kvcache.gpustack.ai/injected"));
+            anyhow::ensure!(injected, "a Pod created with the webhook registered was not injected");
+            out.push(("injected Pod create", Round { without, with, handler }));
+            anyhow::Ok(out)
+        })??
+    };
+
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!();
+    println!("| {n} creates at {c} concurrent | without webhook p50 / p99 | with webhook p50 / p99 | ratio (p50, p99) | handler p50 / p99 (histogram) | goal |");
+    println!("|---|---|---|---|---|---|");
+    for (what, r) in &rounds {
+        let (a50, a99) = (quantile(&r.without, 0.5), quantile(&r.without, 0.99));
+        let (b50, b99) = (quantile(&r.with, 0.5), quantile(&r.with, 0.99));
+        let h = |q| {
+            bucket_quantile(&r.handler, q)
+                .map(|s| format!("{:.2} ms", s * 1000.0))
+                .unwrap_or_else(|| "none recorded".into())
+        };
+        println!(
+            "| {what} | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {:.2}x, {:.2}x | {} / {} | handler p99 < 5 ms, creates <= 1.3x |",
+            ms(a50),
+            ms(a99),
+            ms(b50),
+            ms(b99),
+            ms(b50) / ms(a50).max(f64::EPSILON),
+            ms(b99) / ms(a99).max(f64::EPSILON),
+            h(0.5),
+            h(0.99),
+        );
+    }
+    drop(operator);
+    drop(member);
+    drop(master);
+    drop(cp);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quantile_from_buckets_interpolates_inside_its_bucket() {
+        let text = "\
+kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"inject\",outcome=\"allowed\",le=\"0.001\"} 50
+kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"inject\",outcome=\"allowed\",le=\"0.002\"} 90
+kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"inject\",outcome=\"allowed\",le=\"+Inf\"} 100
+kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"validate\",outcome=\"allowed\",le=\"0.001\"} 7
+";
+        let b = buckets(text, "inject");
+        assert_eq!(b.len(), 3);
+        let p50 = bucket_quantile(&b, 0.5).expect("p50");
+        assert!((p50 - 0.001).abs() < 1e-9, "{p50}");
+        let p70 = bucket_quantile(&b, 0.7).expect("p70");
+        assert!((p70 - 0.0015).abs() < 1e-9, "{p70}");
+        // In the +Inf bucket: the last finite bound.
+        assert_eq!(bucket_quantile(&b, 0.99), Some(0.002));
+    }
+}
