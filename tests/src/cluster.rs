@@ -55,12 +55,25 @@ pub struct ControlPlane {
     pub server: String,
     /// The certificates.
     pub pki: PkiFiles,
+    /// The API server's audit log (JSON lines): every write by a service account.
+    pub audit_log: PathBuf,
     ca: pki::Ca,
     procs: Vec<Proc>,
     reaper: Option<Child>,
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The API server's audit policy: the writes of service accounts, at `Metadata` level.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: [\"system:serviceaccounts\"]
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+";
 
 impl ControlPlane {
     /// Starts etcd and the control plane in `dir` and waits until the API server is ready.
@@ -100,7 +113,17 @@ impl ControlPlane {
 
         let port = free_port()?;
         let server = format!("https://127.0.0.1:{port}");
+        // Writes by service accounts are audited (who, from which address): what a Pod of
+        // the operator wrote can be told from what its standby did not.
+        let audit_policy = dir.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, AUDIT_POLICY)
+            .map_err(crate::io("writing the audit policy"))?;
+        let audit_log = dir.join("audit.log");
         let mut api = Command::new(bin.join("kube-apiserver"));
+        api.arg(format!("--audit-policy-file={}", audit_policy.display()))
+            .arg(format!("--audit-log-path={}", audit_log.display()))
+            .arg("--audit-log-format=json")
+            .arg("--audit-log-maxsize=200");
         api.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
             .arg(match options.advertise {
                 Some(_) => "--bind-address=0.0.0.0",
@@ -140,6 +163,10 @@ impl ControlPlane {
                 dir.join("apiserver-certs").display()
             ))
             .arg("--enable-priority-and-fairness=false")
+            // Webhook Services are dialled at a ready endpoint (the Pod's address, which the
+            // host routes to the nodes) rather than at the ClusterIP, which only the nodes'
+            // kube-proxy knows.
+            .arg("--enable-aggregator-routing=true")
             .arg("--v=1");
         let mut api = Proc::spawn("kube-apiserver", api, &dir.join("kube-apiserver.log"))?;
         wait_tcp(
@@ -187,6 +214,7 @@ impl ControlPlane {
             None
         };
         Ok(ControlPlane {
+            audit_log,
             dir: dir.to_owned(),
             kubeconfig,
             server,

@@ -60,7 +60,8 @@ fn quantile(sorted: &[Duration], q: f64) -> Duration {
 fn buckets(text: &str, webhook: &str) -> Vec<(f64, f64)> {
     let mut out: Vec<(f64, f64)> = Vec::new();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("kvcache_operator_webhook_request_duration_seconds_bucket{")
+        let Some(rest) =
+            line.strip_prefix("kvcache_operator_webhook_request_duration_seconds_bucket{")
         else {
             continue;
         };
@@ -267,7 +268,10 @@ pub fn admission(shape: Shape) -> anyhow::Result<()> {
     // A real multi-tenant master as the pool's external backend: the pool reads its ledger and
     // publishes the address the injection writes.
     let policy = dir.join("tenant-quota-policy.yaml");
-    std::fs::write(&policy, kvcache_quota::policy::render("store", &[])?.to_yaml())?;
+    std::fs::write(
+        &policy,
+        kvcache_quota::policy::render("store", &[])?.to_yaml(),
+    )?;
     let master = Master::start(&dir, MasterOptions::multi_tenant(&policy))?;
     let member = Member::start(&dir, &MemberOptions::new(master.address(), SEGMENT))?;
     master.wait_capacity(SEGMENT, Duration::from_secs(120))?;
@@ -291,12 +295,15 @@ pub fn admission(shape: Shape) -> anyhow::Result<()> {
             install_crds(&client, &crds_dir()).await?;
             let namespaces: Api<Namespace> = Api::all(client.clone());
             let pp = PatchParams::apply("bench-admission").force();
-            let all = std::iter::once(OPERATOR_NS.to_owned())
-                .chain(["without", "with", "pods-without", "pods-with"].iter().flat_map(|s| {
-                    (0..NAMESPACES).map(move |i| format!("{s}-{i:02}"))
-                }));
+            let all = std::iter::once(OPERATOR_NS.to_owned()).chain(
+                ["without", "with", "pods-without", "pods-with"]
+                    .iter()
+                    .flat_map(|s| (0..NAMESPACES).map(move |i| format!("{s}-{i:02}"))),
+            );
             for name in all {
-                let o: Namespace = object(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))?;
+                let o: Namespace = object(
+                    serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+                )?;
                 namespaces.patch(&name, &pp, &Patch::Apply(&o)).await?;
             }
             let backend: KVCacheBackend = object(serde_json::json!({
@@ -304,12 +311,16 @@ pub fn admission(shape: Shape) -> anyhow::Result<()> {
                 "spec": {"type": "Mooncake", "connection": {"external": {"endpoints": [
                     {"name": "Client", "address": client_addr}, {"name": "Admin", "address": admin_addr}]}}}
             }))?;
-            Api::<KVCacheBackend>::all(client.clone()).patch("store", &pp, &Patch::Apply(&backend)).await?;
+            Api::<KVCacheBackend>::all(client.clone())
+                .patch("store", &pp, &Patch::Apply(&backend))
+                .await?;
             let pool: KVCachePool = object(serde_json::json!({
                 "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "pool"},
                 "spec": {"backends": ["store"], "quota": {"total": "1Gi"}}
             }))?;
-            Api::<KVCachePool>::all(client.clone()).patch("pool", &pp, &Patch::Apply(&pool)).await?;
+            Api::<KVCachePool>::all(client.clone())
+                .patch("pool", &pp, &Patch::Apply(&pool))
+                .await?;
             // The Bindings the Pods name, one per Pod namespace.
             for side in ["pods-without", "pods-with"] {
                 for i in 0..NAMESPACES {
@@ -342,7 +353,11 @@ pub fn admission(shape: Shape) -> anyhow::Result<()> {
                 "pool",
                 "the pool's client endpoint",
                 Duration::from_secs(120),
-                |p| p.status.as_ref().is_some_and(|s| s.client_endpoint.is_some()),
+                |p| {
+                    p.status
+                        .as_ref()
+                        .is_some_and(|s| s.client_endpoint.is_some())
+                },
             )
             .await?;
             anyhow::Ok(())
@@ -378,7 +393,14 @@ pub fn admission(shape: Shape) -> anyhow::Result<()> {
             })
             .await?;
             let handler = minus(&buckets(&operator.metrics()?, "validate"), &before);
-            out.push(("Binding create", Round { without, with, handler }));
+            out.push((
+                "Binding create",
+                Round {
+                    without,
+                    with,
+                    handler,
+                },
+            ));
 
             unregister(&client).await?;
             let without = timed(&pod_apis("pods-without"), n, c, |i| {
@@ -402,15 +424,27 @@ pub fn admission(shape: Shape) -> anyhow::Result<()> {
                 .annotations
                 .as_ref()
                 .is_some_and(|a| a.contains_key("kvcache.gpustack.ai/injected"));
-            anyhow::ensure!(injected, "a Pod created with the webhook registered was not injected");
-            out.push(("injected Pod create", Round { without, with, handler }));
+            anyhow::ensure!(
+                injected,
+                "a Pod created with the webhook registered was not injected"
+            );
+            out.push((
+                "injected Pod create",
+                Round {
+                    without,
+                    with,
+                    handler,
+                },
+            ));
             anyhow::Ok(out)
         })??
     };
 
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!();
-    println!("| {n} creates at {c} concurrent | without webhook p50 / p99 | with webhook p50 / p99 | ratio (p50, p99) | handler p50 / p99 (histogram) | goal |");
+    println!(
+        "| {n} creates at {c} concurrent | without webhook p50 / p99 | with webhook p50 / p99 | ratio (p50, p99) | handler p50 / p99 (histogram) | goal |"
+    );
     println!("|---|---|---|---|---|---|");
     for (what, r) in &rounds {
         let (a50, a99) = (quantile(&r.without, 0.5), quantile(&r.without, 0.99));

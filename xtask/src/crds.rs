@@ -33,5 +33,14 @@ pub fn manifests() -> anyhow::Result<()> {
     )?;
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {}", path.display());
+    let dir = root().join("deploy/monitoring");
+    std::fs::create_dir_all(&dir)?;
+    for (name, text) in
+        kvcache_render::monitoring::files(kvcache_render::resolve::DEFAULT_NAMESPACE)?
+    {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
     Ok(())
 }

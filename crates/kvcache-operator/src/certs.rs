@@ -278,6 +278,9 @@ pub struct Keeper {
     pub names: Vec<String>,
     /// What the TLS server presents.
     pub presented: Arc<Presented>,
+    /// Whether this replica may write (it leads, or runs without leader election): a standby
+    /// only reads the Secret and presents the pair the leader keeps.
+    pub writer: tokio::sync::watch::Receiver<bool>,
 }
 
 /// How often every replica re-reads the Secret (and renews when due).
@@ -305,7 +308,18 @@ impl Keeper {
             let stored = Stored::from_data(&data);
             let now = time::OffsetDateTime::now_utc().unix_timestamp();
             let decided = plan(&stored, &self.names, now);
+            let writer = *self.writer.borrow();
             let pair = if decided == Plan::Keep {
+                stored
+            } else if !writer {
+                // A standby serves what is stored, even when due (the leader renews it and
+                // this replica presents the new pair on the Secret's next event).
+                if stored.tls_cert.is_empty() || stored.tls_key.is_empty() {
+                    return Err(Error::Certificate(
+                        format!("{what} holds no serving pair yet: the leading replica writes it")
+                            .into(),
+                    ));
+                }
                 stored
             } else {
                 let next = carry_out(&decided, &stored, &self.names)?;
@@ -350,7 +364,9 @@ impl Keeper {
             };
             // Trust first, then present: a new CA is in caBundle before anything it signed
             // is served.
-            self.trust(&pair.ca_bundle()).await?;
+            if writer {
+                self.trust(&pair.ca_bundle()).await?;
+            }
             self.presented.load(&pair)?;
             return Ok(());
         }
@@ -431,11 +447,11 @@ impl Keeper {
     /// a certificate is presented.
     pub async fn run(self, ready: Arc<crate::telemetry::Readiness>) {
         use futures::StreamExt;
-        use k8s_openapi::api::core::v1::Secret;
-        use kube::runtime::{WatchStreamExt, watcher};
         use k8s_openapi::api::admissionregistration::v1::{
             MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
         };
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::runtime::{WatchStreamExt, watcher};
         let secret = watcher::Config::default().fields(&format!("metadata.name={}", self.secret));
         let configuration =
             watcher::Config::default().fields(&format!("metadata.name={}", self.configuration));
@@ -465,6 +481,7 @@ impl Keeper {
             .boxed(),
         ]);
         let mut watching = true;
+        let mut writer = self.writer.clone();
         loop {
             match self.once().await {
                 Ok(()) => ready
@@ -479,6 +496,8 @@ impl Keeper {
             });
             tokio::select! {
                 () = wait => {}
+                // Becoming the leader: write what is due at once.
+                Ok(()) = writer.changed() => {}
                 event = changes.next(), if watching => match event {
                     Some(Ok(_)) => {}
                     Some(Err(e)) => tracing::debug!(error = %e, "watching the webhook Secret and configurations"),

@@ -482,6 +482,9 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         polls: Mutex::new(HashMap::new()),
     });
     ready.controllers.store(true, Ordering::Relaxed);
+    // Whether this replica writes: with leader election only while it leads. A standby
+    // serves webhooks and metrics and writes nothing (not even the webhook's certificate).
+    let (writing, writer) = tokio::sync::watch::channel(!args.leader_elect);
     // The webhook serves on every replica, beside the controllers.
     let webhook = args.webhook_addr.map(|addr| {
         let presented = Arc::new(crate::certs::Presented::default());
@@ -499,6 +502,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             configuration: args.webhook_configuration.clone(),
             names,
             presented: presented.clone(),
+            writer,
         };
         let keeping = tokio::spawn(keeper.run(ready.clone()));
         let router = crate::webhook::router(Arc::new(crate::webhook::Webhook {
@@ -524,13 +528,15 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     // Leader election: the webhooks and metrics serve on every replica; the controllers run on
     // the one holding the Lease.
     let election = if args.leader_elect {
-        let identity = std::env::var("POD_NAME").unwrap_or_else(|_| {
-            format!(
-                "{}-{}",
-                std::env::var("HOSTNAME").unwrap_or_else(|_| "kvcache-operator".into()),
-                std::process::id()
-            )
-        });
+        // The Pod's name and a suffix of this process's own: a container restarted in the
+        // same Pod is a new candidate, not the holder it replaced (that one's term runs out).
+        let identity = format!(
+            "{}_{}",
+            std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .unwrap_or_else(|_| "kvcache-operator".into()),
+            &trace_id()[..8]
+        );
         let duration = args.leader_election_duration.max(2);
         let lease_name = args.leader_election_lease.clone();
         let ns = shared.config.namespace.clone();
@@ -610,6 +616,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             }
         }
         info!(%identity, "leading: the controllers start");
+        let _ = writing.send(true);
         Some((leading, task))
     } else {
         None

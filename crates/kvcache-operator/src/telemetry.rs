@@ -9,11 +9,11 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
+use kube::runtime::reflector::Store;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use kube::runtime::reflector::Store;
 use prometheus_client::registry::Registry;
 
 /// How logs are written.
@@ -307,7 +307,14 @@ impl Metrics {
     }
 
     /// Sets a backend's series from the status just written and the member Pods observed.
-    pub fn backend(&self, backend: &str, capacity: Option<u64>, ready: usize, mounted: usize, degraded: bool) {
+    pub fn backend(
+        &self,
+        backend: &str,
+        capacity: Option<u64>,
+        ready: usize,
+        mounted: usize,
+        degraded: bool,
+    ) {
         let b = BackendLabels {
             backend: backend.to_owned(),
         };
@@ -329,7 +336,9 @@ impl Metrics {
                 })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
-        self.backend_degraded.get_or_create(&b).set(i64::from(degraded));
+        self.backend_degraded
+            .get_or_create(&b)
+            .set(i64::from(degraded));
     }
 
     /// Drops a deleted backend's series.

@@ -630,8 +630,14 @@ pub async fn serve(
     // (HTTP/2 GOAWAY, HTTP/1 after the response), within DRAIN.
     drop(listener);
     let open = graceful.count();
-    if tokio::time::timeout(DRAIN, graceful.shutdown()).await.is_err() {
-        warn!(open, "webhook connections still open after the drain; closing them");
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!(
+            open,
+            "webhook connections still open after the drain; closing them"
+        );
     } else {
         info!(open, "webhook drained");
     }

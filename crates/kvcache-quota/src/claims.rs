@@ -245,7 +245,10 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
             Some(false) => Some(false),
             declared => observed.get(backend).copied().or(declared),
         };
-        let tenants = tenants_on.get(backend).map(Vec::as_slice).unwrap_or_default();
+        let tenants = tenants_on
+            .get(backend)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         match second_domain(backend, ledger, tenants, &claim.tenant) {
             Ok(Some(w)) => out.push(Finding {
                 object: o.object_ref(),

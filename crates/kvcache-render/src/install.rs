@@ -16,10 +16,10 @@ use k8s_openapi::api::core::v1::{
     ServiceAccount, ServicePort, ServiceSpec, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta,
 };
@@ -101,10 +101,20 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
     for crd in kvcache_api::crd::all() {
         push(&mut docs, &crd)?;
     }
+    // The namespace (and the CRDs) carry no `component: operator` label: the uninstall
+    // (`kubectl delete -f deploy/operator.yaml -l app.kubernetes.io/component=operator`) keeps
+    // them, and with them every object and the store workloads in the namespace.
     push(
         &mut docs,
         &Namespace {
-            metadata: meta(namespace, None),
+            metadata: ObjectMeta {
+                name: Some(namespace.into()),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".into(),
+                    "kvcache-operator".into(),
+                )])),
+                ..Default::default()
+            },
             ..Default::default()
         },
     )?;
@@ -289,6 +299,9 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
                                 "--leader-elect".into(),
                                 format!("--webhook-addr=0.0.0.0:{WEBHOOK_PORT}"),
                                 format!("--metrics-addr=0.0.0.0:{METRICS_PORT}"),
+                                // One JSON object a line, each with the reconcile's span
+                                // (controller, namespace, name, trace_id).
+                                "--log-format=json".into(),
                             ]),
                             env: Some(vec![
                                 field_env("KVCACHE_NAMESPACE", "metadata.namespace"),

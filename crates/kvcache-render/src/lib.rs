@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod install;
 pub mod model;
+pub mod monitoring;
 pub mod names;
 pub mod observe;
 pub mod pod;

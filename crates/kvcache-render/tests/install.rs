@@ -59,6 +59,18 @@ fn deploy_operator_yaml_is_up_to_date() {
 }
 
 #[test]
+fn deploy_monitoring_is_up_to_date() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/monitoring");
+    for (name, text) in kvcache_render::monitoring::files(DEFAULT_NAMESPACE).expect("renders") {
+        let have = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+        assert!(
+            have == text,
+            "deploy/monitoring/{name} is stale or missing: run `cargo xtask manifests` and commit it"
+        );
+    }
+}
+
+#[test]
 fn the_installation_holds_crds_first_then_the_operator_its_webhooks_and_budget() {
     let kinds: Vec<String> = installation().iter().map(|d| kind(d).to_owned()).collect();
     let crds = kinds
@@ -97,7 +109,10 @@ fn the_installation_holds_crds_first_then_the_operator_its_webhooks_and_budget()
         psc.seccomp_profile.map(|p| p.type_).as_deref(),
         Some("RuntimeDefault")
     );
-    let sc = c.security_context.clone().expect("container security context");
+    let sc = c
+        .security_context
+        .clone()
+        .expect("container security context");
     assert_eq!(sc.allow_privilege_escalation, Some(false));
     assert_eq!(sc.read_only_root_filesystem, Some(true));
     assert_eq!(
@@ -107,8 +122,14 @@ fn the_installation_holds_crds_first_then_the_operator_its_webhooks_and_budget()
     let probe_path = |p: Option<k8s_openapi::api::core::v1::Probe>| {
         p.and_then(|p| p.http_get).and_then(|h| h.path)
     };
-    assert_eq!(probe_path(c.readiness_probe.clone()).as_deref(), Some("/readyz"));
-    assert_eq!(probe_path(c.liveness_probe.clone()).as_deref(), Some("/healthz"));
+    assert_eq!(
+        probe_path(c.readiness_probe.clone()).as_deref(),
+        Some("/readyz")
+    );
+    assert_eq!(
+        probe_path(c.liveness_probe.clone()).as_deref(),
+        Some("/healthz")
+    );
 }
 
 #[test]
@@ -122,10 +143,16 @@ fn no_rule_grants_wildcards_and_secrets_only_in_the_operator_namespace() {
         // a ClusterRole, and never delete.
         if resources.iter().any(|r| r == "secrets") {
             assert!(role.starts_with("Role "), "{role}: {rule:?}");
-            assert!(!rule.verbs.iter().any(|v| v == "delete"), "{role}: {rule:?}");
+            assert!(
+                !rule.verbs.iter().any(|v| v == "delete"),
+                "{role}: {rule:?}"
+            );
         }
         // Webhook configurations: its own two only.
-        if resources.iter().any(|r| r.ends_with("webhookconfigurations")) {
+        if resources
+            .iter()
+            .any(|r| r.ends_with("webhookconfigurations"))
+        {
             assert_eq!(
                 rule.resource_names.as_deref(),
                 Some(&["kvcache-operator".to_string()][..]),

@@ -1,0 +1,372 @@
+//! What a platform team's Prometheus and Grafana get: the alert rules (as a plain rule file and
+//! as a prometheus-operator `PrometheusRule`) and a Grafana dashboard, all built on the series the
+//! operator exports (`kvcache_operator_*`) and the series a Mooncake master exports (`master_*`,
+//! `mooncake_tenant_quota_*`). `cargo xtask manifests` writes them to `deploy/monitoring/`.
+
+use serde_json::{Value, json};
+
+/// One alert.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Alert {
+    /// The alert's name.
+    pub name: &'static str,
+    /// The PromQL expression that fires it.
+    pub expr: &'static str,
+    /// How long it must hold.
+    pub for_: &'static str,
+    /// `warning` or `critical`.
+    pub severity: &'static str,
+    /// One line.
+    pub summary: &'static str,
+    /// What it means and what to look at.
+    pub description: &'static str,
+}
+
+/// What operators of a Mooncake store get paged for.
+pub fn alerts() -> Vec<Alert> {
+    vec![
+        Alert {
+            name: "KVCacheStoreLeaderStalled",
+            // Members ping their master every second: a master that is scraped (it serves its
+            // metrics) but counts no ping and no put for five minutes has stopped serving them.
+            expr: "sum by (namespace, pod) (rate(master_ping_requests_total[5m]) + rate(master_put_start_requests_total[5m])) == 0",
+            for_: "5m",
+            severity: "critical",
+            summary: "A Mooncake master answers scrapes but its ping and put counters stopped moving",
+            description: "The leader {{ $labels.namespace }}/{{ $labels.pod }} serves /metrics but no member has pinged it and no engine has put for 5 minutes: members cannot remount and engines miss. Check the leader's log and the members' (kubectl -n {{ $labels.namespace }} logs), and `kubectl get kvcb`.",
+        },
+        Alert {
+            name: "KVCacheCapacityZeroWithMembersReady",
+            expr: "kvcache_operator_backend_capacity_bytes == 0 and on (backend) kvcache_operator_backend_members{state=\"ready\"} > 0",
+            for_: "5m",
+            severity: "critical",
+            summary: "A backend's members are Ready but the store registers no capacity",
+            description: "KVCacheBackend {{ $labels.backend }} has Ready member Pods and CAPACITY 0: the members did not mount on the leader (wrong master address, a leader restart they have not followed, a tenant policy refusing them). `kubectl describe kvcb {{ $labels.backend }}` names the missing members.",
+        },
+        Alert {
+            name: "KVCacheBackendDegraded",
+            expr: "kvcache_operator_backend_degraded == 1",
+            for_: "10m",
+            severity: "warning",
+            summary: "A KVCacheBackend has been Degraded for 10 minutes",
+            description: "KVCacheBackend {{ $labels.backend }} reports phase Degraded: `kubectl get kvcb {{ $labels.backend }} -o yaml` shows the condition that says why (members not mounted, standbys missing, the leader not ready).",
+        },
+        Alert {
+            name: "KVCacheTenantRejectsRising",
+            expr: "sum by (namespace, pod) (rate(master_put_start_failures_total[5m])) > 0",
+            for_: "10m",
+            severity: "warning",
+            summary: "A Mooncake master keeps refusing puts",
+            description: "The master {{ $labels.namespace }}/{{ $labels.pod }} refuses puts (a tenant at its grant, or no space): engines write less than they try. Compare each Binding's grant and usage (kvcache_operator_binding_granted_bytes, kvcache_operator_binding_used_bytes) and mooncake_tenant_quota_admission_closed.",
+        },
+        Alert {
+            name: "KVCacheOperatorReconcileErrors",
+            expr: "sum by (controller, result) (rate(kvcache_operator_reconciles_total{result!=\"ok\"}[10m])) > 0",
+            for_: "15m",
+            severity: "warning",
+            summary: "The operator keeps failing to reconcile",
+            description: "Controller {{ $labels.controller }} fails with {{ $labels.result }}: the objects' conditions and events say which and why (`kubectl get events -A --field-selector source=kvcache-operator`).",
+        },
+        Alert {
+            name: "KVCacheOperatorNoLeader",
+            expr: "max(kvcache_operator_leader) == 0",
+            for_: "5m",
+            severity: "critical",
+            summary: "No operator replica leads",
+            description: "Every kvcache-operator replica stands by: nothing is reconciled. Check the Lease kvcache-operator in the operator's namespace and the replicas' logs.",
+        },
+    ]
+}
+
+fn rule_groups() -> Value {
+    let rules: Vec<Value> = alerts()
+        .into_iter()
+        .map(|a| {
+            json!({
+                "alert": a.name,
+                "expr": a.expr,
+                "for": a.for_,
+                "labels": {"severity": a.severity},
+                "annotations": {"summary": a.summary, "description": a.description},
+            })
+        })
+        .collect();
+    json!([{"name": "kvcache-operator", "rules": rules}])
+}
+
+/// The plain Prometheus rule file (`rule_files:`).
+pub fn rule_file() -> Value {
+    json!({"groups": rule_groups()})
+}
+
+/// The same rules as a prometheus-operator `PrometheusRule` in `namespace`.
+pub fn prometheus_rule(namespace: &str) -> Value {
+    json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "kvcache-operator",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "kvcache-operator", "app.kubernetes.io/component": "operator"},
+        },
+        "spec": {"groups": rule_groups()},
+    })
+}
+
+/// A dashboard panel: title, unit, the expressions and their legends.
+struct Panel {
+    title: &'static str,
+    unit: &'static str,
+    targets: &'static [(&'static str, &'static str)],
+}
+
+const PANELS: &[Panel] = &[
+    Panel {
+        title: "Capacity per backend (what members registered)",
+        unit: "bytes",
+        targets: &[("kvcache_operator_backend_capacity_bytes", "{{backend}}")],
+    },
+    Panel {
+        title: "Members per backend",
+        unit: "short",
+        targets: &[("kvcache_operator_backend_members", "{{backend}} {{state}}")],
+    },
+    Panel {
+        title: "Grant vs usage per tenant (Binding)",
+        unit: "bytes",
+        targets: &[
+            (
+                "kvcache_operator_binding_granted_bytes",
+                "{{namespace}}/{{binding}} granted",
+            ),
+            (
+                "kvcache_operator_binding_used_bytes",
+                "{{namespace}}/{{binding}} used",
+            ),
+        ],
+    },
+    Panel {
+        title: "Store: allocated vs total",
+        unit: "bytes",
+        targets: &[
+            ("sum by (pod) (master_allocated_bytes)", "{{pod}} allocated"),
+            (
+                "sum by (pod) (master_total_capacity_bytes)",
+                "{{pod}} total",
+            ),
+        ],
+    },
+    Panel {
+        title: "Store: tenants' charge",
+        unit: "bytes",
+        targets: &[("mooncake_tenant_quota_charged_bytes", "{{tenant_id}}")],
+    },
+    Panel {
+        title: "Reconcile errors",
+        unit: "ops",
+        targets: &[(
+            "sum by (controller, result) (rate(kvcache_operator_reconciles_total{result!=\"ok\"}[5m]))",
+            "{{controller}} {{result}}",
+        )],
+    },
+    Panel {
+        title: "Reconcile duration p99",
+        unit: "s",
+        targets: &[(
+            "histogram_quantile(0.99, sum by (le, controller) (rate(kvcache_operator_reconcile_duration_seconds_bucket[5m])))",
+            "{{controller}}",
+        )],
+    },
+    Panel {
+        title: "Webhook latency p50 / p99",
+        unit: "s",
+        targets: &[
+            (
+                "histogram_quantile(0.5, sum by (le, webhook) (rate(kvcache_operator_webhook_request_duration_seconds_bucket[5m])))",
+                "{{webhook}} p50",
+            ),
+            (
+                "histogram_quantile(0.99, sum by (le, webhook) (rate(kvcache_operator_webhook_request_duration_seconds_bucket[5m])))",
+                "{{webhook}} p99",
+            ),
+        ],
+    },
+    Panel {
+        title: "Store reads by result",
+        unit: "ops",
+        targets: &[(
+            "sum by (backend, result) (rate(kvcache_operator_store_reads_total[5m]))",
+            "{{backend}} {{result}}",
+        )],
+    },
+];
+
+/// The Grafana dashboard (schema 39; a `datasource` variable picks the Prometheus).
+pub fn dashboard() -> Value {
+    let panels: Vec<Value> = PANELS
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let targets: Vec<Value> = p
+                .targets
+                .iter()
+                .enumerate()
+                .map(|(j, (expr, legend))| {
+                    json!({
+                        "refId": char::from(b'A' + j as u8).to_string(),
+                        "expr": expr,
+                        "legendFormat": legend,
+                        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    })
+                })
+                .collect();
+            json!({
+                "id": i + 1,
+                "type": "timeseries",
+                "title": p.title,
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                "gridPos": {"h": 8, "w": 12, "x": (i % 2) * 12, "y": (i / 2) * 8},
+                "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
+                "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
+                "targets": targets,
+            })
+        })
+        .collect();
+    json!({
+        "title": "KV cache (kvcache-operator)",
+        "uid": "kvcache-operator",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": true,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "tags": ["kvcache", "mooncake"],
+        "templating": {"list": [{
+            "name": "datasource", "type": "datasource", "query": "prometheus",
+            "label": "Prometheus", "current": {},
+        }]},
+        "panels": panels,
+    })
+}
+
+/// The files of `deploy/monitoring/`, by name: `alerts.yaml` (a plain rule file),
+/// `prometheusrule.yaml` (the same rules for the prometheus-operator) and `dashboard.json`.
+pub fn files(namespace: &str) -> Result<Vec<(&'static str, String)>, crate::Error> {
+    let yaml = |what: &str, v: &Value| {
+        serde_yaml::to_string(v).map_err(|e| crate::Error::Yaml {
+            object: what.to_owned(),
+            message: e.to_string(),
+        })
+    };
+    let header =
+        "# Generated by `cargo xtask manifests` from crates/kvcache-render; do not edit.\n";
+    Ok(vec![
+        (
+            "alerts.yaml",
+            format!("{header}{}", yaml("the alert rules", &rule_file())?),
+        ),
+        (
+            "prometheusrule.yaml",
+            format!(
+                "{header}{}",
+                yaml("the PrometheusRule", &prometheus_rule(namespace))?
+            ),
+        ),
+        (
+            "dashboard.json",
+            serde_json::to_string_pretty(&dashboard()).map_err(|e| crate::Error::Yaml {
+                object: "the dashboard".into(),
+                message: e.to_string(),
+            })? + "\n",
+        ),
+    ])
+}
+
+/// Every PromQL expression of the rules and the dashboard, with where it is.
+pub fn expressions() -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = alerts()
+        .into_iter()
+        .map(|a| (format!("alert {}", a.name), a.expr.to_owned()))
+        .collect();
+    for p in PANELS {
+        for (expr, _) in p.targets {
+            out.push((format!("panel {:?}", p.title), (*expr).to_owned()));
+        }
+    }
+    out
+}
+
+/// The series names an expression reads: every identifier of the operator's or the store's
+/// families (`kvcache_operator_`, `master_`, `mooncake_`, `segment_` prefixes).
+pub fn series_in(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut in_braces = false;
+    let mut in_quotes = false;
+    for c in expr.chars().chain(std::iter::once(' ')) {
+        if in_quotes {
+            in_quotes = c != '"';
+            continue;
+        }
+        if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            word.push(c);
+            continue;
+        }
+        // A word ends here: a series name unless it is a label name inside braces.
+        if !in_braces
+            && ["kvcache_operator_", "master_", "mooncake_", "segment_"]
+                .iter()
+                .any(|p| word.starts_with(p))
+            && !out.contains(&word)
+        {
+            out.push(word.clone());
+        }
+        word.clear();
+        match c {
+            '"' => in_quotes = true,
+            '{' => in_braces = true,
+            '}' => in_braces = false,
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_are_read_from_expressions_not_from_labels_or_strings() {
+        assert_eq!(
+            series_in(
+                "sum by (backend) (rate(kvcache_operator_reconciles_total{result!=\"master_x\"}[5m])) > 0 and on (backend) master_allocated_bytes"
+            ),
+            vec![
+                "kvcache_operator_reconciles_total",
+                "master_allocated_bytes"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_alert_and_panel_reads_a_series_and_panels_have_unique_ids() {
+        for (where_, expr) in expressions() {
+            assert!(!series_in(&expr).is_empty(), "{where_}: {expr}");
+        }
+        let d = dashboard();
+        let ids: Vec<u64> = d["panels"]
+            .as_array()
+            .expect("panels")
+            .iter()
+            .map(|p| p["id"].as_u64().expect("id"))
+            .collect();
+        let mut unique = ids.clone();
+        unique.dedup();
+        assert_eq!(ids, unique);
+        for a in alerts() {
+            assert!(matches!(a.severity, "warning" | "critical"), "{}", a.name);
+            assert!(a.for_.ends_with('m'), "{}", a.name);
+        }
+    }
+}

@@ -1,0 +1,605 @@
+//! The installation for real: `kubectl apply -f deploy/operator.yaml` on a cluster with two
+//! real nodes and the locally built images gives two operator Pods (one leads, one stands by
+//! and serves webhooks), and the walkthrough, applied with `kubectl` as a user would, converges
+//! through them: the API server calls the webhooks through the operator's Service.
+//! One cluster and one installation for the binary; the tests take turns.
+
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use kvcache_api::backend::BackendPhase;
+use kvcache_api::quantity::parse_bytes;
+use kvcache_api::{KVCacheBackend, KVCachePoolBinding, ModelDeployment};
+use kvcache_e2e::cluster::{block_on, wait_object};
+use kvcache_e2e::nodes::{self, NodeCluster};
+use kvcache_e2e::pods::{self, name_of};
+use kvcache_e2e::{Error, paths, walkthrough};
+
+const NS: &str = "gpustack-system";
+const WAIT: Duration = Duration::from_secs(180);
+const MIB: u64 = 1 << 20;
+const SELECTOR: &str =
+    "app.kubernetes.io/name=kvcache-operator,app.kubernetes.io/component=operator";
+const ACCOUNT: &str = "system:serviceaccount:gpustack-system:kvcache-operator";
+/// The operator's Lease duration in the installation (`--leader-election-duration` default).
+const LEASE: Duration = Duration::from_secs(15);
+
+fn kubectl() -> std::process::Command {
+    let bin: PathBuf = paths::cache_dir()
+        .join("k8s")
+        .join(paths::KUBERNETES_VERSION)
+        .join("bin")
+        .join("kubectl");
+    let mut c = std::process::Command::new(bin);
+    c.env("KUBECONFIG", &nodes::shared().control_plane.kubeconfig);
+    c
+}
+
+/// Runs kubectl; its output, or a panic with what it printed.
+fn run_kubectl(args: &[&str]) -> String {
+    let out = kubectl().args(args).output().expect("kubectl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "kubectl {}: {}{}",
+        args.join(" "),
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The cluster with the installation applied and both replicas Ready, then the walkthrough
+/// (demo size) applied with kubectl in creation order.
+fn installed() -> &'static Mutex<()> {
+    static INSTALLED: OnceLock<Result<Mutex<()>, String>> = OnceLock::new();
+    let done = INSTALLED.get_or_init(|| {
+        let cluster = nodes::shared();
+        let install = paths::workspace_root().join("deploy/operator.yaml");
+        run_kubectl(&["apply", "-f", &install.display().to_string()]);
+        block_on(async {
+            let client = cluster.client().await?;
+            wait_replicas(&client, 2).await?;
+            Ok::<_, Error>(())
+        })
+        .map_err(|e| e.to_string())?;
+        let dir = paths::scratch("install-walkthrough").map_err(|e| e.to_string())?;
+        let manifests =
+            walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |_| true)
+                .map_err(|e| e.to_string())?;
+        run_kubectl(&["apply", "-f", &manifests.display().to_string()]);
+        Ok(Mutex::new(()))
+    });
+    match done {
+        Ok(m) => m,
+        Err(e) => panic!("the installation did not come up: {e}"),
+    }
+}
+
+fn cluster() -> &'static NodeCluster {
+    nodes::shared()
+}
+
+/// Waits until the operator Deployment has `n` Ready replicas and as many Pods; returns the
+/// Pods.
+async fn wait_replicas(client: &Client, n: usize) -> Result<Vec<Pod>, Error> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    wait_object(
+        &deployments,
+        "kvcache-operator",
+        &format!("{n} Ready replicas"),
+        WAIT,
+        move |d| {
+            d.status
+                .as_ref()
+                .is_some_and(|s| s.ready_replicas == Some(n as i32) && s.replicas == Some(n as i32))
+        },
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods::wait_ready(&pods, SELECTOR, n, WAIT).await
+}
+
+/// The Pod a Lease holder identity (`<pod>_<process>`) names.
+fn pod_of(identity: &str) -> &str {
+    identity.split('_').next().unwrap_or_default()
+}
+
+/// The Lease's holder.
+async fn holder(client: &Client) -> Result<Option<String>, Error> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    Ok(leases
+        .get_opt("kvcache-operator")
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity))
+}
+
+/// Waits until the Lease is held by a Pod other than `not` that exists; returns it.
+async fn wait_new_holder(client: &Client, not: &str, within: Duration) -> Result<String, Error> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    let not = not.to_owned();
+    let lease = wait_object(
+        &leases,
+        "kvcache-operator",
+        "a new holder of the operator's Lease",
+        within,
+        move |l| {
+            l.spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+                .is_some_and(|h| !h.is_empty() && h != not)
+        },
+    )
+    .await?;
+    Ok(lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default())
+}
+
+/// `/metrics` of an operator Pod, through the API server's Pod proxy.
+async fn scrape(client: &Client, pod: &str) -> Result<String, Error> {
+    let req = http::Request::get(format!(
+        "/api/v1/namespaces/{NS}/pods/{pod}:8080/proxy/metrics"
+    ))
+    .body(Vec::new())
+    .expect("a request");
+    Ok(client.request_text(req).await?)
+}
+
+/// The value of a series (`name{labels}` exactly as printed, or a bare name) in a scrape.
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (name, v) = l.rsplit_once(' ')?;
+        (name == series).then(|| v.parse().ok()).flatten()
+    })
+}
+
+/// The sum of every sample of a metric whose line starts with `prefix`.
+fn sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+fn has_condition(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+    status: &str,
+) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == t && c.status == status)
+}
+
+/// The walkthrough converged: backend Ready with both members' capacity, the Binding granted,
+/// the deployment's cache attached.
+async fn converged(client: &Client) -> Result<(), Error> {
+    let backends: Api<KVCacheBackend> = Api::all(client.clone());
+    wait_object(&backends, "mooncake-dram", "Ready with 512Mi", WAIT, |b| {
+        b.status.as_ref().is_some_and(|s| {
+            s.phase == Some(BackendPhase::Ready)
+                && s.capacity
+                    .as_ref()
+                    .and_then(|c| parse_bytes(&c.total.0).ok())
+                    == Some(512 * MIB)
+        })
+    })
+    .await?;
+    let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-a");
+    wait_object(
+        &bindings,
+        "team-a",
+        "QuotaGranted=True with a figure",
+        WAIT,
+        |b| {
+            b.status.as_ref().is_some_and(|s| {
+                has_condition(&s.conditions, "QuotaGranted", "True") && s.effective_quota.is_some()
+            })
+        },
+    )
+    .await?;
+    let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-a");
+    wait_object(&models, "qwen-chat", "CacheAttached=True", WAIT, |m| {
+        m.status
+            .as_ref()
+            .is_some_and(|s| has_condition(&s.conditions, "CacheAttached", "True"))
+    })
+    .await?;
+    Ok(())
+}
+
+/// The addresses an audit event came from, and its verb and object, for each write by the
+/// operator's account.
+fn operator_writes(cluster: &NodeCluster) -> Vec<(Vec<String>, String, String)> {
+    let text = std::fs::read_to_string(&cluster.control_plane.audit_log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["user"]["username"] == ACCOUNT)
+        .map(|e| {
+            let ips = e["sourceIPs"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (
+                ips,
+                e["verb"].as_str().unwrap_or_default().to_owned(),
+                e["requestURI"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn kubectl_apply_gives_two_ready_replicas_the_walkthrough_converges_and_the_standby_writes_nothing()
+{
+    let _turn = installed().lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    block_on(async {
+        let client = cluster.client().await?;
+        let operators = wait_replicas(&client, 2).await?;
+        converged(&client).await?;
+        let leader = holder(&client).await?.expect("the Lease has a holder");
+        let leader = pod_of(&leader);
+        let standby = operators
+            .iter()
+            .find(|p| name_of(p) != leader)
+            .expect("a standby");
+        let standby_ip = pods::ip_of(standby).expect("the standby's address").to_owned();
+
+        // The webhooks through the Service: a second Binding on the domain `default` of the
+        // same backend, from another namespace, is refused naming the first.
+        walkthrough::ensure_namespace(&client, "team-z").await?;
+        let other: KVCachePoolBinding = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+            "metadata": {"name": "team-z", "namespace": "team-z"},
+            "spec": {"poolRef": {"name": "shared-dram"}, "quota": {"ceiling": "16Mi"},
+                     "domain": {"blockSize": 64, "dtype": "bfloat16"}}
+        }))
+        .expect("a Binding");
+        let refused = Api::<KVCachePoolBinding>::namespaced(client.clone(), "team-z")
+            .create(&PostParams::default(), &other)
+            .await;
+        match refused {
+            Err(kube::Error::Api(s)) => assert!(
+                s.message.contains("team-a/team-a") && s.message.contains("mooncake-dram"),
+                "{s:?}"
+            ),
+            other => panic!("a duplicate domain admitted: {other:?}"),
+        }
+        // An engine Pod opted in to injection gets the store settings (dry run).
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "engine", "namespace": "team-a",
+                "labels": {"kvcache.gpustack.ai/inject": "true"},
+                "annotations": {"kvcache.gpustack.ai/binding": "team-a", "kvcache.gpustack.ai/engine": "vLLM"}},
+            "spec": {"containers": [{"name": "engine", "image": "gpustack/runner:cpu-vllm0.29.0",
+                "command": ["vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct"]}]}
+        }))
+        .expect("a Pod");
+        let injected = Api::<Pod>::namespaced(client.clone(), "team-a")
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &pod,
+            )
+            .await?;
+        assert!(
+            injected
+                .annotations()
+                .contains_key("kvcache.gpustack.ai/injected"),
+            "{:?}",
+            injected.annotations()
+        );
+
+        // Every write by the operator's account came from the leader: none from the standby's
+        // address (both use one field manager, so managedFields cannot tell them apart; the
+        // API server's audit log records where each write came from).
+        let writes = operator_writes(cluster);
+        assert!(!writes.is_empty(), "the leader's writes are audited");
+        let from_standby: Vec<_> = writes
+            .iter()
+            .filter(|(ips, _, _)| ips.contains(&standby_ip))
+            .collect();
+        assert!(
+            from_standby.is_empty(),
+            "the standby {} ({standby_ip}) wrote: {from_standby:?}",
+            name_of(standby)
+        );
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() {
+    let _turn = installed().lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    block_on(async {
+        let client = cluster.client().await?;
+        let operators = wait_replicas(&client, 2).await?;
+        converged(&client).await?;
+        let leader = holder(&client).await?.expect("the Lease has a holder");
+        let leader = pod_of(&leader).to_owned();
+        let text = scrape(&client, &leader).await?;
+        assert_eq!(value(&text, "kvcache_operator_leader"), Some(1.0), "{text}");
+        assert_eq!(
+            value(&text, "kvcache_operator_backend_capacity_bytes{backend=\"mooncake-dram\"}"),
+            Some((512 * MIB) as f64),
+            "{text}"
+        );
+        for state in ["ready", "mounted"] {
+            assert_eq!(
+                value(
+                    &text,
+                    &format!(
+                        "kvcache_operator_backend_members{{backend=\"mooncake-dram\",state=\"{state}\"}}"
+                    )
+                ),
+                Some(2.0),
+                "{state}: {text}"
+            );
+        }
+        assert_eq!(
+            value(&text, "kvcache_operator_backend_degraded{backend=\"mooncake-dram\"}"),
+            Some(0.0)
+        );
+        let granted = value(
+            &text,
+            "kvcache_operator_binding_granted_bytes{namespace=\"team-a\",binding=\"team-a\"}",
+        )
+        .expect("the Binding's grant");
+        assert!(granted > 0.0, "{text}");
+        assert!(
+            value(
+                &text,
+                "kvcache_operator_binding_used_bytes{namespace=\"team-a\",binding=\"team-a\"}"
+            )
+            .is_some(),
+            "{text}"
+        );
+        for controller in [
+            "kvcachebackend",
+            "kvcachepool",
+            "kvcachepoolbinding",
+            "modeldeployment",
+        ] {
+            let ok = format!(
+                "kvcache_operator_reconciles_total{{controller=\"{controller}\",result=\"ok\"}}"
+            );
+            assert!(value(&text, &ok).is_some_and(|v| v > 0.0), "{ok}: {text}");
+            assert!(
+                sum(
+                    &text,
+                    &format!(
+                        "kvcache_operator_reconcile_duration_seconds_count{{controller=\"{controller}\""
+                    )
+                ) > 0.0,
+                "{controller} durations: {text}"
+            );
+        }
+        assert!(
+            sum(&text, "kvcache_operator_store_reads_total{backend=\"mooncake-dram\",result=\"ok\"}") > 0.0,
+            "{text}"
+        );
+        // The webhook requests of the walkthrough's creates, on whichever replica served them.
+        let mut webhook = 0.0;
+        for p in &operators {
+            webhook += sum(
+                &scrape(&client, name_of(p)).await?,
+                "kvcache_operator_webhook_request_duration_seconds_count{webhook=\"validate\"",
+            );
+        }
+        assert!(webhook > 0.0, "validate requests recorded");
+        let standby = operators
+            .iter()
+            .find(|p| name_of(p) != leader)
+            .expect("a standby");
+        let standby_text = scrape(&client, name_of(standby)).await?;
+        assert_eq!(value(&standby_text, "kvcache_operator_leader"), Some(0.0));
+        assert!(
+            value(&standby_text, "kvcache_operator_reconciles_total{controller=\"kvcachebackend\",result=\"ok\"}").is_none(),
+            "the standby reconciles nothing: {standby_text}"
+        );
+
+        // JSON logs: a reconcile's lines carry its controller, object and trace id.
+        let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+        let log = pods::logs(&api, &leader, None).await?;
+        let traced = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| {
+                l["span"]["controller"] == "kvcachepoolbinding"
+                    && l["span"]["namespace"] == "team-a"
+                    && l["span"]["name"] == "team-a"
+            })
+            .unwrap_or_else(|| panic!("no JSON line of the Binding's reconcile in:\n{log}"));
+        let trace = traced["span"]["trace_id"].as_str().unwrap_or_default();
+        assert_eq!(trace.len(), 32, "{traced}");
+        assert!(trace.chars().all(|c| c.is_ascii_hexdigit()), "{traced}");
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn the_operator_pod_is_admitted_under_the_restricted_pod_security_standard() {
+    let _turn = installed().lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    block_on(async {
+        let client = cluster.client().await?;
+        let ns = serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "restricted", "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}
+        });
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .patch(
+                "restricted",
+                &PatchParams::apply(walkthrough::MANAGER).force(),
+                &Patch::Apply(&ns),
+            )
+            .await?;
+        let deployment = Api::<Deployment>::namespaced(client.clone(), NS)
+            .get("kvcache-operator")
+            .await?;
+        let template = deployment
+            .spec
+            .map(|s| s.template)
+            .expect("a Pod template");
+        let pod = |edit: &dyn Fn(&mut Pod)| {
+            let mut p = Pod {
+                metadata: kube::api::ObjectMeta {
+                    name: Some("operator".into()),
+                    namespace: Some("restricted".into()),
+                    ..Default::default()
+                },
+                spec: template.spec.clone(),
+                ..Default::default()
+            };
+            edit(&mut p);
+            p
+        };
+        let dry = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "restricted");
+        pods.create(&dry, &pod(&|_| {})).await?;
+        // The check is on: the same Pod allowed to escalate is refused.
+        let escalating = pods
+            .create(
+                &dry,
+                &pod(&|p| {
+                    if let Some(c) = p.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+                        c.security_context
+                            .get_or_insert_with(Default::default)
+                            .allow_privilege_escalation = Some(true);
+                    }
+                }),
+            )
+            .await;
+        match escalating {
+            Err(kube::Error::Api(s)) => {
+                assert!(s.message.contains("violates PodSecurity"), "{s:?}")
+            }
+            other => panic!("an escalating Pod admitted under restricted: {other:?}"),
+        }
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The host processes of a Pod's container (found by the container id in their cgroup).
+fn host_pids(pod: &Pod) -> Vec<i32> {
+    let id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.container_id.as_deref())
+        .and_then(|c| c.rsplit("://").next())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!id.is_empty(), "the Pod has a running container");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id))
+        })
+        .collect()
+}
+
+#[test]
+fn a_deleted_leader_hands_over_at_once_a_killed_one_within_the_lease_and_reconciling_goes_on() {
+    let _turn = installed().lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    block_on(async {
+        let client = cluster.client().await?;
+        wait_replicas(&client, 2).await?;
+        converged(&client).await?;
+        let pods_api: Api<Pod> = Api::namespaced(client.clone(), NS);
+
+        // Deleting the leader Pod: SIGTERM, the Lease released, the standby takes it.
+        let first = holder(&client).await?.expect("a holder");
+        let t = Instant::now();
+        pods_api
+            .delete(pod_of(&first), &DeleteParams::default())
+            .await?;
+        let second = wait_new_holder(&client, &first, LEASE).await?;
+        let sigterm = t.elapsed();
+        println!(
+            "SIGTERM handover: {:.2} s ({first} -> {second})",
+            sigterm.as_secs_f64()
+        );
+        let operators = wait_replicas(&client, 2).await?;
+
+        // Killing the leader's process: nothing released; the standby waits out the Lease.
+        let leader = operators
+            .iter()
+            .find(|p| name_of(p) == pod_of(&second))
+            .expect("the new leader is one of the Pods");
+        let t = Instant::now();
+        for pid in host_pids(leader) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let third = wait_new_holder(&client, &second, LEASE * 3).await?;
+        let killed = t.elapsed();
+        println!(
+            "kill -9 handover: {:.2} s ({second} -> {third})",
+            killed.as_secs_f64()
+        );
+
+        // The walkthrough is still reconciled: a ceiling edit reaches the grant.
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-a");
+        bindings
+            .patch(
+                "team-a",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"quota": {"ceiling": "128Mi"}}})),
+            )
+            .await?;
+        wait_object(
+            &bindings,
+            "team-a",
+            "the 128Mi ceiling granted",
+            WAIT,
+            |b| {
+                b.status
+                    .as_ref()
+                    .and_then(|s| s.effective_quota.as_ref())
+                    .and_then(|q| parse_bytes(&q.0).ok())
+                    == Some(128 * MIB)
+            },
+        )
+        .await?;
+        wait_replicas(&client, 2).await?;
+        bindings
+            .patch(
+                "team-a",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"quota": {"ceiling": "8Gi"}}})),
+            )
+            .await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
