@@ -33,6 +33,21 @@ pub fn manifests() -> anyhow::Result<()> {
     )?;
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {}", path.display());
+    let chart = root().join("deploy/helm/kvcache-operator");
+    if chart.exists() {
+        std::fs::remove_dir_all(&chart)?;
+    }
+    for (name, text) in kvcache_render::install::helm_chart(
+        kvcache_render::resolve::DEFAULT_NAMESPACE,
+        kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE,
+    )? {
+        let path = chart.join(name);
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("wrote {}", chart.display());
     let dir = root().join("deploy/monitoring");
     std::fs::create_dir_all(&dir)?;
     for (name, text) in

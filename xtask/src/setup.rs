@@ -39,6 +39,7 @@ pub fn all() -> anyhow::Result<Installed> {
     debian_packages()?;
     let mooncake_venv = store_venv()?;
     let k8s_bin = control_plane()?;
+    helm()?;
     let images = crate::images::all()?;
     Ok(Installed {
         k8s_bin,
@@ -191,6 +192,27 @@ fn control_plane() -> anyhow::Result<PathBuf> {
         )?;
     }
     std::fs::write(&marker, want)?;
+    Ok(bin)
+}
+
+/// The Helm release `xtask/go/helm` pins (the chart test runs `helm template`).
+pub const HELM_VERSION: &str = "v3.22.0";
+
+/// Builds `helm` from the Go module proxy once, into the cache.
+fn helm() -> anyhow::Result<PathBuf> {
+    let bin = cache_dir().join("helm").join(HELM_VERSION).join("helm");
+    if bin.exists() {
+        return Ok(bin);
+    }
+    if let Some(dir) = bin.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    go_build(
+        &root().join("xtask/go/helm"),
+        "helm.sh/helm/v3/cmd/helm",
+        &bin,
+        &format!("-s -w -X helm.sh/helm/v3/internal/version.version={HELM_VERSION}"),
+    )?;
     Ok(bin)
 }
 

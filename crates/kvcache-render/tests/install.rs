@@ -71,6 +71,44 @@ fn deploy_monitoring_is_up_to_date() {
 }
 
 #[test]
+fn deploy_helm_is_up_to_date() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/kvcache-operator");
+    let files = kvcache_render::install::helm_chart(DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE)
+        .expect("renders");
+    for (name, text) in &files {
+        let have = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+        assert!(
+            have == *text,
+            "deploy/helm/kvcache-operator/{name} is stale or missing: run `cargo xtask manifests` and commit it"
+        );
+    }
+    // No file left over from an earlier chart.
+    let mut stored = Vec::new();
+    for sub in ["", "crds", "templates"] {
+        for e in std::fs::read_dir(dir.join(sub))
+            .expect("the chart's folders")
+            .flatten()
+        {
+            if e.path().is_file() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                stored.push(if sub.is_empty() {
+                    name
+                } else {
+                    format!("{sub}/{name}")
+                });
+            }
+        }
+    }
+    for s in &stored {
+        assert!(
+            files.iter().any(|(n, _)| n == s),
+            "{s} is not generated: remove it"
+        );
+    }
+}
+
+#[test]
 fn the_installation_holds_crds_first_then_the_operator_its_webhooks_and_budget() {
     let kinds: Vec<String> = installation().iter().map(|d| kind(d).to_owned()).collect();
     let crds = kinds
