@@ -57,29 +57,49 @@ fn run_kubectl(args: &[&str]) -> String {
 
 /// The cluster with the installation applied and both replicas Ready, then the walkthrough
 /// (demo size) applied with kubectl in creation order.
-fn installed() -> &'static Mutex<()> {
-    static INSTALLED: OnceLock<Result<Mutex<()>, String>> = OnceLock::new();
+fn installed() -> &'static Mutex<Install> {
+    static INSTALLED: OnceLock<Result<Mutex<Install>, String>> = OnceLock::new();
     let done = INSTALLED.get_or_init(|| {
         let cluster = nodes::shared();
         let install = paths::workspace_root().join("deploy/operator.yaml");
         run_kubectl(&["apply", "-f", &install.display().to_string()]);
-        block_on(async {
-            let client = cluster.client().await?;
-            wait_replicas(&client, 2).await?;
-            Ok::<_, Error>(())
-        })
-        .map_err(|e| e.to_string())?;
         let dir = paths::scratch("install-walkthrough").map_err(|e| e.to_string())?;
         let manifests =
             walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |_| true)
                 .map_err(|e| e.to_string())?;
+        let standby_writes = block_on(async {
+            let client = cluster.client().await?;
+            let operators = wait_replicas(&client, 2).await?;
+            // What each replica wrote to come up (the Lease, the webhook's Secret and
+            // caBundle): all of it the leader's.
+            let leader = holder(&client).await?.unwrap_or_default();
+            let standby = operators
+                .iter()
+                .find(|p| name_of(p) != pod_of(&leader))
+                .and_then(pods::ip_of)
+                .unwrap_or_default()
+                .to_owned();
+            Ok::<_, Error>(
+                operator_writes(cluster, 0)
+                    .into_iter()
+                    .filter(|(ips, _, _)| ips.contains(&standby))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .map_err(|e| e.to_string())?;
         run_kubectl(&["apply", "-f", &manifests.display().to_string()]);
-        Ok(Mutex::new(()))
+        Ok(Mutex::new(Install { standby_writes }))
     });
     match done {
         Ok(m) => m,
         Err(e) => panic!("the installation did not come up: {e}"),
     }
+}
+
+/// What the installation showed while coming up.
+struct Install {
+    /// Successful writes the standby made before the walkthrough was applied.
+    standby_writes: Vec<(Vec<String>, String, String)>,
 }
 
 fn cluster() -> &'static NodeCluster {
@@ -154,6 +174,22 @@ async fn scrape(client: &Client, pod: &str) -> Result<String, Error> {
     Ok(client.request_text(req).await?)
 }
 
+/// Scrapes `pod` until `series` reads `want`; the last scrape.
+async fn wait_scrape(client: &Client, pod: &str, series: &str, want: f64) -> Result<String, Error> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = scrape(client, pod).await?;
+        if value(&text, series) == Some(want) {
+            return Ok(text);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} never read {want} on {pod} within {WAIT:?}; last scrape:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// The value of a series (`name{labels}` exactly as printed, or a bare name) in a scrape.
 fn value(text: &str, series: &str) -> Option<f64> {
     text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
@@ -217,13 +253,47 @@ async fn converged(client: &Client) -> Result<(), Error> {
     Ok(())
 }
 
+/// Sets the walkthrough Binding's ceiling and waits until the store granted it.
+async fn grant(client: &Client, ceiling: &str, bytes: u64) -> Result<(), Error> {
+    let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-a");
+    bindings
+        .patch(
+            "team-a",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"quota": {"ceiling": ceiling}}})),
+        )
+        .await?;
+    wait_object(
+        &bindings,
+        "team-a",
+        &format!("the {ceiling} ceiling granted"),
+        WAIT,
+        move |b| {
+            b.status
+                .as_ref()
+                .and_then(|s| s.effective_quota.as_ref())
+                .and_then(|q| parse_bytes(&q.0).ok())
+                == Some(bytes)
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 /// The addresses an audit event came from, and its verb and object, for each write by the
 /// operator's account.
-fn operator_writes(cluster: &NodeCluster) -> Vec<(Vec<String>, String, String)> {
+fn operator_writes(cluster: &NodeCluster, skip: usize) -> Vec<(Vec<String>, String, String)> {
     let text = std::fs::read_to_string(&cluster.control_plane.audit_log).unwrap_or_default();
     text.lines()
+        .skip(skip)
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|e| e["user"]["username"] == ACCOUNT)
+        // Successful writes only: a standby's campaign that finds the Lease held is refused.
+        .filter(|e| {
+            e["responseStatus"]["code"]
+                .as_u64()
+                .is_some_and(|c| c < 300)
+        })
         .map(|e| {
             let ips = e["sourceIPs"]
                 .as_array()
@@ -245,7 +315,12 @@ fn operator_writes(cluster: &NodeCluster) -> Vec<(Vec<String>, String, String)> 
 #[test]
 fn kubectl_apply_gives_two_ready_replicas_the_walkthrough_converges_and_the_standby_writes_nothing()
 {
-    let _turn = installed().lock().unwrap_or_else(|p| p.into_inner());
+    let turn = installed().lock().unwrap_or_else(|p| p.into_inner());
+    assert!(
+        turn.standby_writes.is_empty(),
+        "the standby wrote while the installation came up: {:?}",
+        turn.standby_writes
+    );
     let cluster = cluster();
     block_on(async {
         let client = cluster.client().await?;
@@ -258,6 +333,18 @@ fn kubectl_apply_gives_two_ready_replicas_the_walkthrough_converges_and_the_stan
             .find(|p| name_of(p) != leader)
             .expect("a standby");
         let standby_ip = pods::ip_of(standby).expect("the standby's address").to_owned();
+        let leader_pod = operators
+            .iter()
+            .find(|p| name_of(p) == leader)
+            .expect("the leader is one of the Pods");
+        let leader_ip = pods::ip_of(leader_pod).expect("the leader's address").to_owned();
+        // What the log holds so far (earlier tests may have moved the leadership).
+        let audited = std::fs::read_to_string(&cluster.control_plane.audit_log)
+            .unwrap_or_default()
+            .lines()
+            .count();
+        // A ceiling edit: the leader writes the Binding's and the pool's status.
+        grant(&client, "64Mi", 64 * MIB).await?;
 
         // The webhooks through the Service: a second Binding on the domain `default` of the
         // same backend, from another namespace, is refused naming the first.
@@ -309,8 +396,12 @@ fn kubectl_apply_gives_two_ready_replicas_the_walkthrough_converges_and_the_stan
         // Every write by the operator's account came from the leader: none from the standby's
         // address (both use one field manager, so managedFields cannot tell them apart; the
         // API server's audit log records where each write came from).
-        let writes = operator_writes(cluster);
-        assert!(!writes.is_empty(), "the leader's writes are audited");
+        grant(&client, "8Gi", 512 * MIB).await?;
+        let writes = operator_writes(cluster, audited);
+        assert!(
+            writes.iter().any(|(ips, _, _)| ips.contains(&leader_ip)),
+            "the leader's writes ({leader_ip}) are audited: {writes:?}"
+        );
         let from_standby: Vec<_> = writes
             .iter()
             .filter(|(ips, _, _)| ips.contains(&standby_ip))
@@ -342,18 +433,15 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
             Some((512 * MIB) as f64),
             "{text}"
         );
-        for state in ["ready", "mounted"] {
-            assert_eq!(
-                value(
-                    &text,
-                    &format!(
-                        "kvcache_operator_backend_members{{backend=\"mooncake-dram\",state=\"{state}\"}}"
-                    )
-                ),
-                Some(2.0),
-                "{state}: {text}"
-            );
-        }
+        // Member Pods turn Ready a little after they mount (their probe): the gauge follows.
+        let store_pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+        pods::wait_ready(&store_pods, &walkthrough::backend_pods("mooncake-dram", "member-0"), 2, WAIT).await?;
+        let text = wait_scrape(&client, &leader, "kvcache_operator_backend_members{backend=\"mooncake-dram\",state=\"ready\"}", 2.0).await?;
+        assert_eq!(
+            value(&text, "kvcache_operator_backend_members{backend=\"mooncake-dram\",state=\"mounted\"}"),
+            Some(2.0),
+            "{text}"
+        );
         assert_eq!(
             value(&text, "kvcache_operator_backend_degraded{backend=\"mooncake-dram\"}"),
             Some(0.0)
@@ -410,25 +498,61 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
             .find(|p| name_of(p) != leader)
             .expect("a standby");
         let standby_text = scrape(&client, name_of(standby)).await?;
+
+        // Every expression of the alert rules and the dashboard names series that the operator
+        // (either replica) or the store's leader exports.
+        let store_pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+        let master = pods::wait_ready(&store_pods, &walkthrough::backend_pods("mooncake-dram", "leader"), 1, WAIT).await?;
+        let req = http::Request::get(format!(
+            "/api/v1/namespaces/{NS}/pods/{}:9003/proxy/metrics",
+            name_of(&master[0])
+        ))
+        .body(Vec::new())
+        .expect("a request");
+        let master_text = client.request_text(req).await?;
+        let mut exported = std::collections::BTreeSet::new();
+        for t in [&text, &standby_text, &master_text] {
+            for l in t.lines().filter(|l| !l.starts_with('#')) {
+                let name = l.split(['{', ' ']).next().unwrap_or_default();
+                exported.insert(name.to_owned());
+            }
+        }
+        for (place, expr) in kvcache_render::monitoring::expressions() {
+            for series in kvcache_render::monitoring::series_in(&expr) {
+                assert!(
+                    exported.contains(&series),
+                    "{place} reads {series}, which nothing exports ({expr})"
+                );
+            }
+        }
         assert_eq!(value(&standby_text, "kvcache_operator_leader"), Some(0.0));
         assert!(
             value(&standby_text, "kvcache_operator_reconciles_total{controller=\"kvcachebackend\",result=\"ok\"}").is_none(),
             "the standby reconciles nothing: {standby_text}"
         );
 
-        // JSON logs: a reconcile's lines carry its controller, object and trace id.
+        // JSON logs: a reconcile's lines carry its controller, object and trace id. A ceiling
+        // edit makes the pool's pass write the Binding's status (a line at info).
+        grant(&client, "32Mi", 32 * MIB).await?;
         let api: Api<Pod> = Api::namespaced(client.clone(), NS);
         let log = pods::logs(&api, &leader, None).await?;
         let traced = log
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|l| {
-                l["span"]["controller"] == "kvcachepoolbinding"
-                    && l["span"]["namespace"] == "team-a"
-                    && l["span"]["name"] == "team-a"
+            .filter(|l| {
+                l["fields"]["message"] == "status updated"
+                    && l["fields"]["kind"] == "KVCachePoolBinding"
+                    && l["fields"]["name"] == "team-a"
             })
-            .unwrap_or_else(|| panic!("no JSON line of the Binding's reconcile in:\n{log}"));
-        let trace = traced["span"]["trace_id"].as_str().unwrap_or_default();
+            .find_map(|l| {
+                // The reconcile's span among the line's spans (kube-runtime's is outside it).
+                l["spans"].as_array()?.iter().find(|s| {
+                    s["controller"] == "kvcachepool" && s["object"] == "shared-dram"
+                }).cloned()
+            })
+            .unwrap_or_else(|| panic!("no JSON line of the pool pass writing the Binding in:\n{log}"));
+        grant(&client, "8Gi", 512 * MIB).await?;
+        let trace = traced["trace_id"].as_str().unwrap_or_default();
         assert_eq!(trace.len(), 32, "{traced}");
         assert!(trace.chars().all(|c| c.is_ascii_hexdigit()), "{traced}");
         Ok::<_, Error>(())
@@ -470,6 +594,11 @@ fn the_operator_pod_is_admitted_under_the_restricted_pod_security_standard() {
                 spec: template.spec.clone(),
                 ..Default::default()
             };
+            // The account is the installation's namespace's; the security check is the same.
+            if let Some(s) = p.spec.as_mut() {
+                s.service_account_name = None;
+                s.service_account = None;
+            }
             edit(&mut p);
             p
         };
@@ -569,36 +698,9 @@ fn a_deleted_leader_hands_over_at_once_a_killed_one_within_the_lease_and_reconci
         );
 
         // The walkthrough is still reconciled: a ceiling edit reaches the grant.
-        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-a");
-        bindings
-            .patch(
-                "team-a",
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"spec": {"quota": {"ceiling": "128Mi"}}})),
-            )
-            .await?;
-        wait_object(
-            &bindings,
-            "team-a",
-            "the 128Mi ceiling granted",
-            WAIT,
-            |b| {
-                b.status
-                    .as_ref()
-                    .and_then(|s| s.effective_quota.as_ref())
-                    .and_then(|q| parse_bytes(&q.0).ok())
-                    == Some(128 * MIB)
-            },
-        )
-        .await?;
+        grant(&client, "128Mi", 128 * MIB).await?;
         wait_replicas(&client, 2).await?;
-        bindings
-            .patch(
-                "team-a",
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"spec": {"quota": {"ceiling": "8Gi"}}})),
-            )
-            .await?;
+        grant(&client, "8Gi", 512 * MIB).await?;
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));

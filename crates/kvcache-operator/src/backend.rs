@@ -631,7 +631,6 @@ async fn write_status(
     computed: Computed,
     obs: &Observation,
 ) -> Result<(), Error> {
-    let name = b.name_any();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let mut status = observe::apply(previous, computed, obs, &now);
     if let Some(x) = &b.spec.connection.external {
@@ -641,7 +640,7 @@ async fn write_status(
     crate::status::apply(
         &Api::<KVCacheBackend>::all(shared.client.clone()),
         "KVCacheBackend",
-        &name,
+        b.meta(),
         MANAGER,
         &status,
     )

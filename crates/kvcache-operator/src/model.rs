@@ -326,7 +326,7 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
     crate::status::apply(
         &Api::<ModelDeployment>::namespaced(shared.client.clone(), &ns),
         "ModelDeployment",
-        &md.name_any(),
+        md.meta(),
         MANAGER,
         &status,
     )

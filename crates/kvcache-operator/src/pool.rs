@@ -378,7 +378,7 @@ async fn write_pool_status(
     crate::status::apply(
         &Api::<KVCachePool>::all(shared.client.clone()),
         "KVCachePool",
-        &p.name_any(),
+        p.meta(),
         MANAGER,
         &status,
     )
@@ -409,7 +409,7 @@ async fn write_binding_status(
     };
     let api: Api<KVCachePoolBinding> =
         Api::namespaced(shared.client.clone(), &b.namespace().unwrap_or_default());
-    crate::status::apply(&api, "KVCachePoolBinding", &b.name_any(), MANAGER, &status).await
+    crate::status::apply(&api, "KVCachePoolBinding", b.meta(), MANAGER, &status).await
 }
 
 #[instrument(skip(b, shared), fields(binding = %id(&b)))]
@@ -494,7 +494,7 @@ async fn write_used_by(shared: &Shared, b: &KVCachePoolBinding) -> Result<(), Er
     crate::status::apply(
         &api,
         "KVCachePoolBinding",
-        &b.name_any(),
+        b.meta(),
         USAGE_MANAGER,
         &serde_json::json!({ "usedBy": users }),
     )

@@ -299,7 +299,8 @@ where
             "reconcile",
             controller,
             namespace = meta.namespace.as_deref().unwrap_or_default(),
-            name = meta.name.as_deref().unwrap_or_default(),
+            // `object`, not `name`: JSON logs print the span's own name under `name`.
+            object = meta.name.as_deref().unwrap_or_default(),
             trace_id = %trace_id(),
         );
         reconcile(object, shared).instrument(span)
