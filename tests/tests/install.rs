@@ -499,6 +499,20 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
             .expect("a standby");
         let standby_text = scrape(&client, name_of(standby)).await?;
 
+        // The figure for the README: each replica's resident memory at rest.
+        for p in &operators {
+            let kib: u64 = host_pids(p)
+                .iter()
+                .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+                .filter_map(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("VmRSS:"))
+                        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                })
+                .sum();
+            println!("RSS of {} at rest: {:.1} MiB", name_of(p), kib as f64 / 1024.0);
+        }
+
         // Every expression of the alert rules and the dashboard names series that the operator
         // (either replica) or the store's leader exports.
         let store_pods: Api<Pod> = Api::namespaced(client.clone(), NS);

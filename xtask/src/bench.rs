@@ -117,7 +117,167 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
     }
     drop(rig);
     drop(cp);
+
+    // The peer on the same rig: Mooncake's own etcd-backed HA (three masters electing through
+    // etcd, members dialling `etcd://`), the same two members, the same rounds.
+    let (etcd_kill, etcd_term) = etcd_ha(runs)?;
+    println!();
+    println!(
+        "Mooncake's own HA (--enable_ha=true --ha_backend_type=etcd), 3 masters, 2 members of {} MiB, {runs} runs, beside the elector:",
+        SEGMENT >> 20
+    );
+    println!(
+        "| leader loss | elector: to serving (median) | etcd HA: to serving median (min–max) | etcd HA: to full capacity median (min–max) | etcd HA / elector (serving) |"
+    );
+    println!("|---|---|---|---|---|");
+    for (name, ours, theirs) in [
+        ("kill -9", &kill, &etcd_kill),
+        ("SIGTERM", &term, &etcd_term),
+    ] {
+        let (om, _, _) = stats(ours.iter().map(|s| s.serving).collect());
+        let (sm, slo, shi) = stats(theirs.iter().map(|s| s.serving).collect());
+        let (fm, flo, fhi) = stats(theirs.iter().map(|s| s.full).collect());
+        println!(
+            "| {name} | {} | {} ({}–{}) | {} ({}–{}) | {:.1}x |",
+            fmt(om),
+            fmt(sm),
+            fmt(slo),
+            fmt(shi),
+            fmt(fm),
+            fmt(flo),
+            fmt(fhi),
+            sm.as_secs_f64() / om.as_secs_f64().max(f64::EPSILON)
+        );
+    }
     Ok(())
+}
+
+/// What a master of the etcd-backed HA says of itself (`/ha_status`): `serving`, `standby`,
+/// `leader_warmup`.
+fn ha_status(m: &kvcache_e2e::store::Master) -> String {
+    kvcache_e2e::store::http_get(&format!("{}/ha_status", m.admin_url()))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Waits until a master other than `not` says `serving`; its index.
+fn wait_serving(
+    masters: &[Option<kvcache_e2e::store::Master>],
+    not: Option<usize>,
+    within: Duration,
+) -> anyhow::Result<usize> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(i) = masters.iter().enumerate().position(|(i, m)| {
+            Some(i) != not && m.as_ref().is_some_and(|m| ha_status(m) == "serving")
+        }) {
+            return Ok(i);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no etcd-HA master said `serving` within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Leader loss under Mooncake's own HA: kill -9 and SIGTERM rounds, to a standby serving and to
+/// full capacity on it.
+fn etcd_ha(runs: usize) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
+    use kvcache_e2e::process::{Proc, free_port};
+    use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
+    let dir = paths::scratch("bench-etcd-ha")?;
+    let (client, peer) = (free_port()?, free_port()?);
+    let mut etcd = std::process::Command::new(paths::k8s_bin()?.join("etcd"));
+    etcd.arg(format!("--data-dir={}", dir.join("etcd").display()))
+        .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+        .arg(format!(
+            "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+        ))
+        .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer}"))
+        .arg("--unsafe-no-fsync")
+        .arg("--log-level=warn");
+    let mut etcd = Proc::spawn("etcd", etcd, &dir.join("etcd.log"))?;
+    kvcache_e2e::process::wait_tcp(
+        &mut etcd,
+        std::net::SocketAddr::from(([127, 0, 0, 1], client)),
+        Duration::from_secs(30),
+    )?;
+    let options = || -> anyhow::Result<MasterOptions> {
+        Ok(MasterOptions {
+            client_ttl: Some(3),
+            extra_args: vec![
+                "--enable_ha=true".into(),
+                "--ha_backend_type=etcd".into(),
+                format!("--etcd_endpoints=127.0.0.1:{client}"),
+            ],
+            ports: Some((free_port()?, free_port()?)),
+        })
+    };
+    let mut masters: Vec<Option<Master>> = Vec::new();
+    let mut slots = Vec::new();
+    for i in 0..3 {
+        let d = dir.join(format!("master-{i}"));
+        std::fs::create_dir_all(&d)?;
+        let o = options()?;
+        masters.push(Some(Master::start(&d, o.clone())?));
+        slots.push((d, o));
+    }
+    let members: Vec<Member> = (0..2)
+        .map(|i| {
+            let d = dir.join(format!("member-{i}"));
+            std::fs::create_dir_all(&d)?;
+            Ok(Member::start(
+                &d,
+                &MemberOptions::new(&format!("etcd://127.0.0.1:{client}"), SEGMENT),
+            )?)
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut round = |hard: bool| -> anyhow::Result<Sample> {
+        let leader = wait_serving(&masters, None, Duration::from_secs(60))?;
+        masters[leader]
+            .as_ref()
+            .context("the serving master")?
+            .wait_capacity(2 * SEGMENT, Duration::from_secs(60))?;
+        let t = Instant::now();
+        let mut lost = masters[leader].take().context("the serving master")?;
+        if hard {
+            lost.proc.kill();
+        } else {
+            lost.proc.stop(Duration::from_secs(30));
+        }
+        let next = wait_serving(&masters, Some(leader), Duration::from_secs(60))?;
+        let serving = t.elapsed();
+        masters[next]
+            .as_ref()
+            .context("the new serving master")?
+            .wait_capacity(2 * SEGMENT, Duration::from_secs(60))?;
+        let full = t.elapsed();
+        drop(lost);
+        let (d, o) = &slots[leader];
+        masters[leader] = Some(Master::start(d, o.clone())?);
+        Ok(Sample { serving, full })
+    };
+    let mut kill = Vec::new();
+    let mut term = Vec::new();
+    for r in 0..runs {
+        kill.push(round(true)?);
+        term.push(round(false)?);
+        println!(
+            "etcd HA round {}/{runs}: kill -9 serving {} full {}; SIGTERM serving {} full {}",
+            r + 1,
+            fmt(kill[r].serving),
+            fmt(kill[r].full),
+            fmt(term[r].serving),
+            fmt(term[r].full)
+        );
+    }
+    drop(members);
+    drop(masters);
+    drop(etcd);
+    Ok((kill, term))
 }
 
 /// `cargo xtask bench capacity`: on two real nodes with the operator (as from a Pod), a

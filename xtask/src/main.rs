@@ -4,6 +4,7 @@ mod admission;
 mod bench;
 mod cluster;
 mod crds;
+mod demo;
 mod images;
 mod scale;
 mod setup;
@@ -20,6 +21,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
+    /// The walkthrough for real: a control plane with 2 real nodes, the operator installed
+    /// from deploy/operator.yaml, examples/walkthrough applied step by step with kubectl, then
+    /// the HA step; torn down at the end unless --keep.
+    Demo {
+        /// Leave the cluster running (prints how to use and stop it).
+        #[arg(long)]
+        keep: bool,
+    },
     /// Write deploy/crds/*.yaml from crates/kvcache-api.
     Crds,
     /// Write deploy/operator.yaml (the operator's installation) from crates/kvcache-render.
@@ -124,6 +133,7 @@ enum StoreAction {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
+        Task::Demo { keep } => demo::demo(keep),
         Task::Crds => crds::write(),
         Task::Manifests => crds::manifests(),
         Task::Test { args } => test::run(&args),

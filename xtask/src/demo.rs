@@ -1,0 +1,323 @@
+//! `cargo xtask demo`: the seed walkthrough for real on this machine. A control plane with two
+//! real nodes (the images built locally and loaded), the operator installed from
+//! `deploy/operator.yaml`, then `examples/walkthrough` applied in creation order at demo size
+//! (`capacityPerMember: 256Mi` on 2 nodes, roles of 250m / 384Mi), showing at each step what a
+//! user sees with the `kubectl` built from the same Kubernetes module; then the HA step. A
+//! progress line per step with its duration, a summary, and the cluster torn down unless
+//! `--keep`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::setup;
+
+const NS: &str = "gpustack-system";
+
+struct Demo {
+    kubeconfig: PathBuf,
+    steps: Vec<(String, Duration)>,
+}
+
+impl Demo {
+    fn kubectl(&self) -> Command {
+        let mut c = Command::new(setup::k8s_bin_dir().join("kubectl"));
+        c.env("KUBECONFIG", &self.kubeconfig);
+        c
+    }
+
+    /// Runs kubectl, echoing the command and its output as a user would see them.
+    fn show(&self, args: &[&str]) -> anyhow::Result<String> {
+        println!("$ kubectl {}", args.join(" "));
+        let out = self
+            .kubectl()
+            .args(args)
+            .output()
+            .context("running kubectl")?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        print!("{text}");
+        if !out.status.success() {
+            bail!(
+                "kubectl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(text)
+    }
+
+    /// Runs kubectl quietly (waits); fails with what it printed.
+    fn quiet(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self
+            .kubectl()
+            .args(args)
+            .output()
+            .context("running kubectl")?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {} failed: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Polls `kubectl get ... -o jsonpath=...` until `ok` holds; fails naming what it waited for.
+    fn wait(
+        &self,
+        what: &str,
+        args: &[&str],
+        within: Duration,
+        ok: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<String> {
+        let deadline = Instant::now() + within;
+        let mut last = String::new();
+        loop {
+            if let Ok(out) = self.quiet(args) {
+                if ok(out.trim()) {
+                    return Ok(out);
+                }
+                last = out;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "waited {within:?} for {what} (kubectl {}); last answer: {last:?}",
+                    args.join(" ")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn step(
+        &mut self,
+        title: &str,
+        f: impl FnOnce(&mut Demo) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        println!();
+        println!("==> {title}");
+        let t = Instant::now();
+        f(self)?;
+        let took = t.elapsed();
+        println!("--- {title}: {:.1}s", took.as_secs_f64());
+        self.steps.push((title.to_owned(), took));
+        Ok(())
+    }
+}
+
+/// The walkthrough's manifests at demo size, one file per step.
+fn manifests(out: &Path) -> anyhow::Result<PathBuf> {
+    let from = crate::crds::root().join("examples/walkthrough");
+    Ok(kvcache_e2e::walkthrough::demo_manifests(
+        &from,
+        out,
+        |_| true,
+    )?)
+}
+
+pub fn demo(keep: bool) -> anyhow::Result<()> {
+    let started = Instant::now();
+    setup::all()?;
+    let dir = kvcache_e2e::paths::scratch("demo")?;
+    let files = manifests(&dir.join("walkthrough"))?;
+    let mut demo = Demo {
+        kubeconfig: setup::cache_dir().join("run/cluster/kubeconfig"),
+        steps: Vec::new(),
+    };
+    let result = run(&mut demo, &files);
+    println!();
+    println!("Summary ({:.0}s in all):", started.elapsed().as_secs_f64());
+    for (title, took) in &demo.steps {
+        println!("  {:>6.1}s  {title}", took.as_secs_f64());
+    }
+    match (&result, keep) {
+        (Ok(()), true) | (Err(_), true) => {
+            println!();
+            println!("The cluster keeps running:");
+            println!("  export KUBECONFIG={}", demo.kubeconfig.display());
+            println!("  export PATH={}:$PATH", setup::k8s_bin_dir().display());
+            println!("  cargo xtask cluster down   # to stop it");
+        }
+        _ => {
+            crate::cluster::down()?;
+        }
+    }
+    result
+}
+
+fn run(demo: &mut Demo, files: &Path) -> anyhow::Result<()> {
+    let file = |name: &str| files.join(name).display().to_string();
+    demo.step(
+        "cluster: a control plane and 2 real nodes, the images loaded",
+        |_| crate::cluster::up(2),
+    )?;
+    demo.step("install: kubectl apply -f deploy/operator.yaml", |d| {
+        let install = crate::crds::root().join("deploy/operator.yaml");
+        d.show(&["apply", "-f", &install.display().to_string()])?;
+        d.show(&[
+            "-n",
+            NS,
+            "rollout",
+            "status",
+            "deployment/kvcache-operator",
+            "--timeout=300s",
+        ])?;
+        d.show(&[
+            "-n",
+            NS,
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=kvcache-operator",
+            "-o",
+            "wide",
+        ])?;
+        Ok(())
+    })?;
+    demo.step(
+        "1. the store: KVCacheBackend mooncake-dram (2 members of 256Mi)",
+        |d| {
+            d.show(&[
+                "apply",
+                "-f",
+                &file("00-namespace.yaml"),
+                "-f",
+                &file("01-backend.yaml"),
+            ])?;
+            d.wait(
+                "the backend Ready with what both members registered",
+                &[
+                    "get",
+                    "kvcb",
+                    "mooncake-dram",
+                    "-o",
+                    "jsonpath={.status.phase} {.status.capacity.total}",
+                ],
+                Duration::from_secs(300),
+                |s| s == "Ready 512Mi",
+            )?;
+            d.show(&["get", "kvcb"])?;
+            d.show(&["-n", NS, "get", "pods", "-o", "wide"])?;
+            Ok(())
+        },
+    )?;
+    demo.step("2. the pool and the Binding for team-a", |d| {
+        d.show(&[
+            "apply",
+            "-f",
+            &file("02-pool.yaml"),
+            "-f",
+            &file("03-binding.yaml"),
+        ])?;
+        d.wait(
+            "QuotaGranted=True on the Binding",
+            &[
+                "-n",
+                "team-a",
+                "get",
+                "kvcpb",
+                "team-a",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"QuotaGranted\")].status}",
+            ],
+            Duration::from_secs(180),
+            |s| s == "True",
+        )?;
+        d.show(&["get", "kvcp"])?;
+        d.show(&["-n", "team-a", "get", "kvcpb"])?;
+        Ok(())
+    })?;
+    demo.step(
+        "3. the model: ModelDeployment qwen-chat (2 engine stand-ins writing through the store)",
+        |d| {
+            d.show(&[
+                "apply",
+                "-f",
+                &file("04-instancetype.yaml"),
+                "-f",
+                &file("05-modeldeployment.yaml"),
+            ])?;
+            d.wait(
+                "CacheAttached=True (the store charged the domain)",
+                &[
+                    "-n",
+                    "team-a",
+                    "get",
+                    "md",
+                    "qwen-chat",
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"CacheAttached\")].status}",
+                ],
+                Duration::from_secs(300),
+                |s| s == "True",
+            )?;
+            d.show(&["-n", "team-a", "get", "md"])?;
+            d.show(&["-n", "team-a", "get", "pods", "-o", "wide"])?;
+            let pod = d.quiet(&[
+                "-n",
+                "team-a",
+                "get",
+                "pods",
+                "-l",
+                "app.kubernetes.io/name=model-deployment",
+                "-o",
+                "jsonpath={.items[0].metadata.name}",
+            ])?;
+            d.show(&["-n", "team-a", "logs", pod.trim(), "--tail=4"])?;
+            Ok(())
+        },
+    )?;
+    demo.step("4. high availability: leader.replicas 3, then the leader Pod deleted", |d| {
+        d.show(&[
+            "patch",
+            "kvcb",
+            "mooncake-dram",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"connection":{"managed":{"leader":{"replicas":3}}}}}"#,
+        ])?;
+        d.wait(
+            "3 leader Pods running, 1 of them Ready (the one serving)",
+            &["-n", NS, "get", "deployment", "mooncake-dram-leader", "-o", "jsonpath={.status.replicas} {.status.readyReplicas}"],
+            Duration::from_secs(300),
+            |s| s == "3 1",
+        )?;
+        d.show(&["-n", NS, "get", "deployment", "mooncake-dram-leader"])?;
+        let leader = d.quiet(&[
+            "-n",
+            NS,
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/instance=mooncake-dram,app.kubernetes.io/component=leader",
+            "-o",
+            "jsonpath={.items[?(@.status.conditions[?(@.type==\"Ready\")].status==\"True\")].metadata.name}",
+        ])?;
+        let leader = leader.split_whitespace().next().unwrap_or_default().to_owned();
+        anyhow::ensure!(!leader.is_empty(), "no Ready leader Pod to delete");
+        let t = Instant::now();
+        d.show(&["-n", NS, "delete", "pod", &leader, "--wait=false"])?;
+        d.wait(
+            "another leader Pod serving",
+            &["-n", NS, "get", "pods", "-l", "app.kubernetes.io/instance=mooncake-dram,app.kubernetes.io/component=leader", "-o", "jsonpath={.items[?(@.status.conditions[?(@.type==\"Ready\")].status==\"True\")].metadata.name}"],
+            Duration::from_secs(120),
+            |s| !s.is_empty() && !s.split_whitespace().any(|p| p == leader),
+        )?;
+        println!("a new leader serves {:.1}s after the delete", t.elapsed().as_secs_f64());
+        d.wait(
+            "the members remounted on the new leader (CAPACITY back to 512Mi)",
+            &["get", "kvcb", "mooncake-dram", "-o", "jsonpath={.status.phase} {.status.capacity.total}"],
+            Duration::from_secs(120),
+            |s| s == "Ready 512Mi",
+        )?;
+        println!("full capacity again {:.1}s after the delete (the new leader starts empty: a cold cache)", t.elapsed().as_secs_f64());
+        d.show(&["get", "kvcb"])?;
+        d.show(&["-n", NS, "get", "pods", "-o", "wide"])?;
+        Ok(())
+    })?;
+    Ok(())
+}
