@@ -231,7 +231,7 @@ fn etcd_ha(runs: usize) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
             std::fs::create_dir_all(&d)?;
             Ok(Member::start(
                 &d,
-                &MemberOptions::new(&format!("etcd://127.0.0.1:{client}"), SEGMENT),
+                &MemberOptions::new(format!("etcd://127.0.0.1:{client}"), SEGMENT),
             )?)
         })
         .collect::<anyhow::Result<_>>()?;
