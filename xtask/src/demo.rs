@@ -109,6 +109,37 @@ impl Demo {
     }
 }
 
+/// The leader Pods of the walkthrough's backend that are Ready (the one serving).
+fn ready_leaders(d: &Demo) -> anyhow::Result<Vec<String>> {
+    let text = d.quiet(&[
+        "-n",
+        NS,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/instance=mooncake-dram,app.kubernetes.io/component=leader",
+        "-o",
+        "json",
+    ])?;
+    let list: serde_json::Value = serde_json::from_str(&text)?;
+    Ok(list["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                .filter(|p| {
+                    p["status"]["conditions"].as_array().is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+                })
+                .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
 /// The walkthrough's manifests at demo size, one file per step.
 fn manifests(out: &Path) -> anyhow::Result<PathBuf> {
     let from = crate::crds::root().join("examples/walkthrough");
@@ -255,6 +286,20 @@ fn run(demo: &mut Demo, files: &Path) -> anyhow::Result<()> {
                 Duration::from_secs(300),
                 |s| s == "True",
             )?;
+            d.wait(
+                "the deployment Ready (both engine Pods Ready)",
+                &[
+                    "-n",
+                    "team-a",
+                    "get",
+                    "md",
+                    "qwen-chat",
+                    "-o",
+                    "jsonpath={.status.phase}",
+                ],
+                Duration::from_secs(300),
+                |s| s == "Ready",
+            )?;
             d.show(&["-n", "team-a", "get", "md"])?;
             d.show(&["-n", "team-a", "get", "pods", "-o", "wide"])?;
             let pod = d.quiet(&[
@@ -287,26 +332,32 @@ fn run(demo: &mut Demo, files: &Path) -> anyhow::Result<()> {
             |s| s == "3 1",
         )?;
         d.show(&["-n", NS, "get", "deployment", "mooncake-dram-leader"])?;
-        let leader = d.quiet(&[
-            "-n",
-            NS,
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/instance=mooncake-dram,app.kubernetes.io/component=leader",
-            "-o",
-            "jsonpath={.items[?(@.status.conditions[?(@.type==\"Ready\")].status==\"True\")].metadata.name}",
-        ])?;
-        let leader = leader.split_whitespace().next().unwrap_or_default().to_owned();
+        // A key an engine wrote at start, read back through the store before the failover.
+        let engine = d.quiet(&["-n", "team-a", "get", "pods", "-l", "app.kubernetes.io/name=model-deployment", "-o", "jsonpath={.items[0].metadata.name}"])?;
+        let engine = engine.trim().to_owned();
+        let key = format!("standin/{engine}/boot");
+        let get = format!(
+            "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/get?key={key}', timeout=10).read().decode())"
+        );
+        println!("the engine {engine} reads its key {key}:");
+        d.show(&["-n", "team-a", "exec", &engine, "--", "python3", "-c", &get])?;
+        let leaders = ready_leaders(d)?;
+        let leader = leaders.first().cloned().unwrap_or_default();
         anyhow::ensure!(!leader.is_empty(), "no Ready leader Pod to delete");
         let t = Instant::now();
         d.show(&["-n", NS, "delete", "pod", &leader, "--wait=false"])?;
-        d.wait(
-            "another leader Pod serving",
-            &["-n", NS, "get", "pods", "-l", "app.kubernetes.io/instance=mooncake-dram,app.kubernetes.io/component=leader", "-o", "jsonpath={.items[?(@.status.conditions[?(@.type==\"Ready\")].status==\"True\")].metadata.name}"],
-            Duration::from_secs(120),
-            |s| !s.is_empty() && !s.split_whitespace().any(|p| p == leader),
-        )?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let now = ready_leaders(d)?;
+            if now.iter().any(|p| *p != leader) {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "waited 120s for another leader Pod to serve after deleting {leader}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
         println!("a new leader serves {:.1}s after the delete", t.elapsed().as_secs_f64());
         d.wait(
             "the members remounted on the new leader (CAPACITY back to 512Mi)",
@@ -314,7 +365,15 @@ fn run(demo: &mut Demo, files: &Path) -> anyhow::Result<()> {
             Duration::from_secs(120),
             |s| s == "Ready 512Mi",
         )?;
-        println!("full capacity again {:.1}s after the delete (the new leader starts empty: a cold cache)", t.elapsed().as_secs_f64());
+        println!("full capacity again {:.1}s after the delete", t.elapsed().as_secs_f64());
+        println!("the same key through the new leader (it started empty: a cold cache, exist 0 is the store's miss):");
+        d.wait(
+            "the engine's client answering through the new leader",
+            &["-n", "team-a", "exec", &engine, "--", "python3", "-c", &get],
+            Duration::from_secs(120),
+            |s| s.contains("\"exist\""),
+        )?;
+        d.show(&["-n", "team-a", "exec", &engine, "--", "python3", "-c", &get])?;
         d.show(&["get", "kvcb"])?;
         d.show(&["-n", NS, "get", "pods", "-o", "wide"])?;
         Ok(())
