@@ -219,7 +219,12 @@ fn with_the_operator_stopped_other_groups_are_still_written_and_a_new_certificat
     let mut h = hook().lock().unwrap_or_else(|p| p.into_inner());
     let first_ca =
         block_on(async { wait_trusted(&client().await?).await }).unwrap_or_else(|e| panic!("{e}"));
-    h.operator.stop(Duration::from_secs(5));
+    h.operator.stop(Duration::from_secs(15));
+    // SIGTERM: the webhook stopped accepting and answered what it had in flight, then the
+    // process ended on its own (within the grace, before any kill).
+    let log = h.operator.proc.log_tail(40);
+    assert!(log.contains("webhook drained"), "{log}");
+    assert!(log.contains("stopped"), "{log}");
     block_on(async {
         let client = client().await?;
         // A ConfigMap is not ours: written while the webhook is down.

@@ -288,8 +288,8 @@ pub const RELOAD: Duration = Duration::from_secs(60);
 
 impl Keeper {
     /// One pass: read, renew when due (another replica may have written first: then its pair
-    /// is taken), trust, present.
-    pub async fn once(&self) -> Result<(), Error> {
+    /// is taken), trust, present; whether the webhook configurations trust what is presented.
+    pub async fn once(&self) -> Result<bool, Error> {
         use k8s_openapi::ByteString;
         use k8s_openapi::api::core::v1::Secret;
         use kube::api::{Api, ObjectMeta, PostParams};
@@ -364,11 +364,12 @@ impl Keeper {
             };
             // Trust first, then present: a new CA is in caBundle before anything it signed
             // is served.
-            if writer {
-                self.trust(&pair.ca_bundle()).await?;
-            }
+            // A standby only reads: it is ready once the configurations trust its CA (the
+            // leader writes caBundle), so that the Service never sends the API server to a
+            // replica whose certificate it cannot verify yet.
+            let trusted = self.trust(&pair.ca_bundle(), &pair.ca_cert, writer).await?;
             self.presented.load(&pair)?;
-            return Ok(());
+            return Ok(trusted);
         }
         Err(Error::Certificate(
             format!("{what} kept changing under three attempts to write it").into(),
@@ -377,7 +378,7 @@ impl Keeper {
 
     /// Writes `bundle` into every webhook of the validating and mutating configurations (those
     /// that exist; a missing one is not ours to create).
-    async fn trust(&self, bundle: &str) -> Result<(), Error> {
+    async fn trust(&self, bundle: &str, ca: &str, write: bool) -> Result<bool, Error> {
         use k8s_openapi::api::admissionregistration::v1::{
             MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
         };
@@ -395,19 +396,24 @@ impl Keeper {
                 .map(|w| &mut w.client_config)
                 .collect()
         }
-        self.trust_in(bundle, validating).await?;
-        self.trust_in(bundle, mutating).await
+        let v = self.trust_in(bundle, ca, write, validating).await?;
+        let m = self.trust_in(bundle, ca, write, mutating).await?;
+        Ok(v && m)
     }
 
-    /// [`Keeper::trust`] for one kind of configuration, whose client configs `hooks` lists.
+    /// [`Keeper::trust`] for one kind of configuration, whose client configs `hooks` lists:
+    /// with `write`, makes every `caBundle` the bundle; without, only says whether every one
+    /// already trusts `ca` (a configuration that does not exist asks for no trust).
     async fn trust_in<K>(
         &self,
         bundle: &str,
+        ca: &str,
+        write: bool,
         hooks: fn(
             &mut K,
         )
             -> Vec<&mut k8s_openapi::api::admissionregistration::v1::WebhookClientConfig>,
-    ) -> Result<(), Error>
+    ) -> Result<bool, Error>
     where
         K: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
             + Clone
@@ -425,11 +431,19 @@ impl Keeper {
             .await
             .map_err(crate::error::kube("get", what.clone()))?
         else {
-            return Ok(());
+            return Ok(true);
         };
         let configs = hooks(&mut c);
+        if !write {
+            let ca = ca.trim();
+            return Ok(configs.iter().all(|h| {
+                h.ca_bundle
+                    .as_ref()
+                    .is_some_and(|b| String::from_utf8_lossy(&b.0).contains(ca))
+            }));
+        }
         if configs.iter().all(|h| h.ca_bundle.as_ref() == Some(&want)) {
-            return Ok(());
+            return Ok(true);
         }
         for h in configs {
             h.ca_bundle = Some(want.clone());
@@ -437,7 +451,7 @@ impl Keeper {
         api.replace(&self.configuration, &PostParams::default(), &c)
             .await
             .map_err(crate::error::kube("update", what))?;
-        Ok(())
+        Ok(true)
     }
 
     /// Runs [`Keeper::once`] now, whenever the Secret changes (another replica renewed it:
@@ -484,9 +498,9 @@ impl Keeper {
         let mut writer = self.writer.clone();
         loop {
             match self.once().await {
-                Ok(()) => ready
+                Ok(trusted) => ready
                     .webhook
-                    .store(true, std::sync::atomic::Ordering::Relaxed),
+                    .store(trusted, std::sync::atomic::Ordering::Relaxed),
                 Err(e) => tracing::warn!(error = %e, "webhook certificate"),
             }
             let wait = tokio::time::sleep(if self.presented.loaded() {

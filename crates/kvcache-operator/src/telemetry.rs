@@ -391,7 +391,7 @@ async fn readyz(State(s): State<Shared>) -> (StatusCode, &'static str) {
     } else if !s.ready.webhook.load(Ordering::Relaxed) {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "the webhook has no certificate yet",
+            "the webhook has no certificate loaded, or the webhook configurations do not trust it yet",
         )
     } else {
         (StatusCode::OK, "ok")
