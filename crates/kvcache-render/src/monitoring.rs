@@ -65,7 +65,7 @@ pub fn alerts() -> Vec<Alert> {
             for_: "15m",
             severity: "warning",
             summary: "The operator keeps failing to reconcile",
-            description: "Controller {{ $labels.controller }} fails with {{ $labels.result }}: the objects' conditions and events say which and why (`kubectl get events -A --field-selector source=kvcache-operator`).",
+            description: "Controller {{ $labels.controller }} fails with {{ $labels.result }}: the objects' conditions and events say which and why (`kubectl get events -A --field-selector reportingComponent=kvcache-operator`).",
         },
         Alert {
             name: "KVCacheOperatorNoLeader",
