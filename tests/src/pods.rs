@@ -344,3 +344,22 @@ pub async fn store_get(
     let (what, code) = store_client(api, pod, master, "get", key, tenant, 0).await?;
     crate::store::lookup(master, &what, code)
 }
+
+/// ROUNDS rounds of N puts of SIZE bytes through the store's client (default tenant), a second
+/// apart (past the objects' lease, so a round may evict the one before); argv: master, this
+/// host's address, ROUNDS, N, SIZE. Run with `python3 -c` in a Pod of the store image to fill
+/// segments and drive a disk tier.
+pub const PUT_MANY: &str = r#"
+import sys, time
+from mooncake.store import MooncakeDistributedStore
+master, host, rounds, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+store = MooncakeDistributedStore()
+rc = store.setup({"local_hostname": host, "metadata_server": "P2PHANDSHAKE", "global_segment_size": 0,
+                  "local_buffer_size": 16 << 20, "protocol": "tcp", "rdma_devices": "", "master_server_addr": master})
+assert rc == 0, f"setup {rc}"
+for r in range(rounds):
+    codes = [store.put(f"tier-{r}-{i}", bytes([i % 256]) * size) for i in range(n)]
+    print("round", r, "ok", codes.count(0), "codes", sorted(set(codes)), flush=True)
+    time.sleep(1)
+store.close()
+"#;

@@ -441,7 +441,7 @@ fn a_disk_tier_writes_buckets_on_the_node_and_an_unwritable_one_keeps_the_member
         let master = leader_service(ns, 50051);
         let ip = ip_of(&members[0]).expect("a member address").to_owned();
         let out = pods::exec(&store, &member, None, &[
-            "python3", "-c", PUT_MANY, &master, &ip, "2", "56", "1048576",
+            "python3", "-c", kvcache_e2e::pods::PUT_MANY, &master, &ip, "2", "56", "1048576",
         ]).await?;
         assert!(out.success && out.stdout.contains("round 1 ok"), "{out:?}");
 
@@ -513,23 +513,6 @@ fn survey_message(p: &Pod) -> Option<String> {
         })
         .and_then(|t| t.message.clone())
 }
-
-/// ROUNDS rounds of N puts of SIZE bytes through the store's client (default tenant), a second
-/// apart (past the objects' lease, so a round may evict the one before).
-const PUT_MANY: &str = r#"
-import sys, time
-from mooncake.store import MooncakeDistributedStore
-master, host, rounds, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-store = MooncakeDistributedStore()
-rc = store.setup({"local_hostname": host, "metadata_server": "P2PHANDSHAKE", "global_segment_size": 0,
-                  "local_buffer_size": 16 << 20, "protocol": "tcp", "rdma_devices": "", "master_server_addr": master})
-assert rc == 0, f"setup {rc}"
-for r in range(rounds):
-    codes = [store.put(f"tier-{r}-{i}", bytes([i % 256]) * size) for i in range(n)]
-    print("round", r, "ok", codes.count(0), "codes", sorted(set(codes)), flush=True)
-    time.sleep(1)
-store.close()
-"#;
 
 /// A bare Pod of the engine stand-in (no injection: its settings are written here by hand).
 fn standin_pod(name: &str, image: &str, command: &[&str], env: serde_json::Value) -> Pod {

@@ -140,6 +140,73 @@ fn ready_leaders(d: &Demo) -> anyhow::Result<Vec<String>> {
         .unwrap_or_default())
 }
 
+/// The uid the store image runs as (what a tier folder must be writable by).
+const STORE_UID: u32 = 65532;
+
+/// The disk-heavy example at demo size: the image pinned to the local store build, a 32Mi
+/// segment (two buckets) in front of a 1Gi tier per member, a 500 ms object lease and a 1 s
+/// offload heartbeat so that the fill is seen within seconds.
+fn disk_manifest(dir: &Path) -> anyhow::Result<PathBuf> {
+    let from = crate::crds::root().join("examples/disk-heavy");
+    let out = kvcache_e2e::walkthrough::demo_manifests(&from, &dir.join("disk-heavy"), |v| {
+        if v["kind"] == "KVCacheBackend" {
+            v["spec"]["image"] = kvcache_api::settings::DEFAULT_BACKEND_IMAGE.into();
+            let managed = &mut v["spec"]["connection"]["managed"];
+            managed["leader"]["extraArgs"] = serde_json::json!(["default_kv_lease_ttl=500"]);
+            let g = &mut managed["members"][0];
+            g["capacityPerMember"] = "32Mi".into();
+            g["localDisks"][0]["capacity"] = "1Gi".into();
+            g["extraEnv"] = serde_json::json!([
+                {"name": "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "value": "1"}
+            ]);
+        }
+        true
+    })?;
+    // A pool and a Binding for team-a on it: the master admits writes of a tenant its ledger
+    // holds (a put of an unregistered tenant answers -1701), and the Binding registers
+    // `default`.
+    let file = out.join("01-backend.yaml");
+    let mut text = std::fs::read_to_string(&file)?;
+    text.push_str(
+        "---\napiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata:\n  name: shared-disk\nspec:\n  backends: [mooncake-disk]\n  quota:\n    total: 2Gi\n---\napiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata:\n  name: team-a-disk\n  namespace: team-a\nspec:\n  poolRef:\n    name: shared-disk\n  quota:\n    ceiling: 1Gi\n  domain:\n    blockSize: 64\n    dtype: bfloat16\n",
+    );
+    std::fs::write(&file, text)?;
+    Ok(file)
+}
+
+/// Each node's own root on the host (its private `/var/lib/kvcache` lives under it).
+fn node_roots() -> anyhow::Result<Vec<PathBuf>> {
+    let dir = setup::cache_dir().join("run/cluster");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let host = e?.path().join("host");
+        if host.is_dir() {
+            out.push(host);
+        }
+    }
+    anyhow::ensure!(!out.is_empty(), "no node folders under {}", dir.display());
+    Ok(out)
+}
+
+/// `.bucket` files under `dir`, at any depth.
+fn count_buckets(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| {
+                    let p = e.path();
+                    if p.is_dir() {
+                        count_buckets(&p)
+                    } else {
+                        usize::from(p.extension().is_some_and(|x| x == "bucket"))
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 /// The walkthrough's manifests at demo size, one file per step.
 fn manifests(out: &Path) -> anyhow::Result<PathBuf> {
     let from = crate::crds::root().join("examples/walkthrough");
@@ -159,7 +226,8 @@ pub fn demo(keep: bool) -> anyhow::Result<()> {
         kubeconfig: setup::cache_dir().join("run/cluster/kubeconfig"),
         steps: Vec::new(),
     };
-    let result = run(&mut demo, &files);
+    let disk = disk_manifest(&dir)?;
+    let result = run(&mut demo, &files, &disk);
     println!();
     println!("Summary ({:.0}s in all):", started.elapsed().as_secs_f64());
     for (title, took) in &demo.steps {
@@ -180,7 +248,7 @@ pub fn demo(keep: bool) -> anyhow::Result<()> {
     result
 }
 
-fn run(demo: &mut Demo, files: &Path) -> anyhow::Result<()> {
+fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
     let file = |name: &str| files.join(name).display().to_string();
     demo.step(
         "cluster: a control plane and 2 real nodes, the images loaded",
@@ -376,6 +444,74 @@ fn run(demo: &mut Demo, files: &Path) -> anyhow::Result<()> {
         d.show(&["-n", "team-a", "exec", &engine, "--", "python3", "-c", &get])?;
         d.show(&["get", "kvcb"])?;
         d.show(&["-n", NS, "get", "pods", "-o", "wide"])?;
+        Ok(())
+    })?;
+    demo.step("5. the disk tier: a group with a thin segment and a local-disk tier (examples/disk-heavy), its pool and Binding, filled", |d| {
+        // The tier folder on each node, owned by the store image's user (what the docs ask:
+        // install -d -o 65532 -g 0 -m 0750 /var/lib/kvcache).
+        let nodes = node_roots()?;
+        for host in &nodes {
+            let tier = host.join("var/lib/kvcache");
+            std::fs::create_dir_all(&tier)?;
+            std::os::unix::fs::chown(&tier, Some(STORE_UID), Some(0))?;
+            std::fs::set_permissions(&tier, std::os::unix::fs::PermissionsExt::from_mode(0o750))?;
+        }
+        println!("on each node: install -d -o {STORE_UID} -g 0 -m 0750 /var/lib/kvcache");
+        d.show(&["apply", "-f", &disk.display().to_string()])?;
+        d.wait(
+            "the disk backend Ready with its two 32Mi segments and two 1Gi tiers",
+            &["get", "kvcb", "mooncake-disk", "-o", "jsonpath={.status.phase} {.status.capacity.memory} {.status.capacity.disk}"],
+            Duration::from_secs(300),
+            |s| s == "Ready 64Mi 2Gi",
+        )?;
+        println!("CAPACITY is capacity, not usage: the two segments (64Mi) plus the two tiers' declared 1Gi:");
+        d.show(&["get", "kvcb"])?;
+        d.wait(
+            "QuotaGranted=True on the disk pool's Binding (the tenant registered)",
+            &["-n", "team-a", "get", "kvcpb", "team-a-disk", "-o", "jsonpath={.status.conditions[?(@.type==\"QuotaGranted\")].status}"],
+            Duration::from_secs(180),
+            |s| s == "True",
+        )?;
+        d.show(&["-n", "team-a", "get", "kvcpb"])?;
+        let leader = d.quiet(&["-n", NS, "get", "pods", "-l", "app.kubernetes.io/instance=mooncake-disk,app.kubernetes.io/component=leader", "-o", "jsonpath={.items[0].metadata.name}"])?;
+        let leader = leader.trim().to_owned();
+        let metrics = format!("/api/v1/namespaces/{NS}/pods/{leader}:9003/proxy/metrics");
+        let tier_figure = |d: &Demo| -> anyhow::Result<f64> {
+            let text = d.quiet(&["get", "--raw", &metrics])?;
+            Ok(text
+                .lines()
+                .find_map(|l| l.strip_prefix("master_allocated_file_size_bytes "))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0))
+        };
+        let before = tier_figure(d)?;
+        // Two rounds of 56 x 1 MiB through a client in a member Pod: more than the 64Mi of
+        // segments, so the master evicts to the tier and members write buckets.
+        let member = d.quiet(&["-n", NS, "get", "pods", "-l", "app.kubernetes.io/instance=mooncake-disk,app.kubernetes.io/component=member-0", "-o", "jsonpath={.items[0].metadata.name} {.items[0].status.podIP}"])?;
+        let mut parts = member.split_whitespace();
+        let (pod, ip) = (parts.next().unwrap_or_default().to_owned(), parts.next().unwrap_or_default().to_owned());
+        let master = format!("mooncake-disk-leader.{NS}.svc:50051");
+        println!("writing 2 x 56 MiB through a store client in {pod}:");
+        d.show(&["-n", NS, "exec", &pod, "--", "python3", "-c", kvcache_e2e::pods::PUT_MANY, &master, &ip, "2", "56", "1048576"])?;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut after = before;
+        while after <= before {
+            anyhow::ensure!(Instant::now() < deadline, "the tier figure master_allocated_file_size_bytes stayed at {before} for 120 s");
+            std::thread::sleep(Duration::from_millis(500));
+            after = tier_figure(d)?;
+        }
+        println!("the tier figure (master_allocated_file_size_bytes) went from {before} to {after} bytes");
+        let text = d.quiet(&["get", "--raw", &metrics])?;
+        for l in text.lines().filter(|l| l.starts_with("master_allocated_file_size_bytes") || l.starts_with("master_total_file_capacity_bytes") || l.starts_with("master_total_capacity_bytes")) {
+            println!("  {l}");
+        }
+        let buckets: usize = nodes
+            .iter()
+            .map(|h| count_buckets(&h.join("var/lib/kvcache")))
+            .sum();
+        println!("bucket files under /var/lib/kvcache on the nodes: {buckets}");
+        println!("CAPACITY has not moved (capacity, not usage); how full the tier is shows only in the store's own figure:");
+        d.show(&["get", "kvcb", "mooncake-disk"])?;
         Ok(())
     })?;
     Ok(())
