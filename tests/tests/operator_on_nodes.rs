@@ -648,8 +648,14 @@ fn the_walkthrough_applied_in_creation_order_converges_on_real_pods() {
         .await?;
         // The Binding: granted what the master recut (its ceiling is 8Gi, the store 512Mi).
         let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-a");
-        let binding = wait_object(&bindings, "team-a", "QuotaGranted=True/Recut with a figure (8Gi asked of 512Mi)", WAIT, |b| {
-            b.status.as_ref().is_some_and(|s| has_condition(&s.conditions, "QuotaGranted", "True", "Recut") && s.effective_quota.is_some())
+        // The master recuts as members mount: a grant read while one of the two had mounted is
+        // 256Mi, and the pool reads the ledger again on its interval (15 s), so wait for the
+        // figure of both.
+        let binding = wait_object(&bindings, "team-a", "QuotaGranted=True/Recut at 512Mi (8Gi asked of 512Mi)", WAIT, |b| {
+            b.status.as_ref().is_some_and(|s| {
+                has_condition(&s.conditions, "QuotaGranted", "True", "Recut")
+                    && s.effective_quota.as_ref().and_then(|q| parse_bytes(&q.0).ok()) == Some(512 * MIB)
+            })
         })
         .await?;
         let granted = parse_bytes(&binding.status.as_ref().and_then(|s| s.effective_quota.clone()).expect("a figure").0).expect("bytes");
