@@ -607,18 +607,24 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
         computed.phase == BackendPhase::Degraded,
     );
     write_status(shared, b, &previous, computed, &obs).await?;
-    Ok(Action::requeue(next_poll(shared, &name, figures)))
+    Ok(Action::requeue(next_poll(
+        shared,
+        &name,
+        figures,
+        shared.config.poll_stable,
+    )))
 }
 
-/// Reads again soon while the figures move, then back off to the stable interval.
-fn next_poll(shared: &Shared, name: &str, figures: String) -> Duration {
+/// Reads again soon while the figures move, then back off to `stable` (the store poll's for a
+/// backend, the ledger interval for a pool); `key` names what is polled.
+pub(crate) fn next_poll(shared: &Shared, key: &str, figures: String, stable: Duration) -> Duration {
     let mut polls = shared.polls.lock().unwrap_or_else(|p| p.into_inner());
-    let poll = polls.entry(name.to_owned()).or_default();
-    let (fast, stable) = (shared.config.poll_fast, shared.config.poll_stable);
+    let poll = polls.entry(key.to_owned()).or_default();
+    let fast = shared.config.poll_fast;
     poll.delay = if poll.figures != figures {
         fast
     } else {
-        (poll.delay * 2).clamp(fast, stable)
+        (poll.delay * 2).clamp(fast, stable.max(fast))
     };
     poll.figures = figures;
     poll.delay

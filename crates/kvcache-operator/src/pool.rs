@@ -316,6 +316,15 @@ async fn pool_pass(p: &KVCachePool, shared: &Shared, deleting: bool) -> Result<A
         Outcome::Listed(e) => e.iter().map(|t| (t.tenant_id.clone(), t)).collect(),
         _ => BTreeMap::new(),
     };
+    // What the next read is compared with: the capacity and each tenant's grant (not usage,
+    // which moves with every write).
+    let grants = format!(
+        "{capacity:?}/{:?}",
+        entries
+            .values()
+            .map(|t| (&t.tenant_id, t.effective_quota_bytes))
+            .collect::<Vec<_>>()
+    );
     for (b, v) in bindings.iter().zip(&views) {
         let none = Vec::new();
         let contested_with = raced.get(&v.binding).unwrap_or(&none);
@@ -336,7 +345,15 @@ async fn pool_pass(p: &KVCachePool, shared: &Shared, deleting: bool) -> Result<A
             names.join(", ")
         ))),
         Release::Released => Ok(Action::await_change()),
-        _ => Ok(Action::requeue(shared.config.ledger_interval)),
+        // The master recuts as members mount and leave, a little after the capacity moves:
+        // read again soon while the grants or the capacity move, then back off to the ledger
+        // interval (a grant read after one of two members mounted is otherwise stale for it).
+        _ => Ok(Action::requeue(crate::backend::next_poll(
+            shared,
+            &format!("pool/{name}"),
+            grants,
+            shared.config.ledger_interval,
+        ))),
     }
 }
 
