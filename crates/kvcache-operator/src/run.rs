@@ -550,7 +550,12 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
                     .with_identity(&identity)
                     .with_duration(duration)
                     .with_grace((duration / 3).max(1))
-                    .with_field_manager("kvcache-operator-election")
+                    // One field manager per candidate: acquiring is a server-side apply
+                    // without force, so a second candidate's apply on a held Lease conflicts
+                    // (409) instead of silently taking it. A field manager shared by the
+                    // replicas let both believe they had acquired after a Lease expired (seen
+                    // on real nodes: two replicas reconciling after a kill -9).
+                    .with_field_manager(format!("kvcache-operator-election-{identity}"))
                     .build()
                     .await?;
                 Ok::<_, RunError>(manager.watch().await)
