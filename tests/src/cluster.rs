@@ -75,6 +75,31 @@ rules:
   - level: None
 ";
 
+/// Starts a single-member etcd on loopback with its data in `dir/etcd` (`bin` holds the
+/// binary) and waits until it accepts connections; the process and its client port.
+pub fn start_etcd(bin: &Path, dir: &Path) -> Result<(Proc, u16)> {
+    let client = free_port()?;
+    let peer = free_port()?;
+    let mut etcd = Command::new(bin.join("etcd"));
+    etcd.arg(format!("--data-dir={}", dir.join("etcd").display()))
+        .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+        .arg(format!(
+            "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+        ))
+        .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer}"))
+        .arg("--unsafe-no-fsync")
+        .arg("--log-level=warn");
+    let mut etcd = Proc::spawn("etcd", etcd, &dir.join("etcd.log"))?;
+    wait_tcp(
+        &mut etcd,
+        SocketAddr::from(([127, 0, 0, 1], client)),
+        READY_TIMEOUT,
+    )?;
+    Ok((etcd, client))
+}
+
 impl ControlPlane {
     /// Starts etcd and the control plane in `dir` and waits until the API server is ready.
     /// Must not be called from inside a tokio runtime (it runs its own for the readiness check).
@@ -84,31 +109,7 @@ impl ControlPlane {
         let (ca, pki) = pki::control_plane(dir, options.advertise.as_deref())?;
         let mut procs = Vec::new();
 
-        let etcd_client = free_port()?;
-        let etcd_peer = free_port()?;
-        let mut etcd = Command::new(bin.join("etcd"));
-        etcd.arg(format!("--data-dir={}", dir.join("etcd").display()))
-            .arg(format!(
-                "--listen-client-urls=http://127.0.0.1:{etcd_client}"
-            ))
-            .arg(format!(
-                "--advertise-client-urls=http://127.0.0.1:{etcd_client}"
-            ))
-            .arg(format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"))
-            .arg(format!(
-                "--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"
-            ))
-            .arg(format!(
-                "--initial-cluster=default=http://127.0.0.1:{etcd_peer}"
-            ))
-            .arg("--unsafe-no-fsync")
-            .arg("--log-level=warn");
-        let mut etcd = Proc::spawn("etcd", etcd, &dir.join("etcd.log"))?;
-        wait_tcp(
-            &mut etcd,
-            SocketAddr::from(([127, 0, 0, 1], etcd_client)),
-            READY_TIMEOUT,
-        )?;
+        let (etcd, etcd_client) = start_etcd(&bin, dir)?;
         procs.push(etcd);
 
         let port = free_port()?;

@@ -363,3 +363,26 @@ for r in range(rounds):
     time.sleep(1)
 store.close()
 "#;
+
+/// The host processes of a Pod's container (found by the container id in their cgroup): to
+/// signal a container's process or read its memory from the host, without the kubelet.
+pub fn host_pids(pod: &Pod) -> Vec<i32> {
+    let id = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .and_then(|c| c.container_id.as_deref())
+        .and_then(|c| c.rsplit("://").next())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!id.is_empty(), "the Pod has a running container");
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id))
+        })
+        .collect()
+}

@@ -506,7 +506,7 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
 
         // The figure for the README: each replica's resident memory at rest.
         for p in &operators {
-            let kib: u64 = host_pids(p)
+            let kib: u64 = pods::host_pids(p)
                 .iter()
                 .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
                 .filter_map(|s| {
@@ -651,28 +651,6 @@ fn the_operator_pod_is_admitted_under_the_restricted_pod_security_standard() {
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// The host processes of a Pod's container (found by the container id in their cgroup).
-fn host_pids(pod: &Pod) -> Vec<i32> {
-    let id = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.first())
-        .and_then(|c| c.container_id.as_deref())
-        .and_then(|c| c.rsplit("://").next())
-        .unwrap_or_default()
-        .to_owned();
-    assert!(!id.is_empty(), "the Pod has a running container");
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id))
-        })
-        .collect()
-}
-
 #[test]
 fn a_deleted_leader_hands_over_at_once_a_killed_one_within_the_lease_and_reconciling_goes_on() {
     let _turn = installed().lock().unwrap_or_else(|p| p.into_inner());
@@ -703,7 +681,7 @@ fn a_deleted_leader_hands_over_at_once_a_killed_one_within_the_lease_and_reconci
             .find(|p| name_of(p) == pod_of(&second))
             .expect("the new leader is one of the Pods");
         let t = Instant::now();
-        for pid in host_pids(leader) {
+        for pid in pods::host_pids(leader) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,

@@ -118,29 +118,6 @@ fn condition(b: &KVCacheBackend, t: &str) -> Option<(String, String, String)> {
     })
 }
 
-/// The host processes of a Pod's container (found by the container id in their cgroup), to
-/// stop and continue a member without the kubelet noticing.
-fn host_pids(pod: &Pod) -> Vec<i32> {
-    let id = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.first())
-        .and_then(|c| c.container_id.as_deref())
-        .and_then(|c| c.rsplit("://").next())
-        .unwrap_or_default()
-        .to_owned();
-    assert!(!id.is_empty(), "the Pod has a running container");
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id))
-        })
-        .collect()
-}
-
 fn signal(pids: &[i32], sig: nix::sys::signal::Signal) {
     for pid in pids {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), sig);
@@ -173,7 +150,7 @@ fn the_walkthrough_backend_is_ready_with_what_its_members_mounted_and_degraded_n
         let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
         let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
         let stopped = &members[0];
-        let pids = host_pids(stopped);
+        let pids = pods::host_pids(stopped);
         signal(&pids, nix::sys::signal::Signal::SIGSTOP);
         let degraded = wait_backend(
             &client,
@@ -1036,7 +1013,7 @@ fn a_ceiling_edit_reaches_the_running_master_and_a_leader_restart_shows_the_empt
 
         // A leader restart: the new master starts empty. The members are held still meanwhile,
         // so that the window lasts until they are let go.
-        let pids: Vec<i32> = members.iter().flat_map(host_pids).collect();
+        let pids: Vec<i32> = members.iter().flat_map(pods::host_pids).collect();
         signal(&pids, nix::sys::signal::Signal::SIGSTOP);
         store.delete(name_of(&leader[0]), &DeleteParams::default()).await?;
         let pools: Api<KVCachePool> = Api::all(client.clone());

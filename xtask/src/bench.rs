@@ -184,27 +184,10 @@ fn wait_serving(
 /// Leader loss under Mooncake's own HA: kill -9 and SIGTERM rounds, to a standby serving and to
 /// full capacity on it.
 fn etcd_ha(runs: usize) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
-    use kvcache_e2e::process::{Proc, free_port};
+    use kvcache_e2e::process::free_port;
     use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
     let dir = paths::scratch("bench-etcd-ha")?;
-    let (client, peer) = (free_port()?, free_port()?);
-    let mut etcd = std::process::Command::new(paths::k8s_bin()?.join("etcd"));
-    etcd.arg(format!("--data-dir={}", dir.join("etcd").display()))
-        .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
-        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-        .arg(format!(
-            "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
-        ))
-        .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer}"))
-        .arg("--unsafe-no-fsync")
-        .arg("--log-level=warn");
-    let mut etcd = Proc::spawn("etcd", etcd, &dir.join("etcd.log"))?;
-    kvcache_e2e::process::wait_tcp(
-        &mut etcd,
-        std::net::SocketAddr::from(([127, 0, 0, 1], client)),
-        Duration::from_secs(30),
-    )?;
+    let (etcd, client) = kvcache_e2e::cluster::start_etcd(&paths::k8s_bin()?, &dir)?;
     let options = || -> anyhow::Result<MasterOptions> {
         Ok(MasterOptions {
             client_ttl: Some(3),
