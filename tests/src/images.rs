@@ -57,12 +57,12 @@ pub const ENGINE: Image = Image {
     ],
 };
 
-/// The engine stand-in with an older Mooncake client (0.3.11.post1: the newest older wheel that
-/// imports here; 0.3.12's non-CUDA wheels need libcudart), under the runner tags of an SGLang
-/// version whose client line is not the store's.
+/// The engine stand-in with the client SGLang 0.5.18 carries (0.3.12.post1, one line older
+/// than the store; its non-CUDA wheel links `libcudart.so.12`, which the image takes from PyPI's
+/// CUDA runtime package), under the runner tags of that SGLang version.
 pub const ENGINE_OLD_CLIENT: Image = Image {
-    archive: "engine-0.3.11.post1.tar",
-    name: "localhost/kvcache/engine:mooncake-0.3.11.post1",
+    archive: "engine-0.3.12.post1.tar",
+    name: "localhost/kvcache/engine:mooncake-0.3.12.post1",
     also: &[
         "docker.io/gpustack/runner:cuda12.9-sglang0.5.18",
         "docker.io/gpustack/runner:cpu-sglang0.5.18",
@@ -70,7 +70,7 @@ pub const ENGINE_OLD_CLIENT: Image = Image {
 };
 
 /// The older client's package version.
-pub const OLD_CLIENT_VERSION: &str = "0.3.11.post1";
+pub const OLD_CLIENT_VERSION: &str = "0.3.12.post1";
 
 /// Every image, in build order.
 pub const ALL: [Image; 6] = [PAUSE, BUSYBOX, STORE, ENGINE, ENGINE_OLD_CLIENT, OPERATOR];

@@ -190,6 +190,26 @@ pub async fn wait_pod(
     })
 }
 
+/// A GET on `path` (with its query) of a Pod's `port`, through the API server's Pod proxy (as
+/// `kubectl get --raw /api/v1/namespaces/<ns>/pods/<pod>:<port>/proxy/<path>` does).
+pub async fn proxy_get(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &str,
+    port: u16,
+    path: &str,
+) -> Result<String> {
+    let req = http::Request::get(format!(
+        "/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/{path}"
+    ))
+    .body(Vec::new())
+    .map_err(|e| Error::Http {
+        url: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    Ok(client.request_text(req).await?)
+}
+
 /// The logs of a Pod's container (`None`: its only one).
 pub async fn logs(api: &Api<Pod>, pod: &str, container: Option<&str>) -> Result<String> {
     let lp = LogParams {

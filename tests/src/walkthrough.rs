@@ -197,6 +197,15 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Deletes a namespace, without waiting: its Pods go with it (a test's store, freed for the
+/// tests after it).
+pub async fn delete_namespace(client: &Client, name: &str) -> Result<()> {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    api.delete(name, &kube::api::DeleteParams::default())
+        .await?;
+    Ok(())
+}
+
 /// The label selector of one backend component's Pods (`leader`, `member-<group>`).
 pub fn backend_pods(backend: &str, component: &str) -> String {
     format!(

@@ -166,12 +166,7 @@ async fn wait_new_holder(client: &Client, not: &str, within: Duration) -> Result
 
 /// `/metrics` of an operator Pod, through the API server's Pod proxy.
 async fn scrape(client: &Client, pod: &str) -> Result<String, Error> {
-    let req = http::Request::get(format!(
-        "/api/v1/namespaces/{NS}/pods/{pod}:8080/proxy/metrics"
-    ))
-    .body(Vec::new())
-    .expect("a request");
-    Ok(client.request_text(req).await?)
+    pods::proxy_get(client, NS, pod, 8080, "metrics").await
 }
 
 /// Scrapes `pod` until `series` reads `want`; the last scrape.

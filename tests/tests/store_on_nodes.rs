@@ -263,17 +263,8 @@ fn three_leader_replicas_serve_one_at_a_time_and_a_failover_is_a_cold_cache() {
         );
 
         // A key written before the failover.
-        let master = leader_service(ns, 50051);
         let member = name_of(&members[0]).to_owned();
-        wait_capacity(&store, &member, ns, 512 * MIB).await?;
-        assert_eq!(
-            pods::store_put(&store, &member, &master, "before-failover", None, 4096).await?,
-            0
-        );
-        assert_eq!(
-            pods::store_get(&store, &member, &master, "before-failover", None).await?,
-            Lookup::Hit(4096)
-        );
+        write_and_hit(&store, ns, &member, "before-failover").await?;
 
         // The serving leader goes: a standby takes the Lease and serves, members remount, and
         // the earlier key is gone (the master keeps its objects in memory only).
@@ -291,9 +282,8 @@ fn three_leader_replicas_serve_one_at_a_time_and_a_failover_is_a_cold_cache() {
             .iter()
             .find(|p| pods::is_ready(p) && name_of(p) != gone)
             .expect("a new Ready leader");
-        wait_capacity(&store, &member, ns, 512 * MIB).await?;
         assert_eq!(
-            pods::store_get(&store, &member, &master, "before-failover", None).await?,
+            remounted_lookup(&store, ns, &member, "before-failover").await?,
             Lookup::Miss
         );
         let slice = only_leader_slice(&slices).await?;
@@ -327,8 +317,165 @@ fn ready_addresses(slice: &EndpointSlice) -> Vec<String> {
         .collect()
 }
 
+/// Once the master reports both demo members, writes 4 KiB under `key` (default tenant) from
+/// inside `member` and reads it back: a hit.
+async fn write_and_hit(store: &Api<Pod>, ns: &str, member: &str, key: &str) -> Result<(), Error> {
+    let master = leader_service(ns, 50051);
+    wait_capacity(store, member, ns, 512 * MIB).await?;
+    assert_eq!(
+        pods::store_put(store, member, &master, key, None, 4096).await?,
+        0
+    );
+    assert_eq!(
+        pods::store_get(store, member, &master, key, None).await?,
+        Lookup::Hit(4096)
+    );
+    Ok(())
+}
+
+/// Once the master (a new one, after a failover or a restart) reports both demo members again,
+/// reads `key` from inside `member`.
+async fn remounted_lookup(
+    store: &Api<Pod>,
+    ns: &str,
+    member: &str,
+    key: &str,
+) -> Result<Lookup, Error> {
+    wait_capacity(store, member, ns, 512 * MIB).await?;
+    pods::store_get(store, member, &leader_service(ns, 50051), key, None).await
+}
+
 #[test]
-fn a_member_larger_than_a_node_stays_pending_with_the_schedulers_reason() {
+fn a_single_leader_restart_gives_a_cold_cache() {
+    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = nodes::shared();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = kvcache_e2e::cluster::client_from(&kc).await?;
+        let ns = "kvc-restart";
+        apply_walkthrough(&client, ns, backend_only(|_| {})).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let member_pods = backend_pods("mooncake-dram", "member-0");
+        let members = pods::wait_ready(&store, &member_pods, 2, WAIT).await?;
+        let selector = backend_pods("mooncake-dram", "leader");
+        let leader = pods::wait_ready(&store, &selector, 1, WAIT).await?;
+        let member = name_of(&members[0]).to_owned();
+        write_and_hit(&store, ns, &member, "before-restart").await?;
+
+        // The one leader restarts (its Pod deleted; the ReplicaSet starts another): the new
+        // master starts empty, the members re-register their segments, the key misses.
+        let gone = name_of(&leader[0]).to_owned();
+        store.delete(&gone, &DeleteParams::default()).await?;
+        pods::wait_pods(
+            &store,
+            &selector,
+            "a Ready leader other than the deleted one",
+            WAIT,
+            |p| p.iter().any(|p| pods::is_ready(p) && name_of(p) != gone),
+        )
+        .await?;
+        assert_eq!(
+            remounted_lookup(&store, ns, &member, "before-restart").await?,
+            Lookup::Miss
+        );
+        // The members are the same Pods: they kept running and mounted again, nothing restarted
+        // them; the cache is cold all the same.
+        let after = pods::wait_ready(&store, &member_pods, 2, WAIT).await?;
+        let uids = |p: &[Pod]| -> Vec<Option<String>> {
+            let mut u: Vec<_> = p.iter().map(|p| p.metadata.uid.clone()).collect();
+            u.sort();
+            u
+        };
+        assert_eq!(uids(&after), uids(&members));
+        walkthrough::delete_namespace(&client, ns).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_store_and_engine_on_different_version_lines_start_healthy_and_fail_every_write() {
+    let cluster = nodes::shared();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = kvcache_e2e::cluster::client_from(&kc).await?;
+        let ns = "kvc-lines";
+        apply_walkthrough(&client, ns, backend_only(|_| {})).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let members =
+            pods::wait_ready(&store, &backend_pods("mooncake-dram", "member-0"), 2, WAIT).await?;
+        wait_capacity(&store, name_of(&members[0]), ns, 512 * MIB).await?;
+
+        // The same engine (the stand-in as SGLang, its settings written by hand), once with the
+        // store's client line (0.3.13.post1) and once with SGLang 0.5.18's (0.3.12.post1),
+        // against the 0.3.13.post1 store. No injection: the operator refuses the older pair.
+        let env = serde_json::json!([
+            {"name": "MOONCAKE_MASTER", "value": leader_service(ns, 50051)},
+            {"name": "MOONCAKE_PROTOCOL", "value": "tcp"},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "STANDIN_RETRY_SECONDS", "value": "0"},
+            // What injection hands an engine: no segment of its own.
+            {"name": "MOONCAKE_GLOBAL_SEGMENT_SIZE", "value": "0"},
+        ]);
+        let engines = [
+            ("same-line", kvcache_e2e::images::ENGINE.name),
+            ("older-line", kvcache_e2e::images::ENGINE_OLD_CLIENT.name),
+        ];
+        let command = ["sglang", "serve", "--hicache-storage-backend", "mooncake"];
+        for (name, image) in engines {
+            let pod = standin_pod(name, image, &command, env.clone(), Some(SGLANG_PORT));
+            store.create(&Default::default(), &pod).await?;
+        }
+        let mut answers = Vec::new();
+        for (name, _) in engines {
+            // Healthy: the client set up, the readiness probe passes.
+            if let Err(e) = pods::wait_pod(&store, name, "Ready", WAIT, pods::is_ready).await {
+                let log = pods::logs(&store, name, None).await.unwrap_or_default();
+                panic!("{e}\n--- its log:\n{log}");
+            }
+            let mut puts = Vec::new();
+            for i in 0..5 {
+                let body = pods::proxy_get(
+                    &client,
+                    ns,
+                    name,
+                    SGLANG_PORT,
+                    &format!("put?key={name}-{i}&size=65536"),
+                )
+                .await?;
+                let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+                puts.push(v["rc"].as_i64().expect("rc"));
+            }
+            let body =
+                pods::proxy_get(&client, ns, name, SGLANG_PORT, &format!("get?key={name}-0"))
+                    .await?;
+            let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            let exist = v["exist"].as_i64().expect("exist");
+            let p = store.get(name).await?;
+            answers.push((name, puts, exist, pods::is_ready(&p)));
+        }
+        let [same, older] = &answers[..] else {
+            unreachable!()
+        };
+        assert_eq!(*same, ("same-line", vec![0; 5], 1, true), "{answers:?}");
+        // The older line: still Ready, every write refused, the read is not a hit.
+        assert_eq!((older.0, older.3), ("older-line", true), "{answers:?}");
+        assert!(
+            older.1.iter().all(|rc| *rc != 0),
+            "every write fails: {answers:?}"
+        );
+        // Its read fails inside the client (RPC_FAIL) and answers exist 0: a miss to the engine.
+        assert_eq!(older.2, 0, "the read looks like a miss: {answers:?}");
+        walkthrough::delete_namespace(&client, ns).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The stand-in's port when it plays SGLang.
+const SGLANG_PORT: u16 = 30000;
+
+#[test]
+fn a_members_memory_request_is_its_segment_plus_the_buffer_and_one_that_does_not_fit_stays_pending()
+{
     let cluster = nodes::shared();
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {
@@ -373,11 +520,28 @@ fn a_member_larger_than_a_node_stays_pending_with_the_schedulers_reason() {
             },
         )
         .await?;
+        let segment = NODE_ALLOCATABLE_MEMORY;
+        let buffer = kvcache_render::backend::DEFAULT_LOCAL_BUFFER;
         for p in &pending {
             assert_eq!(
                 p.status.as_ref().and_then(|s| s.phase.as_deref()),
                 Some("Pending")
             );
+            // The member container's memory request: capacityPerMember plus the client's
+            // transfer buffer (the render's 16Mi default), so it is a claim on the node.
+            let member = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().find(|c| c.name == "member"))
+                .expect("the member container");
+            let request = member
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("memory"))
+                .map(|q| kvcache_api::quantity::parse_bytes(&q.0).expect("bytes"))
+                .expect("a memory request");
+            assert_eq!(request, segment + buffer, "{}", name_of(p));
         }
         Ok(())
     })
@@ -514,8 +678,18 @@ fn survey_message(p: &Pod) -> Option<String> {
         .and_then(|t| t.message.clone())
 }
 
-/// A bare Pod of the engine stand-in (no injection: its settings are written here by hand).
-fn standin_pod(name: &str, image: &str, command: &[&str], env: serde_json::Value) -> Pod {
+/// A bare Pod of the engine stand-in (no injection: its settings are written here by hand),
+/// Ready on its `/health` at `port` when given.
+fn standin_pod(
+    name: &str,
+    image: &str,
+    command: &[&str],
+    env: serde_json::Value,
+    port: Option<u16>,
+) -> Pod {
+    let probe = port.map(
+        |p| serde_json::json!({"httpGet": {"path": "/health", "port": p}, "periodSeconds": 1}),
+    );
     serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -529,6 +703,7 @@ fn standin_pod(name: &str, image: &str, command: &[&str], env: serde_json::Value
                 "imagePullPolicy": "Never",
                 "command": command,
                 "env": env,
+                "readinessProbe": probe,
                 "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
             }],
         },
@@ -555,6 +730,7 @@ fn the_engine_stand_in_missing_a_setting_ends_at_once_saying_which() {
                     current,
                     &["vllm", "serve", "a-model"],
                     serde_json::json!([]),
+                    None,
                 ),
             )
             .await?;

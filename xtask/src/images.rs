@@ -37,6 +37,8 @@ pub fn all() -> anyhow::Result<PathBuf> {
     let store_inputs = format!("{base}; {MOONCAKE_PACKAGE}=={MOONCAKE_VERSION}");
     let standin = standin_digest()?;
     let old = images::OLD_CLIENT_VERSION;
+    // The 0.3.11.post1 wheel: the webhook test runs its real (pre-multi-tenancy) master.
+    wheels(PRE_TENANCY_VERSION, &[])?;
     let plans: [(Image, String); 3] = [
         (images::STORE, store_inputs.clone()),
         (
@@ -45,7 +47,7 @@ pub fn all() -> anyhow::Result<PathBuf> {
         ),
         (
             images::ENGINE_OLD_CLIENT,
-            format!("{base}; {MOONCAKE_PACKAGE}=={old}; stand-in {standin}"),
+            format!("{base}; {MOONCAKE_PACKAGE}=={old} {CUDA_RUNTIME}; stand-in {standin}"),
         ),
     ];
     let stale: Vec<&(Image, String)> = plans.iter().filter(|(i, w)| stale(&dir, i, w)).collect();
@@ -237,10 +239,26 @@ fn base_image(dir: &Path, inputs: &str) -> anyhow::Result<()> {
 
 /// The wheels of one Mooncake version and its dependencies, downloaded once (the image builds
 /// install them without reaching the network).
-fn wheels(version: &str) -> anyhow::Result<PathBuf> {
+/// The Mooncake version before multi-tenancy whose wheel setup keeps for the tests.
+const PRE_TENANCY_VERSION: &str = "0.3.11.post1";
+
+/// The CUDA runtime library the 0.3.12 non-CUDA wheels link against (`libcudart.so.12`, loaded
+/// at import; nothing calls into it without a GPU), from PyPI.
+const CUDA_RUNTIME: &str = "nvidia-cuda-runtime-cu12==12.9.79";
+
+/// Where that library lands in the image's Python environment.
+const CUDA_RUNTIME_LIB: &str = "/opt/mooncake/lib/python3.11/site-packages/nvidia/cuda_runtime/lib";
+
+/// Downloads the wheels of Mooncake `version` (and of `extra` requirements) with their
+/// dependencies, once, into the cache.
+fn wheels(version: &str, extra: &[&str]) -> anyhow::Result<PathBuf> {
     let dir = cache_dir().join("wheels").join(version);
     let marker = dir.join(".complete");
-    if marker.exists() {
+    let want = std::iter::once(version)
+        .chain(extra.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
         return Ok(dir);
     }
     std::fs::create_dir_all(&dir)?;
@@ -255,20 +273,27 @@ fn wheels(version: &str) -> anyhow::Result<PathBuf> {
         ])
         .arg(&dir)
         .arg(format!("{MOONCAKE_PACKAGE}=={version}"))
+        .args(extra)
         .status()
         .context("running pip download")?;
     if !status.success() {
         bail!("pip download {MOONCAKE_PACKAGE}=={version} failed with {status}");
     }
-    std::fs::write(&marker, version)?;
+    std::fs::write(&marker, want)?;
     Ok(dir)
 }
 
 /// Installs a Mooncake version into `/opt/mooncake` of container `c`, with the real binaries
 /// on PATH (the `bin/` wrappers of the wheel are Python scripts; the processes a Pod runs should
 /// be the binaries themselves).
-fn install_mooncake(c: &str, version: &str, keep_bench: bool) -> anyhow::Result<()> {
-    let wheels = wheels(version)?;
+fn install_mooncake(
+    c: &str,
+    version: &str,
+    extra: &[&str],
+    keep_bench: bool,
+) -> anyhow::Result<()> {
+    let wheels = wheels(version, extra)?;
+    let extra = extra.join(" ");
     buildah(&["copy", c, &wheels.display().to_string(), "/tmp/wheels"])?;
     let site = "/opt/mooncake/lib/python3.11/site-packages";
     let bench = if keep_bench {
@@ -279,7 +304,7 @@ fn install_mooncake(c: &str, version: &str, keep_bench: bool) -> anyhow::Result<
     run_in(
         c,
         &format!(
-            "python3 -m venv /opt/mooncake\n/opt/mooncake/bin/pip install --quiet --no-index --find-links /tmp/wheels {MOONCAKE_PACKAGE}=={version}\nrm -rf /tmp/wheels {site}/pip {site}/pip-* {site}/setuptools {site}/setuptools-* /root/.cache\n{bench}for b in mooncake_master mooncake_client; do if [ -x {site}/mooncake/$b ]; then ln -sf {site}/mooncake/$b /usr/local/bin/$b; fi; done\nfind /opt/mooncake -name __pycache__ -prune -exec rm -rf {{}} +"
+            "python3 -m venv /opt/mooncake\n/opt/mooncake/bin/pip install --quiet --no-index --find-links /tmp/wheels {MOONCAKE_PACKAGE}=={version} {extra}\nrm -rf /tmp/wheels {site}/pip {site}/pip-* {site}/setuptools {site}/setuptools-* /root/.cache\n{bench}for b in mooncake_master mooncake_client; do if [ -x {site}/mooncake/$b ]; then ln -sf {site}/mooncake/$b /usr/local/bin/$b; fi; done\nfind /opt/mooncake -name __pycache__ -prune -exec rm -rf {{}} +"
         ),
     )
 }
@@ -287,7 +312,7 @@ fn install_mooncake(c: &str, version: &str, keep_bench: bool) -> anyhow::Result<
 fn store_image(_dir: &Path, version: &str) -> anyhow::Result<()> {
     let c = container(BASE_NAME)?;
     buildah(&["config", "--user", "0:0", &c])?;
-    install_mooncake(&c, version, false)?;
+    install_mooncake(&c, version, &[], false)?;
     buildah(&[
         "config",
         "--user",
@@ -307,7 +332,13 @@ fn engine_image(_dir: &Path, from: &str, old: Option<&str>) -> anyhow::Result<()
     let c = container(from)?;
     buildah(&["config", "--user", "0:0", &c])?;
     if let Some(version) = old {
-        install_mooncake(&c, version, false)?;
+        install_mooncake(&c, version, &[CUDA_RUNTIME], false)?;
+        buildah(&[
+            "config",
+            "--env",
+            &format!("LD_LIBRARY_PATH={CUDA_RUNTIME_LIB}"),
+            &c,
+        ])?;
     }
     let src = root().join("images/engine");
     for (file, to) in [
