@@ -125,55 +125,6 @@ async fn the_api_server_refuses_with_the_crd_message() {
         .await
         .expect("namespace");
 
-    // A banned leader flag.
-    let err = create(&client, None, &yaml(
-        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {name: banned-flag}\nspec:\n  connection:\n    managed:\n      leader: {extraArgs: ['--enable_snapshot=true']}\n      members: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
-    )).await.expect_err("refused");
-    assert!(
-        err.contains(
-            "leader.extraArgs: --enable_snapshot=true is refused: snapshots are not offered"
-        ),
-        "{err}"
-    );
-
-    // capacityPerMember below one bucket on a disk group, on create.
-    let err = create(&client, None, &yaml(
-        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {name: thin}\nspec:\n  connection:\n    managed:\n      members: [{medium: DRAM, capacityPerMember: 8Mi, localDisks: [{path: /var/lib/kvcache}]}]\n",
-    )).await.expect_err("refused");
-    assert!(err.contains("must hold one bucket (16Mi)"), "{err}");
-
-    // The tier path is chosen once.
-    let tiered = "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {name: tier}\nspec:\n  connection:\n    managed:\n      members: [{medium: DRAM, capacityPerMember: 1Gi, localDisks: [{path: /var/lib/kvcache}]}]\n";
-    create(&client, None, &yaml(tiered))
-        .await
-        .expect("tiered backend");
-    let err = apply(
-        &client,
-        None,
-        &yaml(&tiered.replace("/var/lib/kvcache", "/mnt/elsewhere")),
-    )
-    .await
-    .expect_err("refused");
-    assert!(
-        err.contains("localDisks is chosen when the group is created"),
-        "{err}"
-    );
-    let err = apply(
-        &client,
-        None,
-        &yaml(&tiered.replace("medium: DRAM", "medium: VRAM")),
-    )
-    .await
-    .expect_err("refused");
-    assert!(err.contains("medium is immutable"), "{err}");
-    apply(
-        &client,
-        None,
-        &yaml(&tiered.replace("capacityPerMember: 1Gi", "capacityPerMember: 2Gi")),
-    )
-    .await
-    .expect("editable");
-
     // The domain is immutable.
     let binding = format!(
         "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {{name: b, namespace: {ns}}}\nspec:\n  poolRef: {{name: p}}\n  quota: {{ceiling: 1Gi}}\n  domain: {{name: chat, blockSize: 64, dtype: bfloat16}}\n"
@@ -238,4 +189,145 @@ async fn the_api_server_refuses_with_the_crd_message() {
         serde_json::json!({"total": "1Gi"}),
         "quota.burst pruned"
     );
+}
+
+/// A backend in YAML with `leader` and one member group's extra fields.
+fn managed(name: &str, leader: &str, group: &str) -> DynamicObject {
+    yaml(&format!(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {name}}}\nspec:\n  connection:\n    managed:\n      leader: {{{leader}}}\n      members: [{{medium: DRAM, capacityPerMember: 1Gi{group}}}]\n"
+    ))
+}
+
+#[tokio::test]
+async fn snapshot_flags_in_leader_extra_args_are_refused_at_apply() {
+    let cluster = shared();
+    let client = cluster.client().await.expect("client");
+    // Every spelling of the snapshot family, and the allocator the snapshot path needs.
+    for (i, flag) in [
+        "--enable_snapshot=true",
+        "-enable_snapshot_restore=true",
+        "enable_snapshot=1",
+        "--snapshot_interval_seconds=60",
+        "--memory_allocator=offset",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let b = managed(
+            &format!("snapshot-{i}"),
+            &format!("extraArgs: ['{flag}']"),
+            "",
+        );
+        let err = create(&client, None, &b).await.expect_err(flag);
+        assert!(
+            err.contains("leader.extraArgs") && err.contains("is refused"),
+            "{flag}: {err}"
+        );
+    }
+    let err = create(
+        &client,
+        None,
+        &managed(
+            "snapshot-named",
+            "extraArgs: ['--enable_snapshot=true']",
+            "",
+        ),
+    )
+    .await
+    .expect_err("refused");
+    assert!(
+        err.contains(
+            "leader.extraArgs: --enable_snapshot=true is refused: snapshots are not offered"
+        ),
+        "{err}"
+    );
+    // A flag of the store's that is not derived nor refused passes.
+    create(
+        &client,
+        None,
+        &managed(
+            "snapshot-none",
+            "extraArgs: ['--default_kv_lease_ttl=500']",
+            "",
+        ),
+    )
+    .await
+    .expect("an ordinary leader flag is admitted");
+}
+
+#[tokio::test]
+async fn a_tier_cannot_be_added_removed_or_repathed_and_its_other_settings_stay_editable() {
+    const CHOSEN: &str = "localDisks is chosen when the group is created";
+    let cluster = shared();
+    let client = cluster.client().await.expect("client");
+    let tier = ", localDisks: [{path: /var/lib/kvcache, capacity: 1Ti}]";
+
+    // Added to a running group: refused.
+    create(&client, None, &managed("tier-add", "", ""))
+        .await
+        .expect("a group without a tier");
+    let err = apply(&client, None, &managed("tier-add", "", tier))
+        .await
+        .expect_err("adding a tier is refused");
+    assert!(err.contains(CHOSEN), "{err}");
+
+    // Removed or repathed: refused.
+    create(&client, None, &managed("tier", "", tier))
+        .await
+        .expect("a group with a tier");
+    let err = apply(&client, None, &managed("tier", "", ""))
+        .await
+        .expect_err("removing the tier is refused");
+    assert!(err.contains(CHOSEN), "{err}");
+    let err = apply(
+        &client,
+        None,
+        &managed(
+            "tier",
+            "",
+            &tier.replace("/var/lib/kvcache", "/mnt/elsewhere"),
+        ),
+    )
+    .await
+    .expect_err("repathing the tier is refused");
+    assert!(err.contains(CHOSEN), "{err}");
+
+    // Its other settings, and the group's, stay editable.
+    let edited = ", localDisks: [{path: /var/lib/kvcache, capacity: 2Ti, keyLimit: 100000, eviction: {enabled: true, policy: LRU}}]";
+    let stored = apply(&client, None, &managed("tier", "", edited))
+        .await
+        .expect("capacity, keyLimit and eviction are editable");
+    let disk = &stored.data["spec"]["connection"]["managed"]["members"][0]["localDisks"][0];
+    assert_eq!(
+        (
+            disk["capacity"].as_str(),
+            disk["keyLimit"].as_i64(),
+            disk["eviction"]["policy"].as_str()
+        ),
+        (Some("2Ti"), Some(100000), Some("LRU")),
+        "{disk}"
+    );
+    let err = apply(
+        &client,
+        None,
+        &yaml(
+            &serde_yaml::to_string(&managed("tier", "", edited))
+                .expect("YAML")
+                .replace("medium: DRAM", "medium: VRAM"),
+        ),
+    )
+    .await
+    .expect_err("refused");
+    assert!(err.contains("medium is immutable"), "{err}");
+    apply(
+        &client,
+        None,
+        &yaml(
+            &serde_yaml::to_string(&managed("tier", "", edited))
+                .expect("YAML")
+                .replace("capacityPerMember: 1Gi", "capacityPerMember: 2Gi"),
+        ),
+    )
+    .await
+    .expect("capacityPerMember is editable");
 }
