@@ -210,6 +210,32 @@ pub async fn proxy_get(
     Ok(client.request_text(req).await?)
 }
 
+/// One of the master's admin pages (`metrics`, `get_all_segments`, …) at `admin` (the leader
+/// Service's `host:port`), read from inside `pod` (the host has no route to Services).
+pub async fn master_page(api: &Api<Pod>, pod: &str, admin: &str, page: &str) -> Result<String> {
+    let url = format!("http://{admin}/{page}");
+    let out = exec(
+        api,
+        pod,
+        None,
+        &[
+            "python3",
+            "-c",
+            "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())",
+            &url,
+        ],
+    )
+    .await?;
+    if out.success {
+        Ok(out.stdout)
+    } else {
+        Err(Error::Http {
+            url,
+            message: out.stderr,
+        })
+    }
+}
+
 /// The logs of a Pod's container (`None`: its only one).
 pub async fn logs(api: &Api<Pod>, pod: &str, container: Option<&str>) -> Result<String> {
     let lp = LogParams {

@@ -1281,3 +1281,577 @@ fn a_deployment_labelled_for_injection_gets_the_store_settings_and_its_pods_writ
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// The uids of a set of Pods, sorted.
+fn uids(p: &[Pod]) -> Vec<String> {
+    let mut u: Vec<String> = p.iter().map(|p| p.uid().unwrap_or_default()).collect();
+    u.sort();
+    u
+}
+
+/// Deletes a test's backend (without waiting: its finalizer releases it and its Pods go).
+async fn remove_backend(client: &Client, name: &str) -> Result<(), Error> {
+    Api::<KVCacheBackend>::all(client.clone())
+        .delete(name, &DeleteParams::default())
+        .await?;
+    Ok(())
+}
+
+#[test]
+fn scaling_the_leader_from_one_to_three_keeps_the_first_leader_pod_and_the_member_templates() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "claim-scale";
+        apply(&client, &backend(name, |_| {})).await?;
+        wait_backend(&client, name, "Ready with 512Mi", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let first = pods::wait_ready(&store, &backend_pods(name, "leader"), 1, WAIT).await?;
+        let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+        let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+        let member_set = format!("{name}-member-0");
+        let before = daemonsets.get(&member_set).await?;
+
+        // One edit: three leader replicas.
+        apply(
+            &client,
+            &backend(name, |v| {
+                v["spec"]["connection"]["managed"]["leader"]["replicas"] = 3.into();
+            }),
+        )
+        .await?;
+        let leaders = pods::wait_pods(
+            &store,
+            &backend_pods(name, "leader"),
+            "3 leader Pods, 1 Ready",
+            WAIT,
+            |p| p.len() == 3 && p.iter().filter(|p| pods::is_ready(p)).count() == 1,
+        )
+        .await?;
+        // The first leader Pod still serves (the Lease and accounts were there at one replica),
+        // not restarted.
+        let serving = leaders.iter().find(|p| pods::is_ready(p)).expect("Ready");
+        assert_eq!(serving.uid(), first[0].uid(), "the first leader Pod serves");
+        let restarts = serving
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .map(|c| c.iter().map(|c| c.restart_count).sum::<i32>());
+        assert_eq!(restarts, Some(0));
+        // The member template is the one from before, and so are its Pods.
+        let after = daemonsets.get(&member_set).await?;
+        assert_eq!(
+            after.spec.as_ref().map(|s| &s.template),
+            before.spec.as_ref().map(|s| &s.template)
+        );
+        assert_eq!(after.metadata.generation, before.metadata.generation);
+        let now = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+        assert_eq!(uids(&now), uids(&members), "the same member Pods");
+        wait_backend(
+            &client,
+            name,
+            "Ready with 512Mi, ElectionObserved=True",
+            |b| {
+                phase(b) == Some(BackendPhase::Ready)
+                    && capacity(b) == Some(512 * MIB)
+                    && condition(b, "ElectionObserved").is_some_and(|(s, _, _)| s == "True")
+            },
+        )
+        .await?;
+        remove_backend(&client, name).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn changing_the_election_backend_restarts_the_leader_and_lease_addressed_member_templates() {
+    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "claim-election";
+        // Members that find the master through the Lease (their template carries the elector).
+        let lease_addressed = |v: &mut serde_json::Value| {
+            v["spec"]["connection"]["managed"]["leader"]["memberAddressing"] = "Lease".into();
+        };
+        apply(&client, &backend(name, lease_addressed)).await?;
+        wait_backend(&client, name, "Ready with 512Mi", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let leader = pods::wait_ready(&store, &backend_pods(name, "leader"), 1, WAIT).await?;
+        let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+        let leader_set = format!("{name}-leader");
+        let before = deployments.get(&leader_set).await?;
+
+        // electionBackend: None. The leader's template loses the elector and its account, the
+        // members' loses the Lease lookup: both roll.
+        apply(
+            &client,
+            &backend(name, |v| {
+                lease_addressed(v);
+                v["spec"]["connection"]["managed"]["leader"]["electionBackend"] = "None".into();
+            }),
+        )
+        .await?;
+        let gone_leader = leader[0].uid();
+        let new_leader = pods::wait_pods(
+            &store,
+            &backend_pods(name, "leader"),
+            "one Ready leader Pod, a new one",
+            WAIT,
+            |p| p.len() == 1 && pods::is_ready(&p[0]) && p[0].uid() != gone_leader,
+        )
+        .await?;
+        let old = uids(&members);
+        let new_members = pods::wait_pods(
+            &store,
+            &backend_pods(name, "member-0"),
+            "2 Ready member Pods, none of the earlier ones",
+            WAIT,
+            |p| {
+                p.len() == 2
+                    && p.iter().all(pods::is_ready)
+                    && uids(p).iter().all(|u| !old.contains(u))
+            },
+        )
+        .await?;
+        let after = deployments.get(&leader_set).await?;
+        assert_ne!(
+            after.spec.as_ref().map(|s| &s.template),
+            before.spec.as_ref().map(|s| &s.template)
+        );
+        let spec = new_leader[0].spec.as_ref().expect("a spec");
+        assert!(
+            spec.init_containers
+                .as_ref()
+                .is_none_or(|c| c.iter().all(|c| c.name != "elector-install")),
+            "no elector in the new leader Pod"
+        );
+        for m in &new_members {
+            let env = m
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().find(|c| c.name == "member"))
+                .and_then(|c| c.env.clone())
+                .unwrap_or_default();
+            assert!(
+                env.iter().any(|e| e.name == "MOONCAKE_MASTER"),
+                "members now dial the Service: {}",
+                name_of(m)
+            );
+        }
+        wait_backend(
+            &client,
+            name,
+            "Ready again with 512Mi, no ElectionObserved",
+            |b| {
+                phase(b) == Some(BackendPhase::Ready)
+                    && capacity(b) == Some(512 * MIB)
+                    && condition(b, "ElectionObserved").is_none()
+            },
+        )
+        .await?;
+        remove_backend(&client, name).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A pool on `backend` with `total`, and one Binding per `(namespace, domain, ceiling)` (named
+/// after its namespace; `None`: the domain's name left out, so `default`).
+async fn pool_with_bindings(
+    client: &Client,
+    backend: &str,
+    total: &str,
+    bindings: &[(&str, Option<&str>, &str)],
+) -> Result<(), Error> {
+    let pool: KVCachePool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool",
+        "metadata": {"name": backend},
+        "spec": {"backends": [backend], "quota": {"total": total}},
+    }))
+    .expect("a pool");
+    let pp = PatchParams::apply(walkthrough::MANAGER).force();
+    Api::<KVCachePool>::all(client.clone())
+        .patch(backend, &pp, &Patch::Apply(&pool))
+        .await?;
+    for (ns, domain, ceiling) in bindings {
+        walkthrough::ensure_namespace(client, ns).await?;
+        let mut d = serde_json::json!({"blockSize": 64, "dtype": "bfloat16"});
+        if let Some(n) = domain {
+            d["name"] = (*n).into();
+        }
+        let b: kvcache_api::KVCachePoolBinding = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+            "metadata": {"name": ns, "namespace": ns},
+            "spec": {"poolRef": {"name": backend}, "quota": {"ceiling": ceiling}, "domain": d},
+        }))
+        .expect("a Binding");
+        Api::<kvcache_api::KVCachePoolBinding>::namespaced(client.clone(), ns)
+            .patch(ns, &pp, &Patch::Apply(&b))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Waits until the Binding in `ns` reads `QuotaGranted=True/<reason>` with `bytes` effective.
+async fn wait_granted(
+    client: &Client,
+    ns: &str,
+    reason: &str,
+    bytes: u64,
+) -> Result<kvcache_api::KVCachePoolBinding, Error> {
+    let bindings: Api<kvcache_api::KVCachePoolBinding> = Api::namespaced(client.clone(), ns);
+    wait_object(
+        &bindings,
+        ns,
+        &format!("QuotaGranted=True/{reason} with {bytes} bytes effective"),
+        WAIT,
+        |b| binding_has(b, "QuotaGranted", "True", reason) && effective(b) == Some(bytes),
+    )
+    .await
+}
+
+/// Deletes the Bindings, the pool and the backend of a quota test, without waiting.
+async fn remove_pool_and_backend(
+    client: &Client,
+    backend: &str,
+    namespaces: &[&str],
+) -> Result<(), Error> {
+    for ns in namespaces {
+        Api::<kvcache_api::KVCachePoolBinding>::namespaced(client.clone(), ns)
+            .delete(ns, &DeleteParams::default())
+            .await?;
+    }
+    Api::<KVCachePool>::all(client.clone())
+        .delete(backend, &DeleteParams::default())
+        .await?;
+    remove_backend(client, backend).await
+}
+
+#[test]
+fn a_quota_ceiling_is_not_a_reservation_and_going_over_it_does_not_fail_a_write() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "claim-quota";
+        apply(&client, &backend(name, |_| {})).await?;
+        // Ceilings adding up to more than the pool's total (496Mi of 256Mi): both admitted.
+        pool_with_bindings(
+            &client,
+            name,
+            "256Mi",
+            &[
+                ("quota-roomy", Some("roomy"), "480Mi"),
+                ("quota-tight", Some("tight"), "16Mi"),
+            ],
+        )
+        .await?;
+        wait_backend(&client, name, "Ready with 512Mi", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+        })
+        .await?;
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        wait_object(
+            &pools,
+            name,
+            "QuotaWithinTotal=False/Oversubscribed, still Ready",
+            WAIT,
+            |p| {
+                p.status.as_ref().is_some_and(|s| {
+                    has_condition(&s.conditions, "QuotaWithinTotal", "False", "Oversubscribed")
+                        && s.phase == Some(kvcache_api::pool::PoolPhase::Ready)
+                })
+            },
+        )
+        .await?;
+        // Each is granted its whole ceiling: the store has 512Mi and nothing is set aside.
+        wait_granted(&client, "quota-roomy", "Granted", 480 * MIB).await?;
+        wait_granted(&client, "quota-tight", "Granted", 16 * MIB).await?;
+
+        // Eight 4 MiB writes into the 16Mi grant: every write succeeds; the store keeps what
+        // the grant holds, dropping the domain's own older objects.
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+        let member = name_of(&members[0]);
+        let master = format!("{name}-leader.{NAMESPACE}.svc:50051");
+        let mut codes = Vec::new();
+        for i in 0..8 {
+            let key = format!("over-{i}");
+            codes.push(
+                pods::store_put(&store, member, &master, &key, Some("tight"), 4 << 20).await?,
+            );
+        }
+        assert_eq!(codes, vec![0; 8], "no write fails");
+        let mut held = 0;
+        for i in 0..8 {
+            let key = format!("over-{i}");
+            match pods::store_get(&store, member, &master, &key, Some("tight")).await? {
+                kvcache_e2e::store::Lookup::Hit(n) => held += n as u64,
+                kvcache_e2e::store::Lookup::Miss => {}
+            }
+        }
+        assert!(
+            held > 0 && held <= 16 * MIB,
+            "the store holds at most the grant: {held}"
+        );
+        // The Binding reports the charge, is not over quota, and stays granted.
+        let bindings: Api<kvcache_api::KVCachePoolBinding> =
+            Api::namespaced(client.clone(), "quota-tight");
+        let b = wait_object(
+            &bindings,
+            "quota-tight",
+            "usage read back from the master, overQuota false",
+            WAIT,
+            |b| {
+                b.status.as_ref().is_some_and(|s| {
+                    s.usage
+                        .as_ref()
+                        .and_then(|q| parse_bytes(&q.0).ok())
+                        .is_some_and(|u| u > 0)
+                        && s.over_quota != Some(true)
+                }) && binding_has(b, "QuotaGranted", "True", "Granted")
+            },
+        )
+        .await?;
+        let usage = b
+            .status
+            .and_then(|s| s.usage)
+            .map(|q| parse_bytes(&q.0).expect("bytes"));
+        assert!(usage.is_some_and(|u| u <= 16 * MIB), "{usage:?}");
+        remove_pool_and_backend(&client, name, &["quota-roomy", "quota-tight"]).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_tenant_absent_from_the_ledger_is_refused_by_the_master_until_a_default_binding_exists() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "claim-tenant";
+        apply(&client, &backend(name, |_| {})).await?;
+        pool_with_bindings(
+            &client,
+            name,
+            "512Mi",
+            &[("tenant-chat", Some("chat"), "64Mi")],
+        )
+        .await?;
+        wait_granted(&client, "tenant-chat", "Granted", 64 * MIB).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+        let member = name_of(&members[0]);
+        let master = format!("{name}-leader.{NAMESPACE}.svc:50051");
+
+        // The Binding's tenant writes; another name, or none (an engine ignoring the injected
+        // tenant writes as the store's default), is refused: TENANT_NOT_REGISTERED.
+        assert_eq!(
+            pods::store_put(&store, member, &master, "k-chat", Some("chat"), 4096).await?,
+            0
+        );
+        assert_eq!(
+            pods::store_put(&store, member, &master, "k-other", Some("other"), 4096).await?,
+            -1701
+        );
+        assert_eq!(
+            pods::store_put(&store, member, &master, "k-none", None, 4096).await?,
+            -1701
+        );
+
+        // A second Binding whose domain leaves the name out (default): the tenant-less writer
+        // is now in the ledger.
+        pool_with_bindings(
+            &client,
+            name,
+            "512Mi",
+            &[
+                ("tenant-chat", Some("chat"), "64Mi"),
+                ("tenant-default", None, "64Mi"),
+            ],
+        )
+        .await?;
+        wait_granted(&client, "tenant-default", "Granted", 64 * MIB).await?;
+        assert_eq!(
+            pods::store_put(&store, member, &master, "k-none", None, 4096).await?,
+            0
+        );
+        remove_pool_and_backend(&client, name, &["tenant-chat", "tenant-default"]).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A demo-size disk tier on the backend: a 32Mi segment, 1Gi of tier per member at `path` (made
+/// on each node, owned by the store image's user), the store's 500 ms object lease (so a second
+/// round of writes evicts, and so offloads, the first) and a one-second member heartbeat.
+fn with_tier(cluster: &NodeCluster, path: &str) -> impl Fn(&mut serde_json::Value) + use<> {
+    for n in &cluster.nodes.nodes {
+        let dir = n.host_root.join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir).expect("the tier folder");
+        std::os::unix::fs::chown(&dir, Some(65532), Some(0)).expect("chown");
+    }
+    let path = path.to_owned();
+    move |v: &mut serde_json::Value| {
+        let managed = &mut v["spec"]["connection"]["managed"];
+        managed["leader"]["extraArgs"] = serde_json::json!(["default_kv_lease_ttl=500"]);
+        let g = &mut managed["members"][0];
+        g["capacityPerMember"] = "32Mi".into();
+        g["localDisks"] = serde_json::json!([{"path": path, "capacity": "1Gi"}]);
+        g["extraEnv"] = serde_json::json!([
+            {"name": "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "value": "1"}
+        ]);
+    }
+}
+
+/// The store's flags as the running leader Pod's container has them.
+fn leader_args(p: &Pod) -> Vec<String> {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map(|c| {
+            c.command
+                .iter()
+                .flatten()
+                .chain(c.args.iter().flatten())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_leaders_offload_flags_are_derived_from_the_tier_declaration() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    let tier = with_tier(cluster, "/var/lib/kvcache/claim-offload");
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let offload = ["-enable_offload=true", "-offload_on_evict=true"];
+        for (name, tiered) in [("claim-offload", true), ("claim-no-offload", false)] {
+            apply(
+                &client,
+                &backend(name, |v| {
+                    if tiered {
+                        tier(v);
+                    } else {
+                        v["spec"]["connection"]["managed"]["members"][0]["capacityPerMember"] =
+                            "32Mi".into();
+                    }
+                }),
+            )
+            .await?;
+            // The master runs with what was derived: Ready, with its members' segments.
+            wait_backend(&client, name, "Ready with 64Mi of segments", |b| {
+                phase(b) == Some(BackendPhase::Ready)
+                    && b.status
+                        .as_ref()
+                        .and_then(|s| s.capacity.as_ref())
+                        .and_then(|c| c.memory.as_ref())
+                        .and_then(|q| parse_bytes(&q.0).ok())
+                        == Some(64 * MIB)
+            })
+            .await?;
+            let leader = pods::wait_ready(&store, &backend_pods(name, "leader"), 1, WAIT).await?;
+            let args = leader_args(&leader[0]);
+            for flag in offload {
+                assert_eq!(
+                    args.iter().any(|a| a.as_str() == flag),
+                    tiered,
+                    "{name}: {flag} in {args:?}"
+                );
+            }
+        }
+        remove_backend(&client, "claim-offload").await?;
+        remove_backend(&client, "claim-no-offload").await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_filling_tier_shows_in_the_tier_figure_and_not_in_capacity() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    let tier = with_tier(cluster, "/var/lib/kvcache/claim-fill");
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "claim-fill";
+        apply(&client, &backend(name, tier)).await?;
+        // A Binding for the store's default tenant, which the writes below name.
+        pool_with_bindings(&client, name, "64Mi", &[("fill-default", None, "64Mi")]).await?;
+        wait_granted(&client, "fill-default", "Granted", 64 * MIB).await?;
+        // CAPACITY: two 32Mi segments plus the two members' declared 1Gi of tier.
+        let total = 64 * MIB + (2u64 << 30);
+        let ready = wait_backend(&client, name, "Ready with 2112Mi (segments + declared tier)", |b| {
+            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(total)
+        })
+        .await?;
+        let before = ready.status.and_then(|s| s.capacity).expect("a capacity");
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+        let member = name_of(&members[0]);
+        let admin = format!("{name}-leader.{NAMESPACE}.svc:{}", kvcache_render::backend::ADMIN_PORT);
+        let figure = |text: &str| kvcache_e2e::store::metric_value(text, "master_allocated_file_size_bytes").unwrap_or(0.0);
+        let empty = figure(&pods::master_page(&store, member, &admin, "metrics").await?);
+        assert_eq!(empty, 0.0, "an empty tier");
+
+        // Two rounds of 56 MiB into 64 MiB of segments: the second evicts the first to the tier.
+        let master = format!("{name}-leader.{NAMESPACE}.svc:50051");
+        let ip = pods::ip_of(&members[0]).expect("an address").to_owned();
+        let out = pods::exec(&store, member, None, &[
+            "python3", "-c", pods::PUT_MANY, &master, &ip, "2", "56", "1048576",
+        ]).await?;
+        assert!(out.success, "{out:?}");
+        // The tier figure moves (buckets close on the members' heartbeat; the master has no
+        // watch, so it is read again every half second).
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let filled = loop {
+            let f = figure(&pods::master_page(&store, member, &admin, "metrics").await?);
+            if f > 0.0 {
+                break f;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "master_allocated_file_size_bytes stayed 0 for {WAIT:?} after the writes ({out:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        // CAPACITY does not: every status the backend shows over the next two capacity reads
+        // of the operator (15 s apart) has the same figures.
+        let api: Api<KVCacheBackend> = Api::all(client.clone());
+        let watched = {
+            use futures::StreamExt;
+            let stream = kube::runtime::watcher::watch_object(api, name);
+            let window = tokio::time::sleep(Duration::from_secs(35));
+            tokio::pin!(window);
+            let mut stream = Box::pin(stream);
+            let mut seen = Vec::new();
+            loop {
+                tokio::select! {
+                    _ = &mut window => break seen,
+                    next = stream.next() => match next {
+                        Some(Ok(Some(b))) => seen.push(b.status.and_then(|s| s.capacity)),
+                        Some(Ok(None)) | None => break seen,
+                        Some(Err(_)) => {}
+                    },
+                }
+            }
+        };
+        assert!(!watched.is_empty());
+        assert!(
+            watched.iter().all(|c| c.as_ref() == Some(&before)),
+            "the tier filled to {filled} bytes; CAPACITY over the window: {watched:?}, before {before:?}"
+        );
+        remove_pool_and_backend(&client, name, &["fill-default"]).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}

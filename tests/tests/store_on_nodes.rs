@@ -58,27 +58,7 @@ async fn master_metrics(api: &Api<Pod>, pod: &str, ns: &str) -> Result<String, E
 
 /// Reads one of the master's admin pages through the leader Service, from inside `pod`.
 async fn master_get(api: &Api<Pod>, pod: &str, ns: &str, page: &str) -> Result<String, Error> {
-    let url = format!("http://{}/{page}", leader_service(ns, ADMIN_PORT));
-    let out = pods::exec(
-        api,
-        pod,
-        None,
-        &[
-            "python3",
-            "-c",
-            "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())",
-            &url,
-        ],
-    )
-    .await?;
-    if out.success {
-        Ok(out.stdout)
-    } else {
-        Err(Error::Http {
-            url,
-            message: out.stderr,
-        })
-    }
+    pods::master_page(api, pod, &leader_service(ns, ADMIN_PORT), page).await
 }
 
 /// Waits until the master, read through the Service from inside `pod`, reports `bytes` of

@@ -189,7 +189,7 @@ pub(super) fn leader_deployment(
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
-                    service_account_name: elects.then(|| leader.to_owned()),
+                    service_account_name: Some(account(elects.then_some(leader))),
                     automount_service_account_token: Some(elects),
                     image_pull_secrets: pull_secrets(b),
                     init_containers: (!init.is_empty()).then_some(init),

@@ -19,7 +19,7 @@ use kvcache_inject::{env as env_value, field_env};
 
 use super::{
     BackendInputs, DEFAULT_LOCAL_BUFFER, ELECTOR_PATH, MEMBER_BASE_PORT, POD_SPEC_HASH,
-    SHUTDOWN_MARGIN_SECONDS, TIER_STAGING_BYTES, bytes, client_endpoint, elector_install,
+    SHUTDOWN_MARGIN_SECONDS, TIER_STAGING_BYTES, account, bytes, client_endpoint, elector_install,
     empty_dir, leader_name, meta, mount, pull_policy, pull_secrets,
 };
 use crate::names::{self, backend_labels, backend_selector};
@@ -427,7 +427,11 @@ pub(super) fn member_daemon_set(
         }),
         spec: Some(PodSpec {
             node_selector: (!group.node_selector.is_empty()).then(|| group.node_selector.clone()),
-            service_account_name: g.lease_members.then(|| names::object(name, "member")),
+            service_account_name: Some(account(
+                g.lease_members
+                    .then(|| names::object(name, "member"))
+                    .as_deref(),
+            )),
             automount_service_account_token: Some(g.lease_members),
             host_network: fabric.then_some(true),
             dns_policy: Some(

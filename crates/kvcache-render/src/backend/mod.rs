@@ -326,3 +326,11 @@ fn rbac(
         }]),
     });
 }
+
+/// The account a store Pod runs as, always named: its own, or the namespace's `default`. Left
+/// unset, an apply that drops the field (electionBackend set to `None`) would not clear it: the
+/// API server keeps the deprecated `serviceAccount` twin it filled in, converts it back, and the
+/// Pods keep asking for the account the same apply pruned (their creation is then refused).
+pub(crate) fn account(own: Option<&str>) -> String {
+    own.unwrap_or("default").to_owned()
+}
