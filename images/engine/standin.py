@@ -15,7 +15,10 @@ and reads it back, logging every answer of the store, then serves:
   /put?key=K&size=N       puts N bytes under K, answers {"rc": code}
   /get?key=K              {"exist": code, "bytes": n}; exist 0 is the store's own miss
   /metrics                the store-operation counters (Prometheus text)
-A setting it needs that is missing ends it with exit code 2 and a line saying which.
+Without a connector (vLLM with no `--kv-transfer-config`, SGLang with no
+`--hicache-storage-backend`) it runs as the engine would, without the shared cache: /health
+answers, /put and /get answer 409. A connector named with a setting it needs missing ends it with
+exit code 2 and a line saying which.
 """
 
 import http.server
@@ -70,7 +73,7 @@ def vllm_settings(argv):
     found, _ = flags(argv)
     transfer = found.get("kv-transfer-config")
     if transfer is None:
-        fail("no --kv-transfer-config: vLLM runs without a KV connector and nothing reaches the store")
+        return no_cache("vllm", found, 8000)
     try:
         connector = json.loads(transfer).get("kv_connector")
     except (ValueError, AttributeError) as e:
@@ -104,6 +107,8 @@ def vllm_settings(argv):
 def sglang_settings(argv):
     found, _ = flags(argv)
     backend = found.get("hicache-storage-backend")
+    if backend is None:
+        return no_cache("sglang", found, 30000)
     if backend != "mooncake":
         fail(f"--hicache-storage-backend is {backend!r}, not mooncake: SGLang does not use the store")
     master = os.environ.get("MOONCAKE_MASTER")
@@ -121,6 +126,11 @@ def sglang_settings(argv):
         "tenant": os.environ.get("MOONCAKE_TENANT_ID"),
         "hostname": os.environ.get("MOONCAKE_LOCAL_HOSTNAME") or pod_address(),
     }
+
+
+def no_cache(engine, found, port):
+    """An engine started without a KV connector: it serves, and nothing reaches a store."""
+    return {"engine": engine, "port": int(found.get("port") or port), "master": None}
 
 
 def connect(s):
@@ -183,6 +193,8 @@ def serve(store, port):
             q = {k: v[0] for k, v in parse_qs(url.query).items()}
             if url.path == "/health":
                 self.answer(200, "{}")
+            elif store is None and url.path in ("/put", "/get"):
+                self.answer(409, json.dumps({"error": "no KV connector: this engine runs without the shared cache"}))
             elif url.path == "/put" and "key" in q:
                 rc = put(store, q["key"], int(q.get("size", "4096")))
                 self.answer(200, json.dumps({"rc": rc}))
@@ -213,6 +225,11 @@ def serve(store, port):
 
 def main(engine, argv):
     s = vllm_settings(argv) if engine == "vllm" else sglang_settings(argv)
+    if s["master"] is None:
+        log(f"{s['engine']}: no KV connector configured: serving without the shared cache")
+        log(f"serving /health on port {s['port']}")
+        serve(None, s["port"])
+        return
     tenant = s["tenant"] or "(the store's default)"
     log(f"{s['engine']}: master {s['master']} protocol {s['protocol']} tenant {tenant} from {s['hostname']}")
     store, rc = connect(s)

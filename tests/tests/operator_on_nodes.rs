@@ -1855,3 +1855,78 @@ fn a_filling_tier_shows_in_the_tier_figure_and_not_in_capacity() {
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn a_model_deployment_without_kv_cache_runs_with_no_shared_cache() {
+    use kvcache_api::ModelDeployment;
+    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let dir = paths::scratch("walkthrough-no-cache")?;
+        // The walkthrough's workload (and its namespace and instance type) with kvCache left out.
+        let manifests =
+            walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
+                walkthrough_as(v, "nocache");
+                if v["kind"] == "ModelDeployment"
+                    && let Some(spec) = v["spec"].as_object_mut()
+                {
+                    spec.remove("kvCache");
+                }
+                matches!(
+                    v["kind"].as_str(),
+                    Some("Namespace" | "InstanceType" | "ModelDeployment")
+                )
+            })?;
+        for f in walkthrough::manifest_files(&manifests)? {
+            walkthrough::apply(&client, &walkthrough::read_objects(&f)?).await?;
+        }
+        let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-nocache");
+        wait_object(
+            &models,
+            "qwen-chat",
+            "CacheAttached=True/NotApplicable",
+            WAIT,
+            |m| {
+                m.status.as_ref().is_some_and(|s| {
+                    has_condition(&s.conditions, "CacheAttached", "True", "NotApplicable")
+                })
+            },
+        )
+        .await?;
+        // The replicas run (Ready) with nothing of the store's handed to them.
+        let team: Api<Pod> = Api::namespaced(client.clone(), "team-nocache");
+        let replicas = pods::wait_ready(
+            &team,
+            &walkthrough::role_pods("qwen-chat", "server"),
+            2,
+            WAIT,
+        )
+        .await?;
+        for p in &replicas {
+            let c = &p.spec.as_ref().expect("a spec").containers[0];
+            let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+            assert!(
+                env.iter().all(|e| !e.starts_with("MOONCAKE_")),
+                "{}: {env:?}",
+                name_of(p)
+            );
+            let argv: Vec<&String> = c
+                .command
+                .iter()
+                .flatten()
+                .chain(c.args.iter().flatten())
+                .collect();
+            assert!(
+                argv.iter().all(|a| !a.contains("kv-transfer-config")),
+                "{}: {argv:?}",
+                name_of(p)
+            );
+            let log = pods::wait_log(&team, name_of(p), None, "serving /health", WAIT).await?;
+            assert!(log.contains("without the shared cache"), "{log}");
+        }
+        remove_model(&client, "team-nocache", "qwen-chat").await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}

@@ -700,21 +700,29 @@ fn the_engine_stand_in_missing_a_setting_ends_at_once_saying_which() {
         let ns = "kvc-standin";
         walkthrough::ensure_namespace(&client, ns).await?;
         let store: Api<Pod> = Api::namespaced(client.clone(), ns);
-        // A setting the engine needs is missing: the stand-in ends at once, saying which.
+        // The Mooncake connector named, the client document's path missing: the stand-in ends
+        // at once, saying which.
         let current = kvcache_e2e::images::ENGINE.name;
+        let connector = r#"{"kv_connector":"MooncakeStoreConnector","kv_role":"kv_both"}"#;
         store
             .create(
                 &Default::default(),
                 &standin_pod(
-                    "no-connector",
+                    "no-config-path",
                     current,
-                    &["vllm", "serve", "a-model"],
+                    &[
+                        "vllm",
+                        "serve",
+                        "a-model",
+                        "--kv-transfer-config",
+                        connector,
+                    ],
                     serde_json::json!([]),
                     None,
                 ),
             )
             .await?;
-        let ended = pods::wait_pod(&store, "no-connector", "Failed", WAIT, |p| {
+        let ended = pods::wait_pod(&store, "no-config-path", "Failed", WAIT, |p| {
             p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
         })
         .await?;
@@ -726,8 +734,8 @@ fn the_engine_stand_in_missing_a_setting_ends_at_once_saying_which() {
             .and_then(|s| s.terminated)
             .expect("the container ended");
         assert_eq!(terminated.exit_code, 2);
-        let log = pods::logs(&store, "no-connector", None).await?;
-        assert!(log.contains("no --kv-transfer-config"), "{log}");
+        let log = pods::logs(&store, "no-config-path", None).await?;
+        assert!(log.contains("MOONCAKE_CONFIG_PATH is not set"), "{log}");
         Ok(())
     })
     .unwrap_or_else(|e| panic!("{e}"));
