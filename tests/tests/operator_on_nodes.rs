@@ -1354,14 +1354,23 @@ fn scaling_the_leader_from_one_to_three_keeps_the_first_leader_pod_and_the_membe
         wait_backend(
             &client,
             name,
-            "Ready with 512Mi, ElectionObserved=True",
+            "Ready with 512Mi, ElectionObserved=True, RolloutComplete=True",
             |b| {
                 phase(b) == Some(BackendPhase::Ready)
                     && capacity(b) == Some(512 * MIB)
                     && condition(b, "ElectionObserved").is_some_and(|(s, _, _)| s == "True")
+                    && condition(b, "RolloutComplete").is_some_and(|(s, _, _)| s == "True")
             },
         )
         .await?;
+        // 3 desired / 1 ready is the finished state: RolloutComplete answers it, since the
+        // Deployment's own progress deadline (which needs every replica available) is off.
+        let leader_set: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+        let d = leader_set.get(&format!("{name}-leader")).await?;
+        assert_eq!(
+            d.spec.and_then(|s| s.progress_deadline_seconds),
+            Some(i32::MAX)
+        );
         remove_backend(&client, name).await
     })
     .unwrap_or_else(|e| panic!("{e}"));
