@@ -157,3 +157,8 @@ pub fn elector_bin() -> Result<PathBuf> {
 pub fn operator_bin() -> Result<PathBuf> {
     workspace_bin("kvcache-operator")
 }
+
+/// The `xtask` binary (what `cargo xtask` runs), built on first use.
+pub fn xtask_bin() -> Result<PathBuf> {
+    workspace_bin("xtask")
+}

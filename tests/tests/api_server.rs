@@ -117,7 +117,7 @@ async fn crds_are_established_and_the_walkthrough_is_admitted() {
 }
 
 #[tokio::test]
-async fn the_api_server_refuses_with_the_crd_message() {
+async fn every_domain_field_is_immutable_a_pool_names_one_backend_and_unknown_fields_are_pruned() {
     let cluster = shared();
     let client = cluster.client().await.expect("client");
     let ns = cluster
@@ -330,4 +330,59 @@ async fn a_tier_cannot_be_added_removed_or_repathed_and_its_other_settings_stay_
     )
     .await
     .expect("capacityPerMember is editable");
+}
+
+#[tokio::test]
+async fn the_tiers_own_ceilings_carry_a_one_bucket_floor() {
+    let cluster = shared();
+    let client = cluster.client().await.expect("client");
+    let err = create(
+        &client,
+        None,
+        &managed(
+            "tier-small",
+            "",
+            ", localDisks: [{path: /var/lib/kvcache, capacity: 8Mi}]",
+        ),
+    )
+    .await
+    .expect_err("a tier below one bucket is refused");
+    assert!(
+        err.contains("localDisks[].capacity must hold one bucket (16Mi)"),
+        "{err}"
+    );
+    let err = create(
+        &client,
+        None,
+        &managed(
+            "tier-few-keys",
+            "",
+            ", localDisks: [{path: /var/lib/kvcache, keyLimit: 1}]",
+        ),
+    )
+    .await
+    .expect_err("a key limit below one bucket's keys is refused");
+    assert!(
+        err.contains("localDisks[].keyLimit must hold one bucket's worth of keys"),
+        "{err}"
+    );
+    // Unset, the store's own ceilings apply; at the floor, admitted.
+    create(
+        &client,
+        None,
+        &managed(
+            "tier-floor",
+            "",
+            ", localDisks: [{path: /var/lib/kvcache, capacity: 16Mi}]",
+        ),
+    )
+    .await
+    .expect("one bucket of tier is admitted");
+    create(
+        &client,
+        None,
+        &managed("tier-unset", "", ", localDisks: [{path: /var/lib/kvcache}]"),
+    )
+    .await
+    .expect("a tier without ceilings is admitted");
 }
