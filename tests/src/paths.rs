@@ -158,7 +158,11 @@ pub fn operator_bin() -> Result<PathBuf> {
     workspace_bin("kvcache-operator")
 }
 
-/// The `xtask` binary (what `cargo xtask` runs), built on first use.
+/// The `xtask` binary (what `cargo xtask` runs): the one running `cargo xtask test`
+/// (`KVCACHE_XTASK_BIN`), else built on first use.
 pub fn xtask_bin() -> Result<PathBuf> {
-    workspace_bin("xtask")
+    match std::env::var_os("KVCACHE_XTASK_BIN").map(PathBuf::from) {
+        Some(path) if path.is_file() => Ok(path),
+        _ => workspace_bin("xtask"),
+    }
 }
