@@ -249,3 +249,13 @@ pub fn wait_for(proc: &mut Proc, timeout: Duration, mut ready: impl FnMut() -> b
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A process's resident memory (`VmRSS` of `/proc/<pid>/status`) in KiB; `None` when it is gone
+/// or the kernel reports none (a kernel thread).
+pub fn resident_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}

@@ -503,12 +503,8 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
         for p in &operators {
             let kib: u64 = pods::host_pids(p)
                 .iter()
-                .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
-                .filter_map(|s| {
-                    s.lines()
-                        .find_map(|l| l.strip_prefix("VmRSS:"))
-                        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-                })
+                .filter_map(|pid| u32::try_from(*pid).ok())
+                .filter_map(kvcache_e2e::process::resident_kib)
                 .sum();
             println!("RSS of {} at rest: {:.1} MiB", name_of(p), kib as f64 / 1024.0);
         }

@@ -93,6 +93,24 @@ impl Demo {
         }
     }
 
+    /// Waits until the condition `kind` of `object` (`kind/name`, in `namespace`) is True.
+    fn wait_condition(
+        &self,
+        namespace: &str,
+        object: &str,
+        kind: &str,
+        why: &str,
+        within: Duration,
+    ) -> anyhow::Result<String> {
+        let path = format!("jsonpath={{.status.conditions[?(@.type==\"{kind}\")].status}}");
+        self.wait(
+            &format!("{kind}=True on {object} ({why})"),
+            &["-n", namespace, "get", object, "-o", &path],
+            within,
+            |s| s == "True",
+        )
+    }
+
     fn step(
         &mut self,
         title: &str,
@@ -312,19 +330,12 @@ fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
             "-f",
             &file("03-binding.yaml"),
         ])?;
-        d.wait(
-            "QuotaGranted=True on the Binding",
-            &[
-                "-n",
-                "team-a",
-                "get",
-                "kvcpb",
-                "team-a",
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"QuotaGranted\")].status}",
-            ],
+        d.wait_condition(
+            "team-a",
+            "kvcpb/team-a",
+            "QuotaGranted",
+            "the master granted the domain",
             Duration::from_secs(180),
-            |s| s == "True",
         )?;
         d.show(&["get", "kvcp"])?;
         d.show(&["-n", "team-a", "get", "kvcpb"])?;
@@ -340,19 +351,12 @@ fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
                 "-f",
                 &file("05-modeldeployment.yaml"),
             ])?;
-            d.wait(
-                "CacheAttached=True (the store charged the domain)",
-                &[
-                    "-n",
-                    "team-a",
-                    "get",
-                    "md",
-                    "qwen-chat",
-                    "-o",
-                    "jsonpath={.status.conditions[?(@.type==\"CacheAttached\")].status}",
-                ],
+            d.wait_condition(
+                "team-a",
+                "md/qwen-chat",
+                "CacheAttached",
+                "the store charged the domain",
                 Duration::from_secs(300),
-                |s| s == "True",
             )?;
             d.wait(
                 "the deployment Ready (both engine Pods Ready)",
@@ -466,11 +470,12 @@ fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
         )?;
         println!("CAPACITY is capacity, not usage: the two segments (64Mi) plus the two tiers' declared 1Gi:");
         d.show(&["get", "kvcb"])?;
-        d.wait(
-            "QuotaGranted=True on the disk pool's Binding (the tenant registered)",
-            &["-n", "team-a", "get", "kvcpb", "team-a-disk", "-o", "jsonpath={.status.conditions[?(@.type==\"QuotaGranted\")].status}"],
+        d.wait_condition(
+            "team-a",
+            "kvcpb/team-a-disk",
+            "QuotaGranted",
+            "the disk pool's tenant registered",
             Duration::from_secs(180),
-            |s| s == "True",
         )?;
         d.show(&["-n", "team-a", "get", "kvcpb"])?;
         let leader = d.quiet(&["-n", NS, "get", "pods", "-l", "app.kubernetes.io/instance=mooncake-disk,app.kubernetes.io/component=leader", "-o", "jsonpath={.items[0].metadata.name}"])?;

@@ -92,12 +92,7 @@ fn diff(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeM
 }
 
 fn resident_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
+    kvcache_e2e::process::resident_kib(pid)
         .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/{pid}/status"))
 }
 

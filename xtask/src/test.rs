@@ -54,7 +54,10 @@ pub fn run(extra: &[String]) -> anyhow::Result<()> {
         .env("KVCACHE_IMAGES", &installed.images)
         // The demo's test runs this very binary rather than building xtask again with the
         // features one package alone unifies to (a rebuild of its dependencies, minutes).
-        .env(ENV_XTASK_BIN, std::env::current_exe().context("this binary's path")?)
+        .env(
+            ENV_XTASK_BIN,
+            std::env::current_exe().context("this binary's path")?,
+        )
         .stdout(Stdio::piped())
         .spawn()
         .context("starting cargo test")?;

@@ -49,7 +49,40 @@ pub struct World {
     pub instance_types: Vec<Arc<kvcache_api::model::InstanceType>>,
 }
 
+/// What a Binding named from a namespace resolves to: the Binding, its pool, the pool's backend
+/// (each `None` from the first one missing on).
+type Chain<'a> = (
+    Option<&'a KVCachePoolBinding>,
+    Option<&'a KVCachePool>,
+    Option<&'a KVCacheBackend>,
+);
+
 impl World {
+    /// The Binding `binding` in namespace `ns`, its pool and that pool's backend.
+    fn chain(&self, ns: &str, binding: &str) -> Chain<'_> {
+        let b = self
+            .bindings
+            .iter()
+            .find(|b| {
+                b.metadata.namespace.as_deref() == Some(ns)
+                    && b.metadata.name.as_deref() == Some(binding)
+            })
+            .map(|b| &**b);
+        let p = b.and_then(|b| {
+            self.pools
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(b.spec.pool_ref.name.as_str()))
+                .map(|p| &**p)
+        });
+        let be = p.and_then(|p| p.spec.backend()).and_then(|name| {
+            self.backends
+                .iter()
+                .find(|b| b.metadata.name.as_deref() == Some(name))
+                .map(|b| &**b)
+        });
+        (b, p, be)
+    }
+
     /// The objects `object` is judged beside, cloned: every backend, pool and InstanceType
     /// (few), and of the Bindings only those the claims can read (catalogue 2.3.3, 2.3.4): for
     /// a Binding, those on its backend with its tenant (a duplicate) plus one with another
@@ -238,31 +271,16 @@ pub fn mutate_pod(
         .and_then(|a| a.get(kvcache_render::pod::BINDING_ANNOTATION))
         .cloned()
         .unwrap_or_default();
-    let binding = world.bindings.iter().find(|b| {
-        b.metadata.namespace.as_deref() == Some(pod_ns.as_str())
-            && b.metadata.name.as_deref() == Some(binding_name.as_str())
-    });
-    let pool = binding.and_then(|b| {
-        world
-            .pools
-            .iter()
-            .find(|p| p.metadata.name.as_deref() == Some(b.spec.pool_ref.name.as_str()))
-    });
-    let backend = pool.and_then(|p| p.spec.backend()).and_then(|name| {
-        world
-            .backends
-            .iter()
-            .find(|b| b.metadata.name.as_deref() == Some(name))
-    });
+    let (binding, pool, backend) = world.chain(&pod_ns, &binding_name);
     let env = kvcache_render::resolve::Environment {
         namespace,
         operator_image,
         settings,
     };
     let refs = kvcache_render::pod::References {
-        binding: binding.map(|b| &**b),
-        pool: pool.map(|p| &**p),
-        backend: backend.map(|b| &**b),
+        binding,
+        pool,
+        backend,
     };
     match kvcache_render::pod::inject_pod(&pod, &pod_ns, refs, &env) {
         Ok(injected) => {
@@ -483,24 +501,7 @@ async fn live_binding(
 
 /// Whether `world` holds the Binding a Pod names, its pool and backend.
 fn resolves(world: &World, ns: &str, binding: &str) -> bool {
-    let Some(b) = world.bindings.iter().find(|b| {
-        b.metadata.namespace.as_deref() == Some(ns) && b.metadata.name.as_deref() == Some(binding)
-    }) else {
-        return false;
-    };
-    let Some(p) = world
-        .pools
-        .iter()
-        .find(|p| p.metadata.name.as_deref() == Some(b.spec.pool_ref.name.as_str()))
-    else {
-        return false;
-    };
-    p.spec.backend().is_some_and(|name| {
-        world
-            .backends
-            .iter()
-            .any(|be| be.metadata.name.as_deref() == Some(name))
-    })
+    world.chain(ns, binding).2.is_some()
 }
 
 async fn mutate_pods_handler(
