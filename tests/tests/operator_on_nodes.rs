@@ -1297,6 +1297,24 @@ async fn remove_backend(client: &Client, name: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Applies the demo-size backend `name` changed by `edit`, waits until it is Ready with both
+/// members' 512Mi, and returns its Ready leader and member Pods.
+async fn ready_backend(
+    client: &Client,
+    name: &str,
+    edit: impl Fn(&mut serde_json::Value),
+) -> Result<(Vec<Pod>, Vec<Pod>), Error> {
+    apply(client, &backend(name, edit)).await?;
+    wait_backend(client, name, "Ready with 512Mi", |b| {
+        phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
+    })
+    .await?;
+    let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let leaders = pods::wait_ready(&store, &backend_pods(name, "leader"), 1, WAIT).await?;
+    let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+    Ok((leaders, members))
+}
+
 #[test]
 fn scaling_the_leader_from_one_to_three_keeps_the_first_leader_pod_and_the_member_templates() {
     let cluster = cluster();
@@ -1304,14 +1322,8 @@ fn scaling_the_leader_from_one_to_three_keeps_the_first_leader_pod_and_the_membe
     block_on(async move {
         let client = client_from(&kc).await?;
         let name = "claim-scale";
-        apply(&client, &backend(name, |_| {})).await?;
-        wait_backend(&client, name, "Ready with 512Mi", |b| {
-            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
-        })
-        .await?;
+        let (first, members) = ready_backend(&client, name, |_| {}).await?;
         let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-        let first = pods::wait_ready(&store, &backend_pods(name, "leader"), 1, WAIT).await?;
-        let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
         let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
         let member_set = format!("{name}-member-0");
         let before = daemonsets.get(&member_set).await?;
@@ -1388,14 +1400,8 @@ fn changing_the_election_backend_restarts_the_leader_and_lease_addressed_member_
         let lease_addressed = |v: &mut serde_json::Value| {
             v["spec"]["connection"]["managed"]["leader"]["memberAddressing"] = "Lease".into();
         };
-        apply(&client, &backend(name, lease_addressed)).await?;
-        wait_backend(&client, name, "Ready with 512Mi", |b| {
-            phase(b) == Some(BackendPhase::Ready) && capacity(b) == Some(512 * MIB)
-        })
-        .await?;
+        let (leader, members) = ready_backend(&client, name, lease_addressed).await?;
         let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-        let leader = pods::wait_ready(&store, &backend_pods(name, "leader"), 1, WAIT).await?;
-        let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
         let leader_set = format!("{name}-leader");
         let before = deployments.get(&leader_set).await?;
@@ -1709,16 +1715,7 @@ fn with_tier(cluster: &NodeCluster, path: &str) -> impl Fn(&mut serde_json::Valu
         std::os::unix::fs::chown(&dir, Some(65532), Some(0)).expect("chown");
     }
     let path = path.to_owned();
-    move |v: &mut serde_json::Value| {
-        let managed = &mut v["spec"]["connection"]["managed"];
-        managed["leader"]["extraArgs"] = serde_json::json!(["default_kv_lease_ttl=500"]);
-        let g = &mut managed["members"][0];
-        g["capacityPerMember"] = "32Mi".into();
-        g["localDisks"] = serde_json::json!([{"path": path, "capacity": "1Gi"}]);
-        g["extraEnv"] = serde_json::json!([
-            {"name": "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "value": "1"}
-        ]);
-    }
+    move |v: &mut serde_json::Value| walkthrough::demo_tier(v, &path)
 }
 
 /// The store's flags as the running leader Pod's container has them.

@@ -537,14 +537,7 @@ fn a_members_memory_request_is_its_segment_plus_the_buffer_and_one_that_does_not
 fn disk_tier(path: &'static str) -> impl Fn(&mut serde_json::Value) + 'static {
     move |v: &mut serde_json::Value| {
         if v["kind"] == "KVCacheBackend" {
-            let managed = &mut v["spec"]["connection"]["managed"];
-            managed["leader"]["extraArgs"] = serde_json::json!(["default_kv_lease_ttl=500"]);
-            let g = &mut managed["members"][0];
-            g["capacityPerMember"] = "32Mi".into();
-            g["localDisks"] = serde_json::json!([{"path": path, "capacity": "1Gi"}]);
-            g["extraEnv"] = serde_json::json!([
-                {"name": "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "value": "1"}
-            ]);
+            walkthrough::demo_tier(v, path);
         }
     }
 }
