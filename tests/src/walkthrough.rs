@@ -221,15 +221,21 @@ pub fn role_pods(deployment: &str, role: &str) -> String {
 }
 
 /// A disk tier at demo size on a backend (its JSON, edited in place): the first group's segment
-/// 32Mi with 1Gi of tier at `path`, the master's object lease 500 ms (the render's default is 5
-/// minutes; a second round of writes then evicts, and so offloads, the first: the master offloads
-/// on eviction) and the members' offload heartbeat one second (through the group's `extraEnv`).
+/// 32Mi with 1Gi of tier at `path` (a tier the group declares keeps its other settings), the
+/// master's object lease 500 ms (the render's default is 5 minutes; a second round of writes then
+/// evicts, and so offloads, the first: the master offloads on eviction) and the members' offload
+/// heartbeat one second (through the group's `extraEnv`).
 pub fn demo_tier(backend: &mut serde_json::Value, path: &str) {
     let managed = &mut backend["spec"]["connection"]["managed"];
     managed["leader"]["extraArgs"] = serde_json::json!(["default_kv_lease_ttl=500"]);
     let g = &mut managed["members"][0];
     g["capacityPerMember"] = "32Mi".into();
-    g["localDisks"] = serde_json::json!([{"path": path, "capacity": "1Gi"}]);
+    if !g["localDisks"].is_array() {
+        g["localDisks"] = serde_json::json!([{}]);
+    }
+    let tier = &mut g["localDisks"][0];
+    tier["path"] = path.into();
+    tier["capacity"] = "1Gi".into();
     g["extraEnv"] = serde_json::json!([
         {"name": "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "value": "1"}
     ]);

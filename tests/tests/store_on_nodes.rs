@@ -528,12 +528,10 @@ fn a_members_memory_request_is_its_segment_plus_the_buffer_and_one_that_does_not
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// A disk tier at demo size: the examples' `/var/lib/kvcache` on each node (its own folder on
-/// each) behind a 32Mi segment. The master offloads an object to the tier when it evicts it from
-/// memory (`-offload_on_evict`, which the render derives from the declaration), so the test
-/// fills the segments twice; a 500 ms object lease (the leader's `extraArgs`; the render's
-/// default is 5 minutes) lets the second round evict the first. Buckets are written on the
-/// members' one-second heartbeat, set through the group's `extraEnv`.
+/// The walkthrough's backend with a demo-size disk tier at `path` (under the examples'
+/// `/var/lib/kvcache`, each node's own folder): `walkthrough::demo_tier`. The master offloads an
+/// object when it evicts it from memory (`-offload_on_evict`, derived from the declaration), so
+/// the test fills the segments twice.
 fn disk_tier(path: &'static str) -> impl Fn(&mut serde_json::Value) + 'static {
     move |v: &mut serde_json::Value| {
         if v["kind"] == "KVCacheBackend" {

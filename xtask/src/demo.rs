@@ -169,14 +169,7 @@ fn disk_manifest(dir: &Path) -> anyhow::Result<PathBuf> {
     let out = kvcache_e2e::walkthrough::demo_manifests(&from, &dir.join("disk-heavy"), |v| {
         if v["kind"] == "KVCacheBackend" {
             v["spec"]["image"] = kvcache_api::settings::DEFAULT_BACKEND_IMAGE.into();
-            let managed = &mut v["spec"]["connection"]["managed"];
-            managed["leader"]["extraArgs"] = serde_json::json!(["default_kv_lease_ttl=500"]);
-            let g = &mut managed["members"][0];
-            g["capacityPerMember"] = "32Mi".into();
-            g["localDisks"][0]["capacity"] = "1Gi".into();
-            g["extraEnv"] = serde_json::json!([
-                {"name": "MOONCAKE_OFFLOAD_HEARTBEAT_INTERVAL_SECONDS", "value": "1"}
-            ]);
+            kvcache_e2e::walkthrough::demo_tier(v, "/var/lib/kvcache");
         }
         true
     })?;

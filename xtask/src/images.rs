@@ -246,8 +246,8 @@ const PRE_TENANCY_VERSION: &str = "0.3.11.post1";
 /// at import; nothing calls into it without a GPU), from PyPI.
 const CUDA_RUNTIME: &str = "nvidia-cuda-runtime-cu12==12.9.79";
 
-/// Where that library lands in the image's Python environment.
-const CUDA_RUNTIME_LIB: &str = "/opt/mooncake/lib/python3.11/site-packages/nvidia/cuda_runtime/lib";
+/// The image's Python environment (the store's and the stand-ins' Mooncake install).
+const SITE_PACKAGES: &str = "/opt/mooncake/lib/python3.11/site-packages";
 
 /// Downloads the wheels of Mooncake `version` (and of `extra` requirements) with their
 /// dependencies, once, into the cache.
@@ -295,7 +295,7 @@ fn install_mooncake(
     let wheels = wheels(version, extra)?;
     let extra = extra.join(" ");
     buildah(&["copy", c, &wheels.display().to_string(), "/tmp/wheels"])?;
-    let site = "/opt/mooncake/lib/python3.11/site-packages";
+    let site = SITE_PACKAGES;
     let bench = if keep_bench {
         String::new()
     } else {
@@ -336,7 +336,8 @@ fn engine_image(_dir: &Path, from: &str, old: Option<&str>) -> anyhow::Result<()
         buildah(&[
             "config",
             "--env",
-            &format!("LD_LIBRARY_PATH={CUDA_RUNTIME_LIB}"),
+            // Where PyPI's CUDA runtime package puts the library.
+            &format!("LD_LIBRARY_PATH={SITE_PACKAGES}/nvidia/cuda_runtime/lib"),
             &c,
         ])?;
     }
