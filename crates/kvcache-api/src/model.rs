@@ -36,6 +36,11 @@ use crate::{Quantity, rules};
     ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
+        name = "Hit Ratio",
+        type_ = "string",
+        json_path = ".status.sharedCache.hitRatio"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -249,9 +254,37 @@ pub struct ModelDeploymentStatus {
     /// Per-role replica counts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roles: Vec<RoleStatus>,
+    /// What the shared cache saved the engines over the last window, from their own counters
+    /// (`SharedCacheObserved` says whether every ready engine was read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_cache: Option<SharedCacheStatus>,
     /// `DomainRegistered`, `CacheAttached`, `ReplicasUpToDate`, …
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// The shared-cache figures of a deployment's ready engines, summed over them.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SharedCacheStatus {
+    /// How far back the token counts reach (an engine read for the first time inside it counts
+    /// from its start).
+    pub window: String,
+    /// Prompt tokens the engines looked up in the store within the window.
+    #[serde(default)]
+    pub queried_tokens: u64,
+    /// Of those, the tokens the store had (prefill the engines did not pay for).
+    #[serde(default)]
+    pub hit_tokens: u64,
+    /// `hitTokens / queriedTokens`, two decimals; absent while nothing was looked up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hit_ratio: Option<String>,
+    /// Prompt tokens the ready engines loaded from the store since each started.
+    #[serde(default)]
+    pub tokens_from_store: u64,
+    /// Engine Pods whose counters are in these figures.
+    #[serde(default)]
+    pub engines_read: u32,
 }
 
 /// ModelDeployment phase.

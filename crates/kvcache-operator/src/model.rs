@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
@@ -19,11 +19,12 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::admission::tenant_of;
 use kvcache_api::condition::merge;
-use kvcache_api::model::{InstanceType, KvCacheStatus, RoleStatus};
+use kvcache_api::model::{EngineName, InstanceType, KvCacheStatus, RoleStatus, SharedCacheStatus};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
-use kvcache_render::model::{ModelInputs, render};
+use kvcache_render::model::{ModelInputs, SERVING_PORT, render};
 use kvcache_render::observe::{ModelObservation, Resolution, RoleObservation, model_status};
 use kvcache_render::resolve::{Environment, attachment_on};
+use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
 use tracing::{instrument, warn};
 
 use crate::backend::MANAGER;
@@ -289,7 +290,10 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
             .map(|r| (r.name.clone(), r.instance_type.clone()))
             .collect(),
     };
-    let (phase, message, conditions) = model_status(&obs);
+    let (phase, message, mut conditions) = model_status(&obs);
+    let engines = engines_of(&md, &resolution, &roles);
+    let (shared_cache, observed) = observe_engines(&shared, &md, &ns, engines).await?;
+    conditions.push(observed);
     let stored = md.status.clone().unwrap_or_default();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let status = kvcache_api::model::ModelDeploymentStatus {
@@ -321,6 +325,7 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
                 unmanaged: o.unmanaged,
             })
             .collect(),
+        shared_cache,
         conditions: merge(&stored.conditions, &conditions, &now, md.meta().generation),
     };
     crate::status::apply(
@@ -338,7 +343,144 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
     // its Deployments, its Binding and through it the store's figures, InstanceTypes)
     // re-triggers a reconcile by itself. A short interval here was the scale benchmark's
     // bottleneck: 2,000 deployments each re-read every 15 s kept the queue full.
-    Ok(Action::requeue(shared.config.model_resync))
+    Ok(Action::requeue(match engines {
+        // The engines' counters move without any watched object changing.
+        Engines::Counted { ready } if ready > 0 => shared
+            .config
+            .engine_metrics_interval
+            .min(shared.config.model_resync),
+        _ => shared.config.model_resync,
+    }))
+}
+
+/// Milliseconds on this process's monotonic clock (the windows' time axis).
+fn now_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What the deployment's engines can tell about the shared cache: nothing without `kvCache`
+/// (or while it does not resolve), a note for an engine that does not count store hits, and
+/// otherwise how many managed replicas are ready.
+fn engines_of(md: &ModelDeployment, resolution: &Resolution, roles: &[RoleObservation]) -> Engines {
+    match resolution {
+        Resolution::Resolved { .. } if md.spec.engine.name == EngineName::Vllm => {
+            Engines::Counted {
+                ready: roles
+                    .iter()
+                    .filter(|r| !r.unmanaged)
+                    .map(|r| usize::try_from(r.ready).unwrap_or(0))
+                    .sum(),
+            }
+        }
+        Resolution::Resolved { .. } => Engines::Uncounted(md.spec.engine.name),
+        _ => Engines::NotAttached,
+    }
+}
+
+/// Reads the `/metrics` of every ready engine Pod of the deployment's managed roles, records
+/// the readings in the deployment's window and returns `status.sharedCache` and the
+/// `SharedCacheObserved` condition.
+async fn observe_engines(
+    shared: &Shared,
+    md: &ModelDeployment,
+    ns: &str,
+    engines: Engines,
+) -> Result<(Option<SharedCacheStatus>, kvcache_api::condition::Cond), Error> {
+    let uid = md.uid().unwrap_or_default();
+    let Engines::Counted { ready } = engines else {
+        lock(&shared.engine_windows).remove(&uid);
+        return Ok((None, shared_cache::condition(engines, &[])));
+    };
+    let pods = if ready > 0 {
+        ready_engine_pods(shared, md, ns).await?
+    } else {
+        Vec::new()
+    };
+    let readings: Vec<EngineReading> =
+        futures::future::join_all(pods.into_iter().map(|(pod, pod_uid, ip)| async move {
+            let url = format!("http://{ip}:{SERVING_PORT}/metrics");
+            let counters = crate::store::fetch(url.clone())
+                .await
+                .and_then(|text| parse_engine_metrics(md.spec.engine.name, &url, &text));
+            EngineReading {
+                pod,
+                uid: pod_uid,
+                counters,
+            }
+        }))
+        .await;
+    let window = shared.config.shared_cache_window;
+    let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+    let now = now_ms();
+    let summary = {
+        let mut windows = lock(&shared.engine_windows);
+        let w = windows.entry(uid).or_default();
+        w.record(now, window_ms, &readings);
+        w.summary(now, window_ms, &window_text(window))
+    };
+    let condition = shared_cache::condition(
+        Engines::Counted {
+            ready: readings.len(),
+        },
+        &readings,
+    );
+    Ok(((!readings.is_empty()).then_some(summary), condition))
+}
+
+/// A window as a user reads it: `5m`, `90s`.
+fn window_text(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    if s >= 60 && s % 60 == 0 {
+        format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The deployment's managed-role Pods that are Ready and have an address: (name, uid, IP).
+async fn ready_engine_pods(
+    shared: &Shared,
+    md: &ModelDeployment,
+    ns: &str,
+) -> Result<Vec<(String, String, String)>, Error> {
+    let managed: BTreeSet<String> = md
+        .spec
+        .roles
+        .iter()
+        .filter(|r| r.command.is_empty())
+        .map(|r| kvcache_render::names::label_value(&r.name))
+        .collect();
+    let pods = Api::<Pod>::namespaced(shared.client.clone(), ns)
+        .list(&ListParams::default().labels(&format!(
+            "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={}",
+            kvcache_render::names::label_value(&md.name_any())
+        )))
+        .await
+        .map_err(kerr("list", format!("engine Pods of {}", id(md))))?;
+    Ok(pods
+        .into_iter()
+        .filter(|p| {
+            p.labels()
+                .get("app.kubernetes.io/component")
+                .is_some_and(|c| managed.contains(c))
+                && p.meta().deletion_timestamp.is_none()
+                && p.status.as_ref().is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .flatten()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                })
+        })
+        .filter_map(|p| {
+            let ip = p.status.as_ref()?.pod_ip.clone()?;
+            Some((p.name_any(), p.uid().unwrap_or_default(), ip))
+        })
+        .collect())
 }
 
 /// The role Deployments this ModelDeployment owns (by its uid, not by labels alone).

@@ -44,6 +44,13 @@ pub struct RunArgs {
     /// How often a ModelDeployment is reconciled while nothing it watches changes.
     #[arg(long, env = "KVCACHE_MODEL_RESYNC", default_value = "5m", value_parser = kvcache_elector::parse_duration)]
     pub model_resync: Duration,
+    /// How often a ModelDeployment with ready attached engines reads their `/metrics` for
+    /// `status.sharedCache`.
+    #[arg(long, env = "KVCACHE_ENGINE_METRICS_INTERVAL", default_value = "15s", value_parser = kvcache_elector::parse_duration)]
+    pub engine_metrics_interval: Duration,
+    /// How far back `status.sharedCache`'s token counts and hit ratio reach.
+    #[arg(long, env = "KVCACHE_SHARED_CACHE_WINDOW", default_value = "5m", value_parser = kvcache_elector::parse_duration)]
+    pub shared_cache_window: Duration,
     /// Run the controllers only while holding the Lease `--leader-election-lease` in
     /// `--namespace` (several replicas: one reconciles, the others serve webhooks and wait). The
     /// installation sets it.
@@ -138,6 +145,10 @@ pub struct Config {
     pub ledger_interval: Duration,
     /// A ModelDeployment's resync interval.
     pub model_resync: Duration,
+    /// How often attached engines' counters are read.
+    pub engine_metrics_interval: Duration,
+    /// The window of `status.sharedCache`.
+    pub shared_cache_window: Duration,
 }
 
 /// What the controllers share (one per binary).
@@ -164,6 +175,8 @@ pub struct Shared {
     pub models: Store<kvcache_api::ModelDeployment>,
     /// Per-backend store polling.
     pub polls: Mutex<HashMap<String, Poll>>,
+    /// Per ModelDeployment uid: its engines' counter samples (`status.sharedCache`).
+    pub engine_windows: Mutex<HashMap<String, kvcache_render::shared_cache::Window>>,
 }
 
 /// What `run` can fail with before the controllers start.
@@ -445,6 +458,8 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         Api::<kvcache_api::ModelDeployment>::all(client.clone()),
         watcher::Config::default(),
     );
+    // The per-deployment shared-cache series are read from this cache at each scrape.
+    let _ = metrics.models.set(models.clone());
     for (what, wait) in [
         ("settings", settings.wait_until_ready().await.is_ok()),
         ("pools", pools.wait_until_ready().await.is_ok()),
@@ -472,6 +487,8 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             backend_selector: args.backend_selector,
             ledger_interval: args.ledger_interval,
             model_resync: args.model_resync,
+            engine_metrics_interval: args.engine_metrics_interval,
+            shared_cache_window: args.shared_cache_window,
         },
         metrics,
         settings,
@@ -481,6 +498,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         instance_types,
         models,
         polls: Mutex::new(HashMap::new()),
+        engine_windows: Mutex::new(HashMap::new()),
     });
     ready.controllers.store(true, Ordering::Relaxed);
     // Whether this replica writes: with leader election only while it leads. A standby

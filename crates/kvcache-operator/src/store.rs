@@ -41,7 +41,8 @@ fn get(url: &str) -> Result<String, ReadError> {
         })
 }
 
-async fn fetch(url: String) -> Result<String, ReadError> {
+/// A GET of `url` with the read timeout: the body of a 200 answer, or why there is none.
+pub async fn fetch(url: String) -> Result<String, ReadError> {
     let u = url.clone();
     tokio::task::spawn_blocking(move || get(&u))
         .await

@@ -174,6 +174,105 @@ impl prometheus_client::collector::Collector for BindingCollector {
     }
 }
 
+/// Labels of a ModelDeployment's shared-cache series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    /// The deployment's namespace.
+    pub namespace: String,
+    /// The ModelDeployment.
+    pub deployment: String,
+    /// The cache domain (the Binding's tenant) it writes under.
+    pub domain: String,
+}
+
+/// The shared-cache figures per ModelDeployment, read from the shared ModelDeployment cache at
+/// each scrape (`status.sharedCache`, which the controller writes from the engines' counters).
+#[derive(Default)]
+struct ModelCollector {
+    models: Arc<std::sync::OnceLock<Store<kvcache_api::ModelDeployment>>>,
+}
+
+impl std::fmt::Debug for ModelCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ModelCollector")
+    }
+}
+
+impl prometheus_client::collector::Collector for ModelCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let Some(store) = self.models.get() else {
+            return Ok(());
+        };
+        let mut figures: Vec<(ModelLabels, kvcache_api::model::SharedCacheStatus)> = store
+            .state()
+            .iter()
+            .filter_map(|md| {
+                let status = md.status.as_ref()?;
+                let cache = status.shared_cache.clone()?;
+                let domain = status
+                    .kv_cache
+                    .as_ref()
+                    .and_then(|k| k.domain.as_ref())
+                    .map(|d| d.name.clone())
+                    .unwrap_or_default();
+                Some((
+                    ModelLabels {
+                        namespace: md.metadata.namespace.clone().unwrap_or_default(),
+                        deployment: md.metadata.name.clone().unwrap_or_default(),
+                        domain,
+                    },
+                    cache,
+                ))
+            })
+            .collect();
+        figures.sort_by(|a, b| {
+            (&a.0.namespace, &a.0.deployment).cmp(&(&b.0.namespace, &b.0.deployment))
+        });
+        type Pick = fn(&kvcache_api::model::SharedCacheStatus) -> Option<f64>;
+        let series: [(&str, &str, Pick); 4] = [
+            (
+                "model_shared_cache_hit_ratio",
+                "Share of the prompt tokens a ModelDeployment's engines looked up in the store that the store had, over status.sharedCache.window",
+                |c| c.hit_ratio.as_deref().and_then(|r| r.parse().ok()),
+            ),
+            (
+                "model_shared_cache_queried_tokens",
+                "Prompt tokens a ModelDeployment's engines looked up in the store over status.sharedCache.window",
+                |c| Some(c.queried_tokens as f64),
+            ),
+            (
+                "model_shared_cache_hit_tokens",
+                "Prompt tokens the store had for a ModelDeployment's engines over status.sharedCache.window",
+                |c| Some(c.hit_tokens as f64),
+            ),
+            (
+                "model_tokens_from_store",
+                "Prompt tokens a ModelDeployment's ready engines loaded from the store since each started",
+                |c| Some(c.tokens_from_store as f64),
+            ),
+        ];
+        for (name, help, pick) in series {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (labels, cache) in &figures {
+                if let Some(v) = pick(cache) {
+                    ConstGauge::new(v).encode(family.encode_family(labels)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The operator's own series.
 pub struct Metrics {
     registry: Registry,
@@ -195,6 +294,8 @@ pub struct Metrics {
     pub backend_degraded: Family<BackendLabels, prometheus_client::metrics::gauge::Gauge>,
     /// The Binding cache the per-Binding series are read from (set once it exists).
     pub bindings: Arc<std::sync::OnceLock<Store<kvcache_api::KVCachePoolBinding>>>,
+    /// The ModelDeployment cache the per-deployment shared-cache series are read from.
+    pub models: Arc<std::sync::OnceLock<Store<kvcache_api::ModelDeployment>>>,
 }
 
 impl Default for Metrics {
@@ -230,6 +331,9 @@ impl Default for Metrics {
         let collector = BindingCollector::default();
         let bindings = collector.bindings.clone();
         registry.register_collector(Box::new(collector));
+        let model_collector = ModelCollector::default();
+        let models = model_collector.models.clone();
+        registry.register_collector(Box::new(model_collector));
         registry.register(
             "leader",
             "Whether this replica leads (runs the controllers): 1, or 0 while it stands by",
@@ -266,6 +370,7 @@ impl Default for Metrics {
             backend_members,
             backend_degraded,
             bindings,
+            models,
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod observe;
 pub mod pod;
 pub mod resolve;
 pub mod review;
+pub mod shared_cache;
 
 use sha2::{Digest, Sha256};
 

@@ -1,0 +1,461 @@
+//! How much of a ModelDeployment's prefill the shared cache saves, from its engines' own
+//! counters. The operator reads each ready engine Pod's `/metrics`, [`parse_engine_metrics`]
+//! turns the text into [`EngineCounters`], a [`Window`] per deployment keeps the samples, and
+//! [`Window::summary`] and [`condition`] give `status.sharedCache` and the `SharedCacheObserved`
+//! condition. Pure: no clock (times come in as milliseconds), no client.
+//!
+//! vLLM counts, per engine, the prompt tokens it asked the connector about
+//! (`vllm:external_prefix_cache_queries_total`), the ones the store had
+//! (`vllm:external_prefix_cache_hits_total`) and the prompt tokens it took from the store rather
+//! than computing them (`vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`).
+//! SGLang's hierarchical cache publishes no per-engine hit counter of the store tier that this
+//! project's engines can show, so a SGLang deployment says so in the condition instead of a
+//! ratio of zero.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use kvcache_api::condition::Cond;
+use kvcache_api::model::{EngineName, SharedCacheStatus};
+
+use crate::observe::ReadError;
+
+/// The condition type on a ModelDeployment that says whether the engines' counters were read.
+pub const SHARED_CACHE_OBSERVED: &str = "SharedCacheObserved";
+
+/// vLLM's counter of prompt tokens looked up in the store.
+pub const VLLM_QUERIES: &str = "vllm:external_prefix_cache_queries_total";
+/// vLLM's counter of those found.
+pub const VLLM_HITS: &str = "vllm:external_prefix_cache_hits_total";
+/// vLLM's prompt tokens by where they came from; `source="external_kv_transfer"`: the store.
+pub const VLLM_TOKENS_BY_SOURCE: &str = "vllm:prompt_tokens_by_source_total";
+/// The `source` label value of tokens taken from the store.
+pub const FROM_STORE: &str = "external_kv_transfer";
+
+/// One engine's counters since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    /// Prompt tokens looked up in the store.
+    pub queried_tokens: u64,
+    /// Prompt tokens the store had.
+    pub hit_tokens: u64,
+    /// Prompt tokens loaded from the store instead of computed.
+    pub tokens_from_store: u64,
+}
+
+/// One sample line of the Prometheus text format: its name, labels and value. Comments, blank
+/// lines and lines that do not parse are skipped (a scrape is read for the series it needs).
+fn samples(text: &str) -> impl Iterator<Item = (&str, Vec<(&str, String)>, f64)> {
+    text.lines().filter_map(|line| {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            return None;
+        }
+        let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
+        let (name, mut rest) = line.split_at(name_end);
+        let mut labels = Vec::new();
+        if let Some(body) = rest.strip_prefix('{') {
+            let (parsed, after) = label_set(body)?;
+            labels = parsed;
+            rest = after;
+        }
+        let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
+        Some((name, labels, value))
+    })
+}
+
+/// The labels of `{k="v",...}` (after the brace) and the text after the closing brace.
+fn label_set(mut s: &str) -> Option<(Vec<(&str, String)>, &str)> {
+    let mut labels = Vec::new();
+    loop {
+        s = s.trim_start_matches([' ', ',']);
+        if let Some(after) = s.strip_prefix('}') {
+            return Some((labels, after));
+        }
+        let (key, rest) = s.split_once('=')?;
+        let mut chars = rest.strip_prefix('"')?.char_indices();
+        let mut value = String::new();
+        let end = loop {
+            match chars.next()? {
+                (_, '\\') => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                (i, '"') => break i,
+                (_, c) => value.push(c),
+            }
+        };
+        labels.push((key.trim(), value));
+        s = &rest[1 + end + 1..];
+    }
+}
+
+/// A whole, non-negative counter value (`NaN`, infinities and negatives are no counter).
+fn counter(v: f64) -> Option<u64> {
+    (v.is_finite() && v >= 0.0).then_some(v as u64)
+}
+
+/// An engine's counters from the text of its `/metrics` at `url`. Every series is summed over
+/// its label sets (vLLM labels each with the model and engine index). A scrape without the hit
+/// and query series is [`ReadError::Unreadable`]: the engine runs without the store's connector
+/// or is a version that does not count, which is not a hit ratio of zero.
+pub fn parse_engine_metrics(
+    engine: EngineName,
+    url: &str,
+    text: &str,
+) -> Result<EngineCounters, ReadError> {
+    if engine != EngineName::Vllm {
+        return Err(ReadError::Unreadable {
+            url: url.to_owned(),
+            message: "only vLLM counts shared-cache hits per engine".into(),
+        });
+    }
+    let (mut queries, mut hits, mut from_store) = (None::<u64>, None::<u64>, 0u64);
+    for (name, labels, value) in samples(text) {
+        let Some(v) = counter(value) else { continue };
+        match name {
+            VLLM_QUERIES => *queries.get_or_insert(0) += v,
+            VLLM_HITS => *hits.get_or_insert(0) += v,
+            VLLM_TOKENS_BY_SOURCE
+                if labels
+                    .iter()
+                    .any(|(k, val)| *k == "source" && val == FROM_STORE) =>
+            {
+                from_store += v
+            }
+            _ => {}
+        }
+    }
+    match (queries, hits) {
+        (Some(queried_tokens), Some(hit_tokens)) => Ok(EngineCounters {
+            queried_tokens,
+            hit_tokens,
+            tokens_from_store: from_store,
+        }),
+        _ => Err(ReadError::Unreadable {
+            url: url.to_owned(),
+            message: format!(
+                "no {VLLM_QUERIES} and {VLLM_HITS} series: the engine runs without the store's connector or does not count external prefix hits"
+            ),
+        }),
+    }
+}
+
+/// One engine Pod as the operator tried to read it this pass.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineReading {
+    /// The Pod's name.
+    pub pod: String,
+    /// The Pod's uid: a replaced Pod with the same name starts its counters again.
+    pub uid: String,
+    /// Its counters, or why they could not be read.
+    pub counters: Result<EngineCounters, ReadError>,
+}
+
+/// The samples of one deployment's engines over a sliding window.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Window {
+    /// Per Pod uid: (milliseconds, counters), oldest first.
+    pods: BTreeMap<String, VecDeque<(u64, EngineCounters)>>,
+}
+
+impl Window {
+    /// Records this pass's readings taken at `now_ms`. Pods not among `readings` are gone (or no
+    /// longer ready) and leave the window; a Pod whose read failed keeps its earlier samples. A
+    /// counter that went down is a restarted engine: its samples start again.
+    pub fn record(&mut self, now_ms: u64, window_ms: u64, readings: &[EngineReading]) {
+        self.pods
+            .retain(|uid, _| readings.iter().any(|r| &r.uid == uid));
+        for r in readings {
+            let Ok(c) = &r.counters else { continue };
+            let samples = self.pods.entry(r.uid.clone()).or_default();
+            if samples.back().is_some_and(|(_, last)| {
+                c.queried_tokens < last.queried_tokens || c.hit_tokens < last.hit_tokens
+            }) {
+                samples.clear();
+            }
+            samples.push_back((now_ms, *c));
+            // Keep the newest sample at or before the window's start (the baseline) and every
+            // later one.
+            let start = now_ms.saturating_sub(window_ms);
+            while samples.len() > 1 && samples.get(1).is_some_and(|(t, _)| *t < start) {
+                samples.pop_front();
+            }
+        }
+    }
+
+    /// The deployment's shared-cache figures over the last `window_ms` before `now_ms`: for each
+    /// engine the growth of its counters since the window's start (since its first sample when
+    /// it was first read inside the window: an engine's counters start at zero, so a Pod first
+    /// read within the window counts from its start), summed.
+    pub fn summary(&self, now_ms: u64, window_ms: u64, window: &str) -> SharedCacheStatus {
+        let start = now_ms.saturating_sub(window_ms);
+        let (mut queried, mut hit, mut total_from_store) = (0u64, 0u64, 0u64);
+        for samples in self.pods.values() {
+            let Some((_, last)) = samples.back() else {
+                continue;
+            };
+            let base = samples
+                .iter()
+                .rev()
+                .find(|(t, _)| *t < start)
+                .map(|(_, c)| *c)
+                .unwrap_or_default();
+            queried += last.queried_tokens.saturating_sub(base.queried_tokens);
+            hit += last.hit_tokens.saturating_sub(base.hit_tokens);
+            total_from_store += last.tokens_from_store;
+        }
+        SharedCacheStatus {
+            window: window.to_owned(),
+            queried_tokens: queried,
+            hit_tokens: hit,
+            hit_ratio: ratio(hit, queried),
+            tokens_from_store: total_from_store,
+            engines_read: u32::try_from(self.pods.len()).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// `hit / queried` with two decimals, as a string (a CRD field with a float is not portable);
+/// none when nothing was looked up.
+pub fn ratio(hit: u64, queried: u64) -> Option<String> {
+    (queried > 0).then(|| format!("{:.2}", hit.min(queried) as f64 / queried as f64))
+}
+
+/// What the deployment's engines are, for the condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engines {
+    /// No `kvCache`: nothing to observe.
+    NotAttached,
+    /// An engine that does not count store hits per Pod.
+    Uncounted(EngineName),
+    /// Engines that count; how many replicas are ready.
+    Counted {
+        /// Ready engine Pods.
+        ready: usize,
+    },
+}
+
+/// `SharedCacheObserved`: whether every ready engine's counters were read this pass; a Pod that
+/// could not be read is named with why, never counted as zero.
+pub fn condition(engines: Engines, readings: &[EngineReading]) -> Cond {
+    match engines {
+        Engines::NotAttached => Cond::yes(
+            SHARED_CACHE_OBSERVED,
+            "NotApplicable",
+            "no kvCache: the replicas use no shared cache",
+        ),
+        Engines::Uncounted(name) => Cond::unknown(
+            SHARED_CACHE_OBSERVED,
+            "NotCountedByEngine",
+            format!(
+                "{name:?} publishes no per-engine count of shared-cache hits: status.sharedCache stays empty; the store's own figures (the Binding's status.usage) still show the domain's data"
+            ),
+        ),
+        Engines::Counted { ready: 0 } => Cond::unknown(
+            SHARED_CACHE_OBSERVED,
+            "NoEngineReady",
+            "no engine replica is ready: nothing to read",
+        ),
+        Engines::Counted { .. } => {
+            let failed: Vec<String> = readings
+                .iter()
+                .filter_map(|r| r.counters.as_ref().err().map(|e| format!("{}: {e}", r.pod)))
+                .collect();
+            if failed.is_empty() {
+                Cond::yes(
+                    SHARED_CACHE_OBSERVED,
+                    "EnginesRead",
+                    format!(
+                        "read the shared-cache counters of {} ready engine Pod(s)",
+                        readings.len()
+                    ),
+                )
+            } else {
+                Cond::no(
+                    SHARED_CACHE_OBSERVED,
+                    "EngineMetricsUnreadable",
+                    format!(
+                        "{} of {} ready engine Pod(s) could not be read and are left out of status.sharedCache: {}",
+                        failed.len(),
+                        readings.len(),
+                        failed.join("; ")
+                    ),
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCRAPE: &str = r#"# HELP vllm:external_prefix_cache_queries External prefix cache queries (tokens).
+# TYPE vllm:external_prefix_cache_queries counter
+vllm:external_prefix_cache_queries_total{engine="0",model_name="/models/tiny-llama"} 400.0
+# TYPE vllm:external_prefix_cache_hits counter
+vllm:external_prefix_cache_hits_total{engine="0",model_name="/models/tiny-llama"} 192.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="/models/tiny-llama",source="local_compute"} 208.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="/models/tiny-llama",source="external_kv_transfer"} 192.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="a \"quoted\" , name}",source="local_cache_hit"} 7.0
+"#;
+
+    fn counters(q: u64, h: u64, s: u64) -> EngineCounters {
+        EngineCounters {
+            queried_tokens: q,
+            hit_tokens: h,
+            tokens_from_store: s,
+        }
+    }
+
+    fn reading(pod: &str, c: Result<EngineCounters, ReadError>) -> EngineReading {
+        EngineReading {
+            pod: pod.into(),
+            uid: format!("uid-{pod}"),
+            counters: c,
+        }
+    }
+
+    #[test]
+    fn a_vllm_scrape_gives_its_queries_hits_and_tokens_from_the_store() {
+        assert_eq!(
+            parse_engine_metrics(EngineName::Vllm, "u", SCRAPE),
+            Ok(counters(400, 192, 192))
+        );
+    }
+
+    #[test]
+    fn series_are_summed_over_their_label_sets() {
+        let text = "vllm:external_prefix_cache_queries_total{engine=\"0\"} 10\nvllm:external_prefix_cache_queries_total{engine=\"1\"} 5\nvllm:external_prefix_cache_hits_total 3\n";
+        assert_eq!(
+            parse_engine_metrics(EngineName::Vllm, "u", text),
+            Ok(counters(15, 3, 0))
+        );
+    }
+
+    #[test]
+    fn a_scrape_without_the_hit_series_is_unreadable_not_zero() {
+        let text = "vllm:num_requests_running 0\nvllm:external_prefix_cache_queries_total 5\n";
+        let e = parse_engine_metrics(EngineName::Vllm, "http://p:8000/metrics", text)
+            .expect_err("no hit series");
+        assert!(
+            matches!(e, ReadError::Unreadable { ref url, .. } if url == "http://p:8000/metrics")
+        );
+        assert!(parse_engine_metrics(EngineName::Sglang, "u", SCRAPE).is_err());
+    }
+
+    #[test]
+    fn malformed_lines_and_negative_values_are_skipped() {
+        let text = "vllm:external_prefix_cache_queries_total{engine=\"0\" 9\nvllm:external_prefix_cache_queries_total -3\nvllm:external_prefix_cache_queries_total NaN\nvllm:external_prefix_cache_queries_total 4\nvllm:external_prefix_cache_hits_total 1 1700000000000\n";
+        assert_eq!(
+            parse_engine_metrics(EngineName::Vllm, "u", text),
+            Ok(counters(4, 1, 0))
+        );
+    }
+
+    #[test]
+    fn the_window_counts_growth_since_its_start_and_pods_first_read_inside_it_from_zero() {
+        let mut w = Window::default();
+        w.record(0, 60_000, &[reading("a", Ok(counters(100, 0, 0)))]);
+        w.record(50_000, 60_000, &[reading("a", Ok(counters(300, 150, 150)))]);
+        // Both samples are inside the window: a's counters count from zero.
+        let s = w.summary(50_000, 60_000, "1m");
+        assert_eq!((s.queried_tokens, s.hit_tokens), (300, 150));
+        assert_eq!(s.hit_ratio.as_deref(), Some("0.50"));
+        // 90 s: the first sample is the baseline.
+        w.record(
+            90_000,
+            60_000,
+            &[
+                reading("a", Ok(counters(400, 250, 250))),
+                reading("b", Ok(counters(200, 200, 200))),
+            ],
+        );
+        let s = w.summary(90_000, 60_000, "1m");
+        assert_eq!((s.queried_tokens, s.hit_tokens), (300 + 200, 250 + 200));
+        assert_eq!(s.hit_ratio.as_deref(), Some("0.90"));
+        assert_eq!(s.tokens_from_store, 450);
+        assert_eq!(s.engines_read, 2);
+    }
+
+    #[test]
+    fn a_pod_gone_leaves_the_window_and_a_failed_read_keeps_its_samples() {
+        let mut w = Window::default();
+        w.record(
+            0,
+            60_000,
+            &[
+                reading("a", Ok(counters(10, 5, 5))),
+                reading("b", Ok(counters(10, 0, 0))),
+            ],
+        );
+        w.record(
+            1_000,
+            60_000,
+            &[reading(
+                "a",
+                Err(ReadError::Status {
+                    url: "u".into(),
+                    status: 500,
+                }),
+            )],
+        );
+        let s = w.summary(1_000, 60_000, "1m");
+        assert_eq!((s.queried_tokens, s.hit_tokens, s.engines_read), (10, 5, 1));
+    }
+
+    #[test]
+    fn a_restarted_engine_starts_its_samples_again() {
+        let mut w = Window::default();
+        w.record(0, 60_000, &[reading("a", Ok(counters(500, 400, 400)))]);
+        w.record(70_000, 60_000, &[reading("a", Ok(counters(600, 450, 450)))]);
+        w.record(80_000, 60_000, &[reading("a", Ok(counters(20, 10, 10)))]);
+        let s = w.summary(80_000, 60_000, "1m");
+        assert_eq!((s.queried_tokens, s.hit_tokens), (20, 10));
+    }
+
+    #[test]
+    fn no_lookups_give_no_ratio() {
+        let w = Window::default();
+        let s = w.summary(0, 60_000, "1m");
+        assert_eq!(s.hit_ratio, None);
+        assert_eq!(ratio(5, 4).as_deref(), Some("1.00"));
+    }
+
+    #[test]
+    fn an_unreadable_engine_is_named_in_the_condition() {
+        let ok = reading("a", Ok(counters(1, 1, 1)));
+        let bad = reading(
+            "b",
+            Err(ReadError::Unreachable {
+                url: "http://10.0.0.2:8000/metrics".into(),
+                message: "timed out".into(),
+            }),
+        );
+        let c = condition(Engines::Counted { ready: 2 }, &[ok.clone(), bad]);
+        assert_eq!(
+            (c.status, c.reason),
+            (
+                kvcache_api::condition::Status::False,
+                "EngineMetricsUnreadable"
+            )
+        );
+        assert!(
+            c.message
+                .contains("b: no answer from http://10.0.0.2:8000/metrics"),
+            "{}",
+            c.message
+        );
+        let c = condition(Engines::Counted { ready: 1 }, &[ok]);
+        assert_eq!(c.reason, "EnginesRead");
+        assert_eq!(
+            condition(Engines::Counted { ready: 0 }, &[]).reason,
+            "NoEngineReady"
+        );
+        assert_eq!(
+            condition(Engines::Uncounted(EngineName::Sglang), &[]).reason,
+            "NotCountedByEngine"
+        );
+        assert_eq!(condition(Engines::NotAttached, &[]).reason, "NotApplicable");
+    }
+}

