@@ -102,21 +102,21 @@ pub fn binding(namespace: &str, pool: &str, domain: Option<&str>) -> serde_json:
 /// A ModelDeployment of the real vLLM serving `model` with `replicas`, attached through the
 /// Binding `binding` of its namespace. The replicas serve `/reset_prefix_cache`
 /// (`VLLM_SERVER_DEV_MODE`).
+/// `binding: None`: the same engine with no shared cache.
 pub fn model_deployment(
     namespace: &str,
     name: &str,
     model: &str,
-    binding: &str,
+    binding: Option<&str>,
     replicas: i32,
 ) -> serde_json::Value {
-    serde_json::json!({
+    let mut md = serde_json::json!({
         "apiVersion": "worker.gpustack.ai/v1",
         "kind": "ModelDeployment",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "model": {"name": model},
             "engine": {"name": "vLLM", "version": crate::images::VLLM_VERSION},
-            "kvCache": {"poolRef": {"name": binding}},
             "roles": [{
                 "name": "server",
                 "replicas": replicas,
@@ -125,7 +125,11 @@ pub fn model_deployment(
                 "env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]
             }]
         }
-    })
+    });
+    if let Some(b) = binding {
+        md["spec"]["kvCache"] = serde_json::json!({"poolRef": {"name": b}});
+    }
+    md
 }
 
 /// `n` token ids that differ for each `seed` (and share nothing with another seed's).
@@ -141,31 +145,54 @@ pub fn prompt(seed: u32, n: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Sends `prompt` to the engine in `pod` (inside the Pod, on its own port) asking for a few
-/// tokens; returns the generated token ids. An engine error is an error.
-pub async fn complete(api: &Api<Pod>, pod: &str, model: &str, prompt: &[u32]) -> Result<Vec<u32>> {
+/// One completion: the generated token ids and how long the request took, measured inside the
+/// engine's Pod (no exec or API server in the figure).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    /// The generated token ids.
+    pub tokens: Vec<u32>,
+    /// Seconds from sending the request to the whole answer.
+    pub seconds: f64,
+}
+
+/// Sends `prompt` to the engine in `pod` (inside the Pod, on its own port) asking for
+/// `max_tokens` greedy tokens. An engine error is an error.
+pub async fn complete(
+    api: &Api<Pod>,
+    pod: &str,
+    model: &str,
+    prompt: &[u32],
+    max_tokens: u32,
+) -> Result<Completion> {
     let body = serde_json::json!({
         "model": model,
         "prompt": prompt,
-        "max_tokens": 4,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "return_token_ids": true
     })
     .to_string();
     let out = post(api, pod, "v1/completions", &body).await?;
-    let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| Error::Engine {
+    let unreadable = |why: String| Error::Engine {
         pod: pod.to_owned(),
-        message: format!("an unreadable completion ({e}): {out}"),
-    })?;
-    let tokens = v["choices"][0]["token_ids"]
+        message: format!("an unreadable completion ({why}): {out}"),
+    };
+    let timed: serde_json::Value =
+        serde_json::from_str(&out).map_err(|e| unreadable(e.to_string()))?;
+    let answer: serde_json::Value = timed["body"]
+        .as_str()
+        .ok_or_else(|| unreadable("no body".into()))
+        .and_then(|b| serde_json::from_str(b).map_err(|e| unreadable(e.to_string())))?;
+    let tokens = answer["choices"][0]["token_ids"]
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(tokens)
+        .ok_or_else(|| unreadable("no choices[0].token_ids".into()))?
+        .iter()
+        .filter_map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+        .collect();
+    Ok(Completion {
+        tokens,
+        seconds: timed["seconds"].as_f64().unwrap_or_default(),
+    })
 }
 
 /// Empties the local prefix cache of the engine in `pod`, so that its next request asks the
@@ -174,7 +201,8 @@ pub async fn reset_local_cache(api: &Api<Pod>, pod: &str) -> Result<()> {
     post(api, pod, "reset_prefix_cache", "").await.map(drop)
 }
 
-/// A POST of `body` (JSON) to the engine's `path` from inside its Pod; the answer's body.
+/// A POST of `body` (JSON) to the engine's `path` from inside its Pod; `{"seconds", "body"}`
+/// of the answer as JSON.
 async fn post(api: &Api<Pod>, pod: &str, path: &str, body: &str) -> Result<String> {
     let url = format!("http://127.0.0.1:{PORT}/{path}");
     let out = pods::exec(
@@ -184,7 +212,7 @@ async fn post(api: &Api<Pod>, pod: &str, path: &str, body: &str) -> Result<Strin
         &[
             "python3",
             "-c",
-            "import sys, urllib.request\nreq = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), headers={'Content-Type': 'application/json'}, method='POST')\nprint(urllib.request.urlopen(req, timeout=300).read().decode())",
+            "import json, sys, time, urllib.request\nreq = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), headers={'Content-Type': 'application/json'}, method='POST')\nt = time.perf_counter()\nbody = urllib.request.urlopen(req, timeout=300).read().decode()\nprint(json.dumps({'seconds': time.perf_counter() - t, 'body': body}))",
             &url,
             body,
         ],
@@ -209,4 +237,57 @@ pub async fn counters(client: &kube::Client, namespace: &str, pod: &str) -> Resu
         pod: format!("{namespace}/{pod}"),
         message: e.to_string(),
     })
+}
+
+/// The master's own key count (`master_key_count`), read from inside a member Pod of
+/// `backend` (in `namespace`, the store's) through the leader Service.
+pub async fn master_keys(client: &kube::Client, namespace: &str, backend: &str) -> Result<f64> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let members = api
+        .list(
+            &kube::api::ListParams::default()
+                .labels(&crate::walkthrough::backend_pods(backend, "member-0")),
+        )
+        .await?;
+    let member = members
+        .items
+        .iter()
+        .find(|p| pods::is_ready(p))
+        .ok_or_else(|| Error::Wait {
+            what: format!("a Ready member Pod of {backend}"),
+            reason: "none is Ready".into(),
+        })?;
+    let admin = format!("{backend}-leader.{namespace}.svc:9003");
+    let text = pods::master_page(&api, pods::name_of(member), &admin, "metrics").await?;
+    crate::store::metric_value(&text, "master_key_count").ok_or_else(|| Error::Http {
+        url: format!("http://{admin}/metrics"),
+        message: "no master_key_count".into(),
+    })
+}
+
+/// Waits (a minute at most) until the master of `backend` holds more than `than` keys; `what`
+/// says whose keys.
+pub async fn wait_keys_above(
+    client: &kube::Client,
+    namespace: &str,
+    backend: &str,
+    than: f64,
+    what: &str,
+) -> Result<f64> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let last = master_keys(client, namespace, backend).await;
+        if let Ok(n) = &last
+            && *n > than
+        {
+            return Ok(*n);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(Error::Wait {
+                what: format!("the master of {backend} holding more than {than} keys: {what}"),
+                reason: format!("last read: {last:?}"),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
 }

@@ -119,7 +119,7 @@ async fn deploy(
     name: &str,
     replicas: i32,
 ) -> Result<Vec<Pod>, Error> {
-    let md = engine::model_deployment(namespace, name, TINY_MODEL, namespace, replicas);
+    let md = engine::model_deployment(namespace, name, TINY_MODEL, Some(namespace), replicas);
     Api::<ModelDeployment>::namespaced(client.clone(), namespace)
         .patch(
             name,
@@ -159,38 +159,12 @@ async fn undeploy(client: &Client, namespace: &str, name: &str) -> Result<(), Er
     .map(drop)
 }
 
-/// The master's own key count, read from inside a member Pod through the leader Service.
 async fn master_keys(client: &Client) -> Result<f64, Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let members = pods::wait_ready(&api, &backend_pods(BACKEND, "member-0"), 2, WAIT).await?;
-    let admin = format!("{BACKEND}-leader.{NAMESPACE}.svc:9003");
-    let text = pods::master_page(&api, name_of(&members[0]), &admin, "metrics").await?;
-    store::metric_value(&text, "master_key_count").ok_or_else(|| Error::Http {
-        url: format!("http://{admin}/metrics"),
-        message: "no master_key_count".into(),
-    })
+    engine::master_keys(client, NAMESPACE, BACKEND).await
 }
 
-/// Waits until the master holds more than `than` keys.
 async fn wait_keys_above(client: &Client, than: f64, what: &str) -> Result<f64, Error> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut last = Err(Error::Wait {
-        what: what.into(),
-        reason: "not read yet".into(),
-    });
-    while tokio::time::Instant::now() < deadline {
-        last = master_keys(client).await;
-        if let Ok(n) = &last
-            && *n > than
-        {
-            return Ok(*n);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    Err(Error::Wait {
-        what: format!("the master holding more than {than} keys: {what}"),
-        reason: format!("last read: {last:?}"),
-    })
+    engine::wait_keys_above(client, NAMESPACE, BACKEND, than, what).await
 }
 
 /// What one request to an engine added to its counters.
@@ -202,7 +176,9 @@ async fn ask(
 ) -> Result<(Vec<u32>, EngineCounters), Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let before = engine::counters(client, namespace, name_of(pod)).await?;
-    let tokens = engine::complete(&api, name_of(pod), TINY_MODEL, prompt).await?;
+    let tokens = engine::complete(&api, name_of(pod), TINY_MODEL, prompt, 4)
+        .await?
+        .tokens;
     let after = engine::counters(client, namespace, name_of(pod)).await?;
     Ok((
         tokens,
@@ -268,6 +244,7 @@ fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
             b_added.queried_tokens, PROMPT_TOKENS as u64,
             "B asked the store for the whole prompt"
         );
+        assert!(!written.is_empty(), "replica A answered with tokens");
         assert_eq!(answer, written, "the same greedy answer with the fetched blocks");
 
         // The store's own figures and the deployment's status say the same.
@@ -314,6 +291,14 @@ fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
             exported.is_some_and(|v| v > 0.0),
             "{series} in the operator's metrics: {exported:?}"
         );
+        // Every dashboard series that needs counting engines is among them.
+        for name in kvcache_render::monitoring::ENGINE_SERIES {
+            assert!(
+                text.lines()
+                    .any(|l| !l.starts_with('#') && l.split(['{', ' ']).next() == Some(*name)),
+                "{name} is exported: {text}"
+            );
+        }
         Ok(())
     })
     .unwrap_or_else(|e| panic!("{e}"));

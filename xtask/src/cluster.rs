@@ -35,7 +35,7 @@ fn running(what: &str) -> bool {
     !pids.is_empty() && pids.iter().all(|p| alive(*p))
 }
 
-pub fn up(nodes: usize) -> anyhow::Result<()> {
+pub fn up(nodes: usize, real_engine: bool) -> anyhow::Result<()> {
     if running("cluster") {
         println!("the control plane is already running");
         return env();
@@ -64,7 +64,18 @@ pub fn up(nodes: usize) -> anyhow::Result<()> {
     let server = cp.server.clone();
     if nodes > 0 {
         let started = std::time::Instant::now();
-        let n = Nodes::start(&cp, &net, nodes, &dir)?;
+        let n = if real_engine {
+            Nodes::start_sized(
+                &cp,
+                &net,
+                nodes,
+                &dir,
+                kvcache_e2e::images::WITH_VLLM,
+                kvcache_e2e::nodes::ENGINE_NODE_ALLOCATABLE_MEMORY,
+            )?
+        } else {
+            Nodes::start(&cp, &net, nodes, &dir)?
+        };
         let names: Vec<String> = n
             .nodes
             .iter()

@@ -218,14 +218,121 @@ fn count_buckets(dir: &Path) -> usize {
         .unwrap_or(0)
 }
 
-/// The walkthrough's manifests at demo size, one file per step.
+/// The walkthrough's manifests at demo size, one file per step, its model served by the real
+/// vLLM: the tiny model directory in the engine image (dummy weights, no tokenizer, float32 on
+/// CPU), vLLM 0.32.0 (the image's version, on the store's client line), 500m and 4Gi per
+/// replica, and a domain spelled for it (vLLM on CPU refuses 16-token blocks and the model runs
+/// in float32: `blockSize: 32`, `dtype: auto`).
 fn manifests(out: &Path) -> anyhow::Result<PathBuf> {
+    use kvcache_e2e::engine;
     let from = crate::crds::root().join("examples/walkthrough");
-    Ok(kvcache_e2e::walkthrough::demo_manifests(
-        &from,
-        out,
-        |_| true,
+    Ok(kvcache_e2e::walkthrough::demo_manifests(&from, out, |v| {
+        match v["kind"].as_str() {
+            Some("InstanceType") => {
+                v["spec"]["resources"] = serde_json::json!({"cpu": "500m", "memory": "4Gi"});
+            }
+            Some("KVCachePoolBinding") => {
+                v["spec"]["domain"]["blockSize"] = engine::BLOCK_SIZE.into();
+                v["spec"]["domain"]["dtype"] = "auto".into();
+            }
+            Some("ModelDeployment") => {
+                v["spec"]["model"]["name"] = engine::TINY_MODEL.into();
+                v["spec"]["engine"]["version"] = kvcache_e2e::images::VLLM_VERSION.into();
+                if let Some(roles) = v["spec"]["roles"].as_array_mut() {
+                    for r in roles {
+                        r["extraArgs"] = engine::engine_args().into();
+                    }
+                }
+            }
+            _ => {}
+        }
+        true
+    })?)
+}
+
+/// The engine Pods of qwen-chat, by name.
+fn engine_pods(d: &Demo) -> anyhow::Result<Vec<String>> {
+    let text = d.quiet(&[
+        "-n",
+        "team-a",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/instance=qwen-chat",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ])?;
+    let mut pods: Vec<String> = text.split_whitespace().map(str::to_owned).collect();
+    pods.sort();
+    Ok(pods)
+}
+
+/// Sends a 200-token prompt (token ids of `seed`) to the engine in `pod`, showing the command
+/// and the engine's usage answer.
+fn ask(d: &Demo, pod: &str, seed: u32) -> anyhow::Result<()> {
+    let prompt = serde_json::to_string(&kvcache_e2e::engine::prompt(seed, 200))?;
+    let script = format!(
+        "import json, urllib.request; body = json.dumps({{'model': '{model}', 'prompt': {prompt}, 'max_tokens': 4}}).encode(); r = urllib.request.Request('http://127.0.0.1:8000/v1/completions', data=body, headers={{'Content-Type': 'application/json'}}); print(json.load(urllib.request.urlopen(r, timeout=300))['usage'])",
+        model = kvcache_e2e::engine::TINY_MODEL
+    );
+    println!(
+        "$ kubectl -n team-a exec {pod} -- python3 -c '<POST /v1/completions, 200 prompt tokens (seed {seed}), 4 new>'"
+    );
+    let out = d.quiet(&["-n", "team-a", "exec", pod, "--", "python3", "-c", &script])?;
+    print!("{out}");
+    Ok(())
+}
+
+/// The engine's own shared-cache counters: shows its `vllm:external_prefix_cache_*` and
+/// store-sourced prompt-token lines and returns them parsed.
+fn counters(d: &Demo, pod: &str) -> anyhow::Result<kvcache_render::shared_cache::EngineCounters> {
+    let script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics', timeout=10).read().decode())";
+    let text = d.quiet(&["-n", "team-a", "exec", pod, "--", "python3", "-c", script])?;
+    println!(
+        "$ kubectl -n team-a exec {pod} -- python3 -c '<GET /metrics>' | grep -E 'external_prefix_cache_(hits|queries)_total|source=\"external_kv_transfer\"'"
+    );
+    for l in text.lines().filter(|l| {
+        !l.starts_with('#')
+            && (l.starts_with("vllm:external_prefix_cache_hits_total")
+                || l.starts_with("vllm:external_prefix_cache_queries_total")
+                || l.contains("source=\"external_kv_transfer\""))
+            && !l.contains("_created")
+    }) {
+        println!("{l}");
+    }
+    Ok(kvcache_render::shared_cache::parse_engine_metrics(
+        kvcache_api::model::EngineName::Vllm,
+        &format!("{pod}:8000/metrics"),
+        &text,
     )?)
+}
+
+/// The new master's own key count, read from a member Pod through the leader Service.
+fn master_keys(d: &Demo) -> anyhow::Result<String> {
+    let member = d.quiet(&[
+        "-n",
+        NS,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/instance=mooncake-dram,app.kubernetes.io/component=member-0",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    let script = format!(
+        "import urllib.request; print([l for l in urllib.request.urlopen('http://mooncake-dram-leader.{NS}.svc:9003/metrics', timeout=5).read().decode().splitlines() if l.startswith('master_key_count')][0])"
+    );
+    let out = d.quiet(&[
+        "-n",
+        NS,
+        "exec",
+        member.trim(),
+        "--",
+        "python3",
+        "-c",
+        &script,
+    ])?;
+    Ok(out.trim().to_owned())
 }
 
 pub fn demo(keep: bool) -> anyhow::Result<()> {
@@ -263,7 +370,7 @@ fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
     let file = |name: &str| files.join(name).display().to_string();
     demo.step(
         "cluster: a control plane and 2 real nodes, the images loaded",
-        |_| crate::cluster::up(2),
+        |_| crate::cluster::up(2, true),
     )?;
     demo.step("install: kubectl apply -f deploy/operator.yaml", |d| {
         let install = crate::crds::root().join("deploy/operator.yaml");
@@ -335,7 +442,7 @@ fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
         Ok(())
     })?;
     demo.step(
-        "3. the model: ModelDeployment qwen-chat (2 engine stand-ins writing through the store)",
+        "3. the model: ModelDeployment qwen-chat (2 real vLLM replicas sharing blocks through the store)",
         |d| {
             d.show(&[
                 "apply",
@@ -344,15 +451,8 @@ fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
                 "-f",
                 &file("05-modeldeployment.yaml"),
             ])?;
-            d.wait_condition(
-                "team-a",
-                "md/qwen-chat",
-                "CacheAttached",
-                "the store charged the domain",
-                Duration::from_secs(300),
-            )?;
             d.wait(
-                "the deployment Ready (both engine Pods Ready)",
+                "the deployment Ready (both vLLM Pods Ready; the first start unpacks the image)",
                 &[
                     "-n",
                     "team-a",
@@ -362,87 +462,160 @@ fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
                     "-o",
                     "jsonpath={.status.phase}",
                 ],
-                Duration::from_secs(300),
+                Duration::from_secs(600),
                 |s| s == "Ready",
             )?;
-            d.show(&["-n", "team-a", "get", "md"])?;
             d.show(&["-n", "team-a", "get", "pods", "-o", "wide"])?;
-            let pod = d.quiet(&[
+            let pods = engine_pods(d)?;
+            let [a, b] = pods.as_slice() else {
+                bail!("qwen-chat runs {} engine Pods, not 2: {pods:?}", pods.len());
+            };
+            println!("replica A ({a}) computes the prompt and writes its KV blocks to the store:");
+            ask(d, a, 1)?;
+            d.wait_condition(
+                "team-a",
+                "md/qwen-chat",
+                "CacheAttached",
+                "the store charged the domain for replica A's blocks",
+                Duration::from_secs(120),
+            )?;
+            println!("replica B ({b}) gets the same prompt and finds replica A's blocks in the store:");
+            ask(d, b, 1)?;
+            let c = counters(d, b)?;
+            println!(
+                "replica B took {} of its {} prompt tokens from the store",
+                c.tokens_from_store, c.queried_tokens
+            );
+            anyhow::ensure!(c.hit_tokens > 0, "replica B found nothing in the store: {c:?}");
+            println!("the seeds' own check:");
+            d.show(&[
                 "-n",
                 "team-a",
                 "get",
-                "pods",
-                "-l",
-                "app.kubernetes.io/name=model-deployment",
+                "md",
+                "qwen-chat",
                 "-o",
-                "jsonpath={.items[0].metadata.name}",
+                "jsonpath={.status.conditions[?(@.type==\"CacheAttached\")]}",
             ])?;
-            d.show(&["-n", "team-a", "logs", pod.trim(), "--tail=4"])?;
+            println!();
+            d.wait(
+                "the deployment's shared-cache hit ratio (the operator reads the engines every 15 s)",
+                &[
+                    "-n",
+                    "team-a",
+                    "get",
+                    "md",
+                    "qwen-chat",
+                    "-o",
+                    "jsonpath={.status.sharedCache.hitTokens}",
+                ],
+                Duration::from_secs(120),
+                |s| s.parse::<u64>().is_ok_and(|n| n > 0),
+            )?;
+            d.show(&["-n", "team-a", "get", "md"])?;
+            d.show(&[
+                "-n",
+                "team-a",
+                "get",
+                "md",
+                "qwen-chat",
+                "-o",
+                "jsonpath={.status.sharedCache}",
+            ])?;
+            println!();
             Ok(())
         },
     )?;
-    demo.step("4. high availability: leader.replicas 3, then the leader Pod deleted", |d| {
-        d.show(&[
-            "patch",
-            "kvcb",
-            "mooncake-dram",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"connection":{"managed":{"leader":{"replicas":3}}}}}"#,
-        ])?;
-        d.wait(
-            "3 leader Pods running, 1 of them Ready (the one serving)",
-            &["-n", NS, "get", "deployment", "mooncake-dram-leader", "-o", "jsonpath={.status.replicas} {.status.readyReplicas}"],
-            Duration::from_secs(300),
-            |s| s == "3 1",
-        )?;
-        d.show(&["-n", NS, "get", "deployment", "mooncake-dram-leader"])?;
-        // A key an engine wrote at start, read back through the store before the failover.
-        let engine = d.quiet(&["-n", "team-a", "get", "pods", "-l", "app.kubernetes.io/name=model-deployment", "-o", "jsonpath={.items[0].metadata.name}"])?;
-        let engine = engine.trim().to_owned();
-        let key = format!("standin/{engine}/boot");
-        let get = format!(
-            "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/get?key={key}', timeout=10).read().decode())"
-        );
-        println!("the engine {engine} reads its key {key}:");
-        d.show(&["-n", "team-a", "exec", &engine, "--", "python3", "-c", &get])?;
-        let leaders = ready_leaders(d)?;
-        let leader = leaders.first().cloned().unwrap_or_default();
-        anyhow::ensure!(!leader.is_empty(), "no Ready leader Pod to delete");
-        let t = Instant::now();
-        d.show(&["-n", NS, "delete", "pod", &leader, "--wait=false"])?;
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let now = ready_leaders(d)?;
-            if now.iter().any(|p| *p != leader) {
-                break;
+    demo.step(
+        "4. high availability: leader.replicas 3, then the leader Pod deleted",
+        |d| {
+            d.show(&[
+                "patch",
+                "kvcb",
+                "mooncake-dram",
+                "--type=merge",
+                "-p",
+                r#"{"spec":{"connection":{"managed":{"leader":{"replicas":3}}}}}"#,
+            ])?;
+            d.wait(
+                "3 leader Pods running, 1 of them Ready (the one serving)",
+                &[
+                    "-n",
+                    NS,
+                    "get",
+                    "deployment",
+                    "mooncake-dram-leader",
+                    "-o",
+                    "jsonpath={.status.replicas} {.status.readyReplicas}",
+                ],
+                Duration::from_secs(300),
+                |s| s == "3 1",
+            )?;
+            d.show(&["-n", NS, "get", "deployment", "mooncake-dram-leader"])?;
+            // A prompt only replica A has seen, its blocks in the store before the failover.
+            let pods = engine_pods(d)?;
+            let [a, b] = pods.as_slice() else {
+                bail!("qwen-chat runs {} engine Pods, not 2: {pods:?}", pods.len());
+            };
+            println!("replica A ({a}) gets a second prompt, which replica B has never seen:");
+            ask(d, a, 2)?;
+            println!("the master before the failover: {}", master_keys(d)?);
+            let leaders = ready_leaders(d)?;
+            let leader = leaders.first().cloned().unwrap_or_default();
+            anyhow::ensure!(!leader.is_empty(), "no Ready leader Pod to delete");
+            let t = Instant::now();
+            d.show(&["-n", NS, "delete", "pod", &leader, "--wait=false"])?;
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let now = ready_leaders(d)?;
+                if now.iter().any(|p| *p != leader) {
+                    break;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "waited 120s for another leader Pod to serve after deleting {leader}"
+                );
+                std::thread::sleep(Duration::from_millis(200));
             }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "waited 120s for another leader Pod to serve after deleting {leader}"
+            println!(
+                "a new leader serves {:.1}s after the delete",
+                t.elapsed().as_secs_f64()
             );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        println!("a new leader serves {:.1}s after the delete", t.elapsed().as_secs_f64());
-        d.wait(
-            "the members remounted on the new leader (CAPACITY back to 512Mi)",
-            &["get", "kvcb", "mooncake-dram", "-o", "jsonpath={.status.phase} {.status.capacity.total}"],
-            Duration::from_secs(120),
-            |s| s == "Ready 512Mi",
-        )?;
-        println!("full capacity again {:.1}s after the delete", t.elapsed().as_secs_f64());
-        println!("the same key through the new leader (it started empty: a cold cache, exist 0 is the store's miss):");
-        d.wait(
-            "the engine's client answering through the new leader",
-            &["-n", "team-a", "exec", &engine, "--", "python3", "-c", &get],
-            Duration::from_secs(120),
-            |s| s.contains("\"exist\""),
-        )?;
-        d.show(&["-n", "team-a", "exec", &engine, "--", "python3", "-c", &get])?;
-        d.show(&["get", "kvcb"])?;
-        d.show(&["-n", NS, "get", "pods", "-o", "wide"])?;
-        Ok(())
-    })?;
+            d.wait(
+                "the members remounted on the new leader (CAPACITY back to 512Mi)",
+                &[
+                    "get",
+                    "kvcb",
+                    "mooncake-dram",
+                    "-o",
+                    "jsonpath={.status.phase} {.status.capacity.total}",
+                ],
+                Duration::from_secs(120),
+                |s| s == "Ready 512Mi",
+            )?;
+            println!(
+                "full capacity again {:.1}s after the delete",
+                t.elapsed().as_secs_f64()
+            );
+            println!("the new master started empty: {}", master_keys(d)?);
+            let before = counters(d, b)?;
+            println!("the same prompt to replica B: a cold cache, its store hits do not move:");
+            ask(d, b, 2)?;
+            let after = counters(d, b)?;
+            anyhow::ensure!(
+                after.hit_tokens == before.hit_tokens,
+                "replica B found the prompt after the failover: {before:?} -> {after:?}"
+            );
+            println!(
+                "replica B: {} more tokens looked up, {} found",
+                after.queried_tokens - before.queried_tokens,
+                after.hit_tokens - before.hit_tokens
+            );
+            d.show(&["get", "kvcb"])?;
+            d.show(&["-n", NS, "get", "pods", "-o", "wide"])?;
+            Ok(())
+        },
+    )?;
     demo.step("5. the disk tier: a group with a thin segment and a local-disk tier (examples/disk-heavy), its pool and Binding, filled", |d| {
         // The tier folder on each node, owned by the store image's user (what the docs ask:
         // install -d -o 65532 -g 0 -m 0750 /var/lib/kvcache).

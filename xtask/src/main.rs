@@ -6,6 +6,7 @@ mod cluster;
 mod crds;
 mod demo;
 mod images;
+mod prefix;
 mod scale;
 mod setup;
 mod test;
@@ -67,6 +68,10 @@ enum ClusterAction {
         /// Real worker nodes (kubelet + containerd + runc, each in its own network namespace).
         #[arg(long, default_value_t = 0)]
         nodes: usize,
+        /// Load the real vLLM engine image (about 5 GB) into the nodes and size them for two
+        /// engine replicas each (10 GiB offered instead of 4).
+        #[arg(long)]
+        real_engine: bool,
     },
     /// Stop every process it started and remove the nodes' namespaces, bridge, routes, mounts
     /// and cgroups.
@@ -91,6 +96,17 @@ enum BenchKind {
         /// Rounds (a member Pod replaced each round).
         #[arg(long, default_value_t = 10)]
         runs: usize,
+    },
+    /// The real vLLM's time to first token with the prompt's blocks in the store, against no
+    /// shared cache and a cold store, for the tiny and the prefill-heavy model (figures in
+    /// crates/kvcache-operator/README.md).
+    Prefix {
+        /// Prompt lengths in tokens.
+        #[arg(long, value_delimiter = ',', default_value = "128,512,960")]
+        lengths: Vec<usize>,
+        /// Fresh prompts per length and case.
+        #[arg(long, default_value_t = 3)]
+        prompts: usize,
     },
     /// The admission webhook's cost: Binding and injected Pod creates through the API server
     /// with and without the webhook registered, and the handler's own latency.
@@ -139,7 +155,7 @@ fn main() -> anyhow::Result<()> {
         Task::Test { args } => test::run(&args),
         Task::Setup => setup::all().map(|_| ()),
         Task::Cluster { action } => match action {
-            ClusterAction::Up { nodes } => cluster::up(nodes),
+            ClusterAction::Up { nodes, real_engine } => cluster::up(nodes, real_engine),
             ClusterAction::Down => cluster::down(),
             ClusterAction::Status => cluster::status(),
             ClusterAction::Env => cluster::env(),
@@ -147,6 +163,7 @@ fn main() -> anyhow::Result<()> {
         Task::Bench { which } => match which {
             BenchKind::Failover { runs } => bench::failover(runs),
             BenchKind::Capacity { runs } => bench::capacity(runs),
+            BenchKind::Prefix { lengths, prompts } => prefix::prefix(&lengths, prompts),
             BenchKind::Admission {
                 creates,
                 concurrency,

@@ -113,6 +113,14 @@ pub fn prometheus_rule(namespace: &str) -> Value {
     })
 }
 
+/// Series the operator exports only for deployments whose engines count shared-cache hits (the
+/// real vLLM; `tests/tests/real_engine.rs` checks them against its scrape, the installation test
+/// the rest).
+pub const ENGINE_SERIES: &[&str] = &[
+    "kvcache_operator_model_shared_cache_hit_ratio",
+    "kvcache_operator_model_tokens_from_store",
+];
+
 /// A dashboard panel: title, unit, the expressions and their legends.
 struct Panel {
     title: &'static str,
@@ -144,6 +152,22 @@ const PANELS: &[Panel] = &[
                 "{{namespace}}/{{binding}} used",
             ),
         ],
+    },
+    Panel {
+        title: "Shared-cache hit ratio per deployment (engines' own counters)",
+        unit: "percentunit",
+        targets: &[(
+            "kvcache_operator_model_shared_cache_hit_ratio",
+            "{{namespace}}/{{deployment}} ({{domain}})",
+        )],
+    },
+    Panel {
+        title: "Prompt tokens loaded from the store per deployment",
+        unit: "short",
+        targets: &[(
+            "kvcache_operator_model_tokens_from_store",
+            "{{namespace}}/{{deployment}} ({{domain}})",
+        )],
     },
     Panel {
         title: "Store: allocated vs total",
