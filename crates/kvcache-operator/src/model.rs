@@ -19,7 +19,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::admission::tenant_of;
 use kvcache_api::condition::merge;
-use kvcache_api::model::{EngineName, InstanceType, KvCacheStatus, RoleStatus, SharedCacheStatus};
+use kvcache_api::model::{InstanceType, KvCacheStatus, RoleStatus, SharedCacheStatus};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
 use kvcache_render::model::{ModelInputs, SERVING_PORT, render};
 use kvcache_render::observe::{ModelObservation, Resolution, RoleObservation, model_status};
@@ -291,7 +291,7 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
             .collect(),
     };
     let (phase, message, mut conditions) = model_status(&obs);
-    let engines = engines_of(&md, &resolution, &roles);
+    let engines = shared_cache::engines(md.spec.engine.name, &resolution, &roles);
     let (shared_cache, observed) = observe_engines(&shared, &md, &ns, engines).await?;
     conditions.push(observed);
     let stored = md.status.clone().unwrap_or_default();
@@ -359,25 +359,6 @@ fn now_ms() -> u64 {
     u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// What the deployment's engines can tell about the shared cache: nothing without `kvCache`
-/// (or while it does not resolve), a note for an engine that does not count store hits, and
-/// otherwise how many managed replicas are ready.
-fn engines_of(md: &ModelDeployment, resolution: &Resolution, roles: &[RoleObservation]) -> Engines {
-    match resolution {
-        Resolution::Resolved { .. } if md.spec.engine.name == EngineName::Vllm => {
-            Engines::Counted {
-                ready: roles
-                    .iter()
-                    .filter(|r| !r.unmanaged)
-                    .map(|r| usize::try_from(r.ready).unwrap_or(0))
-                    .sum(),
-            }
-        }
-        Resolution::Resolved { .. } => Engines::Uncounted(md.spec.engine.name),
-        _ => Engines::NotAttached,
-    }
-}
-
 /// Reads the `/metrics` of every ready engine Pod of the deployment's managed roles, records
 /// the readings in the deployment's window and returns `status.sharedCache` and the
 /// `SharedCacheObserved` condition.
@@ -387,9 +368,9 @@ async fn observe_engines(
     ns: &str,
     engines: Engines,
 ) -> Result<(Option<SharedCacheStatus>, kvcache_api::condition::Cond), Error> {
-    let uid = md.uid().unwrap_or_default();
+    let key = id(md);
     let Engines::Counted { ready } = engines else {
-        lock(&shared.engine_windows).remove(&uid);
+        lock(&shared.engine_windows).remove(&key);
         return Ok((None, shared_cache::condition(engines, &[])));
     };
     let pods = if ready > 0 {
@@ -397,8 +378,8 @@ async fn observe_engines(
     } else {
         Vec::new()
     };
-    let readings: Vec<EngineReading> =
-        futures::future::join_all(pods.into_iter().map(|(pod, pod_uid, ip)| async move {
+    let readings: Vec<EngineReading> = futures::future::join_all(pods.into_iter().map(
+        |(pod, pod_uid, ip)| async move {
             let url = format!("http://{ip}:{SERVING_PORT}/metrics");
             let counters = crate::store::fetch(url.clone())
                 .await
@@ -408,16 +389,23 @@ async fn observe_engines(
                 uid: pod_uid,
                 counters,
             }
-        }))
-        .await;
+        },
+    ))
+    .await;
     let window = shared.config.shared_cache_window;
     let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
     let now = now_ms();
     let summary = {
         let mut windows = lock(&shared.engine_windows);
-        let w = windows.entry(uid).or_default();
-        w.record(now, window_ms, &readings);
-        w.summary(now, window_ms, &window_text(window))
+        sweep(shared, &mut windows, now);
+        let uid = md.uid().unwrap_or_default();
+        let entry = windows.entry(key).or_default();
+        // A deployment deleted and created again under the same name starts afresh.
+        if entry.0 != uid {
+            *entry = (uid, shared_cache::Window::default());
+        }
+        entry.1.record(now, window_ms, &readings);
+        entry.1.summary(now, window_ms, &window_text(window))
     };
     let condition = shared_cache::condition(
         Engines::Counted {
@@ -436,6 +424,25 @@ fn window_text(d: std::time::Duration) -> String {
     } else {
         format!("{s}s")
     }
+}
+
+/// Drops, at most once a minute, the windows of deployments no longer in the cache (a deleted
+/// deployment is never reconciled again to drop its own).
+fn sweep(shared: &Shared, windows: &mut crate::run::EngineWindows, now: u64) {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let last = LAST.load(std::sync::atomic::Ordering::Relaxed);
+    if now.saturating_sub(last) < 60_000 {
+        return;
+    }
+    LAST.store(now, std::sync::atomic::Ordering::Relaxed);
+    windows.retain(|key, _| {
+        key.split_once('/').is_some_and(|(ns, name)| {
+            shared
+                .models
+                .get(&ObjectRef::new(name).within(ns))
+                .is_some()
+        })
+    });
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -175,9 +175,14 @@ pub struct Shared {
     pub models: Store<kvcache_api::ModelDeployment>,
     /// Per-backend store polling.
     pub polls: Mutex<HashMap<String, Poll>>,
-    /// Per ModelDeployment uid: its engines' counter samples (`status.sharedCache`).
-    pub engine_windows: Mutex<HashMap<String, kvcache_render::shared_cache::Window>>,
+    /// Per ModelDeployment (`namespace/name`): its uid and its engines' counter samples
+    /// (`status.sharedCache`).
+    pub engine_windows: Mutex<EngineWindows>,
 }
+
+/// The shared-cache windows of the ModelDeployments, by `namespace/name`, with the uid they
+/// were recorded for.
+pub type EngineWindows = HashMap<String, (String, kvcache_render::shared_cache::Window)>;
 
 /// What `run` can fail with before the controllers start.
 #[derive(Debug, thiserror::Error)]

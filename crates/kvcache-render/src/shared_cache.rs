@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, VecDeque};
 use kvcache_api::condition::Cond;
 use kvcache_api::model::{EngineName, SharedCacheStatus};
 
-use crate::observe::ReadError;
+use crate::observe::{ReadError, Resolution, RoleObservation};
 
 /// The condition type on a ModelDeployment that says whether the engines' counters were read.
 pub const SHARED_CACHE_OBSERVED: &str = "SharedCacheObserved";
@@ -235,6 +235,23 @@ pub enum Engines {
     },
 }
 
+/// What a deployment's engines can tell about the shared cache: nothing without `kvCache` (or
+/// while it does not resolve), a note for an engine that does not count store hits, otherwise
+/// how many replicas of its managed roles are ready (take-over roles run what they like).
+pub fn engines(engine: EngineName, resolution: &Resolution, roles: &[RoleObservation]) -> Engines {
+    match resolution {
+        Resolution::Resolved { .. } if engine == EngineName::Vllm => Engines::Counted {
+            ready: roles
+                .iter()
+                .filter(|r| !r.unmanaged)
+                .map(|r| usize::try_from(r.ready).unwrap_or(0))
+                .sum(),
+        },
+        Resolution::Resolved { .. } => Engines::Uncounted(engine),
+        _ => Engines::NotAttached,
+    }
+}
+
 /// `SharedCacheObserved`: whether every ready engine's counters were read this pass; a Pod that
 /// could not be read is named with why, never counted as zero.
 pub fn condition(engines: Engines, readings: &[EngineReading]) -> Cond {
@@ -248,7 +265,8 @@ pub fn condition(engines: Engines, readings: &[EngineReading]) -> Cond {
             SHARED_CACHE_OBSERVED,
             "NotCountedByEngine",
             format!(
-                "{name:?} publishes no per-engine count of shared-cache hits: status.sharedCache stays empty; the store's own figures (the Binding's status.usage) still show the domain's data"
+                "{} publishes no per-engine count of shared-cache hits: status.sharedCache stays empty; the store's own figures (the Binding's status.usage) still show the domain's data",
+                name.as_str()
             ),
         ),
         Engines::Counted { ready: 0 } => Cond::unknown(
@@ -420,6 +438,40 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="a \"quoted\" , name}",
         let s = w.summary(0, 60_000, "1m");
         assert_eq!(s.hit_ratio, None);
         assert_eq!(ratio(5, 4).as_deref(), Some("1.00"));
+    }
+
+    fn role(ready: i32, unmanaged: bool) -> RoleObservation {
+        RoleObservation {
+            name: "server".into(),
+            desired: 2,
+            ready,
+            updated: 2,
+            total: 2,
+            observed: true,
+            unmanaged,
+        }
+    }
+
+    #[test]
+    fn only_an_attached_vllm_counts_and_take_over_roles_are_left_out() {
+        let resolved = Resolution::Resolved {
+            binding: "team-a/team-a".into(),
+            pool: "shared-dram".into(),
+            tenant: "default".into(),
+        };
+        let roles = [role(2, false), role(1, true)];
+        assert_eq!(
+            engines(EngineName::Vllm, &resolved, &roles),
+            Engines::Counted { ready: 2 }
+        );
+        assert_eq!(
+            engines(EngineName::Sglang, &resolved, &roles),
+            Engines::Uncounted(EngineName::Sglang)
+        );
+        assert_eq!(
+            engines(EngineName::Vllm, &Resolution::NotApplicable, &roles),
+            Engines::NotAttached
+        );
     }
 
     #[test]
