@@ -363,10 +363,13 @@ impl Nodes {
             procs.push(containerd);
             std::fs::write(ndir.join("kubeconfig"), &kubeconfig)
                 .map_err(crate::io("writing the node kubeconfig"))?;
+            // runtimeRequestTimeout: the first container of an image is unpacked inside its
+            // CreateContainer call; the engine image's 5 GB took longer than the default 2
+            // minutes on two nodes at once, and each cancelled unpack started again from zero.
             std::fs::write(
                 ndir.join("kubelet.yaml"),
                 format!(
-                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\ncgroupRoot: /{name}\nfailCgroupV1: false\nfailSwapOn: false\ncontainerRuntimeEndpoint: unix://{sock}\nreadOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nenforceNodeAllocatable: []\nevictionHard: {{}}\nauthentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\n  x509: {{clientCAFile: {ca}}}\nauthorization: {{mode: AlwaysAllow}}\nregisterNode: true\nresolvConf: /etc/resolv.conf\nclusterDNS: [{host_ip}]\nclusterDomain: cluster.local\nsystemReserved:\n  memory: \"{reserved}\"\n",
+                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\ncgroupRoot: /{name}\nfailCgroupV1: false\nfailSwapOn: false\ncontainerRuntimeEndpoint: unix://{sock}\nreadOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nenforceNodeAllocatable: []\nevictionHard: {{}}\nauthentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\n  x509: {{clientCAFile: {ca}}}\nauthorization: {{mode: AlwaysAllow}}\nregisterNode: true\nresolvConf: /etc/resolv.conf\nclusterDNS: [{host_ip}]\nclusterDomain: cluster.local\nruntimeRequestTimeout: 15m\nsystemReserved:\n  memory: \"{reserved}\"\n",
                     sock = sock.display(),
                     ca = cp.pki.ca_cert.display(),
                     reserved = machine_memory().saturating_sub(memory),

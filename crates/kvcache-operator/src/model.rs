@@ -419,7 +419,7 @@ async fn observe_engines(
 /// A window as a user reads it: `5m`, `90s`.
 fn window_text(d: std::time::Duration) -> String {
     let s = d.as_secs();
-    if s >= 60 && s % 60 == 0 {
+    if s >= 60 && s.is_multiple_of(60) {
         format!("{}m", s / 60)
     } else {
         format!("{s}s")
