@@ -535,8 +535,9 @@ const VLLM_ENVIRONMENT: &str = "localhost/kvcache/vllm-environment:0.32.0";
 /// configurations under `/models`.
 fn vllm_image(dir: &Path, base: &str) -> anyhow::Result<()> {
     let version = images::VLLM_VERSION;
+    // `base` carries RECIPE: bump it when this recipe changes in a way its inputs do not show.
     let inputs = format!(
-        "{base}; {VLLM_PACKAGE}=={version}; files {}; unused {VLLM_UNUSED}",
+        "{base}; {VLLM_PACKAGE}=={version}; files {}; unused {VLLM_UNUSED}; launcher /opt/vllm/bin/vllm",
         files_digest("images/vllm", &VLLM_FILES)?
     );
     if !stale(dir, &images::VLLM, &inputs) {
