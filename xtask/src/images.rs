@@ -537,7 +537,7 @@ fn vllm_image(dir: &Path, base: &str) -> anyhow::Result<()> {
     let version = images::VLLM_VERSION;
     // `base` carries RECIPE: bump it when this recipe changes in a way its inputs do not show.
     let inputs = format!(
-        "{base}; {VLLM_PACKAGE}=={version}; files {}; unused {VLLM_UNUSED}; launcher /opt/vllm/bin/vllm",
+        "{base}; {VLLM_PACKAGE}=={version}; files {}; unused {VLLM_UNUSED}; launcher /opt/vllm/bin/vllm, models a+rX",
         files_digest("images/vllm", &VLLM_FILES)?
     );
     if !stale(dir, &images::VLLM, &inputs) {
@@ -555,14 +555,15 @@ fn vllm_image(dir: &Path, base: &str) -> anyhow::Result<()> {
         &src.join("vllm").display().to_string(),
         "/opt/vllm/bin/vllm",
     ])?;
+    // Folders 0755 and files 0644, readable by the non-root user (a `--chmod` would give the
+    // folders the files' mode and lock the user out).
     buildah(&[
         "copy",
-        "--chmod",
-        "0644",
         &c,
         &src.join("models").display().to_string(),
         "/models",
     ])?;
+    run_in(&c, "chmod -R a+rX /models")?;
     buildah(&[
         "config",
         "--user",
