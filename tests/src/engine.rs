@@ -84,10 +84,15 @@ pub fn instance_type() -> serde_json::Value {
     })
 }
 
+/// The KV cache dtype of the engines' domains, handed to them as `--kv-cache-dtype` (the
+/// admission refuses `auto` on a new Binding; vLLM on CPU runs a float32 model with a bfloat16
+/// KV cache, measured sharing blocks with a bfloat16 model).
+pub const KV_DTYPE: &str = "bfloat16";
+
 /// A Binding for `namespace` on `pool` with the domain `domain` (`None`: the default tenant),
-/// the engines' block size and `auto` dtype (the model's own, float32).
+/// the engines' block size and [`KV_DTYPE`].
 pub fn binding(namespace: &str, pool: &str, domain: Option<&str>) -> serde_json::Value {
-    let mut d = serde_json::json!({"blockSize": BLOCK_SIZE, "dtype": "auto"});
+    let mut d = serde_json::json!({"blockSize": BLOCK_SIZE, "dtype": KV_DTYPE});
     if let Some(name) = domain {
         d["name"] = name.into();
     }

@@ -221,8 +221,9 @@ fn count_buckets(dir: &Path) -> usize {
 /// The walkthrough's manifests at demo size, one file per step, its model served by the real
 /// vLLM: the tiny model directory in the engine image (dummy weights, no tokenizer, float32 on
 /// CPU), vLLM 0.32.0 (the image's version, on the store's client line), 500m and 4Gi per
-/// replica, and a domain spelled for it (vLLM on CPU refuses 16-token blocks and the model runs
-/// in float32: `blockSize: 32`, `dtype: auto`).
+/// replica, and the domain's block size spelled for it (vLLM on CPU refuses 16-token blocks:
+/// `blockSize: 32`; the walkthrough's `dtype: bfloat16` stays, a float32 model runs with a
+/// bfloat16 KV cache).
 fn manifests(out: &Path) -> anyhow::Result<PathBuf> {
     use kvcache_e2e::engine;
     let from = crate::crds::root().join("examples/walkthrough");
@@ -233,7 +234,6 @@ fn manifests(out: &Path) -> anyhow::Result<PathBuf> {
             }
             Some("KVCachePoolBinding") => {
                 v["spec"]["domain"]["blockSize"] = engine::BLOCK_SIZE.into();
-                v["spec"]["domain"]["dtype"] = "auto".into();
             }
             Some("ModelDeployment") => {
                 v["spec"]["model"]["name"] = engine::TINY_MODEL.into();

@@ -523,7 +523,10 @@ fn vllm_environment(dir: &Path, base: &str) -> anyhow::Result<()> {
     )?;
     commit(&c, VLLM_ENVIRONMENT)?;
     std::fs::write(&marker, inputs)?;
-    println!("setup: the vLLM environment installed in {:.0?}", started.elapsed());
+    println!(
+        "setup: the vLLM environment installed in {:.0?}",
+        started.elapsed()
+    );
     Ok(())
 }
 

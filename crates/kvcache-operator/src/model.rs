@@ -378,8 +378,8 @@ async fn observe_engines(
     } else {
         Vec::new()
     };
-    let readings: Vec<EngineReading> = futures::future::join_all(pods.into_iter().map(
-        |(pod, pod_uid, ip)| async move {
+    let readings: Vec<EngineReading> =
+        futures::future::join_all(pods.into_iter().map(|(pod, pod_uid, ip)| async move {
             let url = format!("http://{ip}:{SERVING_PORT}/metrics");
             let counters = crate::store::fetch(url.clone())
                 .await
@@ -389,9 +389,8 @@ async fn observe_engines(
                 uid: pod_uid,
                 counters,
             }
-        },
-    ))
-    .await;
+        }))
+        .await;
     let window = shared.config.shared_cache_window;
     let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
     let now = now_ms();

@@ -105,6 +105,30 @@ pub fn binding_figures(b: &kvcache_api::KVCachePoolBinding) -> (Option<u64>, Opt
     )
 }
 
+/// Writes the gauge family `name` (with `help`) with one sample per (labels, value).
+fn gauge_family<'a, L, N>(
+    encoder: &mut prometheus_client::encoding::DescriptorEncoder,
+    (name, help): (&str, &str),
+    samples: impl Iterator<Item = (&'a L, N)>,
+) -> Result<(), std::fmt::Error>
+where
+    L: prometheus_client::encoding::EncodeLabelSet + 'a,
+    N: prometheus_client::encoding::EncodeGaugeValue + std::fmt::Debug,
+{
+    use prometheus_client::encoding::EncodeMetric;
+    use prometheus_client::metrics::gauge::ConstGauge;
+    let mut family = encoder.encode_descriptor(
+        name,
+        help,
+        None,
+        prometheus_client::metrics::MetricType::Gauge,
+    )?;
+    for (labels, v) in samples {
+        ConstGauge::new(v).encode(family.encode_family(labels)?)?;
+    }
+    Ok(())
+}
+
 /// Grants and usage per Binding, read from the shared Binding cache at each scrape (a Binding
 /// gone from the cache is gone from the series).
 #[derive(Default)]
@@ -123,8 +147,6 @@ impl prometheus_client::collector::Collector for BindingCollector {
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
-        use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::gauge::ConstGauge;
         let Some(store) = self.bindings.get() else {
             return Ok(());
         };
@@ -144,32 +166,27 @@ impl prometheus_client::collector::Collector for BindingCollector {
             })
             .collect();
         figures.sort_by(|a, b| (&a.0.namespace, &a.0.binding).cmp(&(&b.0.namespace, &b.0.binding)));
-        for (name, help, pick) in [
+        let bytes = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+        gauge_family(
+            &mut encoder,
             (
                 "binding_granted_bytes",
                 "The grant the store computed for a Binding's domain (status.effectiveQuota)",
-                0,
             ),
+            figures
+                .iter()
+                .filter_map(|(l, granted, _)| Some((l, bytes(*granted)?))),
+        )?;
+        gauge_family(
+            &mut encoder,
             (
                 "binding_used_bytes",
                 "Bytes the store reports a Binding's domain holds (status.usage)",
-                1,
             ),
-        ] {
-            let mut family = encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            for (labels, granted, used) in &figures {
-                let value = if pick == 0 { granted } else { used };
-                if let Some(v) = value {
-                    let gauge = ConstGauge::new(i64::try_from(*v).unwrap_or(i64::MAX));
-                    gauge.encode(family.encode_family(labels)?)?;
-                }
-            }
-        }
+            figures
+                .iter()
+                .filter_map(|(l, _, used)| Some((l, bytes(*used)?))),
+        )?;
         Ok(())
     }
 }
@@ -203,8 +220,6 @@ impl prometheus_client::collector::Collector for ModelCollector {
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
-        use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::gauge::ConstGauge;
         let Some(store) = self.models.get() else {
             return Ok(());
         };
@@ -257,17 +272,11 @@ impl prometheus_client::collector::Collector for ModelCollector {
             ),
         ];
         for (name, help, pick) in series {
-            let mut family = encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
+            gauge_family(
+                &mut encoder,
+                (name, help),
+                figures.iter().filter_map(|(l, c)| Some((l, pick(c)?))),
             )?;
-            for (labels, cache) in &figures {
-                if let Some(v) = pick(cache) {
-                    ConstGauge::new(v).encode(family.encode_family(labels)?)?;
-                }
-            }
         }
         Ok(())
     }
