@@ -366,10 +366,14 @@ impl Nodes {
             // runtimeRequestTimeout: the first container of an image is unpacked inside its
             // CreateContainer call; the engine image's 5 GB took longer than the default 2
             // minutes on two nodes at once, and each cancelled unpack started again from zero.
+            // imageGCHighThresholdPercent 100: no image garbage collection. The kubelet measures
+            // the machine's disk, which all nodes share; with the engine's layers unpacked it
+            // passed the default 85% and removed the sandbox image, which no registry can bring
+            // back (every new Pod on that node then failed `failed to get sandbox image`).
             std::fs::write(
                 ndir.join("kubelet.yaml"),
                 format!(
-                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\ncgroupRoot: /{name}\nfailCgroupV1: false\nfailSwapOn: false\ncontainerRuntimeEndpoint: unix://{sock}\nreadOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nenforceNodeAllocatable: []\nevictionHard: {{}}\nauthentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\n  x509: {{clientCAFile: {ca}}}\nauthorization: {{mode: AlwaysAllow}}\nregisterNode: true\nresolvConf: /etc/resolv.conf\nclusterDNS: [{host_ip}]\nclusterDomain: cluster.local\nruntimeRequestTimeout: 15m\nsystemReserved:\n  memory: \"{reserved}\"\n",
+                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\ncgroupRoot: /{name}\nfailCgroupV1: false\nfailSwapOn: false\ncontainerRuntimeEndpoint: unix://{sock}\nreadOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nenforceNodeAllocatable: []\nevictionHard: {{}}\nauthentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\n  x509: {{clientCAFile: {ca}}}\nauthorization: {{mode: AlwaysAllow}}\nregisterNode: true\nresolvConf: /etc/resolv.conf\nclusterDNS: [{host_ip}]\nclusterDomain: cluster.local\nruntimeRequestTimeout: 15m\nimageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\nsystemReserved:\n  memory: \"{reserved}\"\n",
                     sock = sock.display(),
                     ca = cp.pki.ca_cert.display(),
                     reserved = machine_memory().saturating_sub(memory),
