@@ -206,6 +206,30 @@ pub async fn delete_namespace(client: &Client, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Deletes the ModelDeployment `namespace/name` and waits (up to `within`) until the Pods of
+/// its role `server` are gone (their memory and accelerators free for what comes next).
+pub async fn remove_model(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    within: std::time::Duration,
+) -> Result<()> {
+    let models: Api<kvcache_api::ModelDeployment> = Api::namespaced(client.clone(), namespace);
+    models
+        .delete(name, &kube::api::DeleteParams::default())
+        .await?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    crate::pods::wait_pods(
+        &pods,
+        &role_pods(name, "server"),
+        "no Pods left",
+        within,
+        |p| p.is_empty(),
+    )
+    .await
+    .map(drop)
+}
+
 /// The label selector of one backend component's Pods (`leader`, `member-<group>`).
 pub fn backend_pods(backend: &str, component: &str) -> String {
     format!(

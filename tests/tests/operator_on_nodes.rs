@@ -589,18 +589,7 @@ static GPUS: Mutex<()> = Mutex::new(());
 
 /// Deletes a ModelDeployment and waits until its Pods are gone (their GPUs free).
 async fn remove_model(client: &Client, ns: &str, name: &str) -> Result<(), Error> {
-    let models: Api<kvcache_api::ModelDeployment> = Api::namespaced(client.clone(), ns);
-    models.delete(name, &DeleteParams::default()).await?;
-    let team: Api<Pod> = Api::namespaced(client.clone(), ns);
-    pods::wait_pods(
-        &team,
-        &walkthrough::role_pods(name, "server"),
-        "no Pods left",
-        WAIT,
-        |p| p.is_empty(),
-    )
-    .await?;
-    Ok(())
+    walkthrough::remove_model(client, ns, name, WAIT).await
 }
 
 #[test]

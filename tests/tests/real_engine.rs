@@ -144,19 +144,7 @@ async fn deploy(
 
 /// Deletes a ModelDeployment and waits until its engine Pods are gone (their memory free).
 async fn undeploy(client: &Client, namespace: &str, name: &str) -> Result<(), Error> {
-    Api::<ModelDeployment>::namespaced(client.clone(), namespace)
-        .delete(name, &DeleteParams::default())
-        .await?;
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    pods::wait_pods(
-        &api,
-        &role_pods(name, "server"),
-        "no engine Pods left",
-        WAIT,
-        |p| p.is_empty(),
-    )
-    .await
-    .map(drop)
+    walkthrough::remove_model(client, namespace, name, WAIT).await
 }
 
 async fn master_keys(client: &Client) -> Result<f64, Error> {

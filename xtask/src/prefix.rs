@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kvcache_api::ModelDeployment;
 use kvcache_e2e::cluster::{self, block_on, client_from};
 use kvcache_e2e::engine::{self, BENCH_MODEL, TINY_MODEL};
@@ -187,17 +187,7 @@ async fn measure(
         rows.push(row);
     }
     for (name, _) in ENGINES {
-        models.delete(name, &DeleteParams::default()).await?;
-    }
-    for (name, _) in ENGINES {
-        pods::wait_pods(
-            &api,
-            &walkthrough::role_pods(name, "server"),
-            "no Pods left",
-            WAIT,
-            |p| p.is_empty(),
-        )
-        .await?;
+        walkthrough::remove_model(client, TEAM, name, WAIT).await?;
     }
     Ok(rows)
 }
