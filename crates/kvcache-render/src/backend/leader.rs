@@ -6,7 +6,7 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec,
-    Probe, Volume,
+    Probe, ResourceRequirements, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -148,6 +148,10 @@ pub(super) fn leader_deployment(
         env: Some(env),
         ports: Some(ports),
         readiness_probe: Some(ready),
+        resources: Some(ResourceRequirements {
+            requests: Some(std::collections::BTreeMap::from([store_cpu_request()])),
+            ..Default::default()
+        }),
         liveness_probe: Some(Probe {
             initial_delay_seconds: Some(10),
             ..live

@@ -20,7 +20,7 @@ use kvcache_inject::{env as env_value, field_env};
 use super::{
     BackendInputs, DEFAULT_LOCAL_BUFFER, ELECTOR_PATH, MEMBER_BASE_PORT, POD_SPEC_HASH,
     SHUTDOWN_MARGIN_SECONDS, TIER_STAGING_BYTES, account, bytes, client_endpoint, elector_install,
-    empty_dir, leader_name, meta, mount, pull_policy, pull_secrets,
+    empty_dir, leader_name, meta, mount, pull_policy, pull_secrets, store_cpu_request,
 };
 use crate::names::{self, backend_labels, backend_selector};
 use crate::{Error, fingerprint};
@@ -405,10 +405,13 @@ pub(super) fn member_daemon_set(
             ..Default::default()
         }),
         resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([(
-                "memory".to_owned(),
-                K8sQuantity(kvcache_api::quantity::format_bytes(request)),
-            )])),
+            requests: Some(BTreeMap::from([
+                store_cpu_request(),
+                (
+                    "memory".to_owned(),
+                    K8sQuantity(kvcache_api::quantity::format_bytes(request)),
+                ),
+            ])),
             limits: (!limits.is_empty()).then_some(limits),
             ..Default::default()
         }),

@@ -48,6 +48,22 @@ pub const ELECTOR_PATH: &str = "/kvcache/bin/kvcache-elector";
 pub const SHUTDOWN_MARGIN_SECONDS: i64 = 60;
 /// The Lease duration the elector is given.
 pub const LEASE_SECONDS: i32 = 6;
+/// The CPU every store container (master, member) requests. Without a request a container gets
+/// the kernel's minimum share: beside engines that request cores and prefill on all of them, the
+/// elector then missed its 4 s renew deadline and restarted the master, emptying the cache
+/// (measured by `cargo xtask bench prefix` on two CPU cores; the store's own use is far below).
+pub const STORE_CPU_REQUEST: &str = "100m";
+
+/// The CPU request of a store container, as Kubernetes writes it.
+pub fn store_cpu_request() -> (
+    String,
+    k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+) {
+    (
+        "cpu".to_owned(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity(STORE_CPU_REQUEST.to_owned()),
+    )
+}
 
 /// What rendering a backend takes.
 #[derive(Clone, Debug)]
