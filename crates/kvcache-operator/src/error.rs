@@ -1,6 +1,9 @@
-//! What a reconcile can fail with; each cause has a label for metrics and logs.
+//! What the operator can fail with: a reconcile (each cause has a label for metrics and logs), or
+//! `run` before the controllers start.
 
-/// A reconcile failure.
+use std::net::SocketAddr;
+
+/// An operator failure.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The API server refused or failed a call.
@@ -25,6 +28,32 @@ pub enum Error {
     /// The webhook's certificate could not be made or read.
     #[error("webhook certificate: {0}")]
     Certificate(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// No client configuration (kubeconfig or in-cluster).
+    #[error("cannot reach the API server: {0}")]
+    Connect(#[source] kube::Error),
+    /// A CRD is not installed.
+    #[error(
+        "the {crd} CustomResourceDefinition is not installed: apply deploy/crds/ (kubectl apply -f deploy/crds/) and start the operator again"
+    )]
+    CrdMissing {
+        /// The CRD's name.
+        crd: String,
+    },
+    /// The operator's Lease could not be read or written.
+    #[error("the operator's leader election: {0}")]
+    Election(#[from] kube_lease_manager::LeaseManagerError),
+    /// The Lease was lost while leading: the process exits so that it restarts as a standby.
+    #[error("lost the operator's Lease {0} while leading; exiting to restart as a standby")]
+    LeaseLost(String),
+    /// SIGTERM could not be listened for.
+    #[error("cannot listen for SIGTERM: {0}")]
+    Signal(#[source] std::io::Error),
+    /// The metrics and health server could not bind its address.
+    #[error("cannot serve metrics and health on {addr}: {source}")]
+    Serve {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -36,6 +65,10 @@ impl Error {
             Error::DeletionHeld(_) => "deletion_held",
             Error::Finalizer(_) => "finalizer",
             Error::Certificate(_) => "certificate",
+            Error::Connect(_) => "connect",
+            Error::CrdMissing { .. } => "crd_missing",
+            Error::Election(_) | Error::LeaseLost(_) => "election",
+            Error::Signal(_) | Error::Serve { .. } => "start",
         }
     }
 
@@ -45,12 +78,15 @@ impl Error {
     }
 }
 
+/// How soon a failed reconcile is retried when nothing more specific applies.
+pub const RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How soon a failed reconcile is retried: soon for a lost race on the finalizer patch (another
 /// writer touched the object between read and patch), a few seconds otherwise.
 pub fn retry_after(e: &Error) -> std::time::Duration {
     match e {
         Error::Finalizer(_) => std::time::Duration::from_millis(500),
-        _ => std::time::Duration::from_secs(5),
+        _ => RETRY,
     }
 }
 

@@ -1,16 +1,15 @@
 //! `kvcache-operator`: runs the operator, and offline prints its CRDs, checks manifests and
 //! renders what the operator would create.
 
-mod backend;
-mod certs;
 mod cli;
+mod context;
+mod controllers;
+mod election;
 mod error;
-mod model;
-mod pool;
 mod run;
-mod status;
 mod store;
 mod telemetry;
+mod watch;
 mod webhook;
 
 use std::process::ExitCode;

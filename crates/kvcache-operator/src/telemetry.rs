@@ -1,7 +1,6 @@
 //! Logs, metrics (`/metrics`, Prometheus text through `prometheus-client`) and health
 //! (`/healthz`, `/readyz`) served beside the controllers.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -397,19 +396,6 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// Records a successful reconcile with its duration (failures are counted by the
-    /// controller's error policy).
-    pub fn succeeded<T, E>(
-        &self,
-        controller: &str,
-        started: std::time::Instant,
-        result: &Result<T, E>,
-    ) {
-        if result.is_ok() {
-            self.reconciled(controller, "ok", started.elapsed().as_secs_f64());
-        }
-    }
-
     /// Records one webhook request.
     pub fn webhook(&self, webhook: &str, outcome: &str, seconds: f64) {
         self.webhook_seconds
@@ -487,19 +473,19 @@ pub struct Readiness {
 }
 
 #[derive(Clone)]
-struct Shared {
+struct Context {
     metrics: Arc<Metrics>,
     ready: Arc<Readiness>,
 }
 
-async fn metrics(State(s): State<Shared>) -> (StatusCode, String) {
+async fn metrics(State(s): State<Context>) -> (StatusCode, String) {
     match s.metrics.encode() {
         Ok(text) => (StatusCode::OK, text),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
 
-async fn readyz(State(s): State<Shared>) -> (StatusCode, &'static str) {
+async fn readyz(State(s): State<Context>) -> (StatusCode, &'static str) {
     if !s.ready.controllers.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet")
     } else if !s.ready.webhook.load(Ordering::Relaxed) {
@@ -514,7 +500,7 @@ async fn readyz(State(s): State<Shared>) -> (StatusCode, &'static str) {
 
 /// Serves `/metrics`, `/healthz` and `/readyz` until the task is dropped.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     metrics_: Arc<Metrics>,
     ready: Arc<Readiness>,
 ) -> std::io::Result<()> {
@@ -522,10 +508,9 @@ pub async fn serve(
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .with_state(Shared {
+        .with_state(Context {
             metrics: metrics_,
             ready,
         });
-    let listener = tokio::net::TcpListener::bind(addr).await?;
     axum::serve(listener, app).await
 }

@@ -1,4 +1,4 @@
-//! The admission webhook, served over HTTPS by `kvcache-operator run` on every replica.
+//! What the admission webhook answers, decided without I/O.
 //!
 //! `/validate` judges the five kinds with `kvcache-render::review` (the judgement the offline
 //! `kvcache-operator validate` makes too): single-object rules with the cluster's settings,
@@ -11,30 +11,15 @@
 //!   the same instant as another one on the same domain can pass both checks; that race is
 //!   what `DomainExclusive=False/DomainClaimedByMultipleBindings` reports afterwards (2.3.6).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
-use axum::Router;
-use axum::extract::State;
-use axum::routing::post;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::core::response::{Status, StatusCause, StatusDetails};
 use kvcache_api::manifest::{Manifest, Object};
-use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, Settings};
+use kvcache_api::{GROUP, KVCacheBackend, KVCachePool, KVCachePoolBinding, Settings};
 use kvcache_render::review::{Review, review};
-use tracing::{info, warn};
-
-use crate::certs::Presented;
-use crate::run::Shared;
-
-/// The group every judged kind belongs to.
-pub const GROUP: &str = "worker.gpustack.ai";
 
 /// The objects the cross-object rules read.
 #[derive(Clone, Debug, Default)]
@@ -59,7 +44,7 @@ type Chain<'a> = (
 
 impl World {
     /// The Binding `binding` in namespace `ns`, its pool and that pool's backend.
-    fn chain(&self, ns: &str, binding: &str) -> Chain<'_> {
+    pub fn chain(&self, ns: &str, binding: &str) -> Chain<'_> {
         let b = self
             .bindings
             .iter()
@@ -332,325 +317,15 @@ pub fn freeze_pod(req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
     }
 }
 
-/// What the handlers read.
-pub struct Webhook {
-    /// The operator's shared state (stores, metrics).
-    pub shared: Arc<Shared>,
-}
-
-impl Webhook {
-    fn world(&self) -> World {
-        World {
-            backends: self.shared.backends.state(),
-            pools: self.shared.pools.state(),
-            bindings: self.shared.bindings.state(),
-            instance_types: self.shared.instance_types.state(),
-        }
-    }
-}
-
-/// What a ModelDeployment is judged against (catalogue 2.4.10): its Binding, that Binding's pool
-/// and backend, and the InstanceTypes its roles name, read live from the API server, so that a
-/// Binding created a moment earlier counts. A deployment being deleted is judged against nothing
-/// (the rules reading an InstanceType stand down).
-async fn live_world(client: &kube::Client, object: &DynamicObject) -> Result<World, String> {
-    use kube::api::Api;
-    use kvcache_api::ModelDeployment;
-    use kvcache_api::model::InstanceType;
-    let md: ModelDeployment = serde_json::to_value(object)
-        .and_then(serde_json::from_value)
-        .map_err(|e| format!("the object does not decode: {e}"))?;
-    let mut world = World::default();
-    if md.metadata.deletion_timestamp.is_some() {
-        return Ok(world);
-    }
-    let read = |what: String| move |e: kube::Error| format!("reading {what}: {e}");
-    let ns = md.metadata.namespace.clone().unwrap_or_default();
-    if let Some(kv) = &md.spec.kv_cache {
-        live_binding(client, &ns, &kv.pool_ref.name, &mut world).await?;
-    }
-    let its: Api<InstanceType> = Api::all(client.clone());
-    let mut names: Vec<&str> = md
-        .spec
-        .roles
-        .iter()
-        .map(|r| r.instance_type.as_str())
-        .collect();
-    names.sort_unstable();
-    names.dedup();
-    for name in names {
-        if let Some(it) = its
-            .get_opt(name)
-            .await
-            .map_err(read(format!("InstanceType {name}")))?
-        {
-            world.instance_types.push(Arc::new(it));
-        }
-    }
-    Ok(world)
-}
-
-async fn validate_handler(
-    State(hook): State<Arc<Webhook>>,
-    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
-) -> axum::Json<AdmissionReview<DynamicObject>> {
-    let settings = crate::backend::settings(&hook.shared);
-    // ModelDeployments: live reads (2.4.10). The other kinds: the caches, fresh enough for the
-    // claims they judge (a race past them is what DomainExclusive reports).
-    let live = match review.request.as_ref() {
-        Some(r)
-            if r.kind.kind == "ModelDeployment"
-                && matches!(r.operation, Operation::Create | Operation::Update) =>
-        {
-            match r.object.as_ref() {
-                Some(o) => Some(live_world(&hook.shared.client, o).await),
-                None => None,
-            }
-        }
-        _ => None,
-    };
-    let world = match live {
-        Some(Ok(w)) => w,
-        Some(Err(why)) => {
-            return answer(&hook, "validate", review, |req| {
-                AdmissionResponse::from(req).deny(why)
-            });
-        }
-        None => hook.world(),
-    };
-    answer(&hook, "validate", review, |req| {
-        validate(req, &settings, &world)
-    })
-}
-
-/// Decodes a review, answers it with `decide`, records the outcome.
-fn answer(
-    hook: &Webhook,
-    name: &'static str,
-    review: AdmissionReview<DynamicObject>,
-    decide: impl FnOnce(&AdmissionRequest<DynamicObject>) -> AdmissionResponse,
-) -> axum::Json<AdmissionReview<DynamicObject>> {
-    let started = Instant::now();
-    let req: AdmissionRequest<DynamicObject> = match review.try_into() {
-        Ok(r) => r,
-        Err(e) => {
-            warn!(error = %e, "an AdmissionReview without a request");
-            return axum::Json(AdmissionResponse::invalid(e.to_string()).into_review());
-        }
-    };
-    let response = decide(&req);
-    let outcome = if response.allowed {
-        "allowed"
-    } else {
-        "refused"
-    };
-    hook.shared
-        .metrics
-        .webhook(name, outcome, started.elapsed().as_secs_f64());
-    info!(
-        webhook = name,
-        kind = %req.kind.kind,
-        namespace = req.namespace.as_deref().unwrap_or(""),
-        name = %req.name,
-        operation = ?req.operation,
-        outcome,
-        reason = %response.result.reason,
-        "admission"
-    );
-    axum::Json(response.into_review())
-}
-
-/// Reads a Binding, its pool and that pool's backend live into `world` (those that exist).
-async fn live_binding(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-    world: &mut World,
-) -> Result<(), String> {
-    use kube::api::Api;
-    let read = |what: String| move |e: kube::Error| format!("reading {what}: {e}");
-    let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), ns);
-    let Some(b) = bindings
-        .get_opt(name)
-        .await
-        .map_err(read(format!("KVCachePoolBinding {ns}/{name}")))?
-    else {
-        return Ok(());
-    };
-    let pools: Api<KVCachePool> = Api::all(client.clone());
-    if let Some(p) = pools
-        .get_opt(&b.spec.pool_ref.name)
-        .await
-        .map_err(read(format!("KVCachePool {}", b.spec.pool_ref.name)))?
-    {
-        if let Some(name) = p.spec.backend() {
-            let backends: Api<KVCacheBackend> = Api::all(client.clone());
-            if let Some(be) = backends
-                .get_opt(name)
-                .await
-                .map_err(read(format!("KVCacheBackend {name}")))?
-            {
-                world.backends.push(Arc::new(be));
-            }
-        }
-        world.pools.push(Arc::new(p));
-    }
-    world.bindings.push(Arc::new(b));
-    Ok(())
-}
-
 /// Whether `world` holds the Binding a Pod names, its pool and backend.
-fn resolves(world: &World, ns: &str, binding: &str) -> bool {
+pub fn resolves(world: &World, ns: &str, binding: &str) -> bool {
     world.chain(ns, binding).2.is_some()
 }
-
-async fn mutate_pods_handler(
-    State(hook): State<Arc<Webhook>>,
-    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
-) -> axum::Json<AdmissionReview<DynamicObject>> {
-    let settings = crate::backend::settings(&hook.shared);
-    let mut world = hook.world();
-    let mut unreadable = None;
-    // The Binding, pool and backend come from the shared caches (fresh within a watch event);
-    // when the chain a Pod names is not all there (a Binding created a moment before its
-    // Pods), they are read live, so that the Pod is judged on what exists, not on a lagging
-    // cache. A failed read refuses the Pod (the webhook fails closed).
-    if let Some(req) = &review.request
-        && let Some(pod) = &req.object
-    {
-        let ns = req.namespace.clone().unwrap_or_default();
-        let binding = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(kvcache_render::pod::BINDING_ANNOTATION))
-            .cloned();
-        if let Some(binding) = binding.filter(|b| !b.is_empty())
-            && !resolves(&world, &ns, &binding)
-        {
-            let mut live = World::default();
-            if let Err(e) = live_binding(&hook.shared.client, &ns, &binding, &mut live).await {
-                tracing::warn!(namespace = %ns, binding = %binding, error = %e, "live read for a Pod's Binding failed");
-                unreadable = Some(e);
-            }
-            world.bindings.retain(|b| {
-                !(b.metadata.namespace.as_deref() == Some(ns.as_str())
-                    && b.metadata.name.as_deref() == Some(binding.as_str()))
-            });
-            world.bindings.extend(live.bindings);
-            world.pools.extend(live.pools);
-            world.backends.extend(live.backends);
-        }
-    }
-    let config = &hook.shared.config;
-    answer(&hook, "inject", review, |req| {
-        if let Some(e) = &unreadable {
-            return AdmissionResponse::from(req).deny(format!(
-                "BindingUnreadable: {e}; the Pod is refused until it can be read"
-            ));
-        }
-        mutate_pod(
-            req,
-            &config.namespace,
-            &config.operator_image,
-            &settings,
-            &world,
-        )
-    })
-}
-
-async fn validate_pods_handler(
-    State(hook): State<Arc<Webhook>>,
-    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
-) -> axum::Json<AdmissionReview<DynamicObject>> {
-    answer(&hook, "freeze", review, freeze_pod)
-}
-
-/// The webhook's routes.
-pub fn router(hook: Arc<Webhook>) -> Router {
-    Router::new()
-        .route("/validate", post(validate_handler))
-        .route("/mutate-pods", post(mutate_pods_handler))
-        .route("/validate-pods", post(validate_pods_handler))
-        .with_state(hook)
-}
-
-/// Serves the routes over TLS with the presented certificate until the task is dropped.
-pub async fn serve(
-    addr: SocketAddr,
-    router: Router,
-    presented: Arc<Presented>,
-    stop: impl std::future::Future<Output = ()> + Send,
-) -> std::io::Result<()> {
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(std::io::Error::other)?
-    .with_no_client_auth()
-    .with_cert_resolver(presented);
-    let mut config = config;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    info!(%addr, "webhook serving");
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut stop = std::pin::pin!(stop);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(error = %e, "accepting a webhook connection");
-                    continue;
-                }
-            },
-            () = &mut stop => break,
-        };
-        let (acceptor, router) = (acceptor.clone(), router.clone());
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let tls = match acceptor.accept(tcp).await {
-                Ok(t) => t,
-                Err(e) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-            };
-            let service = TowerToHyperService::new(router);
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let connection = builder
-                .serve_connection(TokioIo::new(tls), service)
-                .into_owned();
-            if let Err(e) = watcher.watch(connection).await {
-                tracing::debug!(%peer, error = %e, "webhook connection ended");
-            }
-        });
-    }
-    // No new connections; the requests in flight are answered and their connections closed
-    // (HTTP/2 GOAWAY, HTTP/1 after the response), within DRAIN.
-    drop(listener);
-    let open = graceful.count();
-    if tokio::time::timeout(DRAIN, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        warn!(
-            open,
-            "webhook connections still open after the drain; closing them"
-        );
-    } else {
-        info!(open, "webhook drained");
-    }
-    Ok(())
-}
-
-/// How long a stopping replica waits for the webhook requests in flight.
-pub const DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::core::admission::AdmissionReview;
 
     fn request(
         kind: &str,

@@ -25,11 +25,10 @@ use kvcache_render::model::{ModelInputs, SERVING_PORT, render};
 use kvcache_render::observe::{ModelObservation, Resolution, RoleObservation, model_status};
 use kvcache_render::resolve::{Environment, attachment_on};
 use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
-use tracing::{instrument, warn};
+use tracing::instrument;
 
-use crate::backend::MANAGER;
+use crate::context::{Context, MANAGER, lock};
 use crate::error::{Error, kube as kerr};
-use crate::run::Shared;
 
 const CONTROLLER: &str = "modeldeployment";
 
@@ -38,9 +37,9 @@ fn id(md: &ModelDeployment) -> String {
 }
 
 /// Runs the controller until shutdown.
-pub async fn run(shared: Arc<Shared>) {
-    let client = shared.client.clone();
-    let controller = crate::run::controller(
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let controller = crate::watch::controller(
         Api::<ModelDeployment>::all(client.clone()),
         watcher::Config::default(),
     );
@@ -91,30 +90,24 @@ pub async fn run(shared: Arc<Shared>) {
         )
         .shutdown_on_signal()
         .run(
-            crate::run::traced(CONTROLLER, reconcile),
-            error_policy,
-            shared,
+            crate::watch::traced(CONTROLLER, reconcile),
+            super::error_policy(crate::error::RETRY),
+            ctx,
         )
         .for_each(|_| futures::future::ready(()))
         .await;
 }
 
-fn error_policy(md: Arc<ModelDeployment>, e: &Error, shared: Arc<Shared>) -> Action {
-    shared.metrics.reconciled(CONTROLLER, e.metric_label(), 0.0);
-    warn!(deployment = %id(&md), error = %e, "reconcile failed");
-    Action::requeue(crate::error::retry_after(e))
-}
-
 /// The Binding and backend a resolved reference reaches.
 type Reached = (Arc<KVCachePoolBinding>, Arc<kvcache_api::KVCacheBackend>);
 
-fn resolve(shared: &Shared, md: &ModelDeployment) -> (Resolution, Option<Reached>) {
+fn resolve(ctx: &Context, md: &ModelDeployment) -> (Resolution, Option<Reached>) {
     let Some(kv) = &md.spec.kv_cache else {
         return (Resolution::NotApplicable, None);
     };
     let ns = md.namespace().unwrap_or_default();
     let name = &kv.pool_ref.name;
-    let Some(b) = shared.bindings.get(&ObjectRef::new(name).within(&ns)) else {
+    let Some(b) = ctx.bindings.get(&ObjectRef::new(name).within(&ns)) else {
         return (
             Resolution::BindingNotFound {
                 binding: name.clone(),
@@ -127,7 +120,7 @@ fn resolve(shared: &Shared, md: &ModelDeployment) -> (Resolution, Option<Reached
     if b.meta().deletion_timestamp.is_some() {
         return (Resolution::BindingDeleting { binding: who }, None);
     }
-    let Some(pool) = shared.pools.get(&ObjectRef::new(&b.spec.pool_ref.name)) else {
+    let Some(pool) = ctx.pools.get(&ObjectRef::new(&b.spec.pool_ref.name)) else {
         return (
             Resolution::BindingNotReady {
                 binding: who,
@@ -137,7 +130,7 @@ fn resolve(shared: &Shared, md: &ModelDeployment) -> (Resolution, Option<Reached
         );
     };
     let backend_name = pool.spec.backend().unwrap_or_default();
-    let Some(backend) = shared.backends.get(&ObjectRef::new(backend_name)) else {
+    let Some(backend) = ctx.backends.get(&ObjectRef::new(backend_name)) else {
         return (
             Resolution::BindingNotReady {
                 binding: who,
@@ -156,18 +149,17 @@ fn resolve(shared: &Shared, md: &ModelDeployment) -> (Resolution, Option<Reached
     )
 }
 
-#[instrument(skip(md, shared), fields(deployment = %id(&md)))]
-async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Action, Error> {
-    let started = Instant::now();
+#[instrument(skip(md, ctx), fields(deployment = %id(&md)))]
+async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = md.namespace().unwrap_or_default();
-    let settings = crate::backend::settings(&shared);
-    let (resolution, resolved) = resolve(&shared, &md);
+    let settings = ctx.settings();
+    let (resolution, resolved) = resolve(&ctx, &md);
     let env = Environment {
-        namespace: &shared.config.namespace,
-        operator_image: &shared.config.operator_image,
+        namespace: &ctx.config.namespace,
+        operator_image: &ctx.config.operator_image,
         settings: &settings,
     };
-    let instance_types: BTreeMap<String, InstanceType> = shared
+    let instance_types: BTreeMap<String, InstanceType> = ctx
         .instance_types
         .state()
         .iter()
@@ -177,8 +169,8 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
     let mut held = false;
     // The names of the role Deployments rendered and applied this pass, when they were.
     let mut rendered: Option<BTreeSet<String>> = None;
-    let deployments: Api<Deployment> = Api::namespaced(shared.client.clone(), &ns);
-    let services: Api<Service> = Api::namespaced(shared.client.clone(), &ns);
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
     let attachment = match &resolved {
         Some((b, backend)) => match attachment_on(&b.name_any(), b, backend, &env) {
             Ok(a) => Some(a),
@@ -263,8 +255,7 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
             .kv_cache
             .as_ref()
             .and_then(|k| {
-                shared
-                    .bindings
+                ctx.bindings
                     .get(&kube::runtime::reflector::ObjectRef::new(&k.pool_ref.name).within(&ns))
             })
             .and_then(|b| {
@@ -292,7 +283,7 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
     };
     let (phase, message, mut conditions) = model_status(&obs);
     let engines = shared_cache::engines(md.spec.engine.name, &resolution, &roles);
-    let (shared_cache, observed) = observe_engines(&shared, &md, &ns, engines).await?;
+    let (shared_cache, observed) = observe_engines(&ctx, &md, &ns, engines).await?;
     conditions.push(observed);
     let stored = md.status.clone().unwrap_or_default();
     let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -328,28 +319,25 @@ async fn reconcile(md: Arc<ModelDeployment>, shared: Arc<Shared>) -> Result<Acti
         shared_cache,
         conditions: merge(&stored.conditions, &conditions, &now, md.meta().generation),
     };
-    crate::status::apply(
-        &Api::<ModelDeployment>::namespaced(shared.client.clone(), &ns),
+    super::status::apply(
+        &Api::<ModelDeployment>::namespaced(ctx.client.clone(), &ns),
         "ModelDeployment",
         md.meta(),
         MANAGER,
         &status,
     )
     .await?;
-    shared
-        .metrics
-        .reconciled(CONTROLLER, "ok", started.elapsed().as_secs_f64());
     // A resync while nothing changes (`--model-resync`, 5 minutes): every input (the deployment,
     // its Deployments, its Binding and through it the store's figures, InstanceTypes)
     // re-triggers a reconcile by itself. A short interval here was the scale benchmark's
     // bottleneck: 2,000 deployments each re-read every 15 s kept the queue full.
     Ok(Action::requeue(match engines {
         // The engines' counters move without any watched object changing.
-        Engines::Counted { ready } if ready > 0 => shared
+        Engines::Counted { ready } if ready > 0 => ctx
             .config
             .engine_metrics_interval
-            .min(shared.config.model_resync),
-        _ => shared.config.model_resync,
+            .min(ctx.config.model_resync),
+        _ => ctx.config.model_resync,
     }))
 }
 
@@ -363,18 +351,18 @@ fn now_ms() -> u64 {
 /// the readings in the deployment's window and returns `status.sharedCache` and the
 /// `SharedCacheObserved` condition.
 async fn observe_engines(
-    shared: &Shared,
+    ctx: &Context,
     md: &ModelDeployment,
     ns: &str,
     engines: Engines,
 ) -> Result<(Option<SharedCacheStatus>, kvcache_api::condition::Cond), Error> {
     let key = id(md);
     let Engines::Counted { ready } = engines else {
-        lock(&shared.engine_windows).remove(&key);
+        lock(&ctx.engine_windows).remove(&key);
         return Ok((None, shared_cache::condition(engines, &[])));
     };
     let pods = if ready > 0 {
-        ready_engine_pods(shared, md, ns).await?
+        ready_engine_pods(ctx, md, ns).await?
     } else {
         Vec::new()
     };
@@ -391,12 +379,12 @@ async fn observe_engines(
             }
         }))
         .await;
-    let window = shared.config.shared_cache_window;
+    let window = ctx.config.shared_cache_window;
     let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
     let now = now_ms();
     let summary = {
-        let mut windows = lock(&shared.engine_windows);
-        sweep(shared, &mut windows, now);
+        let mut windows = lock(&ctx.engine_windows);
+        sweep(ctx, &mut windows, now);
         let uid = md.uid().unwrap_or_default();
         let entry = windows.entry(key).or_default();
         // A deployment deleted and created again under the same name starts afresh.
@@ -427,7 +415,7 @@ fn window_text(d: std::time::Duration) -> String {
 
 /// Drops, at most once a minute, the windows of deployments no longer in the cache (a deleted
 /// deployment is never reconciled again to drop its own).
-fn sweep(shared: &Shared, windows: &mut crate::run::EngineWindows, now: u64) {
+fn sweep(ctx: &Context, windows: &mut crate::context::EngineWindows, now: u64) {
     static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let last = LAST.load(std::sync::atomic::Ordering::Relaxed);
     if now.saturating_sub(last) < 60_000 {
@@ -435,22 +423,14 @@ fn sweep(shared: &Shared, windows: &mut crate::run::EngineWindows, now: u64) {
     }
     LAST.store(now, std::sync::atomic::Ordering::Relaxed);
     windows.retain(|key, _| {
-        key.split_once('/').is_some_and(|(ns, name)| {
-            shared
-                .models
-                .get(&ObjectRef::new(name).within(ns))
-                .is_some()
-        })
+        key.split_once('/')
+            .is_some_and(|(ns, name)| ctx.models.get(&ObjectRef::new(name).within(ns)).is_some())
     });
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The deployment's managed-role Pods that are Ready and have an address: (name, uid, IP).
 async fn ready_engine_pods(
-    shared: &Shared,
+    ctx: &Context,
     md: &ModelDeployment,
     ns: &str,
 ) -> Result<Vec<(String, String, String)>, Error> {
@@ -461,7 +441,7 @@ async fn ready_engine_pods(
         .filter(|r| r.command.is_empty())
         .map(|r| kvcache_render::names::label_value(&r.name))
         .collect();
-    let pods = Api::<Pod>::namespaced(shared.client.clone(), ns)
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
         .list(&ListParams::default().labels(&format!(
             "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={}",
             kvcache_render::names::label_value(&md.name_any())

@@ -2,9 +2,9 @@
 //! was observed), write. Every decision is a pure function in `kvcache-render`; this module only
 //! reads the cluster and the store, applies, prunes, deletes stale member Pods and writes status.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
@@ -13,53 +13,44 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Client, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use kvcache_api::backend::{
     BackendPhase, EndpointName, KVCacheBackendStatus, ObjectRef as Consumer,
 };
 use kvcache_api::condition::{Cond, Status};
-use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, Settings};
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
 use kvcache_render::backend::{
-    ADMIN_PORT, BackendInputs, BackendObjects, OWNER_LABEL, POD_SPEC_HASH, client_endpoint,
-    leader_name,
+    BackendInputs, BackendObjects, OWNER_LABEL, POD_SPEC_HASH, client_endpoint, leader_name,
 };
 use kvcache_render::names::label_value;
 use kvcache_render::observe::{
     self, Computed, LeaderReplicas, MemberPod, Observation, hold_standbys, types,
 };
 use kvcache_render::resolve::{ceilings_on, store_image};
-
-/// The Lease annotation where the elector publishes the master binary's own version.
-const STORE_VERSION_ANNOTATION: &str = "kvcache.gpustack.ai/store-version";
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{info, instrument, warn};
 
+use crate::context::{Context, Figures, Polled};
 use crate::error::{Error, kube as kerr};
-use crate::run::Shared;
 
-/// The one field manager of every write.
-pub const MANAGER: &str = "kvcache-operator";
+/// The Lease annotation where the elector publishes the master binary's own version.
+const STORE_VERSION_ANNOTATION: &str = "kvcache.gpustack.ai/store-version";
+
 /// Held while the backend's workloads are torn down.
 pub const FINALIZER: &str = "kvcache.gpustack.ai/teardown";
+
 const CONTROLLER: &str = "kvcachebackend";
+
 /// How long a workload gets to go beyond its Pods' termination grace.
 const TEARDOWN_SLACK: Duration = Duration::from_secs(120);
-
-/// Per-backend polling: the figures last seen and the delay until the next read.
-#[derive(Clone, Debug, Default)]
-pub struct Poll {
-    figures: String,
-    delay: Duration,
-}
 
 fn labels_of_backend(name: &str) -> String {
     format!(
@@ -88,19 +79,19 @@ fn by_instance_label(
 }
 
 /// Runs the controller until shutdown.
-pub async fn run(shared: Arc<Shared>) {
-    let client = shared.client.clone();
-    let ns = shared.config.namespace.clone();
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let ns = ctx.config.namespace.clone();
     let backends: Api<KVCacheBackend> = Api::all(client.clone());
     let mut selected = watcher::Config::default();
-    if !shared.config.backend_selector.is_empty() {
-        selected = selected.labels(&shared.config.backend_selector);
+    if !ctx.config.backend_selector.is_empty() {
+        selected = selected.labels(&ctx.config.backend_selector);
     }
-    let controller = crate::run::controller(backends, selected);
+    let controller = crate::watch::controller(backends, selected);
     let store = controller.store();
     let (pod_store, lease_store, settings_store, slice_store) =
         (store.clone(), store.clone(), store.clone(), store.clone());
-    let binding_shared = shared.clone();
+    let binding_ctx = ctx.clone();
     controller
         .owns(
             Api::<Deployment>::namespaced(client.clone(), &ns),
@@ -153,7 +144,7 @@ pub async fn run(shared: Arc<Shared>) {
         )
         // A pool names its backend (status.usedBy, deletion hold, the tenant policy).
         .watches_stream(
-            crate::run::spec_changes(Api::<KVCachePool>::all(client.clone())),
+            crate::watch::spec_changes(Api::<KVCachePool>::all(client.clone())),
             |pool| {
                 pool.spec
                     .backend()
@@ -164,9 +155,9 @@ pub async fn run(shared: Arc<Shared>) {
         )
         // A Binding's ceiling or domain changes its backend's tenant policy seed.
         .watches_stream(
-            crate::run::spec_changes(Api::<KVCachePoolBinding>::all(client.clone())),
+            crate::watch::spec_changes(Api::<KVCachePoolBinding>::all(client.clone())),
             move |binding| {
-                binding_shared
+                binding_ctx
                     .pools
                     .get(&ObjectRef::new(&binding.spec.pool_ref.name))
                     .and_then(|p| p.spec.backend().map(ObjectRef::new))
@@ -174,9 +165,9 @@ pub async fn run(shared: Arc<Shared>) {
         )
         .shutdown_on_signal()
         .run(
-            crate::run::traced(CONTROLLER, reconcile),
-            error_policy,
-            shared.clone(),
+            crate::watch::traced(CONTROLLER, reconcile),
+            super::error_policy(Duration::from_secs(5)),
+            ctx.clone(),
         )
         .for_each(|result| async move {
             if let Err(e) = result {
@@ -186,41 +177,22 @@ pub async fn run(shared: Arc<Shared>) {
         .await;
 }
 
-fn error_policy(b: Arc<KVCacheBackend>, error: &Error, shared: Arc<Shared>) -> Action {
-    shared
-        .metrics
-        .reconciled(CONTROLLER, error.metric_label(), 0.0);
-    match error {
-        Error::DeletionHeld(why) => {
-            info!(backend = %b.name_any(), why, "deletion held");
-            Action::requeue(Duration::from_secs(5))
-        }
-        e => {
-            warn!(backend = %b.name_any(), error = %e, "reconcile failed");
-            Action::requeue(crate::error::retry_after(e))
-        }
-    }
-}
-
-#[instrument(skip(b, shared), fields(backend = %b.name_any()))]
-async fn reconcile(b: Arc<KVCacheBackend>, shared: Arc<Shared>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let api: Api<KVCacheBackend> = Api::all(shared.client.clone());
-    let result = finalizer(&api, FINALIZER, b, |event| async {
+#[instrument(skip(b, ctx), fields(backend = %b.name_any()))]
+async fn reconcile(b: Arc<KVCacheBackend>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let api: Api<KVCacheBackend> = Api::all(ctx.client.clone());
+    finalizer(&api, FINALIZER, b, |event| async {
         match event {
-            Finalized::Apply(b) => apply(&b, &shared).await,
-            Finalized::Cleanup(b) => cleanup(&b, &shared).await,
+            Finalized::Apply(b) => apply(&b, &ctx).await,
+            Finalized::Cleanup(b) => cleanup(&b, &ctx).await,
         }
     })
     .await
-    .map_err(crate::error::from_finalizer);
-    shared.metrics.succeeded(CONTROLLER, started, &result);
-    result
+    .map_err(crate::error::from_finalizer)
 }
 
 /// The pools that draw on `backend`.
-fn consumers(shared: &Shared, backend: &str) -> Vec<Consumer> {
-    let mut out: Vec<Consumer> = shared
+fn consumers(ctx: &Context, backend: &str) -> Vec<Consumer> {
+    let mut out: Vec<Consumer> = ctx
         .pools
         .state()
         .iter()
@@ -235,83 +207,16 @@ fn consumers(shared: &Shared, backend: &str) -> Vec<Consumer> {
     out
 }
 
-pub fn settings(shared: &Shared) -> Settings {
-    shared
-        .settings
-        .state()
-        .first()
-        .and_then(|cm| {
-            let data = cm.data.clone().unwrap_or_default();
-            match Settings::from_data(kvcache_api::settings::SETTINGS_CONFIG_MAP, &data) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    warn!(error = %e, "the settings ConfigMap is unreadable; using the defaults");
-                    None
-                }
-            }
-        })
-        .unwrap_or_default()
-}
-
-/// Server-side apply under the one field manager.
-async fn ssa<K>(api: &Api<K>, obj: &K) -> Result<K, Error>
-where
-    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let name = obj.meta().name.clone().unwrap_or_default();
-    api.patch(
-        &name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(obj),
-    )
-    .await
-    .map_err(kerr(
-        "apply",
-        format!("{} {name}", K::kind(&K::DynamicType::default())),
-    ))
-}
-
-/// Deletes this backend's objects of one kind that the render no longer returns.
-async fn prune<K>(api: &Api<K>, uid: &str, keep: &BTreeSet<String>) -> Result<(), Error>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let kind = K::kind(&K::DynamicType::default()).to_string();
-    let list = api
-        .list(&ListParams::default().labels(&format!("{OWNER_LABEL}={uid}")))
-        .await
-        .map_err(kerr("list", kind.clone()))?;
-    for o in list {
-        let name = o.name_any();
-        if keep.contains(&name) || o.meta().deletion_timestamp.is_some() {
-            continue;
-        }
-        info!(kind = %kind, name = %name, "pruning an object the backend no longer renders");
-        match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(kerr("delete", format!("{kind} {name}"))(e)),
-        }
-    }
-    Ok(())
-}
-
-fn names<K: Resource>(objs: &[K]) -> BTreeSet<String> {
-    objs.iter().filter_map(|o| o.meta().name.clone()).collect()
-}
-
 /// Applies every rendered object and prunes the rest. Returns the live leader Deployment and
 /// whether standbys are held back (3.2.5).
 async fn apply_objects(
-    shared: &Shared,
+    ctx: &Context,
     uid: &str,
     mut objects: BackendObjects,
     write_policy: bool,
 ) -> Result<(Option<Deployment>, bool), Error> {
-    let c = shared.client.clone();
-    let ns = &shared.config.namespace;
+    let c = ctx.client.clone();
+    let ns = &ctx.config.namespace;
     let deployments: Api<Deployment> = Api::namespaced(c.clone(), ns);
     let mut held = false;
     if let Some(d) = objects.deployment.as_mut() {
@@ -332,13 +237,13 @@ async fn apply_objects(
     let services: Api<Service> = Api::namespaced(c.clone(), ns);
     let daemons: Api<DaemonSet> = Api::namespaced(c.clone(), ns);
     for o in &objects.service_accounts {
-        ssa(&sa, o).await?;
+        super::apply(&sa, o).await?;
     }
     for o in &objects.roles {
-        ssa(&roles, o).await?;
+        super::apply(&roles, o).await?;
     }
     for o in &objects.role_bindings {
-        ssa(&bindings, o).await?;
+        super::apply(&bindings, o).await?;
     }
     // The Lease is created once; its holder fields belong to the elector.
     if let Some(l) = &objects.lease
@@ -348,31 +253,36 @@ async fn apply_objects(
             .map_err(kerr("get", format!("Lease {}", l.name_any())))?
             .is_none()
     {
-        ssa(&leases, l).await?;
+        super::apply(&leases, l).await?;
     }
     if write_policy && let Some(m) = &objects.config_map {
-        ssa(&maps, m).await?;
+        super::apply(&maps, m).await?;
     }
     let mut live = None;
     if let Some(d) = &objects.deployment {
-        live = Some(ssa(&deployments, d).await?);
+        live = Some(super::apply(&deployments, d).await?);
     }
     if let Some(s) = &objects.service {
-        ssa(&services, s).await?;
+        super::apply(&services, s).await?;
     }
     for d in &objects.daemon_sets {
-        ssa(&daemons, d).await?;
+        super::apply(&daemons, d).await?;
     }
-    prune(&sa, uid, &names(&objects.service_accounts)).await?;
-    prune(&roles, uid, &names(&objects.roles)).await?;
-    prune(&bindings, uid, &names(&objects.role_bindings)).await?;
-    prune(&leases, uid, &names(objects.lease.as_slice())).await?;
+    super::prune(&sa, uid, &super::names(&objects.service_accounts)).await?;
+    super::prune(&roles, uid, &super::names(&objects.roles)).await?;
+    super::prune(&bindings, uid, &super::names(&objects.role_bindings)).await?;
+    super::prune(&leases, uid, &super::names(objects.lease.as_slice())).await?;
     if write_policy {
-        prune(&maps, uid, &names(objects.config_map.as_slice())).await?;
+        super::prune(&maps, uid, &super::names(objects.config_map.as_slice())).await?;
     }
-    prune(&deployments, uid, &names(objects.deployment.as_slice())).await?;
-    prune(&services, uid, &names(objects.service.as_slice())).await?;
-    prune(&daemons, uid, &names(&objects.daemon_sets)).await?;
+    super::prune(
+        &deployments,
+        uid,
+        &super::names(objects.deployment.as_slice()),
+    )
+    .await?;
+    super::prune(&services, uid, &super::names(objects.service.as_slice())).await?;
+    super::prune(&daemons, uid, &super::names(&objects.daemon_sets)).await?;
     Ok((live, held))
 }
 
@@ -455,31 +365,12 @@ fn replicas(d: &Deployment) -> LeaderReplicas {
     }
 }
 
-/// Where the operator reads the store: the external `Admin` address, the override, or the
-/// leader Service's admin port.
-pub fn admin_address(shared: &Shared, b: &KVCacheBackend) -> Option<String> {
-    let name = b.name_any();
-    if let Some(a) = shared.config.overrides.get(&name) {
-        return Some(a.clone());
-    }
-    if let Some(x) = &b.spec.connection.external {
-        return x.address(EndpointName::Admin).map(str::to_owned);
-    }
-    b.spec.connection.managed.as_ref().map(|_| {
-        format!(
-            "{}.{}.svc:{ADMIN_PORT}",
-            leader_name(&name),
-            shared.config.namespace
-        )
-    })
-}
-
-async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
+async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     let name = b.name_any();
     let uid = b.uid().unwrap_or_default();
-    let ns = shared.config.namespace.clone();
+    let ns = ctx.config.namespace.clone();
     let previous = b.status.clone().unwrap_or_default();
-    let used_by = consumers(shared, &name);
+    let used_by = consumers(ctx, &name);
     let mut obs = Observation {
         used_by,
         ..Observation::empty(b.metadata.generation)
@@ -487,7 +378,7 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
     let mut render_problem = None;
     if let Some(managed) = &b.spec.connection.managed {
         obs.endpoint = Some(client_endpoint(&name, &ns));
-        let settings = settings(shared);
+        let settings = ctx.settings();
         let image = store_image(b, &settings);
         match image {
             None => {
@@ -496,8 +387,8 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
                 })
             }
             Some(image) => {
-                let pools = shared.pools.state();
-                let bindings = shared.bindings.state();
+                let pools = ctx.pools.state();
+                let bindings = ctx.bindings.state();
                 let (ceilings, _) = ceilings_on(
                     &name,
                     pools.iter().map(|p| &**p),
@@ -509,7 +400,7 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
                     backend: b,
                     store_image: image,
                     namespace: &ns,
-                    operator_image: &shared.config.operator_image,
+                    operator_image: &ctx.config.operator_image,
                     policy: doc.as_ref(),
                 })?;
                 obs.rendered_hashes = objects
@@ -518,7 +409,7 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
                     .map(kvcache_render::backend::pod_spec_hash)
                     .collect();
                 let (live, held) = apply_objects(
-                    shared,
+                    ctx,
                     &uid,
                     objects,
                     doc.is_some() || !managed.leader.multi_tenancy,
@@ -529,7 +420,7 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
             }
         }
         if managed.leader.elects() {
-            let leases: Api<Lease> = Api::namespaced(shared.client.clone(), &ns);
+            let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
             let lease = leases
                 .get_opt(&leader_name(&name))
                 .await
@@ -546,7 +437,7 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
                     .filter(|h| !h.is_empty())
             });
         }
-        let pods: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
         let listed = pods
             .list(&ListParams::default().labels(&labels_of_backend(&name)))
             .await
@@ -562,15 +453,14 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
     } else if let Some(x) = &b.spec.connection.external {
         obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
     }
-    if let Some(admin) = admin_address(shared, b) {
+    if let Some(admin) = ctx.admin_address(b) {
         let reading = crate::store::read(&admin).await;
         let result = if reading.health.is_ok() {
             "ok"
         } else {
             "error"
         };
-        shared
-            .metrics
+        ctx.metrics
             .store_reads
             .get_or_create(&crate::telemetry::StoreLabels {
                 backend: name.clone(),
@@ -587,13 +477,12 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
             .conditions
             .push(Cond::no("Rendered", p.reason(), p.to_string()));
     }
-    let figures = format!(
-        "{:?}/{:?}/{}",
-        computed.capacity,
-        computed.phase,
-        computed.members.len()
-    );
-    shared.metrics.backend(
+    let figures = Figures::Backend {
+        capacity: computed.capacity.clone(),
+        phase: computed.phase,
+        members: computed.members.len(),
+    };
+    ctx.metrics.backend(
         &name,
         computed
             .capacity
@@ -606,32 +495,16 @@ async fn apply(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
         computed.members.len(),
         computed.phase == BackendPhase::Degraded,
     );
-    write_status(shared, b, &previous, computed, &obs).await?;
-    Ok(Action::requeue(next_poll(
-        shared,
-        &name,
+    write_status(ctx, b, &previous, computed, &obs).await?;
+    Ok(Action::requeue(ctx.next_poll(
+        Polled::Backend(name),
         figures,
-        shared.config.poll_stable,
+        ctx.config.poll_stable,
     )))
 }
 
-/// Reads again soon while the figures move, then back off to `stable` (the store poll's for a
-/// backend, the ledger interval for a pool); `key` names what is polled.
-pub(crate) fn next_poll(shared: &Shared, key: &str, figures: String, stable: Duration) -> Duration {
-    let mut polls = shared.polls.lock().unwrap_or_else(|p| p.into_inner());
-    let poll = polls.entry(key.to_owned()).or_default();
-    let fast = shared.config.poll_fast;
-    poll.delay = if poll.figures != figures {
-        fast
-    } else {
-        (poll.delay * 2).clamp(fast, stable.max(fast))
-    };
-    poll.figures = figures;
-    poll.delay
-}
-
 async fn write_status(
-    shared: &Shared,
+    ctx: &Context,
     b: &KVCacheBackend,
     previous: &KVCacheBackendStatus,
     computed: Computed,
@@ -642,12 +515,12 @@ async fn write_status(
     if let Some(x) = &b.spec.connection.external {
         status.endpoints = x.endpoints.clone();
     }
-    events(shared, b, previous, &status).await;
-    crate::status::apply(
-        &Api::<KVCacheBackend>::all(shared.client.clone()),
+    events(ctx, b, previous, &status).await;
+    super::status::apply(
+        &Api::<KVCacheBackend>::all(ctx.client.clone()),
         "KVCacheBackend",
         b.meta(),
-        MANAGER,
+        crate::context::MANAGER,
         &status,
     )
     .await
@@ -662,7 +535,7 @@ fn condition<'a>(s: &'a KVCacheBackendStatus, t: &str) -> Option<(&'a str, &'a s
 
 /// Events for the transitions a user wants in `kubectl describe`.
 async fn events(
-    shared: &Shared,
+    ctx: &Context,
     b: &KVCacheBackend,
     before: &KVCacheBackendStatus,
     after: &KVCacheBackendStatus,
@@ -739,7 +612,7 @@ async fn events(
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(e) = shared.recorder.publish(&event, &reference).await {
+        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
             warn!(error = %e, reason, "could not record an event");
         }
     }
@@ -748,9 +621,9 @@ async fn events(
 /// Teardown (4.7.1-4.7.4): held while a pool uses the backend; then the leader, its Service and
 /// every member DaemonSet (found by the backend's ownership label) are deleted and awaited, each
 /// within its Pods' termination grace plus a slack, after which it is abandoned with a warning.
-async fn cleanup(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
+async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     let name = b.name_any();
-    let used_by = consumers(shared, &name);
+    let used_by = consumers(ctx, &name);
     if !used_by.is_empty() {
         let previous = b.status.clone().unwrap_or_default();
         let obs = Observation {
@@ -761,7 +634,7 @@ async fn cleanup(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
         };
         let mut computed = observe::backend_status(b, &obs, &previous);
         computed.capacity = previous.capacity.clone();
-        write_status(shared, b, &previous, computed, &obs).await?;
+        write_status(ctx, b, &previous, computed, &obs).await?;
         return Err(Error::DeletionHeld(format!(
             "KVCacheBackend {name} is used by {}",
             used_by
@@ -771,12 +644,12 @@ async fn cleanup(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
                 .join(", ")
         )));
     }
-    shared.metrics.backend_gone(&name);
+    ctx.metrics.backend_gone(&name);
     let Some(uid) = b.uid() else {
         return Ok(Action::await_change());
     };
-    let c = shared.client.clone();
-    let ns = &shared.config.namespace;
+    let c = ctx.client.clone();
+    let ns = &ctx.config.namespace;
     let selector = ListParams::default().labels(&format!("{OWNER_LABEL}={uid}"));
     let deployments: Api<Deployment> = Api::namespaced(c.clone(), ns);
     let daemons: Api<DaemonSet> = Api::namespaced(c.clone(), ns);
@@ -792,8 +665,8 @@ async fn cleanup(b: &KVCacheBackend, shared: &Shared) -> Result<Action, Error> {
         .duration_since(started)
         .try_into()
         .unwrap_or(Duration::ZERO);
-    teardown(&deployments, &selector, elapsed, &mut waiting, shared).await?;
-    teardown(&daemons, &selector, elapsed, &mut waiting, shared).await?;
+    teardown(&deployments, &selector, elapsed, &mut waiting, ctx).await?;
+    teardown(&daemons, &selector, elapsed, &mut waiting, ctx).await?;
     for s in services
         .list(&selector)
         .await
@@ -838,7 +711,7 @@ async fn teardown<K: Workload>(
     selector: &ListParams,
     elapsed: Duration,
     waiting: &mut Vec<String>,
-    shared: &Shared,
+    ctx: &Context,
 ) -> Result<(), Error> {
     let kind = K::kind(&()).to_string();
     for w in api
@@ -866,7 +739,7 @@ async fn teardown<K: Workload>(
                 action: "Teardown".into(),
                 secondary: None,
             };
-            let _ = shared.recorder.publish(&event, &w.object_ref(&())).await;
+            let _ = ctx.recorder.publish(&event, &w.object_ref(&())).await;
             continue;
         }
         match api.delete(&name, &DeleteParams::foreground()).await {
@@ -876,15 +749,4 @@ async fn teardown<K: Workload>(
         }
     }
     Ok(())
-}
-
-/// The recorder every controller of this binary shares.
-pub fn recorder(client: Client, instance: Option<String>) -> Recorder {
-    Recorder::new(
-        client,
-        kube::runtime::events::Reporter {
-            controller: MANAGER.into(),
-            instance,
-        },
-    )
 }

@@ -1,0 +1,276 @@
+//! What every controller and the webhook share, kept beside them as kube-rs's controller-rs keeps
+//! its `Context`: the API client, the configuration, the caches of the watched kinds, the event
+//! recorder and field manager, the metrics, and the store poller's back-off.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use kvcache_api::backend::{BackendPhase, Capacity, EndpointName};
+use kvcache_api::model::InstanceType;
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment, Settings};
+use kvcache_render::backend::{ADMIN_PORT, leader_name};
+use tracing::{error, warn};
+
+use crate::telemetry::Metrics;
+use crate::watch::reflect;
+
+/// The one field manager of every write.
+pub const MANAGER: &str = "kvcache-operator";
+
+/// The configuration every controller reads (from `kvcache-operator run`'s flags).
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub namespace: String,
+    pub operator_image: String,
+    /// Store admin addresses by backend name (`--store-address-override`).
+    pub overrides: BTreeMap<String, String>,
+    /// How soon a store whose figures moved is read again.
+    pub poll_fast: Duration,
+    /// The longest delay between two reads of a stable store.
+    pub poll_stable: Duration,
+    /// Which backends this operator reconciles (a label selector; empty: all).
+    pub backend_selector: String,
+    pub ledger_interval: Duration,
+    pub model_resync: Duration,
+    pub engine_metrics_interval: Duration,
+    /// How far back `status.sharedCache` reaches.
+    pub shared_cache_window: Duration,
+}
+
+/// The caches of every watched kind, one reflector each, filled before the controllers start.
+pub struct Caches {
+    /// The settings ConfigMap (`gpustack-settings`) in the operator's namespace.
+    pub settings: Store<ConfigMap>,
+    pub pools: Store<KVCachePool>,
+    pub bindings: Store<KVCachePoolBinding>,
+    pub backends: Store<KVCacheBackend>,
+    pub instance_types: Store<InstanceType>,
+    pub models: Store<ModelDeployment>,
+}
+
+impl Caches {
+    /// Starts a reflector per kind and waits until each has listed (a cache that never fills
+    /// is logged; the controllers then start on what it holds).
+    pub async fn fill(client: &Client, namespace: &str) -> Caches {
+        let all = watcher::Config::default;
+        let caches = Caches {
+            settings: reflect(
+                Api::namespaced(client.clone(), namespace),
+                all().fields(&format!(
+                    "metadata.name={}",
+                    kvcache_api::settings::SETTINGS_CONFIG_MAP
+                )),
+            ),
+            pools: reflect(Api::all(client.clone()), all()),
+            bindings: reflect(Api::all(client.clone()), all()),
+            backends: reflect(Api::all(client.clone()), all()),
+            instance_types: reflect(Api::all(client.clone()), all()),
+            models: reflect(Api::all(client.clone()), all()),
+        };
+        for (what, filled) in [
+            ("settings", caches.settings.wait_until_ready().await.is_ok()),
+            ("pools", caches.pools.wait_until_ready().await.is_ok()),
+            ("bindings", caches.bindings.wait_until_ready().await.is_ok()),
+            ("backends", caches.backends.wait_until_ready().await.is_ok()),
+            (
+                "instance types",
+                caches.instance_types.wait_until_ready().await.is_ok(),
+            ),
+            (
+                "model deployments",
+                caches.models.wait_until_ready().await.is_ok(),
+            ),
+        ] {
+            if !filled {
+                error!(what, "a cache never filled");
+            }
+        }
+        caches
+    }
+}
+
+/// What the controllers and the webhook share (one per process).
+pub struct Context {
+    pub client: Client,
+    pub config: Config,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub settings: Store<ConfigMap>,
+    pub pools: Store<KVCachePool>,
+    pub bindings: Store<KVCachePoolBinding>,
+    pub backends: Store<KVCacheBackend>,
+    pub instance_types: Store<InstanceType>,
+    pub models: Store<ModelDeployment>,
+    /// The store poller's back-off, per polled backend or pool.
+    polls: Mutex<HashMap<Polled, Poll>>,
+    /// Per ModelDeployment (`namespace/name`): its uid and its engines' counter samples
+    /// (`status.sharedCache`).
+    pub engine_windows: Mutex<EngineWindows>,
+}
+
+/// The shared-cache windows of the ModelDeployments, by `namespace/name`, with the uid they
+/// were recorded for.
+pub type EngineWindows = HashMap<String, (String, kvcache_render::shared_cache::Window)>;
+
+/// What the store poller reads on a schedule of its own.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Polled {
+    /// A backend's store (health, capacity, members), by backend name.
+    Backend(String),
+    /// A pool's ledger on its backend's master, by pool name.
+    Pool(String),
+}
+
+/// The figures a poll compares with the previous reading: while they move, it reads again soon.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Figures {
+    Backend {
+        capacity: Option<Capacity>,
+        phase: BackendPhase,
+        members: usize,
+    },
+    Pool {
+        capacity: Option<u64>,
+        /// Each tenant's grant (not its usage, which moves with every write).
+        grants: Vec<(String, u64)>,
+    },
+}
+
+/// One poll's state: the figures last seen and the delay chosen after them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Poll {
+    figures: Option<Figures>,
+    delay: Duration,
+}
+
+impl Poll {
+    /// The next state after reading `figures`: `fast` when they moved, else twice the last
+    /// delay, between `fast` and `stable`.
+    pub fn after(&self, figures: Figures, fast: Duration, stable: Duration) -> Poll {
+        let delay = if self.figures.as_ref() != Some(&figures) {
+            fast
+        } else {
+            (self.delay * 2).clamp(fast, stable.max(fast))
+        };
+        Poll {
+            figures: Some(figures),
+            delay,
+        }
+    }
+}
+
+/// Locks a mutex whose holder may have panicked (the data is a cache: still usable).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        config: Config,
+        metrics: Arc<Metrics>,
+        caches: Caches,
+        instance: Option<String>,
+    ) -> Context {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: MANAGER.into(),
+                instance,
+            },
+        );
+        Context {
+            client,
+            config,
+            recorder,
+            metrics,
+            settings: caches.settings,
+            pools: caches.pools,
+            bindings: caches.bindings,
+            backends: caches.backends,
+            instance_types: caches.instance_types,
+            models: caches.models,
+            polls: Mutex::new(HashMap::new()),
+            engine_windows: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The cluster's settings; an unreadable ConfigMap is logged and the defaults are used.
+    pub fn settings(&self) -> Settings {
+        self.settings
+            .state()
+            .first()
+            .and_then(|cm| {
+                let data = cm.data.clone().unwrap_or_default();
+                match Settings::from_data(kvcache_api::settings::SETTINGS_CONFIG_MAP, &data) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        warn!(error = %e, "the settings ConfigMap is unreadable; using the defaults");
+                        None
+                    }
+                }
+            })
+            .unwrap_or_default()
+    }
+
+    /// Where the operator reads a backend's store: the override, the external `Admin` address,
+    /// or the leader Service's admin port.
+    pub fn admin_address(&self, b: &KVCacheBackend) -> Option<String> {
+        let name = b.name_any();
+        if let Some(a) = self.config.overrides.get(&name) {
+            return Some(a.clone());
+        }
+        if let Some(x) = &b.spec.connection.external {
+            return x.address(EndpointName::Admin).map(str::to_owned);
+        }
+        b.spec.connection.managed.as_ref().map(|_| {
+            format!(
+                "{}.{}.svc:{ADMIN_PORT}",
+                leader_name(&name),
+                self.config.namespace
+            )
+        })
+    }
+
+    /// How long until `polled` is read again, after a reading with `figures`: soon while they
+    /// move, backing off to `stable` (the store poll's for a backend, the ledger interval for a
+    /// pool) while they hold still.
+    pub fn next_poll(&self, polled: Polled, figures: Figures, stable: Duration) -> Duration {
+        let mut polls = lock(&self.polls);
+        let poll = polls.entry(polled).or_default();
+        *poll = poll.after(figures, self.config.poll_fast, stable);
+        poll.delay
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poll_reads_soon_while_figures_move_and_backs_off_while_they_hold() {
+        let (fast, stable) = (Duration::from_millis(200), Duration::from_secs(15));
+        let figures = |members| Figures::Backend {
+            capacity: None,
+            phase: BackendPhase::Ready,
+            members,
+        };
+        let first = Poll::default().after(figures(2), fast, stable);
+        assert_eq!(first.delay, fast);
+        let second = first.after(figures(2), fast, stable);
+        assert_eq!(second.delay, fast * 2);
+        let mut p = second;
+        for _ in 0..10 {
+            p = p.after(figures(2), fast, stable);
+        }
+        assert_eq!(p.delay, stable);
+        assert_eq!(p.after(figures(3), fast, stable).delay, fast);
+    }
+}

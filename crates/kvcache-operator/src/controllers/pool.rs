@@ -1,0 +1,371 @@
+//! The KVCachePool controller and the Binding finalizer: the quota ledger on the real master.
+//!
+//! One pool pass reads its backend's ledger once, pushes every Binding's ceiling through the
+//! admin API (`/api/v1/tenant_quotas`, so a ceiling change takes effect without a restart), reads
+//! the grants back, and writes the pool's status and each of its Bindings' statuses. What the
+//! statuses say is `kvcache-quota::status` (pure); the operator caps nothing: grants are the
+//! master's.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalized, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use kvcache_api::admission::tenant_of;
+use kvcache_api::backend::{EndpointName, ObjectRef as Consumer};
+use kvcache_api::condition::merge;
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, Quantity};
+use kvcache_quota::admin::{self, Outcome, Request, TenantEntry};
+use kvcache_quota::claims::{Claim, contested};
+use kvcache_quota::status::{
+    BackendView, BindingInput, BindingView, PoolInput, PoolVerdict, Release, binding_status,
+    pool_status,
+};
+use kvcache_render::backend::client_endpoint;
+use tracing::{instrument, warn};
+
+use crate::context::{Context, Figures, MANAGER, Polled};
+use crate::error::Error;
+
+/// Held while a pool's Bindings exist.
+pub const POOL_FINALIZER: &str = "kvcache.gpustack.ai/release";
+
+const POOL: &str = "kvcachepool";
+
+pub(super) fn id(b: &KVCachePoolBinding) -> String {
+    format!("{}/{}", b.namespace().unwrap_or_default(), b.name_any())
+}
+
+/// Runs the pool controller until shutdown.
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let pools: Api<KVCachePool> = Api::all(client.clone());
+    let controller = crate::watch::controller(pools, watcher::Config::default());
+    let by_backend = controller.store();
+    controller
+        // A Binding's ceiling, domain or existence changes its pool's ledger (the statuses
+        // this pass writes do not).
+        .watches_stream(
+            crate::watch::spec_changes(Api::<KVCachePoolBinding>::all(client.clone())),
+            |b| Some(ObjectRef::new(&b.spec.pool_ref.name)),
+        )
+        // The backend's status moves with capacity and the leader: re-read the ledger.
+        .watches(
+            Api::<KVCacheBackend>::all(client.clone()),
+            watcher::Config::default(),
+            move |backend| {
+                let name = backend.name_any();
+                by_backend
+                    .state()
+                    .iter()
+                    .filter(|p| p.spec.backend() == Some(name.as_str()))
+                    .map(|p| ObjectRef::from_obj(&**p))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .shutdown_on_signal()
+        .run(
+            crate::watch::traced(POOL, reconcile_pool),
+            super::error_policy(crate::error::RETRY),
+            ctx,
+        )
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+pub(super) fn backend_of(
+    ctx: &Context,
+    pool: &KVCachePool,
+) -> (BackendView, Option<Arc<KVCacheBackend>>) {
+    let name = pool.spec.backend().unwrap_or_default().to_owned();
+    let Some(b) = ctx.backends.get(&ObjectRef::new(&name)) else {
+        return (BackendView::Missing { name }, None);
+    };
+    let view = match (&b.spec.connection.managed, &b.spec.connection.external) {
+        (Some(m), _) => BackendView::Managed {
+            name: name.clone(),
+            multi_tenancy: m.leader.multi_tenancy,
+            client_endpoint: client_endpoint(&name, &ctx.config.namespace),
+        },
+        (None, Some(x)) => BackendView::External {
+            name: name.clone(),
+            client_endpoint: x
+                .address(EndpointName::Client)
+                .unwrap_or_default()
+                .to_owned(),
+        },
+        (None, None) => BackendView::Missing { name },
+    };
+    (view, Some(b))
+}
+
+fn bindings_of(ctx: &Context, pool: &str) -> Vec<Arc<KVCachePoolBinding>> {
+    let mut out: Vec<_> = ctx
+        .bindings
+        .state()
+        .into_iter()
+        .filter(|b| b.spec.pool_ref.name == pool)
+        .collect();
+    out.sort_by_key(|b| id(b));
+    out
+}
+
+/// Every claim on the backend (all pools), for `DomainExclusive`.
+pub(super) fn claims_on(ctx: &Context, backend: &str) -> Vec<Claim> {
+    let pools: BTreeMap<String, String> = ctx
+        .pools
+        .state()
+        .iter()
+        .filter_map(|p| Some((p.name_any(), p.spec.backend()?.to_owned())))
+        .collect();
+    ctx.bindings
+        .state()
+        .iter()
+        .filter(|b| pools.get(&b.spec.pool_ref.name).map(String::as_str) == Some(backend))
+        .map(|b| Claim {
+            backend: backend.to_owned(),
+            tenant: tenant_of(b).to_owned(),
+            binding: id(b),
+            pool: b.spec.pool_ref.name.clone(),
+        })
+        .collect()
+}
+
+/// Reads the ledger and pushes ceilings. Returns the listing, the push outcome and capacity.
+async fn ledger_pass(
+    admin: &str,
+    views: &[BindingView],
+    push: bool,
+) -> (Outcome, Option<Result<(), String>>, Option<u64>) {
+    let capacity = crate::store::capacity(admin).await;
+    let mut write = None;
+    if push {
+        let mut pushed = BTreeSet::new();
+        let mut problems = Vec::new();
+        for v in views {
+            // One ceiling per tenant: a raced duplicate claim is reported, not pushed twice.
+            if !pushed.insert(v.tenant.clone()) {
+                continue;
+            }
+            let req = Request::Upsert {
+                tenant: v.tenant.clone(),
+                bytes: v.ceiling_bytes,
+            };
+            match crate::store::ledger(admin, &req).await {
+                Ok((status, body)) => match admin::decode_entry(status, &body) {
+                    Ok(_) => {}
+                    Err(admin::AdminError::UnavailableInCurrentMode) => {
+                        return (Outcome::NoLedger, None, capacity);
+                    }
+                    Err(e) => problems.push(format!("{}: {e}", v.binding)),
+                },
+                Err(e) => problems.push(format!("{}: {e}", v.binding)),
+            }
+        }
+        write = Some(if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        });
+    }
+    let listed = match crate::store::ledger(admin, &Request::List).await {
+        Ok((status, body)) => Outcome::from_list(admin::decode_list(status, &body)),
+        Err(e) => Outcome::Unreachable(e.to_string()),
+    };
+    (listed, write, capacity)
+}
+
+#[instrument(skip(p, ctx), fields(pool = %p.name_any()))]
+async fn reconcile_pool(p: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let api: Api<KVCachePool> = Api::all(ctx.client.clone());
+    finalizer(&api, POOL_FINALIZER, p, |event| async {
+        match event {
+            Finalized::Apply(p) => pool_pass(&p, &ctx, false).await,
+            Finalized::Cleanup(p) => pool_pass(&p, &ctx, true).await,
+        }
+    })
+    .await
+    .map_err(crate::error::from_finalizer)
+}
+
+async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Action, Error> {
+    let name = p.name_any();
+    let (view, backend) = backend_of(ctx, p);
+    let bindings = bindings_of(ctx, &name);
+    let views: Vec<BindingView> = bindings
+        .iter()
+        .filter_map(|b| {
+            let ceiling = b
+                .spec
+                .quota
+                .ceiling
+                .bytes(&format!("KVCachePoolBinding {} spec.quota.ceiling", id(b)))
+                .map_err(|e| warn!(binding = %id(b), error = %e, "unreadable ceiling"))
+                .ok()?;
+            Some(BindingView {
+                binding: id(b),
+                tenant: tenant_of(b).to_owned(),
+                ceiling_bytes: ceiling,
+            })
+        })
+        .collect();
+    let declared_off = matches!(
+        view,
+        BackendView::Managed {
+            multi_tenancy: false,
+            ..
+        }
+    );
+    let (ledger, policy_write, capacity) =
+        match backend.as_deref().and_then(|b| ctx.admin_address(b)) {
+            Some(admin) if !declared_off => ledger_pass(&admin, &views, !deleting).await,
+            Some(admin) => (
+                Outcome::NoLedger,
+                None,
+                crate::store::capacity(&admin).await,
+            ),
+            None => (Outcome::NotObserved, None, None),
+        };
+    let release = if !deleting {
+        Release::NotDeleting
+    } else if !views.is_empty() {
+        Release::Held(views.iter().map(|v| v.binding.clone()).collect())
+    } else {
+        Release::Released
+    };
+    let total_bytes = p.spec.quota.total.bytes("spec.quota.total").unwrap_or(0);
+    let verdict = pool_status(&PoolInput {
+        pool: &name,
+        total_bytes,
+        backend: view.clone(),
+        ledger: &ledger,
+        capacity_bytes: capacity,
+        policy_write,
+        bindings: &views,
+        release: release.clone(),
+    });
+    write_pool_status(ctx, p, &verdict, &views).await?;
+    // Each Binding's status from the same reading.
+    let backend_name = p.spec.backend().unwrap_or_default();
+    let raced = contested(&claims_on(ctx, backend_name));
+    let entries: BTreeMap<String, &TenantEntry> = match &ledger {
+        Outcome::Listed(e) => e.iter().map(|t| (t.tenant_id.clone(), t)).collect(),
+        _ => BTreeMap::new(),
+    };
+    // What the next read is compared with: the capacity and each tenant's grant (not usage,
+    // which moves with every write).
+    let grants = Figures::Pool {
+        capacity,
+        grants: entries
+            .values()
+            .map(|t| (t.tenant_id.clone(), t.effective_quota_bytes))
+            .collect(),
+    };
+    for (b, v) in bindings.iter().zip(&views) {
+        let none = Vec::new();
+        let contested_with = raced.get(&v.binding).unwrap_or(&none);
+        let verdict = binding_status(&BindingInput {
+            binding: &v.binding,
+            tenant: &v.tenant,
+            ceiling_bytes: v.ceiling_bytes,
+            pool: Some((&name, &verdict)),
+            entry: entries.get(&v.tenant).copied(),
+            contested_with,
+            release: Release::NotDeleting,
+        });
+        write_binding_status(ctx, b, verdict).await?;
+    }
+    match release {
+        Release::Held(names) => Err(Error::DeletionHeld(format!(
+            "KVCachePool {name} is referenced by KVCachePoolBinding {}",
+            names.join(", ")
+        ))),
+        Release::Released => Ok(Action::await_change()),
+        // The master recuts as members mount and leave, a little after the capacity moves:
+        // read again soon while the grants or the capacity move, then back off to the ledger
+        // interval (a grant read after one of two members mounted is otherwise stale for it).
+        _ => Ok(Action::requeue(ctx.next_poll(
+            Polled::Pool(name),
+            grants,
+            ctx.config.ledger_interval,
+        ))),
+    }
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+async fn write_pool_status(
+    ctx: &Context,
+    p: &KVCachePool,
+    v: &PoolVerdict,
+    views: &[BindingView],
+) -> Result<(), Error> {
+    let stored = p.status.clone().unwrap_or_default();
+    let status = kvcache_api::pool::KVCachePoolStatus {
+        observed_generation: p.meta().generation,
+        phase: Some(v.phase),
+        phase_message: v.phase_message.clone(),
+        client_endpoint: v.client_endpoint.clone(),
+        domains: v.domains.clone(),
+        used_by: views
+            .iter()
+            .map(|b| {
+                let (ns, name) = b.binding.split_once('/').unwrap_or(("", &b.binding));
+                Consumer {
+                    kind: "KVCachePoolBinding".into(),
+                    namespace: Some(ns.to_owned()),
+                    name: name.to_owned(),
+                }
+            })
+            .collect(),
+        conditions: merge(
+            &stored.conditions,
+            &v.conditions,
+            &now(),
+            p.meta().generation,
+        ),
+    };
+    super::status::apply(
+        &Api::<KVCachePool>::all(ctx.client.clone()),
+        "KVCachePool",
+        p.meta(),
+        MANAGER,
+        &status,
+    )
+    .await
+}
+
+pub(super) async fn write_binding_status(
+    ctx: &Context,
+    b: &KVCachePoolBinding,
+    v: kvcache_quota::status::BindingVerdict,
+) -> Result<(), Error> {
+    let stored = b.status.clone().unwrap_or_default();
+    let status = kvcache_api::pool::KVCachePoolBindingStatus {
+        observed_generation: b.meta().generation,
+        phase: Some(v.phase),
+        phase_message: v.phase_message,
+        effective_quota: v.effective_quota_bytes.map(Quantity::from_bytes),
+        usage: v.usage_bytes.map(Quantity::from_bytes),
+        over_quota: v.over_quota,
+        // `usedBy` is the Binding controller's (its own field manager).
+        used_by: Vec::new(),
+        conditions: merge(
+            &stored.conditions,
+            &v.conditions,
+            &now(),
+            b.meta().generation,
+        ),
+    };
+    let api: Api<KVCachePoolBinding> =
+        Api::namespaced(ctx.client.clone(), &b.namespace().unwrap_or_default());
+    super::status::apply(&api, "KVCachePoolBinding", b.meta(), MANAGER, &status).await
+}

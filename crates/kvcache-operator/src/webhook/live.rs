@@ -1,0 +1,89 @@
+//! Live reads for admission: the objects a request is judged against, read from the API server
+//! where a cache could lag behind the request.
+
+use std::sync::Arc;
+
+use kube::api::DynamicObject;
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
+
+use super::admission::World;
+
+/// What a ModelDeployment is judged against (catalogue 2.4.10): its Binding, that Binding's pool
+/// and backend, and the InstanceTypes its roles name, read live from the API server, so that a
+/// Binding created a moment earlier counts. A deployment being deleted is judged against nothing
+/// (the rules reading an InstanceType stand down).
+pub async fn live_world(client: &kube::Client, object: &DynamicObject) -> Result<World, String> {
+    use kube::api::Api;
+    use kvcache_api::ModelDeployment;
+    use kvcache_api::model::InstanceType;
+    let md: ModelDeployment = serde_json::to_value(object)
+        .and_then(serde_json::from_value)
+        .map_err(|e| format!("the object does not decode: {e}"))?;
+    let mut world = World::default();
+    if md.metadata.deletion_timestamp.is_some() {
+        return Ok(world);
+    }
+    let read = |what: String| move |e: kube::Error| format!("reading {what}: {e}");
+    let ns = md.metadata.namespace.clone().unwrap_or_default();
+    if let Some(kv) = &md.spec.kv_cache {
+        live_binding(client, &ns, &kv.pool_ref.name, &mut world).await?;
+    }
+    let its: Api<InstanceType> = Api::all(client.clone());
+    let mut names: Vec<&str> = md
+        .spec
+        .roles
+        .iter()
+        .map(|r| r.instance_type.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        if let Some(it) = its
+            .get_opt(name)
+            .await
+            .map_err(read(format!("InstanceType {name}")))?
+        {
+            world.instance_types.push(Arc::new(it));
+        }
+    }
+    Ok(world)
+}
+
+/// Reads a Binding, its pool and that pool's backend live into `world` (those that exist).
+pub async fn live_binding(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    world: &mut World,
+) -> Result<(), String> {
+    use kube::api::Api;
+    let read = |what: String| move |e: kube::Error| format!("reading {what}: {e}");
+    let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), ns);
+    let Some(b) = bindings
+        .get_opt(name)
+        .await
+        .map_err(read(format!("KVCachePoolBinding {ns}/{name}")))?
+    else {
+        return Ok(());
+    };
+    let pools: Api<KVCachePool> = Api::all(client.clone());
+    if let Some(p) = pools
+        .get_opt(&b.spec.pool_ref.name)
+        .await
+        .map_err(read(format!("KVCachePool {}", b.spec.pool_ref.name)))?
+    {
+        if let Some(name) = p.spec.backend() {
+            let backends: Api<KVCacheBackend> = Api::all(client.clone());
+            if let Some(be) = backends
+                .get_opt(name)
+                .await
+                .map_err(read(format!("KVCacheBackend {name}")))?
+            {
+                world.backends.push(Arc::new(be));
+            }
+        }
+        world.pools.push(Arc::new(p));
+    }
+    world.bindings.push(Arc::new(b));
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! The admission webhook, served over HTTPS by `kvcache-operator run` on every replica: this
+//! module is the HTTP shell (routes, decoding, the metrics and log line of each answer); what an
+//! answer says is [`admission`] (pure, over a snapshot of the related objects), the snapshot comes
+//! from the caches or from [`live`] reads, [`tls`] serves it and [`certs`] keeps its
+//! certificate.
+
+pub mod admission;
+pub mod certs;
+mod live;
+pub mod tls;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
+use kube::api::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use tracing::{info, warn};
+
+use crate::context::Context;
+use admission::{World, freeze_pod, mutate_pod, resolves, validate};
+use live::{live_binding, live_world};
+
+/// What the handlers read.
+pub struct Webhook {
+    /// The operator's shared state (stores, metrics).
+    pub ctx: Arc<Context>,
+}
+
+impl Webhook {
+    fn world(&self) -> World {
+        World {
+            backends: self.ctx.backends.state(),
+            pools: self.ctx.pools.state(),
+            bindings: self.ctx.bindings.state(),
+            instance_types: self.ctx.instance_types.state(),
+        }
+    }
+}
+
+async fn validate_handler(
+    State(hook): State<Arc<Webhook>>,
+    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
+    let settings = hook.ctx.settings();
+    // ModelDeployments: live reads (2.4.10). The other kinds: the caches, fresh enough for the
+    // claims they judge (a race past them is what DomainExclusive reports).
+    let live = match review.request.as_ref() {
+        Some(r)
+            if r.kind.kind == "ModelDeployment"
+                && matches!(r.operation, Operation::Create | Operation::Update) =>
+        {
+            match r.object.as_ref() {
+                Some(o) => Some(live_world(&hook.ctx.client, o).await),
+                None => None,
+            }
+        }
+        _ => None,
+    };
+    let world = match live {
+        Some(Ok(w)) => w,
+        Some(Err(why)) => {
+            return answer(&hook, "validate", review, |req| {
+                AdmissionResponse::from(req).deny(why)
+            });
+        }
+        None => hook.world(),
+    };
+    answer(&hook, "validate", review, |req| {
+        validate(req, &settings, &world)
+    })
+}
+
+/// Decodes a review, answers it with `decide`, records the outcome.
+fn answer(
+    hook: &Webhook,
+    name: &'static str,
+    review: AdmissionReview<DynamicObject>,
+    decide: impl FnOnce(&AdmissionRequest<DynamicObject>) -> AdmissionResponse,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
+    let started = Instant::now();
+    let req: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "an AdmissionReview without a request");
+            return axum::Json(AdmissionResponse::invalid(e.to_string()).into_review());
+        }
+    };
+    let response = decide(&req);
+    let outcome = if response.allowed {
+        "allowed"
+    } else {
+        "refused"
+    };
+    hook.ctx
+        .metrics
+        .webhook(name, outcome, started.elapsed().as_secs_f64());
+    info!(
+        webhook = name,
+        kind = %req.kind.kind,
+        namespace = req.namespace.as_deref().unwrap_or(""),
+        name = %req.name,
+        operation = ?req.operation,
+        outcome,
+        reason = %response.result.reason,
+        "admission"
+    );
+    axum::Json(response.into_review())
+}
+
+async fn mutate_pods_handler(
+    State(hook): State<Arc<Webhook>>,
+    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
+    let settings = hook.ctx.settings();
+    let mut world = hook.world();
+    let mut unreadable = None;
+    // The Binding, pool and backend come from the shared caches (fresh within a watch event);
+    // when the chain a Pod names is not all there (a Binding created a moment before its
+    // Pods), they are read live, so that the Pod is judged on what exists, not on a lagging
+    // cache. A failed read refuses the Pod (the webhook fails closed).
+    if let Some(req) = &review.request
+        && let Some(pod) = &req.object
+    {
+        let ns = req.namespace.clone().unwrap_or_default();
+        let binding = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(kvcache_render::pod::BINDING_ANNOTATION))
+            .cloned();
+        if let Some(binding) = binding.filter(|b| !b.is_empty())
+            && !resolves(&world, &ns, &binding)
+        {
+            let mut live = World::default();
+            if let Err(e) = live_binding(&hook.ctx.client, &ns, &binding, &mut live).await {
+                tracing::warn!(namespace = %ns, binding = %binding, error = %e, "live read for a Pod's Binding failed");
+                unreadable = Some(e);
+            }
+            world.bindings.retain(|b| {
+                !(b.metadata.namespace.as_deref() == Some(ns.as_str())
+                    && b.metadata.name.as_deref() == Some(binding.as_str()))
+            });
+            world.bindings.extend(live.bindings);
+            world.pools.extend(live.pools);
+            world.backends.extend(live.backends);
+        }
+    }
+    let config = &hook.ctx.config;
+    answer(&hook, "inject", review, |req| {
+        if let Some(e) = &unreadable {
+            return AdmissionResponse::from(req).deny(format!(
+                "BindingUnreadable: {e}; the Pod is refused until it can be read"
+            ));
+        }
+        mutate_pod(
+            req,
+            &config.namespace,
+            &config.operator_image,
+            &settings,
+            &world,
+        )
+    })
+}
+
+async fn validate_pods_handler(
+    State(hook): State<Arc<Webhook>>,
+    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
+    answer(&hook, "freeze", review, freeze_pod)
+}
+
+/// The webhook's routes.
+pub fn router(hook: Arc<Webhook>) -> Router {
+    Router::new()
+        .route("/validate", post(validate_handler))
+        .route("/mutate-pods", post(mutate_pods_handler))
+        .route("/validate-pods", post(validate_pods_handler))
+        .with_state(hook)
+}
