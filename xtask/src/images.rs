@@ -17,7 +17,7 @@ use anyhow::{Context, bail};
 use kvcache_e2e::images::{self, Image};
 
 use crate::crds::root;
-use crate::setup::{MOONCAKE_PACKAGE, MOONCAKE_VERSION, cache_dir};
+use kvcache_e2e::paths::{MOONCAKE_PACKAGE, MOONCAKE_VERSION, cache_dir};
 
 /// Debian packages of the base: the interpreter and what the wheel's binaries link.
 const BASE_PACKAGES: &str = "python3,python3-venv,libibverbs1,libcurl4,libnuma1,ca-certificates";

@@ -1,5 +1,5 @@
-//! Every single-object admission rule of catalogue section 2, accepted and refused, with the
-//! message a user reads.
+//! Every single-object admission rule (docs/design.md#backend-admission and the sections after
+//! it), accepted and refused, with the message a user reads.
 
 mod support;
 
@@ -70,7 +70,7 @@ fn defaults_are_the_documented_ones() {
     assert!(tier.eviction.expect("eviction").enabled);
 }
 
-// --- 2.1.1 connection -------------------------------------------------------------------------
+// --- connection (docs/design.md#backend-connection) ------------------------------------------
 
 #[test]
 fn exactly_one_connection() {
@@ -88,7 +88,7 @@ fn exactly_one_connection() {
     assert_refused(&create(&neither), "spec.connection", "exactly one");
 }
 
-// --- 2.1.2 one tier ---------------------------------------------------------------------------
+// --- one tier (docs/design.md#disk-tier-admission) -------------------------------------------
 
 #[test]
 fn at_most_one_tiered_group() {
@@ -110,7 +110,7 @@ fn at_most_one_tiered_group() {
     );
 }
 
-// --- 2.1.3 medium immutable, 2.1.15 order, 2.1.16 tier immutable --------------------------------
+// --- medium, order, tier immutable (docs/design.md#member-groups, #disk-tier-admission) ------
 
 const TWO_GROUPS: &str = "members:\n  - {medium: DRAM, capacityPerMember: 1Gi, nodeSelector: {a: '1'}}\n  - {medium: DRAM, capacityPerMember: 2Gi, nodeSelector: {b: '1'}}\n";
 
@@ -215,7 +215,7 @@ fn the_tier_is_chosen_once() {
     assert_ok(&update(&plain, &two));
 }
 
-// --- 2.1.5 image ------------------------------------------------------------------------------
+// --- image (docs/design.md#backend-image) ----------------------------------------------------
 
 #[test]
 fn an_image_must_come_from_somewhere_and_is_ratcheted() {
@@ -239,7 +239,7 @@ fn an_image_must_come_from_somewhere_and_is_ratcheted() {
     assert_ok(&external.validate_create(&no_setting));
 }
 
-// --- 2.1.7 leader replicas --------------------------------------------------------------------
+// --- leader replicas (docs/design.md#leader-replicas) ----------------------------------------
 
 #[test]
 fn leader_replicas() {
@@ -261,7 +261,7 @@ fn leader_replicas() {
     assert_ok(&create(&ha));
 }
 
-// --- 2.1.8 multiTenancy off while used ---------------------------------------------------------
+// --- multiTenancy off while used (docs/design.md#multi-tenancy-off) --------------------------
 
 #[test]
 fn multi_tenancy_stays_on_while_pools_use_the_backend() {
@@ -285,7 +285,7 @@ fn multi_tenancy_stays_on_while_pools_use_the_backend() {
     assert_ok(&update(&new, &old));
 }
 
-// --- 2.1.9 / 2.1.10 / 2.1.11 extraArgs, extraEnv ---------------------------------------------
+// --- extraArgs, extraEnv (docs/design.md#leader-flags, #rendered-env) ------------------------
 
 #[test]
 fn refused_leader_flags_name_the_key_and_the_reason() {
@@ -387,7 +387,7 @@ fn member_args_are_key_value() {
     assert_ok(&create(&good));
 }
 
-// --- 2.1.13 fabricInterfaceCount ---------------------------------------------------------------
+// --- fabricInterfaceCount (docs/design.md#fabric-interface-count) ----------------------------
 
 #[test]
 fn fabric_interface_count_warns_off_fabric_and_refuses_below_one() {
@@ -418,7 +418,7 @@ fn fabric_interface_count_warns_off_fabric_and_refuses_below_one() {
     );
 }
 
-// --- 2.1.14 hostPaths -------------------------------------------------------------------------
+// --- hostPaths (docs/design.md#host-paths) ---------------------------------------------------
 
 #[test]
 fn host_path_mounts() {
@@ -452,7 +452,7 @@ fn host_path_mounts() {
     assert_ok(&create(&ascend));
 }
 
-// --- 2.1.17 tier path -------------------------------------------------------------------------
+// --- tier path (docs/design.md#disk-tier-admission) ------------------------------------------
 
 #[test]
 fn tier_path_rules() {
@@ -488,7 +488,7 @@ fn tier_path_rules() {
     }
 }
 
-// --- 2.1.18 eviction ----------------------------------------------------------------------------
+// --- eviction (docs/design.md#disk-tier-admission) -------------------------------------------
 
 #[test]
 fn eviction_combinations() {
@@ -530,7 +530,7 @@ fn eviction_combinations() {
     assert_ok(&create(&tiered("1Gi", "eviction: {enabled: false}")));
 }
 
-// --- 2.1.19 bucket bounds (ratcheting) ----------------------------------------------------------
+// --- bucket bounds, ratcheting (docs/design.md#disk-tier-admission) --------------------------
 
 #[test]
 fn bucket_bounds_name_the_same_figure() {
@@ -568,7 +568,7 @@ fn the_segment_floor_is_judged_only_when_the_value_moves() {
     assert_ok(&update(&tiered("32Mi", ""), &stored));
 }
 
-// --- 2.1.20 scaleIn, 2.1.21 external -------------------------------------------------------------
+// --- scaleIn, external (docs/design.md#scale-in, #external-endpoints) ------------------------
 
 #[test]
 fn scale_in_grace() {
@@ -633,7 +633,7 @@ fn external_endpoints() {
     }
 }
 
-// --- 2.2 pool ---------------------------------------------------------------------------------
+// --- pool (docs/design.md#pool-admission) ----------------------------------------------------
 
 #[test]
 fn pool_rules() {
@@ -671,7 +671,7 @@ fn pool_rules() {
     assert_ok(&update(&bigger, &p));
 }
 
-// --- 2.3 binding ------------------------------------------------------------------------------
+// --- binding (docs/design.md#binding-admission) ----------------------------------------------
 
 #[test]
 fn binding_rules() {
@@ -727,7 +727,7 @@ fn binding_rules() {
     assert_refused(&create(&huge), "spec.quota.ceiling", "at most 8Ei");
 }
 
-// --- 2.4 model deployment -----------------------------------------------------------------------
+// --- model deployment (docs/design.md#model-admission) ---------------------------------------
 
 #[test]
 fn model_deployment_rules() {

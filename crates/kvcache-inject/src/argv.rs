@@ -69,7 +69,8 @@ fn is_python(base: &str) -> bool {
 const SHELLS: &[&str] = &["sh", "bash", "dash", "zsh", "ash", "ksh"];
 
 /// Reads `command` + `args` and decides whether appending engine arguments is safe
-/// (catalogue 5.7 n–t). `row` decides which programs belong to this engine and which to another.
+/// (docs/design.md#launch-command). `row` decides which programs belong to this engine and which
+/// to another.
 pub fn launch(
     command: &[String],
     args: &[String],

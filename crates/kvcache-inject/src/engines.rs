@@ -33,7 +33,7 @@ impl Vehicle {
     }
 }
 
-/// One line of the engine-version → store-client table (catalogue 5.13).
+/// One line of the engine-version → store-client table (docs/design.md#version-lines).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClientLine {
     /// The lowest engine version this line applies from.

@@ -200,8 +200,8 @@ fn protocol(req: &Request<'_>) -> Result<(&'static str, Vec<String>), Error> {
 
 /// The one store protocol `protocols` (the effective protocols of a pool's member groups) offer
 /// an engine, with warnings, or the `NotSupportedTransport` refusal naming every offer in the
-/// artifact spelling and the API value to set (catalogue 2.4.5, 2.4.7, 5.7 y, 5.9). Admission of
-/// a ModelDeployment and the injection make the same judgement.
+/// artifact spelling and the API value to set (docs/design.md#pool-transport). Admission of a
+/// ModelDeployment and the injection make the same judgement.
 pub fn store_protocol(
     row: &EngineRow,
     protocols: &[Protocol],
@@ -323,9 +323,9 @@ fn refuse_owned(req: &Request<'_>, argv: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
-/// The ModelDeployment rules on a role's own `extraArgs` and `env` (catalogue 2.4.3, 2.4.4,
-/// 2.4.9, 5.10): keys the operator owns on an attached role are refused, naming the key, the
-/// engine and `roles[].command` as the escape. Take-over roles are not judged.
+/// The ModelDeployment rules on a role's own `extraArgs` and `env` (docs/design.md#owned-keys):
+/// keys the operator owns on an attached role are refused, naming the key, the engine and
+/// `roles[].command` as the escape. Take-over roles are not judged.
 pub fn check_role_keys(
     row: &EngineRow,
     extra_args: &[String],
@@ -605,7 +605,7 @@ impl Injection {
 }
 
 /// Reads the `kvcache.gpustack.ai/role` annotation: absent for a plain server, `Prefill` or
-/// `Decode` otherwise (refusal x).
+/// `Decode` otherwise (`InvalidRole`, docs/design.md#injection-refusals).
 pub fn parse_role(value: Option<&str>) -> Result<RoleKind, Error> {
     match value {
         None => Ok(RoleKind::Server),

@@ -1,5 +1,6 @@
-//! Engine and store version lines (catalogue 5.13): a store and a client on different minor lines
-//! pass every probe and then fail every write (`RPC_FAIL`, -900), so such a pair is refused.
+//! Engine and store version lines (docs/design.md#version-lines): a store and a client on
+//! different minor lines pass every probe and then fail every write (`RPC_FAIL`, -900), so such a
+//! pair is refused.
 
 use crate::engines::EngineRow;
 

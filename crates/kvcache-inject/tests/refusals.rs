@@ -1,5 +1,6 @@
-//! Every refusal of catalogue 5.7 that applies to a container, and the version and dtype checks,
-//! each with its reason and a message that names the key and the fix.
+//! Every injection refusal that applies to a container (docs/design.md#injection-refusals), and
+//! the version and dtype checks, each with its reason and a message that names the key and the
+//! fix.
 
 mod support;
 

@@ -252,7 +252,7 @@ fn candidate(args: &RunArgs, ctx: &Context) -> Candidate {
             std::env::var("POD_NAME")
                 .or_else(|_| std::env::var("HOSTNAME"))
                 .unwrap_or_else(|_| "kvcache-operator".into()),
-            &crate::watch::trace_id()[..8]
+            &crate::controllers::trace_id()[..8]
         ),
     }
 }

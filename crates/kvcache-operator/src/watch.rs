@@ -1,22 +1,13 @@
 //! The watch plumbing the controllers share: reflector caches that drop `managedFields`, a
 //! controller over one of them with bounded concurrency, relation watches that pass spec changes
-//! only, and the span every reconcile runs in.
+//! only.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
 
-use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-
-use crate::context::Context;
-use crate::error::Error;
 
 /// A kind the operator watches: a static, cloneable, decodable resource.
 pub trait Watched:
@@ -86,62 +77,6 @@ where
     let (reader, stream) = stripped_reflector(api, config);
     kube::runtime::Controller::for_stream(stream.applied_objects(), reader)
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
-}
-
-/// A reconcile function whose every call runs in a span naming the controller, the object's
-/// namespace and name and a trace id of its own, so that every log line of one reconcile
-/// (JSON with `--log-format json`: the span's fields are on each line) can be found together;
-/// its outcome and duration, failures included, go to `kvcache_operator_reconcile_*`.
-pub fn traced<K, F, Fut>(
-    controller: &'static str,
-    reconcile: F,
-) -> impl FnMut(Arc<K>, Arc<Context>) -> BoxFuture<'static, Result<Action, Error>>
-where
-    K: kube::Resource,
-    F: Fn(Arc<K>, Arc<Context>) -> Fut,
-    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
-{
-    use tracing::Instrument;
-    move |object, ctx| {
-        let meta = object.meta();
-        let span = tracing::info_span!(
-            "reconcile",
-            controller,
-            namespace = meta.namespace.as_deref().unwrap_or_default(),
-            // `object`, not `name`: JSON logs print the span's own name under `name`.
-            object = meta.name.as_deref().unwrap_or_default(),
-            trace_id = %trace_id(),
-        );
-        let pass = reconcile(object, ctx.clone());
-        async move {
-            let started = Instant::now();
-            let result = pass.await;
-            let outcome = result.as_ref().err().map_or("ok", Error::metric_label);
-            ctx.metrics
-                .reconciled(controller, outcome, started.elapsed().as_secs_f64());
-            result
-        }
-        .instrument(span)
-        .boxed()
-    }
-}
-
-/// A fresh 128-bit id in the W3C trace-context spelling (32 hex digits): two 64-bit hashes of
-/// a process-wide counter under the process's random hasher keys.
-pub fn trace_id() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::AtomicU64;
-    static KEYS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let keys = KEYS.get_or_init(std::hash::RandomState::new);
-    let n = COUNT.fetch_add(1, Ordering::Relaxed);
-    let half = |salt: u64| {
-        let mut h = keys.build_hasher();
-        h.write_u64(n);
-        h.write_u64(salt);
-        h.finish()
-    };
-    format!("{:016x}{:016x}", half(0), half(1))
 }
 
 /// What a relation watch passes on: an object whose desired state changed (its generation),

@@ -39,8 +39,8 @@ impl fmt::Display for DuplicateDomain {
     }
 }
 
-/// Admission (catalogue 2.3.3): refuses `candidate` when another Binding already claims its
-/// tenant on the same backend. The same name on another backend is fine.
+/// Admission (docs/design.md#domain-claims): refuses `candidate` when another Binding already
+/// claims its tenant on the same backend. The same name on another backend is fine.
 pub fn check(existing: &[Claim], candidate: &Claim) -> Result<(), DuplicateDomain> {
     match existing.iter().find(|c| {
         c.backend == candidate.backend
@@ -81,7 +81,7 @@ pub fn contested(claims: &[Claim]) -> BTreeMap<String, Vec<String>> {
     out
 }
 
-/// Pool admission (catalogue 2.2.3): a pool over a managed backend that declares
+/// Pool admission (docs/design.md#pool-admission): a pool over a managed backend that declares
 /// `multiTenancy: false` is admitted with this warning. External backends are not inspected.
 pub fn pool_warning(pool: &str, backend: &kvcache_api::KVCacheBackend) -> Option<String> {
     let managed = backend.spec.connection.managed.as_ref()?;
@@ -93,7 +93,7 @@ pub fn pool_warning(pool: &str, backend: &kvcache_api::KVCacheBackend) -> Option
     })
 }
 
-/// A second domain on a backend whose master keeps no ledger (catalogue 2.3.4).
+/// A second domain on a backend whose master keeps no ledger (docs/design.md#second-domain).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
     "KVCacheBackend {backend} keeps no tenant ledger (multi-tenancy off), so it can serve only one reuse domain and already serves {serves:?}; use that domain, or a backend with multi-tenancy"
@@ -105,9 +105,9 @@ pub struct SecondDomainWithoutLedger {
     pub serves: String,
 }
 
-/// Binding admission (catalogue 2.3.4): a second distinct domain on a backend. Refused when the
-/// master is known to keep no ledger (it would mix both domains in one tenant); a warning when
-/// the ledger's state is not known.
+/// Binding admission (docs/design.md#second-domain): a second distinct domain on a backend.
+/// Refused when the master is known to keep no ledger (it would mix both domains in one tenant);
+/// a warning when the ledger's state is not known.
 pub fn second_domain(
     backend: &str,
     ledger: Option<bool>,
@@ -159,8 +159,9 @@ impl Finding {
     }
 }
 
-/// Domain claims per backend (2.3.3), the pool warning for a single-tenant backend (2.2.3) and
-/// a second domain on a backend without a ledger (2.3.4), over objects given together.
+/// Domain claims per backend, the pool warning for a single-tenant backend and a second domain
+/// on a backend without a ledger (docs/design.md#domain-claims, #pool-admission,
+/// #second-domain), over objects given together.
 /// Bindings are judged in the order given: a later claim on a held name is the duplicate.
 pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
     let mut out = Vec::new();

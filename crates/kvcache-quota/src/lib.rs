@@ -8,6 +8,7 @@ pub mod admin;
 pub mod claims;
 pub mod grant;
 pub mod policy;
+pub mod release;
 pub mod status;
 
 pub use admin::{AdminError, Outcome, TenantEntry};

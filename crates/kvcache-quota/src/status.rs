@@ -347,6 +347,11 @@ fn release_cond(type_: &'static str, release: &Release, what: &str, holder_kind:
     }
 }
 
+/// A Binding's `Releasable` condition for where its deletion stands (`who`: `namespace/name`).
+pub fn binding_releasable(who: &str, release: &Release) -> Cond {
+    release_cond(b::RELEASABLE, release, who, "workload")
+}
+
 /// What the operator observed for one Binding.
 #[derive(Clone, Debug)]
 pub struct BindingInput<'a> {
@@ -522,5 +527,67 @@ pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {
         usage_bytes: figures.1,
         over_quota: figures.2,
         conditions: conds,
+    }
+}
+
+/// A pool's whole status from its verdict: the Bindings it holds as `usedBy`, conditions merged
+/// with the `stored` ones at `now` (an unchanged condition keeps its transition time).
+pub fn pool_status_document(
+    generation: Option<i64>,
+    verdict: &PoolVerdict,
+    bindings: &[BindingView],
+    stored: &kvcache_api::pool::KVCachePoolStatus,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> kvcache_api::pool::KVCachePoolStatus {
+    kvcache_api::pool::KVCachePoolStatus {
+        observed_generation: generation,
+        phase: Some(verdict.phase),
+        phase_message: verdict.phase_message.clone(),
+        client_endpoint: verdict.client_endpoint.clone(),
+        domains: verdict.domains.clone(),
+        used_by: bindings
+            .iter()
+            .map(|b| {
+                let (ns, name) = b.binding.split_once('/').unwrap_or(("", &b.binding));
+                kvcache_api::backend::ObjectRef {
+                    kind: "KVCachePoolBinding".into(),
+                    namespace: Some(ns.to_owned()),
+                    name: name.to_owned(),
+                }
+            })
+            .collect(),
+        conditions: kvcache_api::condition::merge(
+            &stored.conditions,
+            &verdict.conditions,
+            now,
+            generation,
+        ),
+    }
+}
+
+/// A Binding's status from its verdict (`usedBy` left empty: it is written under its own field
+/// manager), conditions merged with the `stored` ones at `now`.
+pub fn binding_status_document(
+    generation: Option<i64>,
+    verdict: BindingVerdict,
+    stored: &kvcache_api::pool::KVCachePoolBindingStatus,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> kvcache_api::pool::KVCachePoolBindingStatus {
+    kvcache_api::pool::KVCachePoolBindingStatus {
+        observed_generation: generation,
+        phase: Some(verdict.phase),
+        phase_message: verdict.phase_message,
+        effective_quota: verdict
+            .effective_quota_bytes
+            .map(kvcache_api::Quantity::from_bytes),
+        usage: verdict.usage_bytes.map(kvcache_api::Quantity::from_bytes),
+        over_quota: verdict.over_quota,
+        used_by: Vec::new(),
+        conditions: kvcache_api::condition::merge(
+            &stored.conditions,
+            &verdict.conditions,
+            now,
+            generation,
+        ),
     }
 }

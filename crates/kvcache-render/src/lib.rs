@@ -4,12 +4,14 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod events;
 pub mod install;
 pub mod model;
 pub mod monitoring;
 pub mod names;
 pub mod observe;
 pub mod pod;
+pub mod read;
 pub mod resolve;
 pub mod review;
 pub mod shared_cache;

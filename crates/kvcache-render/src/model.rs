@@ -398,7 +398,8 @@ fn role_deployment(
         size.memory_bytes = size
             .memory_bytes
             .saturating_add(attached.extra_memory_bytes);
-        // Fabric interfaces per Pod, on the one fabric protocol admission let through (2.4.6).
+        // Fabric interfaces per Pod, on the one fabric protocol admission let through
+        // (docs/design.md#fabric-interfaces).
         let interfaces = role.resources.as_ref().and_then(|r| r.interface);
         if let (Some(n), [p, rest @ ..]) = (interfaces.filter(|n| *n > 0), &att.protocols[..])
             && matches!(p, Protocol::Rdma | Protocol::Efa)

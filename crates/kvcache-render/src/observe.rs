@@ -258,11 +258,15 @@ pub struct Observation {
     pub members: Vec<MemberPod>,
     /// The rendered fingerprint of each group, by index.
     pub rendered_hashes: Vec<String>,
-    /// The rollout holds standbys back until the electing template is out (3.2.5).
+    /// The rollout holds standbys back until the electing template is out
+    /// (docs/design.md#two-step-election).
     pub standbys_held: bool,
     /// `mooncake_master --version` as the running leader reported it, with the version the
     /// image tag names.
     pub store_version: Option<(String, Option<String>)>,
+    /// Why the backend's objects could not be rendered this pass (a condition reason and the
+    /// message), e.g. no store image: the phase is then `Error` whatever else was observed.
+    pub render_refused: Option<(&'static str, String)>,
 }
 
 impl Observation {
@@ -280,6 +284,7 @@ impl Observation {
             rendered_hashes: Vec::new(),
             standbys_held: false,
             store_version: None,
+            render_refused: None,
         }
     }
 }
@@ -329,7 +334,8 @@ fn name(b: &KVCacheBackend) -> &str {
     b.metadata.name.as_deref().unwrap_or_default()
 }
 
-/// Capacity per 4.2: memory, plus the disk tier when one is declared (external: both families).
+/// Capacity (docs/design.md#capacity): memory, plus the disk tier when one is declared
+/// (external: both families).
 fn capacity(b: &KVCacheBackend, m: &Metrics) -> Option<Capacity> {
     let memory = m.memory_bytes?;
     let disk = if managed(b) && !has_tier(b) {
@@ -370,7 +376,8 @@ fn member_rows(b: &KVCacheBackend, segments: &[Segment], pods: &[MemberPod]) -> 
     rows
 }
 
-/// `MembersMounted` (4.3) and the problem that makes the phase `Degraded`, if any.
+/// `MembersMounted` (docs/design.md#members-mounted) and the problem that makes the phase
+/// `Degraded`, if any.
 fn members_mounted(
     reading: &StoreReading,
     metrics: Option<&Metrics>,
@@ -378,7 +385,7 @@ fn members_mounted(
 ) -> (Cond, Option<String>) {
     use types::MEMBERS_MOUNTED as T;
     // A member that cannot start, or cannot be scheduled, degrades the backend with its own
-    // reason even while others serve (4.3.5).
+    // reason even while others serve; members still starting are not counted.
     if let Some((pod, (reason, message))) = pods
         .iter()
         .filter(|p| !p.terminating)
@@ -490,7 +497,7 @@ fn where_(p: &MemberPod) -> String {
     }
 }
 
-/// `PoolWrites` (4.4).
+/// `PoolWrites` (docs/design.md#pool-writes).
 fn pool_writes(reading: &StoreReading) -> Cond {
     use types::POOL_WRITES as T;
     let (Ok(m), Ok(segments)) = (&reading.metrics, &reading.segments) else {
@@ -542,7 +549,8 @@ fn survey_entries(message: &str) -> Option<u64> {
         .and_then(|n| n.parse().ok())
 }
 
-/// `TierWasEmpty` (4.11.1): written once, from the first member Pods' surveys.
+/// `TierWasEmpty` (docs/design.md#tier-was-empty): written once, from the first member Pods'
+/// surveys.
 fn tier_was_empty(pods: &[MemberPod], previous: &KVCacheBackendStatus) -> Option<Cond> {
     use types::TIER_WAS_EMPTY as T;
     if let Some(c) = previous.conditions.iter().find(|c| c.type_ == T) {
@@ -788,7 +796,7 @@ pub fn backend_status(
         });
     }
 
-    // Phase (4.5).
+    // Phase (docs/design.md#backend-phase).
     let (phase, message) = if obs.deleting {
         let why = if obs.used_by.is_empty() {
             "tearing down the leader and member workloads".to_owned()
@@ -824,6 +832,13 @@ pub fn backend_status(
         (BackendPhase::Degraded, Some(why))
     } else {
         (BackendPhase::Ready, None)
+    };
+    let (phase, message) = match &obs.render_refused {
+        Some((reason, why)) => {
+            conditions.push(Cond::no("Rendered", reason, why.clone()));
+            (BackendPhase::Error, Some(why.clone()))
+        }
+        None => (phase, message),
     };
     Computed {
         phase,
@@ -874,9 +889,10 @@ fn elects(d: &k8s_openapi::api::apps::v1::Deployment) -> bool {
         .is_some_and(|c| c == crate::backend::ELECTOR_PATH)
 }
 
-/// The two-step election enablement (3.2.5): when the live leader Deployment does not run the
-/// elector yet and the rendered one asks for standbys, election is first enabled at one replica;
-/// the standbys follow once that rollout is complete. Returns whether standbys are held back.
+/// The two-step election enablement (docs/design.md#two-step-election): when the live leader
+/// Deployment does not run the elector yet and the rendered one asks for standbys, election is
+/// first enabled at one replica; the standbys follow once that rollout is complete. Returns
+/// whether standbys are held back.
 pub fn hold_standbys(
     live: Option<&k8s_openapi::api::apps::v1::Deployment>,
     rendered: &k8s_openapi::api::apps::v1::Deployment,
@@ -976,7 +992,7 @@ pub struct ModelObservation {
     pub missing_instance_types: Vec<(String, String)>,
 }
 
-/// A ModelDeployment's conditions (5.12) and phase from what was observed.
+/// A ModelDeployment's conditions and phase from what was observed (docs/design.md#model-status).
 pub fn model_status(
     obs: &ModelObservation,
 ) -> (
@@ -1140,4 +1156,56 @@ pub fn model_status(
         (Phase::Degraded, Some(short.join(", ")))
     };
     (phase, message, conds)
+}
+
+/// A ModelDeployment's whole status: [`model_status`]'s phase and conditions, then `extra` (the
+/// shared-cache condition), the attachment as it resolved (`domain`: the reached Binding's), the
+/// roles as observed and the shared-cache figures, its conditions merged with the stored ones at
+/// `now` (a condition that did not change keeps its transition time).
+pub fn model_deployment_status(
+    md: &kvcache_api::ModelDeployment,
+    obs: &ModelObservation,
+    domain: Option<&kvcache_api::pool::Domain>,
+    shared_cache: Option<kvcache_api::model::SharedCacheStatus>,
+    extra: Vec<Cond>,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> kvcache_api::model::ModelDeploymentStatus {
+    use kvcache_api::model::{KvCacheStatus, ModelDeploymentStatus, RoleStatus};
+    let (phase, message, mut conditions) = model_status(obs);
+    conditions.extend(extra);
+    let generation = md.metadata.generation;
+    let stored = md.status.clone().unwrap_or_default();
+    let kv_cache = match (&obs.resolution, domain) {
+        (Resolution::Resolved { binding, pool, .. }, Some(domain)) => Some(KvCacheStatus {
+            binding: binding.clone(),
+            pool: Some(pool.clone()),
+            domain: Some(domain.clone()),
+        }),
+        _ => md.spec.kv_cache.as_ref().map(|k| KvCacheStatus {
+            binding: k.pool_ref.name.clone(),
+            pool: None,
+            domain: None,
+        }),
+    };
+    ModelDeploymentStatus {
+        observed_generation: generation,
+        phase: Some(phase),
+        phase_message: message,
+        kv_cache,
+        roles: md
+            .spec
+            .roles
+            .iter()
+            .zip(&obs.roles)
+            .map(|(r, o)| RoleStatus {
+                name: r.name.clone(),
+                kind: r.kind,
+                desired: r.replicas,
+                ready: o.ready,
+                unmanaged: o.unmanaged,
+            })
+            .collect(),
+        shared_cache,
+        conditions: kvcache_api::condition::merge(&stored.conditions, &conditions, now, generation),
+    }
 }

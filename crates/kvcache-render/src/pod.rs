@@ -1,4 +1,4 @@
-//! The Pod injection webhook's decision (catalogue 5.1-5.7, 5.11): for an opted-in Pod, its
+//! The Pod injection webhook's decision (docs/design.md#pod-injection): for an opted-in Pod, its
 //! Binding, pool and backend, either the Pod with the store settings added (through the same
 //! `kvcache-inject` entry point the ModelDeployment render uses) or a refusal with its reason.
 //! Pure: the webhook looks the objects up, calls [`inject_pod`] and answers with the difference.
@@ -85,7 +85,8 @@ const ACCEPTED: [&str; 6] = [
     FORWARDED_ANNOTATION,
 ];
 
-/// The annotation contract (refusals u, v, w).
+/// The annotation contract (`UnknownAnnotation`, `RecordSubmitted`, `DomainAnnotation`;
+/// docs/design.md#injection-contract).
 fn annotation_keys(annotations: &BTreeMap<String, String>) -> Result<(), PodRefusal> {
     for key in annotations.keys().filter(|k| k.starts_with(PREFIX)) {
         if key == CLIENT_CONFIG_ANNOTATION || key == INJECTED_ANNOTATION {
@@ -115,7 +116,7 @@ fn annotation_keys(annotations: &BTreeMap<String, String>) -> Result<(), PodRefu
     Ok(())
 }
 
-/// The engine annotation (refusal f): required, never guessed.
+/// The engine annotation (`EngineMissing`, `InvalidEngine`): required, never guessed.
 fn engine(annotations: &BTreeMap<String, String>) -> Result<EngineName, PodRefusal> {
     match annotations.get(ENGINE_ANNOTATION).map(String::as_str) {
         Some("vLLM") => Ok(EngineName::Vllm),
@@ -133,7 +134,7 @@ fn engine(annotations: &BTreeMap<String, String>) -> Result<EngineName, PodRefus
     }
 }
 
-/// The container to inject (refusals g, h).
+/// The container to inject (`ContainerAmbiguous`, `InitContainerNamed`, `ContainerNotFound`).
 fn container_index(pod: &Pod, annotations: &BTreeMap<String, String>) -> Result<usize, PodRefusal> {
     let spec = pod.spec.as_ref();
     let containers = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
@@ -172,7 +173,8 @@ fn container_index(pod: &Pod, annotations: &BTreeMap<String, String>) -> Result<
     }
 }
 
-/// The pool's ledger as its `QuotaLedgerAvailable` condition reports it (refusal e).
+/// The pool's ledger as its `QuotaLedgerAvailable` condition reports it (`LedgerNotReady`;
+/// docs/design.md#injection-ledger).
 fn ledger(pool: &KVCachePool) -> Ledger {
     let c = pool.status.as_ref().and_then(|s| {
         s.conditions
@@ -249,7 +251,7 @@ pub fn inject_pod(
         })?;
         let mut att = attachment_on(binding_name, b, backend, env)
             .map_err(|e| refuse("DanglingReference", e.to_string()))?;
-        // The pool's observations, not the declarations, decide (5.7 e and l).
+        // The pool's observations, not the declarations, decide (docs/design.md#injection-ledger).
         att.ledger = ledger(pool);
         att.client_endpoint = pool.status.as_ref().and_then(|s| s.client_endpoint.clone());
         Some(att)
@@ -306,8 +308,9 @@ pub fn inject_pod(
     })
 }
 
-/// The post-create freeze (5.8): on an UPDATE of an opted-in Pod, editing or removing the
-/// trigger label or either record annotation is refused; everything else passes.
+/// The post-create freeze (docs/design.md#post-create-freeze): on an UPDATE of an opted-in Pod,
+/// editing or removing the trigger label or either record annotation is refused; everything else
+/// passes.
 pub fn frozen_edit(old: &Pod, new: &Pod) -> Option<String> {
     let label = |p: &Pod| {
         p.metadata

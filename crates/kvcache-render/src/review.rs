@@ -137,9 +137,9 @@ fn role_keys(md: &kvcache_api::ModelDeployment, settings: &Settings) -> Vec<Refu
 /// The first store version whose master has multi-tenancy (`--enable_multi_tenants`).
 pub const MULTI_TENANT_STORE: [u64; 3] = [0, 3, 12];
 
-/// The store image version rule (catalogue 3.1.9): a managed backend whose image runs a master
-/// older than 0.3.12 must declare `leader.multiTenancy: false`, because the render gives such a
-/// master the multi-tenant flags and it exits on the first unknown one. Judged when the backend
+/// The store image version rule (docs/design.md#store-image-version): a managed backend whose
+/// image runs a master older than 0.3.12 must declare `leader.multiTenancy: false`, because the
+/// render gives such a master the multi-tenant flags and it exits on the first unknown one. Judged when the backend
 /// is created or when its image or that field moves (ratcheting: a stored backend stays
 /// updatable when the setting's image changes). An image whose tag names no version is not
 /// judged. High availability needs nothing of the image: the render's election runs in
@@ -219,11 +219,11 @@ fn store_of<'a>(
     Some((backend, protocols))
 }
 
-/// The pool transports a ModelDeployment's roles would use (catalogue 2.4.5, 2.4.7): for a new
-/// deployment with `kvCache`, and on an update for the roles whose InstanceType or take-over
-/// command moved (2.4.11), each attached role's engine (vLLM-Ascend when its InstanceType's
-/// accelerator is made by `ascend`) must find exactly one protocol it can use among the pool's
-/// member groups.
+/// The pool transports a ModelDeployment's roles would use (docs/design.md#pool-transport): for a
+/// new deployment with `kvCache`, and on an update for the roles whose InstanceType or take-over
+/// command moved (docs/design.md#rejudged-roles), each attached role's engine (vLLM-Ascend when its
+/// InstanceType's accelerator is made by `ascend`) must find exactly one protocol it can use among
+/// the pool's member groups.
 fn transport_rule(
     md: &kvcache_api::ModelDeployment,
     old: Option<&kvcache_api::ModelDeployment>,
@@ -271,7 +271,8 @@ fn transport_rule(
 }
 
 /// Whether a role is new (no `old` deployment, or no role of that name in it) or `changed`
-/// says what the rule reads of it moved since `old` (2.4.11: a rule re-runs only for those).
+/// says what the rule reads of it moved since `old` (a rule re-runs only for those:
+/// docs/design.md#rejudged-roles).
 fn moved(
     old: Option<&kvcache_api::ModelDeployment>,
     role: &kvcache_api::model::Role,
@@ -281,11 +282,11 @@ fn moved(
         .is_none_or(changed)
 }
 
-/// Fabric interfaces per Pod (catalogue 2.4.6): a positive `resources.interface` needs a pool
-/// whose member groups all run one managed fabric protocol, `RDMA` or `EFA`. Refused when the
-/// backend is external (no managed leg), when no group runs a fabric protocol, when the groups'
-/// protocols differ, and for an RDMA+EFA mix. Re-judged on an update only for the roles whose
-/// interface request moved (the pool reference is frozen with `kvCache`). Negative and
+/// Fabric interfaces per Pod (docs/design.md#fabric-interfaces): a positive `resources.interface`
+/// needs a pool whose member groups all run one managed fabric protocol, `RDMA` or `EFA`. Refused
+/// when the backend is external (no managed leg), when no group runs a fabric protocol, when the
+/// groups' protocols differ, and for an RDMA+EFA mix. Re-judged on an update only for the roles
+/// whose interface request moved (the pool reference is frozen with `kvCache`). Negative and
 /// fractional values never reach here: the schema takes integers from 0.
 fn interface_rule(
     md: &kvcache_api::ModelDeployment,

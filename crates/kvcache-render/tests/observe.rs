@@ -87,6 +87,7 @@ fn observation(store: Option<StoreReading>, members: Vec<MemberPod>) -> Observat
         rendered_hashes: vec!["h1".into()],
         standbys_held: false,
         store_version: None,
+        render_refused: None,
     }
 }
 
@@ -143,6 +144,29 @@ fn mounted_members_make_it_ready_with_capacity_from_the_store() {
     assert_eq!(
         cond(&s.conditions, types::ROLLOUT_COMPLETE).status,
         Status::True
+    );
+}
+
+#[test]
+fn a_backend_that_cannot_be_rendered_is_an_error_whatever_runs() {
+    let mut obs = observation(
+        Some(serving(128 * MI, vec![segment("10.0.0.5", "a")])),
+        vec![pod("m-1", "node-1", "10.0.0.5")],
+    );
+    obs.render_refused = Some((
+        "NoStoreImage",
+        "KVCacheBackend mooncake-dram names no image and no setting supplies one".into(),
+    ));
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    assert_eq!(s.phase, BackendPhase::Error);
+    assert_eq!(
+        s.phase_message.as_deref(),
+        Some("KVCacheBackend mooncake-dram names no image and no setting supplies one")
+    );
+    let rendered = cond(&s.conditions, "Rendered");
+    assert_eq!(
+        (rendered.status, rendered.reason),
+        (Status::False, "NoStoreImage")
     );
 }
 
@@ -518,7 +542,9 @@ fn the_running_version_is_reported_and_a_disagreeing_tag_is_named() {
 mod model_deployment {
     use kvcache_api::condition::{Cond, Status};
     use kvcache_api::model::ModelDeploymentPhase;
-    use kvcache_render::observe::{ModelObservation, Resolution, RoleObservation, model_status};
+    use kvcache_render::observe::{
+        ModelObservation, Resolution, RoleObservation, model_deployment_status, model_status,
+    };
 
     fn role(ready: i32) -> RoleObservation {
         RoleObservation {
@@ -553,6 +579,52 @@ mod model_deployment {
             .iter()
             .find(|c| c.type_ == t)
             .unwrap_or_else(|| panic!("no {t} in {conds:?}"))
+    }
+
+    fn deployment() -> kvcache_api::ModelDeployment {
+        serde_yaml::from_str(
+            r#"
+apiVersion: worker.gpustack.ai/v1
+kind: ModelDeployment
+metadata: {name: qwen-chat, namespace: team-a, generation: 4}
+spec:
+  model: {name: Qwen/Qwen3-8B}
+  engine: {name: vLLM, version: 0.29.0}
+  kvCache: {poolRef: {name: team-a}}
+  roles:
+    - {name: server, replicas: 2, instanceType: gpu-a100}
+"#,
+        )
+        .expect("a ModelDeployment")
+    }
+
+    #[test]
+    fn the_whole_status_names_the_attachment_as_resolved_and_each_role() {
+        let md = deployment();
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default());
+        let domain: kvcache_api::pool::Domain =
+            serde_json::from_value(serde_json::json!({"blockSize": 64, "dtype": "bfloat16"}))
+                .expect("a domain");
+        let extra = vec![Cond::yes("SharedCacheObserved", "EnginesRead", "read 2 engines")];
+        let s = model_deployment_status(&md, &attached(), Some(&domain), None, extra, &now);
+        assert_eq!(s.observed_generation, Some(4));
+        let kv = s.kv_cache.expect("kvCache status");
+        assert_eq!(
+            (kv.binding.as_str(), kv.pool.as_deref()),
+            ("team-a", Some("shared-dram"))
+        );
+        assert_eq!(kv.domain, Some(domain));
+        assert_eq!((s.roles[0].name.as_str(), s.roles[0].ready), ("server", 2));
+        assert!(s.conditions.iter().any(|c| c.type_ == "SharedCacheObserved"));
+        // Unresolved: the reference as written, no pool or domain.
+        let mut obs = attached();
+        obs.resolution = Resolution::BindingNotFound {
+            binding: "team-a".into(),
+            namespace: "team-a".into(),
+        };
+        let s = model_deployment_status(&md, &obs, None, None, Vec::new(), &now);
+        let kv = s.kv_cache.expect("kvCache status");
+        assert_eq!((kv.pool, kv.domain), (None, None));
     }
 
     #[test]

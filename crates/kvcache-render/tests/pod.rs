@@ -1,5 +1,5 @@
-//! The Pod injection decision (catalogue 5.7): every refusal the webhook makes itself, and an
-//! injected Pod, without an API server.
+//! The Pod injection decision (docs/design.md#injection-refusals): every refusal the webhook
+//! makes itself, and an injected Pod, without an API server.
 
 use k8s_openapi::api::core::v1::Pod;
 use kvcache_api::Settings;

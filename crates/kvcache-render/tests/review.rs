@@ -137,7 +137,8 @@ fn a_new_deployment_on_a_pool_of_mixed_or_unusable_protocols_is_refused_naming_e
         &settings,
     );
     assert!(r.allowed(), "{r:?}");
-    // An unchanged binding stays editable when the backend became mixed later (2.4.5 ratchet).
+    // An unchanged binding stays editable when the backend became mixed later (ratcheting:
+    // docs/design.md#rejudged-roles).
     let md = model("vLLM");
     let r = review(
         &md,
@@ -215,8 +216,8 @@ fn fabric_interfaces_need_one_managed_rdma_or_efa_protocol_across_the_pool() {
             .contains("external store has no managed RDMA/EFA leg")),
         "{r:?}"
     );
-    // Re-judged only when the interface request moved (2.4.11): an unchanged request stays
-    // editable on a pool that became TCP, a new count on it is refused.
+    // Re-judged only when the interface request moved (docs/design.md#rejudged-roles): an unchanged
+    // request stays editable on a pool that became TCP, a new count on it is refused.
     let stored = model_with_interfaces(2);
     let r = review(
         &stored,

@@ -23,17 +23,16 @@ use kube::{Resource, ResourceExt};
 use kvcache_api::backend::{
     BackendPhase, EndpointName, KVCacheBackendStatus, ObjectRef as Consumer,
 };
-use kvcache_api::condition::{Cond, Status};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
 use kvcache_render::backend::{
-    BackendInputs, BackendObjects, OWNER_LABEL, POD_SPEC_HASH, client_endpoint, leader_name,
+    BackendInputs, BackendObjects, OWNER_LABEL, client_endpoint, leader_name,
 };
+use kvcache_render::events::{Kind, backend_events};
 use kvcache_render::names::label_value;
-use kvcache_render::observe::{
-    self, Computed, LeaderReplicas, MemberPod, Observation, hold_standbys, types,
-};
+use kvcache_render::observe::{self, Computed, Observation, hold_standbys};
+use kvcache_render::read;
 use kvcache_render::resolve::{ceilings_on, store_image};
 use serde::de::DeserializeOwned;
 use tracing::{info, instrument, warn};
@@ -165,7 +164,7 @@ pub async fn run(ctx: Arc<Context>) {
         )
         .shutdown_on_signal()
         .run(
-            crate::watch::traced(CONTROLLER, reconcile),
+            super::traced(CONTROLLER, reconcile),
             super::error_policy(Duration::from_secs(5)),
             ctx.clone(),
         )
@@ -208,7 +207,7 @@ fn consumers(ctx: &Context, backend: &str) -> Vec<Consumer> {
 }
 
 /// Applies every rendered object and prunes the rest. Returns the live leader Deployment and
-/// whether standbys are held back (3.2.5).
+/// whether standbys are held back (docs/design.md#two-step-election).
 async fn apply_objects(
     ctx: &Context,
     uid: &str,
@@ -286,85 +285,6 @@ async fn apply_objects(
     Ok((live, held))
 }
 
-/// The member Pods of a backend as the status function reads them.
-fn member_pod(p: &Pod) -> Option<MemberPod> {
-    let component = p.labels().get("app.kubernetes.io/component")?;
-    let group = component.strip_prefix("member-")?.parse().ok()?;
-    let status = p.status.clone().unwrap_or_default();
-    let ready = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    let waiting = status
-        .container_statuses
-        .iter()
-        .flatten()
-        .chain(status.init_container_statuses.iter().flatten())
-        .find_map(|c| {
-            let w = c.state.as_ref()?.waiting.as_ref()?;
-            let reason = w.reason.clone()?;
-            matches!(
-                reason.as_str(),
-                "CrashLoopBackOff"
-                    | "ErrImagePull"
-                    | "ImagePullBackOff"
-                    | "CreateContainerConfigError"
-                    | "CreateContainerError"
-                    | "InvalidImageName"
-            )
-            .then(|| (reason, w.message.clone().unwrap_or_default()))
-        });
-    let unschedulable = status.conditions.iter().flatten().find_map(|c| {
-        (c.type_ == "PodScheduled"
-            && c.status == "False"
-            && c.reason.as_deref() == Some("Unschedulable"))
-        .then(|| {
-            (
-                "Unschedulable".to_owned(),
-                c.message.clone().unwrap_or_default(),
-            )
-        })
-    });
-    let survey = status
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .find(|c| c.name == "tier-survey")
-        .and_then(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone());
-    Some(MemberPod {
-        name: p.name_any(),
-        node: p
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default(),
-        ip: status.pod_ip.clone().unwrap_or_default(),
-        group,
-        ready,
-        terminating: p.metadata.deletion_timestamp.is_some(),
-        hash: p
-            .annotations()
-            .get(POD_SPEC_HASH)
-            .cloned()
-            .unwrap_or_default(),
-        problem: waiting.or(unschedulable),
-        survey,
-    })
-}
-
-fn replicas(d: &Deployment) -> LeaderReplicas {
-    let status = d.status.clone().unwrap_or_default();
-    LeaderReplicas {
-        desired: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
-        ready: status.ready_replicas.unwrap_or(0),
-        updated: status.updated_replicas.unwrap_or(0),
-        total: status.replicas.unwrap_or(0),
-        observed: status.observed_generation.is_some()
-            && status.observed_generation == d.metadata.generation,
-    }
-}
-
 async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     let name = b.name_any();
     let uid = b.uid().unwrap_or_default();
@@ -416,7 +336,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
                 )
                 .await?;
                 obs.standbys_held = held;
-                obs.leader = live.as_ref().map(replicas);
+                obs.leader = live.as_ref().map(read::replicas);
             }
         }
         if managed.leader.elects() {
@@ -442,7 +362,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
             .list(&ListParams::default().labels(&labels_of_backend(&name)))
             .await
             .map_err(kerr("list", format!("Pods of {name}")))?;
-        obs.members = listed.iter().filter_map(member_pod).collect();
+        obs.members = listed.iter().filter_map(read::member_pod).collect();
         // The rollout: exactly the member Pods whose fingerprint differs.
         for stale in observe::stale_member_pods(&obs.members, &obs.rendered_hashes) {
             info!(pod = stale, "replacing a member Pod whose template changed");
@@ -469,14 +389,8 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
             .inc();
         obs.store = Some(reading);
     }
-    let mut computed = observe::backend_status(b, &obs, &previous);
-    if let Some(p) = &render_problem {
-        computed.phase = BackendPhase::Error;
-        computed.phase_message = Some(p.to_string());
-        computed
-            .conditions
-            .push(Cond::no("Rendered", p.reason(), p.to_string()));
-    }
+    obs.render_refused = render_problem.map(|p| (p.reason(), p.to_string()));
+    let computed = observe::backend_status(b, &obs, &previous);
     let figures = Figures::Backend {
         capacity: computed.capacity.clone(),
         phase: computed.phase,
@@ -526,99 +440,32 @@ async fn write_status(
     .await
 }
 
-fn condition<'a>(s: &'a KVCacheBackendStatus, t: &str) -> Option<(&'a str, &'a str)> {
-    s.conditions
-        .iter()
-        .find(|c| c.type_ == t)
-        .map(|c| (c.status.as_str(), c.reason.as_str()))
-}
-
-/// Events for the transitions a user wants in `kubectl describe`.
+/// Records the events `kvcache_render::events` picks for the transition.
 async fn events(
     ctx: &Context,
     b: &KVCacheBackend,
     before: &KVCacheBackendStatus,
     after: &KVCacheBackendStatus,
 ) {
-    let mut out = Vec::new();
-    if before.observed_generation != after.observed_generation {
-        out.push((
-            EventType::Normal,
-            "Rendered",
-            format!(
-                "applied the leader, its Service and the member DaemonSets for generation {}",
-                after.observed_generation.unwrap_or_default()
-            ),
-        ));
-    }
-    if before.phase != after.phase
-        && let Some(phase) = after.phase
-    {
-        let (kind, reason) = match phase {
-            BackendPhase::Ready => (EventType::Normal, "BackendReady"),
-            BackendPhase::Provisioning => (EventType::Normal, "Provisioning"),
-            BackendPhase::Degraded => (EventType::Warning, "BackendDegraded"),
-            BackendPhase::Error => (EventType::Warning, "LeaderLost"),
-            BackendPhase::Deleting => (EventType::Normal, "Deleting"),
-        };
-        out.push((
-            kind,
-            reason,
-            after
-                .phase_message
-                .clone()
-                .unwrap_or_else(|| "the leader serves and every member is mounted".into()),
-        ));
-    }
-    if before.capacity != after.capacity {
-        let show = |s: &KVCacheBackendStatus| {
-            s.capacity
-                .as_ref()
-                .map_or("absent".to_owned(), |c| c.total.as_str().to_owned())
-        };
-        out.push((
-            EventType::Normal,
-            if before.capacity.is_none() {
-                "CapacityObserved"
-            } else {
-                "CapacityChanged"
-            },
-            format!("capacity {} -> {}", show(before), show(after)),
-        ));
-    }
-    for (t, reason, kind) in [
-        (types::MEMBERS_MOUNTED, "MemberMissing", EventType::Warning),
-        (types::ROLLOUT_COMPLETE, "RolloutHeld", EventType::Normal),
-        (types::DELETABLE, "DeletionHeld", EventType::Normal),
-    ] {
-        let was = condition(before, t);
-        let now = condition(after, t);
-        if now.is_some_and(|(s, _)| s == Status::False.as_str()) && was != now {
-            let message = after
-                .conditions
-                .iter()
-                .find(|c| c.type_ == t)
-                .map(|c| c.message.clone())
-                .unwrap_or_default();
-            out.push((kind, reason, message));
-        }
-    }
     let reference = b.object_ref(&());
-    for (type_, reason, note) in out {
+    for note in backend_events(before, after) {
         let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
+            type_: match note.kind {
+                Kind::Normal => EventType::Normal,
+                Kind::Warning => EventType::Warning,
+            },
+            reason: note.reason.into(),
+            note: Some(note.message.chars().take(1000).collect()),
             action: "Reconcile".into(),
             secondary: None,
         };
         if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-            warn!(error = %e, reason, "could not record an event");
+            warn!(error = %e, reason = note.reason, "could not record an event");
         }
     }
 }
 
-/// Teardown (4.7.1-4.7.4): held while a pool uses the backend; then the leader, its Service and
+/// Teardown (docs/design.md#backend-teardown): held while a pool uses the backend; then the leader, its Service and
 /// every member DaemonSet (found by the backend's ownership label) are deleted and awaited, each
 /// within its Pods' termination grace plus a slack, after which it is abandoned with a warning.
 async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {

@@ -6,21 +6,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
+use kvcache_api::KVCachePoolBinding;
 use kvcache_api::admission::tenant_of;
 use kvcache_api::backend::ObjectRef as Consumer;
-use kvcache_api::{KVCachePoolBinding, Quantity};
+use kvcache_api::condition::merge;
 use kvcache_quota::admin::{self, Request};
-use kvcache_quota::status::{BackendView, BindingInput, Release, binding_status};
+use kvcache_quota::release::{self, Ledger, Step, Unanswered};
+use kvcache_quota::status::{
+    BackendView, BindingInput, Release, binding_releasable, binding_status,
+};
 use tracing::instrument;
 
 use super::pool::{backend_of, claims_on, id, write_binding_status};
-use crate::context::Context;
+use crate::context::{Context, MANAGER};
 use crate::error::Error;
 
 /// Held while a Binding's tenant is not released on the master.
@@ -31,7 +36,7 @@ const USAGE_MANAGER: &str = "kvcache-operator-usage";
 
 const BINDING: &str = "kvcachepoolbinding";
 
-/// Retry while a release waits on the master (catalogue 4.7.5).
+/// Retry while a release waits on the master (docs/design.md#binding-release).
 const RELEASE_RETRY: Duration = Duration::from_secs(30);
 
 /// Runs the Binding controller (its finalizer: releasing the tenant) until shutdown.
@@ -52,7 +57,7 @@ pub async fn run(ctx: Arc<Context>) {
         )
         .shutdown_on_signal()
         .run(
-            crate::watch::traced(BINDING, reconcile_binding),
+            super::traced(BINDING, reconcile_binding),
             super::error_policy(RELEASE_RETRY),
             ctx,
         )
@@ -143,28 +148,15 @@ async fn write_used_by(ctx: &Context, b: &KVCachePoolBinding) -> Result<(), Erro
     .await
 }
 
-/// A Binding goes once no workload uses it and its tenant holds nothing on the master; its
-/// ledger entry is removed (unless another Binding still claims the tenant). Backends without a
-/// ledger release at once.
-async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action, Error> {
-    let who = id(b);
-    let used_by = users(ctx, b);
-    if !used_by.is_empty() {
-        return Err(Error::DeletionHeld(format!(
-            "KVCachePoolBinding {who} is used by {} (HeldByWorkloads)",
-            used_by
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
-    }
+/// Whether the Binding's backend keeps a ledger entry this release must clear, and where its
+/// master answers.
+fn ledger_of(ctx: &Context, b: &KVCachePoolBinding) -> (Ledger, Option<String>) {
     let Some(pool) = ctx.pools.get(&ObjectRef::new(&b.spec.pool_ref.name)) else {
-        return Ok(Action::await_change());
+        return (Ledger::None, None);
     };
     let (view, backend) = backend_of(ctx, &pool);
     let Some(admin) = backend.as_deref().and_then(|be| ctx.admin_address(be)) else {
-        return Ok(Action::await_change());
+        return (Ledger::None, None);
     };
     if matches!(
         view,
@@ -173,44 +165,83 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
             ..
         }
     ) {
-        return Ok(Action::await_change());
+        return (Ledger::None, None);
     }
-    let tenant = tenant_of(b).to_owned();
-    let others = claims_on(ctx, pool.spec.backend().unwrap_or_default())
+    let (who, tenant) = (id(b), tenant_of(b));
+    let shared = claims_on(ctx, pool.spec.backend().unwrap_or_default())
         .into_iter()
         .any(|c| c.tenant == tenant && c.binding != who);
-    if others {
-        return Ok(Action::await_change());
+    if shared {
+        return (Ledger::SharedTenant, None);
     }
-    let entry = match crate::store::ledger(&admin, &Request::Get(tenant.clone())).await {
-        Ok((status, body)) => admin::decode_entry(status, &body),
-        Err(e) => {
-            return Err(Error::DeletionHeld(format!(
-                "the ledger of tenant {tenant} could not be read (LedgerRequestFailed): {e}"
-            )));
-        }
+    (Ledger::Own, Some(admin))
+}
+
+/// One ledger request, its answer decoded by `decode`.
+async fn ask<T>(
+    admin: &str,
+    request: &Request,
+    decode: impl FnOnce(u16, &str) -> Result<T, admin::AdminError>,
+) -> Result<Result<T, admin::AdminError>, Unanswered> {
+    crate::store::ledger(admin, request)
+        .await
+        .map(|(status, body)| decode(status, &body))
+        .map_err(|e| Unanswered(e.to_string()))
+}
+
+/// The finalizer's pass: decides with `kvcache_quota::release` whether the Binding may go,
+/// asking the master what it needs to, writes the decision to `Releasable` and the phase, and
+/// holds (an error, retried every 30 s) until it is released.
+async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action, Error> {
+    let who = id(b);
+    let users: Vec<String> = users(ctx, b).iter().map(ToString::to_string).collect();
+    let (ledger, admin) = ledger_of(ctx, b);
+    let tenant = tenant_of(b).to_owned();
+    let mut step = release::first_step(&users, &ledger);
+    let admin = admin.unwrap_or_default();
+    if step == Step::ReadEntry {
+        step = release::after_entry(
+            &tenant,
+            ask(&admin, &Request::Get(tenant.clone()), admin::decode_entry).await,
+        );
+    }
+    let release = match step {
+        Step::Done(r) => r,
+        Step::ReadEntry | Step::DeleteEntry => release::after_delete(
+            &tenant,
+            ask(&admin, &Request::Delete(tenant.clone()), admin::decode_ack).await,
+        ),
     };
-    match entry {
-        Err(admin::AdminError::UnavailableInCurrentMode) | Err(admin::AdminError::NotFound) => {
-            Ok(Action::await_change())
-        }
-        Err(e) => Err(Error::DeletionHeld(format!(
-            "the ledger of tenant {tenant} could not be read (LedgerRequestFailed): {e}"
-        ))),
-        Ok(e) if e.usage_bytes() > 0 => Err(Error::DeletionHeld(format!(
-            "tenant {tenant} still holds {} on the master (LedgerNotReleased): drain the workloads that write it",
-            Quantity::from_bytes(e.usage_bytes()).as_str()
-        ))),
-        Ok(_) => match crate::store::ledger(&admin, &Request::Delete(tenant.clone())).await {
-            Ok((status, body)) => match admin::decode_ack(status, &body) {
-                Ok(()) | Err(admin::AdminError::NotFound) => Ok(Action::await_change()),
-                Err(e) => Err(Error::DeletionHeld(format!(
-                    "the master refused to release tenant {tenant} (LedgerNotReleased): {e}"
-                ))),
-            },
-            Err(e) => Err(Error::DeletionHeld(format!(
-                "releasing tenant {tenant} failed (LedgerRequestFailed): {e}"
-            ))),
-        },
+    write_release(ctx, b, &release).await?;
+    match release {
+        Release::Released => Ok(Action::await_change()),
+        held => Err(Error::DeletionHeld(binding_releasable(&who, &held).message)),
     }
+}
+
+/// Writes the phase `Deleting` and the `Releasable` condition; the Binding's other conditions
+/// stay as the last pool pass wrote them (the pool pass leaves a deleting Binding to this one).
+async fn write_release(
+    ctx: &Context,
+    b: &KVCachePoolBinding,
+    release: &Release,
+) -> Result<(), Error> {
+    let stored = b.status.clone().unwrap_or_default();
+    let condition = binding_releasable(&id(b), release);
+    let status = kvcache_api::pool::KVCachePoolBindingStatus {
+        phase: Some(kvcache_api::pool::PoolPhase::Deleting),
+        phase_message: Some(condition.message.clone()),
+        conditions: merge(
+            &stored.conditions,
+            &[condition],
+            &Time(k8s_openapi::jiff::Timestamp::now()),
+            b.meta().generation,
+        ),
+        // `usedBy` is written under its own field manager.
+        used_by: Vec::new(),
+        ..stored
+    };
+    let api: Api<KVCachePoolBinding> =
+        Api::namespaced(ctx.client.clone(), &b.namespace().unwrap_or_default());
+    super::status::apply(&api, "KVCachePoolBinding", b.meta(), MANAGER, &status).await
 }

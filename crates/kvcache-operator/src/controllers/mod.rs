@@ -8,8 +8,13 @@ mod pool;
 pub mod status;
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
 
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -108,9 +113,65 @@ fn id<K: Resource>(o: &K) -> String {
     }
 }
 
+/// A reconcile function whose every call runs in a span naming the controller, the object's
+/// namespace and name and a trace id of its own, so that every log line of one reconcile
+/// (JSON with `--log-format json`: the span's fields are on each line) can be found together;
+/// its outcome and duration, failures included, go to `kvcache_operator_reconcile_*`.
+pub fn traced<K, F, Fut>(
+    controller: &'static str,
+    reconcile: F,
+) -> impl FnMut(Arc<K>, Arc<Context>) -> BoxFuture<'static, Result<Action, Error>>
+where
+    K: kube::Resource,
+    F: Fn(Arc<K>, Arc<Context>) -> Fut,
+    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    use tracing::Instrument;
+    move |object, ctx| {
+        let meta = object.meta();
+        let span = tracing::info_span!(
+            "reconcile",
+            controller,
+            namespace = meta.namespace.as_deref().unwrap_or_default(),
+            // `object`, not `name`: JSON logs print the span's own name under `name`.
+            object = meta.name.as_deref().unwrap_or_default(),
+            trace_id = %trace_id(),
+        );
+        let pass = reconcile(object, ctx.clone());
+        async move {
+            let started = Instant::now();
+            let result = pass.await;
+            let outcome = result.as_ref().err().map_or("ok", Error::metric_label);
+            ctx.metrics
+                .reconciled(controller, outcome, started.elapsed().as_secs_f64());
+            result
+        }
+        .instrument(span)
+        .boxed()
+    }
+}
+
+/// A fresh 128-bit id in the W3C trace-context spelling (32 hex digits): two 64-bit hashes of
+/// a process-wide counter under the process's random hasher keys.
+pub fn trace_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::AtomicU64;
+    static KEYS: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let keys = KEYS.get_or_init(std::hash::RandomState::new);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    let half = |salt: u64| {
+        let mut h = keys.build_hasher();
+        h.write_u64(n);
+        h.write_u64(salt);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(0), half(1))
+}
+
 /// The error policy of every controller: a held deletion is retried after `held` (logged at
 /// info: it is waiting, not failing), anything else after [`retry_after`] with a warning. The
-/// failure's duration is recorded by [`crate::watch::traced`].
+/// failure's duration is recorded by [`traced`].
 fn error_policy<K: Resource>(held: Duration) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
     move |object, error, _| match error {
         Error::DeletionHeld(why) => {

@@ -18,11 +18,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::admission::tenant_of;
-use kvcache_api::condition::merge;
-use kvcache_api::model::{InstanceType, KvCacheStatus, RoleStatus, SharedCacheStatus};
+use kvcache_api::model::{InstanceType, SharedCacheStatus};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
 use kvcache_render::model::{ModelInputs, SERVING_PORT, render};
-use kvcache_render::observe::{ModelObservation, Resolution, RoleObservation, model_status};
+use kvcache_render::observe::{
+    ModelObservation, Resolution, RoleObservation, model_deployment_status,
+};
 use kvcache_render::resolve::{Environment, attachment_on};
 use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
 use tracing::instrument;
@@ -90,7 +91,7 @@ pub async fn run(ctx: Arc<Context>) {
         )
         .shutdown_on_signal()
         .run(
-            crate::watch::traced(CONTROLLER, reconcile),
+            super::traced(CONTROLLER, reconcile),
             super::error_policy(crate::error::RETRY),
             ctx,
         )
@@ -183,7 +184,8 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
     };
     let wants_cache = md.spec.kv_cache.is_some();
     if wants_cache && attachment.is_none() {
-        // 4.12.1: no connection resolved this pass; what runs stays as it is.
+        // No connection resolved this pass: what runs stays as it is
+        // (docs/design.md#rollout-held-by-cache).
         held = true;
     } else if refusal.is_none() {
         match render(&ModelInputs {
@@ -230,17 +232,14 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
                     .map(String::as_str)
                     == Some(kvcache_render::names::label_value(&r.name).as_str())
             });
-            let status = d.and_then(|d| d.status.clone()).unwrap_or_default();
+            let counts = d.map(kvcache_render::read::replicas).unwrap_or_default();
             RoleObservation {
                 name: r.name.clone(),
                 desired: r.replicas,
-                ready: status.ready_replicas.unwrap_or(0),
-                updated: status.updated_replicas.unwrap_or(0),
-                total: status.replicas.unwrap_or(0),
-                observed: d.is_some_and(|d| {
-                    status.observed_generation.is_some()
-                        && status.observed_generation == d.metadata.generation
-                }),
+                ready: counts.ready,
+                updated: counts.updated,
+                total: counts.total,
+                observed: counts.observed,
                 unmanaged: !r.command.is_empty(),
             }
         })
@@ -281,44 +280,16 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
             .map(|r| (r.name.clone(), r.instance_type.clone()))
             .collect(),
     };
-    let (phase, message, mut conditions) = model_status(&obs);
     let engines = shared_cache::engines(md.spec.engine.name, &resolution, &roles);
     let (shared_cache, observed) = observe_engines(&ctx, &md, &ns, engines).await?;
-    conditions.push(observed);
-    let stored = md.status.clone().unwrap_or_default();
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let status = kvcache_api::model::ModelDeploymentStatus {
-        observed_generation: md.meta().generation,
-        phase: Some(phase),
-        phase_message: message,
-        kv_cache: match (&resolution, &resolved) {
-            (Resolution::Resolved { binding, pool, .. }, Some((b, _))) => Some(KvCacheStatus {
-                binding: binding.clone(),
-                pool: Some(pool.clone()),
-                domain: Some(b.spec.domain.clone()),
-            }),
-            _ => md.spec.kv_cache.as_ref().map(|k| KvCacheStatus {
-                binding: k.pool_ref.name.clone(),
-                pool: None,
-                domain: None,
-            }),
-        },
-        roles: md
-            .spec
-            .roles
-            .iter()
-            .zip(&roles)
-            .map(|(r, o)| RoleStatus {
-                name: r.name.clone(),
-                kind: r.kind,
-                desired: r.replicas,
-                ready: o.ready,
-                unmanaged: o.unmanaged,
-            })
-            .collect(),
+    let status = model_deployment_status(
+        &md,
+        &obs,
+        resolved.as_ref().map(|(b, _)| &b.spec.domain),
         shared_cache,
-        conditions: merge(&stored.conditions, &conditions, &now, md.meta().generation),
-    };
+        vec![observed],
+        &Time(k8s_openapi::jiff::Timestamp::now()),
+    );
     super::status::apply(
         &Api::<ModelDeployment>::namespaced(ctx.client.clone(), &ns),
         "ModelDeployment",
@@ -455,12 +426,7 @@ async fn ready_engine_pods(
                 .get("app.kubernetes.io/component")
                 .is_some_and(|c| managed.contains(c))
                 && p.meta().deletion_timestamp.is_none()
-                && p.status.as_ref().is_some_and(|s| {
-                    s.conditions
-                        .iter()
-                        .flatten()
-                        .any(|c| c.type_ == "Ready" && c.status == "True")
-                })
+                && kvcache_render::read::pod_ready(p)
         })
         .filter_map(|p| {
             let ip = p.status.as_ref()?.pod_ip.clone()?;

@@ -18,14 +18,13 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::admission::tenant_of;
-use kvcache_api::backend::{EndpointName, ObjectRef as Consumer};
-use kvcache_api::condition::merge;
-use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, Quantity};
+use kvcache_api::backend::EndpointName;
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_quota::admin::{self, Outcome, Request, TenantEntry};
 use kvcache_quota::claims::{Claim, contested};
 use kvcache_quota::status::{
     BackendView, BindingInput, BindingView, PoolInput, PoolVerdict, Release, binding_status,
-    pool_status,
+    binding_status_document, pool_status, pool_status_document,
 };
 use kvcache_render::backend::client_endpoint;
 use tracing::{instrument, warn};
@@ -71,7 +70,7 @@ pub async fn run(ctx: Arc<Context>) {
         )
         .shutdown_on_signal()
         .run(
-            crate::watch::traced(POOL, reconcile_pool),
+            super::traced(POOL, reconcile_pool),
             super::error_policy(crate::error::RETRY),
             ctx,
         )
@@ -268,6 +267,10 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
             .collect(),
     };
     for (b, v) in bindings.iter().zip(&views) {
+        // A Binding being deleted reports its release itself (`binding.rs`).
+        if b.meta().deletion_timestamp.is_some() {
+            continue;
+        }
         let none = Vec::new();
         let contested_with = raced.get(&v.binding).unwrap_or(&none);
         let verdict = binding_status(&BindingInput {
@@ -309,30 +312,7 @@ async fn write_pool_status(
     views: &[BindingView],
 ) -> Result<(), Error> {
     let stored = p.status.clone().unwrap_or_default();
-    let status = kvcache_api::pool::KVCachePoolStatus {
-        observed_generation: p.meta().generation,
-        phase: Some(v.phase),
-        phase_message: v.phase_message.clone(),
-        client_endpoint: v.client_endpoint.clone(),
-        domains: v.domains.clone(),
-        used_by: views
-            .iter()
-            .map(|b| {
-                let (ns, name) = b.binding.split_once('/').unwrap_or(("", &b.binding));
-                Consumer {
-                    kind: "KVCachePoolBinding".into(),
-                    namespace: Some(ns.to_owned()),
-                    name: name.to_owned(),
-                }
-            })
-            .collect(),
-        conditions: merge(
-            &stored.conditions,
-            &v.conditions,
-            &now(),
-            p.meta().generation,
-        ),
-    };
+    let status = pool_status_document(p.meta().generation, v, views, &stored, &now());
     super::status::apply(
         &Api::<KVCachePool>::all(ctx.client.clone()),
         "KVCachePool",
@@ -349,22 +329,7 @@ pub(super) async fn write_binding_status(
     v: kvcache_quota::status::BindingVerdict,
 ) -> Result<(), Error> {
     let stored = b.status.clone().unwrap_or_default();
-    let status = kvcache_api::pool::KVCachePoolBindingStatus {
-        observed_generation: b.meta().generation,
-        phase: Some(v.phase),
-        phase_message: v.phase_message,
-        effective_quota: v.effective_quota_bytes.map(Quantity::from_bytes),
-        usage: v.usage_bytes.map(Quantity::from_bytes),
-        over_quota: v.over_quota,
-        // `usedBy` is the Binding controller's (its own field manager).
-        used_by: Vec::new(),
-        conditions: merge(
-            &stored.conditions,
-            &v.conditions,
-            &now(),
-            b.meta().generation,
-        ),
-    };
+    let status = binding_status_document(b.meta().generation, v, &stored, &now());
     let api: Api<KVCachePoolBinding> =
         Api::namespaced(ctx.client.clone(), &b.namespace().unwrap_or_default());
     super::status::apply(&api, "KVCachePoolBinding", b.meta(), MANAGER, &status).await

@@ -6,10 +6,11 @@
 //! is decided by [`validate`], a pure function of the request and a snapshot of the related
 //! objects; the handler only takes the snapshot and encodes the answer.
 //!
-//! Where lookups come from (catalogue 2.4.10 asks for live reads where a rule needs them):
+//! Where lookups come from (docs/design.md#live-reads: live reads where a rule needs them):
 //! - settings, pools, backends, Bindings: the operator's reflector stores. A Binding created in
 //!   the same instant as another one on the same domain can pass both checks; that race is
-//!   what `DomainExclusive=False/DomainClaimedByMultipleBindings` reports afterwards (2.3.6).
+//!   what `DomainExclusive=False/DomainClaimedByMultipleBindings` reports afterwards
+//!   (docs/design.md#raced-claims).
 
 use std::sync::Arc;
 
@@ -69,7 +70,7 @@ impl World {
     }
 
     /// The objects `object` is judged beside, cloned: every backend, pool and InstanceType
-    /// (few), and of the Bindings only those the claims can read (catalogue 2.3.3, 2.3.4): for
+    /// (few), and of the Bindings only those the claims can read (docs/design.md#domain-claims): for
     /// a Binding, those on its backend with its tenant (a duplicate) plus one with another
     /// tenant (a second domain); for a ModelDeployment its own (the live world's); for the
     /// other kinds none (their rules read no Binding). A
@@ -226,7 +227,7 @@ pub fn validate(
     response
 }
 
-/// The answer to a Pod CREATE (the injection, 5.1-5.7): the store settings as a JSON patch, or a
+/// The answer to a Pod CREATE (the injection, docs/design.md#pod-injection): the store settings as a JSON patch, or a
 /// refusal whose message starts with its reason. `namespace` is the operator's.
 pub fn mutate_pod(
     req: &AdmissionRequest<DynamicObject>,
@@ -295,7 +296,7 @@ pub fn mutate_pod(
     }
 }
 
-/// The answer to a Pod UPDATE (the freeze, 5.8).
+/// The answer to a Pod UPDATE (the freeze, docs/design.md#post-create-freeze).
 pub fn freeze_pod(req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
     let response = AdmissionResponse::from(req);
     let decode = |o: Option<&DynamicObject>| {

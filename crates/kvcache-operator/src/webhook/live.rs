@@ -8,7 +8,7 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 
 use super::admission::World;
 
-/// What a ModelDeployment is judged against (catalogue 2.4.10): its Binding, that Binding's pool
+/// What a ModelDeployment is judged against (docs/design.md#live-reads): its Binding, that Binding's pool
 /// and backend, and the InstanceTypes its roles name, read live from the API server, so that a
 /// Binding created a moment earlier counts. A deployment being deleted is judged against nothing
 /// (the rules reading an InstanceType stand down).

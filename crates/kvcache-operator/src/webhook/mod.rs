@@ -45,8 +45,8 @@ async fn validate_handler(
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
     let settings = hook.ctx.settings();
-    // ModelDeployments: live reads (2.4.10). The other kinds: the caches, fresh enough for the
-    // claims they judge (a race past them is what DomainExclusive reports).
+    // ModelDeployments: live reads (docs/design.md#live-reads). The other kinds: the caches,
+    // fresh enough for the claims they judge (a race past them is what DomainExclusive reports).
     let live = match review.request.as_ref() {
         Some(r)
             if r.kind.kind == "ModelDeployment"

@@ -260,8 +260,8 @@ fn fabric_limits(g: &Group<'_>) -> BTreeMap<String, K8sQuantity> {
     fabric_device(g.protocol, g.group.fabric_interface_count.unwrap_or(1))
 }
 
-/// The device request for `count` interfaces of a fabric protocol (catalogue 3.4.2): EFA
-/// interfaces, or RDMA (shared for one interface, exclusive for more). Members and engine Pods
+/// The device request for `count` interfaces of a fabric protocol (docs/design.md#fabric-devices):
+/// EFA interfaces, or RDMA (shared for one interface, exclusive for more). Members and engine Pods
 /// (`roles[].resources.interface`) ask alike.
 pub(crate) fn fabric_device(protocol: Protocol, count: i32) -> BTreeMap<String, K8sQuantity> {
     let (resource, n) = match (protocol, count.max(1)) {

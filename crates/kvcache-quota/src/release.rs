@@ -1,0 +1,173 @@
+//! When a Binding being deleted may go: the decision of its finalizer, one step per answer the
+//! master gives. The operator fetches (its workloads from the cache, the tenant's ledger entry,
+//! the delete's answer) and calls these; what they return is both the Binding's `Releasable`
+//! condition ([`crate::status::Release`]) and whether the finalizer may be removed.
+//!
+//! The order (docs/design.md#binding-release): a Binding used by a ModelDeployment is held;
+//! one on a backend without a ledger (multi-tenancy off, an external store, no pool or backend
+//! left) goes at once; a tenant another Binding still claims stays on the master and this
+//! Binding goes; otherwise the tenant's entry is read: a tenant holding bytes is held until it
+//! drains, an empty one is deleted on the master, and only a delete the master confirmed (or a
+//! tenant already gone) lets the Binding go. A request whose outcome is unknown holds.
+
+use crate::admin::{AdminError, TenantEntry};
+use crate::status::Release;
+
+/// Whether the Binding's backend keeps a ledger this release must clear.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ledger {
+    /// No ledger to clear: no pool or backend left, no admin address, multi-tenancy off.
+    None,
+    /// Another Binding on the backend claims the same tenant: its entry stays.
+    SharedTenant,
+    /// The tenant's entry is this Binding's alone.
+    Own,
+}
+
+/// What to do next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Decided: released (the finalizer goes) or held (retried).
+    Done(Release),
+    /// Read the tenant's entry, then call [`after_entry`].
+    ReadEntry,
+    /// Delete the tenant's entry, then call [`after_delete`].
+    DeleteEntry,
+}
+
+/// The first step, from the workloads attached to the Binding (`namespace/name` of each) and
+/// its backend's ledger.
+pub fn first_step(users: &[String], ledger: &Ledger) -> Step {
+    if !users.is_empty() {
+        return Step::Done(Release::Held(users.to_vec()));
+    }
+    match ledger {
+        Ledger::None | Ledger::SharedTenant => Step::Done(Release::Released),
+        Ledger::Own => Step::ReadEntry,
+    }
+}
+
+/// A ledger request that got no answer from the master (connection refused, timeout).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unanswered(pub String);
+
+/// After reading the tenant's entry.
+pub fn after_entry(
+    tenant: &str,
+    read: Result<Result<TenantEntry, AdminError>, Unanswered>,
+) -> Step {
+    match read {
+        Err(Unanswered(why)) => Step::Done(Release::LedgerRequestFailed(format!(
+            "reading the ledger of tenant {tenant}: {why}"
+        ))),
+        Ok(Err(AdminError::UnavailableInCurrentMode | AdminError::NotFound)) => {
+            Step::Done(Release::Released)
+        }
+        Ok(Err(e)) => Step::Done(Release::LedgerRequestFailed(format!(
+            "reading the ledger of tenant {tenant}: {e}"
+        ))),
+        Ok(Ok(entry)) if entry.usage_bytes() > 0 => {
+            Step::Done(Release::LedgerNotReleased(format!(
+                "tenant {tenant} still holds {} on the master: drain the workloads that write it",
+                kvcache_api::Quantity::from_bytes(entry.usage_bytes()).as_str()
+            )))
+        }
+        Ok(Ok(_)) => Step::DeleteEntry,
+    }
+}
+
+/// After deleting the tenant's entry.
+pub fn after_delete(tenant: &str, deleted: Result<Result<(), AdminError>, Unanswered>) -> Release {
+    match deleted {
+        Ok(Ok(()) | Err(AdminError::NotFound)) => Release::Released,
+        Ok(Err(AdminError::TenantNotEmpty)) => Release::LedgerNotReleased(format!(
+            "the master refused to release tenant {tenant}: it still holds objects"
+        )),
+        Ok(Err(e)) => Release::LedgerNotReleased(format!(
+            "the master refused to release tenant {tenant}: {e}"
+        )),
+        Err(Unanswered(why)) => {
+            Release::LedgerRequestFailed(format!("releasing tenant {tenant}: {why}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(charged: u64) -> TenantEntry {
+        serde_json::from_value(serde_json::json!({
+            "tenant_id": "team-a", "requested_quota_bytes": 1, "effective_quota_bytes": 1,
+            "charged_bytes": charged, "admission_closed": false, "over_quota": false,
+            "has_explicit_policy": true
+        }))
+        .expect("an entry")
+    }
+
+    #[test]
+    fn a_binding_in_use_is_held_whatever_the_ledger() {
+        let users = vec!["team-a/qwen-chat".to_owned()];
+        for ledger in [Ledger::None, Ledger::SharedTenant, Ledger::Own] {
+            assert_eq!(
+                first_step(&users, &ledger),
+                Step::Done(Release::Held(users.clone()))
+            );
+        }
+    }
+
+    #[test]
+    fn without_a_ledger_of_its_own_a_binding_goes_at_once() {
+        assert_eq!(
+            first_step(&[], &Ledger::None),
+            Step::Done(Release::Released)
+        );
+        assert_eq!(
+            first_step(&[], &Ledger::SharedTenant),
+            Step::Done(Release::Released)
+        );
+        assert_eq!(first_step(&[], &Ledger::Own), Step::ReadEntry);
+    }
+
+    #[test]
+    fn a_tenant_holding_bytes_is_held_and_an_empty_one_is_deleted() {
+        assert!(matches!(
+            after_entry("team-a", Ok(Ok(entry(4096)))),
+            Step::Done(Release::LedgerNotReleased(m)) if m.contains("4Ki")
+        ));
+        assert_eq!(after_entry("team-a", Ok(Ok(entry(0)))), Step::DeleteEntry);
+        assert_eq!(
+            after_entry("team-a", Ok(Err(AdminError::NotFound))),
+            Step::Done(Release::Released)
+        );
+        assert_eq!(
+            after_entry("team-a", Ok(Err(AdminError::UnavailableInCurrentMode))),
+            Step::Done(Release::Released)
+        );
+    }
+
+    #[test]
+    fn an_unanswered_or_refused_request_holds_and_says_why() {
+        assert!(matches!(
+            after_entry("team-a", Err(Unanswered("connection refused".into()))),
+            Step::Done(Release::LedgerRequestFailed(m)) if m.contains("connection refused")
+        ));
+        assert!(matches!(
+            after_entry("team-a", Ok(Err(AdminError::UnavailableInCurrentStatus))),
+            Step::Done(Release::LedgerRequestFailed(_))
+        ));
+        assert!(matches!(
+            after_delete("team-a", Ok(Err(AdminError::TenantNotEmpty))),
+            Release::LedgerNotReleased(_)
+        ));
+        assert!(matches!(
+            after_delete("team-a", Err(Unanswered("timed out".into()))),
+            Release::LedgerRequestFailed(m) if m.contains("timed out")
+        ));
+        assert_eq!(after_delete("team-a", Ok(Ok(()))), Release::Released);
+        assert_eq!(
+            after_delete("team-a", Ok(Err(AdminError::NotFound))),
+            Release::Released
+        );
+    }
+}

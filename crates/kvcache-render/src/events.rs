@@ -1,0 +1,151 @@
+//! Which events a backend's status transition records (`kubectl describe kvcachebackend`):
+//! decided from the status before and after a pass; the operator publishes them.
+
+use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus};
+use kvcache_api::condition::Status;
+
+use crate::observe::types;
+
+/// An event's type, as Kubernetes spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A transition a user wants to know of.
+    Normal,
+    /// A transition that needs attention.
+    Warning,
+}
+
+/// One event to record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// Normal or Warning.
+    pub kind: Kind,
+    /// The CamelCase reason `kubectl get events` shows.
+    pub reason: &'static str,
+    /// What happened, naming the object.
+    pub message: String,
+}
+
+fn condition<'a>(s: &'a KVCacheBackendStatus, t: &str) -> Option<(&'a str, &'a str)> {
+    s.conditions
+        .iter()
+        .find(|c| c.type_ == t)
+        .map(|c| (c.status.as_str(), c.reason.as_str()))
+}
+
+/// The events for the transitions a user wants to see: a new generation rendered, a phase
+/// change, capacity observed or changed, and a member missing, a rollout held or a deletion
+/// held (each once, when the condition turns False or its reason changes).
+pub fn backend_events(before: &KVCacheBackendStatus, after: &KVCacheBackendStatus) -> Vec<Note> {
+    let mut out = Vec::new();
+    if before.observed_generation != after.observed_generation {
+        out.push(Note {
+            kind: Kind::Normal,
+            reason: "Rendered",
+            message: format!(
+                "applied the leader, its Service and the member DaemonSets for generation {}",
+                after.observed_generation.unwrap_or_default()
+            ),
+        });
+    }
+    if before.phase != after.phase
+        && let Some(phase) = after.phase
+    {
+        let (kind, reason) = match phase {
+            BackendPhase::Ready => (Kind::Normal, "BackendReady"),
+            BackendPhase::Provisioning => (Kind::Normal, "Provisioning"),
+            BackendPhase::Degraded => (Kind::Warning, "BackendDegraded"),
+            BackendPhase::Error => (Kind::Warning, "LeaderLost"),
+            BackendPhase::Deleting => (Kind::Normal, "Deleting"),
+        };
+        out.push(Note {
+            kind,
+            reason,
+            message: after
+                .phase_message
+                .clone()
+                .unwrap_or_else(|| "the leader serves and every member is mounted".into()),
+        });
+    }
+    if before.capacity != after.capacity {
+        let show = |s: &KVCacheBackendStatus| {
+            s.capacity
+                .as_ref()
+                .map_or("absent".to_owned(), |c| c.total.as_str().to_owned())
+        };
+        out.push(Note {
+            kind: Kind::Normal,
+            reason: if before.capacity.is_none() {
+                "CapacityObserved"
+            } else {
+                "CapacityChanged"
+            },
+            message: format!("capacity {} -> {}", show(before), show(after)),
+        });
+    }
+    for (t, reason, kind) in [
+        (types::MEMBERS_MOUNTED, "MemberMissing", Kind::Warning),
+        (types::ROLLOUT_COMPLETE, "RolloutHeld", Kind::Normal),
+        (types::DELETABLE, "DeletionHeld", Kind::Normal),
+    ] {
+        let was = condition(before, t);
+        let now = condition(after, t);
+        if now.is_some_and(|(s, _)| s == Status::False.as_str()) && was != now {
+            let message = after
+                .conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| c.message.clone())
+                .unwrap_or_default();
+            out.push(Note {
+                kind,
+                reason,
+                message,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(v: serde_json::Value) -> KVCacheBackendStatus {
+        serde_json::from_value(v).expect("a status")
+    }
+
+    #[test]
+    fn a_first_ready_pass_records_rendered_ready_and_capacity() {
+        let after = status(serde_json::json!({
+            "observedGeneration": 1, "phase": "Ready",
+            "capacity": {"total": "1Gi"}
+        }));
+        let reasons: Vec<_> = backend_events(&Default::default(), &after)
+            .into_iter()
+            .map(|n| n.reason)
+            .collect();
+        assert_eq!(reasons, ["Rendered", "BackendReady", "CapacityObserved"]);
+    }
+
+    #[test]
+    fn a_missing_member_warns_once_and_an_unchanged_status_records_nothing() {
+        let missing = status(serde_json::json!({
+            "phase": "Degraded", "phaseMessage": "member-0 on n1 is not mounted",
+            "conditions": [{"type": types::MEMBERS_MOUNTED, "status": "False", "reason": "MemberNotMounted",
+                            "message": "member-0 on n1 is not mounted", "lastTransitionTime": "2026-12-01T00:00:00Z"}]
+        }));
+        let notes = backend_events(&Default::default(), &missing);
+        assert!(notes.contains(&Note {
+            kind: Kind::Warning,
+            reason: "MemberMissing",
+            message: "member-0 on n1 is not mounted".into()
+        }));
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.reason == "BackendDegraded" && n.kind == Kind::Warning)
+        );
+        assert_eq!(backend_events(&missing, &missing), []);
+    }
+}

@@ -1,0 +1,164 @@
+//! Kubernetes objects read into what the status functions take: a member Pod (its group, its
+//! readiness, why it is not running), a Deployment's replica counts, a Pod's readiness. The
+//! operator lists the objects; everything it concludes from them is here.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::backend::POD_SPEC_HASH;
+use crate::observe::{LeaderReplicas, MemberPod};
+
+/// The waiting reasons that mean a container will not start by itself.
+const STUCK: [&str; 6] = [
+    "CrashLoopBackOff",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "InvalidImageName",
+];
+
+/// Whether the Pod's `Ready` condition is true.
+pub fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A member Pod (`app.kubernetes.io/component: member-<group>`) as the backend status reads it;
+/// `None` for any other Pod.
+pub fn member_pod(p: &Pod) -> Option<MemberPod> {
+    let labels = p.metadata.labels.as_ref()?;
+    let component = labels.get("app.kubernetes.io/component")?;
+    let group = component.strip_prefix("member-")?.parse().ok()?;
+    let status = p.status.clone().unwrap_or_default();
+    let waiting = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .find_map(|c| {
+            let w = c.state.as_ref()?.waiting.as_ref()?;
+            let reason = w.reason.clone()?;
+            STUCK
+                .contains(&reason.as_str())
+                .then(|| (reason, w.message.clone().unwrap_or_default()))
+        });
+    let unschedulable = status.conditions.iter().flatten().find_map(|c| {
+        (c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable"))
+        .then(|| {
+            (
+                "Unschedulable".to_owned(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+    });
+    let survey = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == "tier-survey")
+        .and_then(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone());
+    Some(MemberPod {
+        name: p.metadata.name.clone().unwrap_or_default(),
+        node: p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default(),
+        ip: status.pod_ip.clone().unwrap_or_default(),
+        group,
+        ready: pod_ready(p),
+        terminating: p.metadata.deletion_timestamp.is_some(),
+        hash: p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(POD_SPEC_HASH))
+            .cloned()
+            .unwrap_or_default(),
+        problem: waiting.or(unschedulable),
+        survey,
+    })
+}
+
+/// A Deployment's replica counts, and whether its controller has seen the current spec.
+pub fn replicas(d: &Deployment) -> LeaderReplicas {
+    let status = d.status.clone().unwrap_or_default();
+    LeaderReplicas {
+        desired: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        ready: status.ready_replicas.unwrap_or(0),
+        updated: status.updated_replicas.unwrap_or(0),
+        total: status.replicas.unwrap_or(0),
+        observed: status.observed_generation.is_some()
+            && status.observed_generation == d.metadata.generation,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).expect("a Pod")
+    }
+
+    #[test]
+    fn a_member_pod_says_its_group_readiness_and_why_it_does_not_start() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "m-1", "labels": {"app.kubernetes.io/component": "member-1"},
+                         "annotations": {POD_SPEC_HASH: "abc"}},
+            "spec": {"nodeName": "n0", "containers": []},
+            "status": {"podIP": "10.0.0.5",
+                       "conditions": [{"type": "Ready", "status": "False"}],
+                       "containerStatuses": [{"name": "member", "image": "i", "imageID": "", "ready": false, "restartCount": 3,
+                                              "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m"}}}]}
+        }));
+        let m = member_pod(&p).expect("a member Pod");
+        assert_eq!((m.group, m.ready, m.hash.as_str()), (1, false, "abc"));
+        assert_eq!(
+            m.problem,
+            Some(("CrashLoopBackOff".into(), "back-off 5m".into()))
+        );
+        let leader = pod(serde_json::json!({
+            "metadata": {"name": "l", "labels": {"app.kubernetes.io/component": "leader"}}
+        }));
+        assert_eq!(member_pod(&leader), None);
+    }
+
+    #[test]
+    fn an_unschedulable_member_pod_says_so_and_a_container_creating_one_does_not() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "m-0", "labels": {"app.kubernetes.io/component": "member-0"}},
+            "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes"}]}
+        }));
+        assert_eq!(
+            member_pod(&p).and_then(|m| m.problem),
+            Some(("Unschedulable".into(), "0/2 nodes".into()))
+        );
+        let creating = pod(serde_json::json!({
+            "metadata": {"name": "m-0", "labels": {"app.kubernetes.io/component": "member-0"}},
+            "status": {"containerStatuses": [{"name": "member", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                                              "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+        }));
+        assert_eq!(member_pod(&creating).and_then(|m| m.problem), None);
+    }
+
+    #[test]
+    fn replicas_are_observed_only_once_the_controller_saw_the_generation() {
+        let d: Deployment = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "d", "generation": 3},
+            "spec": {"replicas": 2, "selector": {}, "template": {}},
+            "status": {"observedGeneration": 2, "readyReplicas": 1, "replicas": 2, "updatedReplicas": 1}
+        }))
+        .expect("a Deployment");
+        let r = replicas(&d);
+        assert_eq!(
+            (r.desired, r.ready, r.updated, r.total, r.observed),
+            (2, 1, 1, 2, false)
+        );
+    }
+}
