@@ -18,7 +18,7 @@ use kube::{Client, Config};
 
 use crate::pki::{self, PkiFiles};
 use crate::process::{Proc, free_port, reaper, wait_for, wait_tcp};
-use crate::{Error, Result, paths};
+use crate::{Error, Result, Watched, paths};
 
 /// How to start a control plane.
 #[derive(Clone, Debug)]
@@ -390,17 +390,25 @@ fn http_get(path: &str) -> Result<http::Request<Vec<u8>>> {
 
 /// Waits on a watch until the object `name` satisfies `ok`; fails naming the object, `what` was
 /// awaited, and the last state seen.
-pub async fn wait_object<K>(
+pub async fn wait_object<K: Watched>(
     api: &Api<K>,
     name: &str,
     what: &str,
     within: Duration,
     ok: impl Fn(&K) -> bool,
-) -> Result<K>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default,
-{
+) -> Result<K> {
+    wait_object_shown(api, name, what, within, ok, |last| format!("{last:#?}")).await
+}
+
+/// As [`wait_object`], `show` writing the last state seen when the wait runs out.
+pub(crate) async fn wait_object_shown<K: Watched>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    within: Duration,
+    ok: impl Fn(&K) -> bool,
+    show: impl Fn(Option<&K>) -> String,
+) -> Result<K> {
     let cond = |o: Option<&K>| o.is_some_and(&ok);
     let outcome = tokio::time::timeout(
         within,
@@ -413,7 +421,7 @@ where
     let last = api.get_opt(name).await.ok().flatten();
     Err(Error::Wait {
         what: format!("{name}: {what} (within {within:?})"),
-        reason: format!("{outcome:?}; last seen: {last:#?}"),
+        reason: format!("{outcome:?}; last seen: {}", show(last.as_ref())),
     })
 }
 

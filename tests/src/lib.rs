@@ -16,11 +16,36 @@ pub mod paths;
 pub mod pki;
 pub mod pods;
 pub mod process;
+pub mod status;
 pub mod store;
 pub mod walkthrough;
 
 pub use cluster::{ControlPlane, TestCluster, shared};
 pub use store::{Master, MasterOptions, Member, MemberOptions};
+
+/// A kind the tests watch, wait on and apply: a static, cloneable, decodable resource (every
+/// Kubernetes and project kind; not `DynamicObject`, whose type is known only at run time).
+pub trait Watched:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
 
 /// What the harness can fail with; every message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +138,14 @@ pub enum Error {
         pod: String,
         /// What was wrong with the answer.
         message: String,
+    },
+    /// A condition a test expects, written in a form that is not `Type=Status[/Reason]`.
+    #[error("condition {spec:?} is not Type=Status or Type=Status/Reason: {reason}")]
+    ConditionSpec {
+        /// What the test wrote.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// Waiting on the API server for a state that never came.
     #[error("waiting for {what}: {reason}")]

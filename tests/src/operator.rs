@@ -1,6 +1,6 @@
 //! The operator binary (`kvcache-operator run`) as a process against the harness's control
-//! plane, reading stores on loopback through `--store-address-override` until real nodes run
-//! the store Pods.
+//! plane: on this machine, reading loopback stores through `--store-address-override`, or as if
+//! in a Pod on the nodes, reading each store through its leader Service ([`Operator::builder`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,134 +31,162 @@ pub struct Operator {
     log: PathBuf,
 }
 
-impl Operator {
-    /// Starts `kvcache-operator run` in `namespace` with the given store overrides
-    /// (`BACKEND=HOST:PORT`), reconciling only the backends labelled for `namespace`
-    /// ([`SELECTOR_LABEL`]), and waits for `/readyz`.
-    pub fn start(
-        kubeconfig: &Path,
-        namespace: &str,
-        overrides: &[String],
-        dir: &Path,
-    ) -> Result<Operator> {
-        Self::start_with(kubeconfig, namespace, true, overrides, dir, &[])
+/// How to start an operator: [`Operator::builder`], then [`OperatorBuilder::start`].
+#[must_use = "an operator starts only with `start`"]
+pub struct OperatorBuilder<'a> {
+    kubeconfig: &'a Path,
+    namespace: &'a str,
+    scoped: bool,
+    overrides: &'a [String],
+    extra: &'a [String],
+    nodes: Option<&'a Nodes>,
+}
+
+impl<'a> OperatorBuilder<'a> {
+    /// With `true`, it reconciles only the backends labelled for its namespace
+    /// ([`SELECTOR_LABEL`]), so that several operators share one control plane; by default it
+    /// reconciles every backend and the pools and Bindings (one such operator per control plane).
+    pub fn scoped(mut self, scoped: bool) -> Self {
+        self.scoped = scoped;
+        self
     }
 
-    /// Like [`Operator::start`], reconciling every backend and the pools and Bindings (one such
-    /// operator per control plane).
-    pub fn start_unscoped(
-        kubeconfig: &Path,
-        namespace: &str,
-        overrides: &[String],
-        dir: &Path,
-    ) -> Result<Operator> {
-        Self::start_with(kubeconfig, namespace, false, overrides, dir, &[])
+    /// Reads these stores at these addresses (`BACKEND=HOST:PORT`, each a
+    /// `--store-address-override`) instead of through their leader Service.
+    pub fn overrides(mut self, overrides: &'a [String]) -> Self {
+        self.overrides = overrides;
+        self
     }
 
-    /// Like [`Operator::start_unscoped`], with more arguments (the webhook's, say).
-    pub fn start_unscoped_with(
-        kubeconfig: &Path,
-        namespace: &str,
-        overrides: &[String],
-        dir: &Path,
-        extra: &[String],
-    ) -> Result<Operator> {
-        Self::start_with(kubeconfig, namespace, false, overrides, dir, extra)
+    /// More arguments of `kvcache-operator run` (the webhook's, the leader election's), after
+    /// the harness's own. A `--webhook-addr=HOST:PORT` among them is where [`Operator::webhook`]
+    /// points.
+    pub fn extra(mut self, extra: &'a [String]) -> Self {
+        self.extra = extra;
+        self
     }
 
-    /// Starts `kvcache-operator run` (every controller) as if in a Pod on the cluster's nodes:
-    /// in the first node's network namespace, where Services and Pod addresses are reached as
-    /// from a Pod, with a resolver configuration naming the cluster DNS (its own mount
-    /// namespace), so it reads each store through its leader Service's DNS name. Its metrics
-    /// port listens on that node's address.
-    pub fn start_on_nodes(nodes: &Nodes, namespace: &str, dir: &Path) -> Result<Operator> {
-        let node = nodes.nodes.first().ok_or_else(|| crate::Error::NodeSetup {
-            step: "starting the operator on the nodes".into(),
-            message: "no nodes".into(),
-        })?;
-        let resolv = dir.join("operator-resolv.conf");
-        std::fs::write(
-            &resolv,
-            format!(
-                "nameserver {}\nsearch {namespace}.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n",
-                nodes.dns
-            ),
-        )
-        .map_err(crate::io("writing the operator's resolv.conf"))?;
-        let metrics_port = free_port()?;
-        let webhook_port = free_port()?;
-        // The webhook listens on the node's address, which the API server reaches over the
-        // bridge; the serving certificate names that address.
-        let args = vec![
-            "run".to_owned(),
-            format!("--namespace={namespace}"),
-            format!("--metrics-addr={}:{metrics_port}", node.ip),
-            format!("--webhook-addr={}:{webhook_port}", node.ip),
-            format!("--webhook-name={}", node.ip),
-        ];
-        let log = dir.join(format!("operator-{metrics_port}.log"));
-        let launcher = Launch::OnNode {
-            netns: node.name.clone(),
-            resolv,
+    /// Runs it as if in a Pod on the cluster's nodes: in the first node's network namespace,
+    /// where Services and Pod addresses are reached as from a Pod, with a resolver configuration
+    /// naming the cluster DNS (its own mount namespace), so it reads each store through its
+    /// leader Service's DNS name. Its metrics port and its webhook listen on that node's
+    /// address. The builder's kubeconfig must then be [`Nodes::kubeconfig`], the one that
+    /// reaches the API server from inside the nodes' network.
+    pub fn on_nodes(mut self, nodes: &'a Nodes) -> Self {
+        self.nodes = Some(nodes);
+        self
+    }
+
+    /// Starts it (its log, and on the nodes its resolver configuration, in `dir`) and waits for
+    /// `/readyz`.
+    pub fn start(self, dir: &Path) -> Result<Operator> {
+        let namespace = self.namespace;
+        let (host, metrics_port, launcher, mut args, mut webhook) = match self.nodes {
+            None => {
+                let metrics_port = free_port()?;
+                let args = vec![
+                    "run".to_owned(),
+                    format!("--namespace={namespace}"),
+                    format!("--metrics-addr=127.0.0.1:{metrics_port}"),
+                ];
+                (
+                    "127.0.0.1".to_owned(),
+                    metrics_port,
+                    Launch::Host,
+                    args,
+                    None,
+                )
+            }
+            Some(nodes) => {
+                let setup = |message: String| crate::Error::NodeSetup {
+                    step: "starting the operator on the nodes".into(),
+                    message,
+                };
+                if nodes.kubeconfig != self.kubeconfig {
+                    return Err(setup(format!(
+                        "{} does not reach the API server from the nodes' network; use the nodes' kubeconfig {}",
+                        self.kubeconfig.display(),
+                        nodes.kubeconfig.display()
+                    )));
+                }
+                let node = nodes
+                    .nodes
+                    .first()
+                    .ok_or_else(|| setup("no nodes".into()))?;
+                let resolv = dir.join("operator-resolv.conf");
+                std::fs::write(
+                    &resolv,
+                    format!(
+                        "nameserver {}\nsearch {namespace}.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n",
+                        nodes.dns
+                    ),
+                )
+                .map_err(crate::io("writing the operator's resolv.conf"))?;
+                let metrics_port = free_port()?;
+                let webhook_port = free_port()?;
+                // The webhook listens on the node's address, which the API server reaches over
+                // the bridge; the serving certificate names that address.
+                let args = vec![
+                    "run".to_owned(),
+                    format!("--namespace={namespace}"),
+                    format!("--metrics-addr={}:{metrics_port}", node.ip),
+                    format!("--webhook-addr={}:{webhook_port}", node.ip),
+                    format!("--webhook-name={}", node.ip),
+                ];
+                let launcher = Launch::OnNode {
+                    netns: node.name.clone(),
+                    resolv,
+                };
+                let webhook = Some(format!("https://{}:{webhook_port}", node.ip));
+                (node.ip.clone(), metrics_port, launcher, args, webhook)
+            }
         };
-        let proc = spawn(&launcher, &nodes.kubeconfig, &args, &log)?;
-        let mut op = Operator {
-            proc,
-            host: node.ip.clone(),
-            metrics_port,
-            webhook: Some(format!("https://{}:{webhook_port}", node.ip)),
-            args,
-            kubeconfig: nodes.kubeconfig.clone(),
-            log,
-            launcher,
-        };
-        op.wait_ready()?;
-        Ok(op)
-    }
-
-    fn start_with(
-        kubeconfig: &Path,
-        namespace: &str,
-        scoped: bool,
-        overrides: &[String],
-        dir: &Path,
-        extra: &[String],
-    ) -> Result<Operator> {
-        let metrics_port = free_port()?;
-        // Several operators share the test binary's cluster: each reconciles only the backends
-        // labelled for its namespace.
-        let mut args = vec![
-            "run".to_owned(),
-            format!("--namespace={namespace}"),
-            format!("--metrics-addr=127.0.0.1:{metrics_port}"),
-        ];
-        if scoped {
+        if self.scoped {
             args.push(format!("--backend-selector={SELECTOR_LABEL}={namespace}"));
         }
         args.extend(
-            overrides
+            self.overrides
                 .iter()
                 .map(|o| format!("--store-address-override={o}")),
         );
-        args.extend(extra.iter().cloned());
-        let log = dir.join(format!("operator-{metrics_port}.log"));
-        let proc = spawn(&Launch::Host, kubeconfig, &args, &log)?;
-        let webhook = extra
+        args.extend(self.extra.iter().cloned());
+        if let Some(addr) = self
+            .extra
             .iter()
             .find_map(|a| a.strip_prefix("--webhook-addr="))
-            .map(|a| format!("https://{a}"));
+        {
+            webhook = Some(format!("https://{addr}"));
+        }
+        let log = dir.join(format!("operator-{metrics_port}.log"));
+        let proc = spawn(&launcher, self.kubeconfig, &args, &log)?;
         let mut op = Operator {
             proc,
-            host: "127.0.0.1".into(),
+            host,
             metrics_port,
             webhook,
             args,
-            kubeconfig: kubeconfig.to_owned(),
+            launcher,
+            kubeconfig: self.kubeconfig.to_owned(),
             log,
-            launcher: Launch::Host,
         };
         op.wait_ready()?;
         Ok(op)
+    }
+}
+
+impl Operator {
+    /// An operator (`kvcache-operator run`) in `namespace` against the API server that
+    /// `kubeconfig` reaches: on this machine, every controller, reading stores through their
+    /// leader Services, until the builder says otherwise.
+    pub fn builder<'a>(kubeconfig: &'a Path, namespace: &'a str) -> OperatorBuilder<'a> {
+        OperatorBuilder {
+            kubeconfig,
+            namespace,
+            scoped: false,
+            overrides: &[],
+            extra: &[],
+            nodes: None,
+        }
     }
 
     fn wait_ready(&mut self) -> Result<()> {

@@ -19,6 +19,7 @@ use kvcache_api::{KVCacheBackend, KVCachePoolBinding, ModelDeployment};
 use kvcache_e2e::cluster::{block_on, wait_object};
 use kvcache_e2e::nodes::{self, NodeCluster};
 use kvcache_e2e::pods::{self, name_of};
+use kvcache_e2e::status::{has_condition, phase, wait_condition};
 use kvcache_e2e::{Error, paths, walkthrough};
 
 const NS: &str = "gpustack-system";
@@ -201,28 +202,17 @@ fn sum(text: &str, prefix: &str) -> f64 {
         .sum()
 }
 
-fn has_condition(
-    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-    t: &str,
-    status: &str,
-) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == t && c.status == status)
-}
-
 /// The walkthrough converged: backend Ready with both members' capacity, the Binding granted,
 /// the deployment's cache attached.
 async fn converged(client: &Client) -> Result<(), Error> {
     let backends: Api<KVCacheBackend> = Api::all(client.clone());
     wait_object(&backends, "mooncake-dram", "Ready with 512Mi", WAIT, |b| {
-        b.status.as_ref().is_some_and(|s| {
-            s.phase == Some(BackendPhase::Ready)
-                && s.capacity
-                    .as_ref()
-                    .and_then(|c| parse_bytes(&c.total.0).ok())
-                    == Some(512 * MIB)
-        })
+        phase(b) == Some(BackendPhase::Ready)
+            && b.status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| parse_bytes(&c.total.0).ok())
+                == Some(512 * MIB)
     })
     .await?;
     let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-a");
@@ -232,19 +222,15 @@ async fn converged(client: &Client) -> Result<(), Error> {
         "QuotaGranted=True with a figure",
         WAIT,
         |b| {
-            b.status.as_ref().is_some_and(|s| {
-                has_condition(&s.conditions, "QuotaGranted", "True") && s.effective_quota.is_some()
-            })
+            has_condition(b, "QuotaGranted=True")
+                && b.status
+                    .as_ref()
+                    .is_some_and(|s| s.effective_quota.is_some())
         },
     )
     .await?;
     let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-a");
-    wait_object(&models, "qwen-chat", "CacheAttached=True", WAIT, |m| {
-        m.status
-            .as_ref()
-            .is_some_and(|s| has_condition(&s.conditions, "CacheAttached", "True"))
-    })
-    .await?;
+    wait_condition(&models, "qwen-chat", "CacheAttached=True", WAIT).await?;
     Ok(())
 }
 

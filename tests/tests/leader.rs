@@ -59,11 +59,17 @@ fn one_replica_reconciles_the_other_stands_by_and_sigterm_hands_over_at_once() {
         "--leader-elect".to_owned(),
         format!("--leader-election-duration={LEASE_SECONDS}"),
     ];
-    let mut first = Operator::start_unscoped_with(&kc, &ns, &[], &dir, &args).expect("first");
+    let mut first = Operator::builder(&kc, &ns)
+        .extra(&args)
+        .start(&dir)
+        .expect("first");
     wait_for(&first, "the first replica to lead", |o| {
         leads(o) == Some(true)
     });
-    let second = Operator::start_unscoped_with(&kc, &ns, &[], &dir, &args).expect("second");
+    let second = Operator::builder(&kc, &ns)
+        .extra(&args)
+        .start(&dir)
+        .expect("second");
     wait_for(&second, "the second replica to report standing by", |o| {
         leads(o) == Some(false)
     });

@@ -15,6 +15,7 @@ use kvcache_api::backend::BackendPhase;
 use kvcache_api::{KVCacheBackend, KVCachePool};
 use kvcache_e2e::cluster::wait_object;
 use kvcache_e2e::operator::{Operator, SELECTOR_LABEL};
+use kvcache_e2e::status::{describe, has_condition, phase};
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
 use kvcache_e2e::{paths, shared};
 use kvcache_render::backend::OWNER_LABEL;
@@ -61,19 +62,6 @@ fn capacity(b: &KVCacheBackend) -> Option<String> {
         .map(|c| c.total.as_str().to_owned())
 }
 
-fn phase(b: &KVCacheBackend) -> Option<BackendPhase> {
-    b.status.as_ref().and_then(|s| s.phase)
-}
-
-fn condition(b: &KVCacheBackend, t: &str) -> Option<(String, String)> {
-    b.status.as_ref().and_then(|s| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == t)
-            .map(|c| (c.status.clone(), c.reason.clone()))
-    })
-}
-
 async fn operator_namespace(client: &Client, prefix: &str) -> String {
     shared()
         .namespace(client, prefix)
@@ -109,13 +97,11 @@ async fn capacity_comes_from_the_store_and_follows_it() {
         master
             .wait_capacity(2 * SEGMENT, WAIT)
             .expect("both members mounted");
-        let operator = Operator::start(
-            &kc,
-            &ns2,
-            &[format!("capacity-store=127.0.0.1:{}", master.metrics_port)],
-            &d,
-        )
-        .expect("operator");
+        let operator = Operator::builder(&kc, &ns2)
+            .scoped(true)
+            .overrides(&[format!("capacity-store=127.0.0.1:{}", master.metrics_port)])
+            .start(&d)
+            .expect("operator");
         (master, members, operator)
     })
     .await
@@ -134,14 +120,15 @@ async fn capacity_comes_from_the_store_and_follows_it() {
         Some(format!("capacity-store-leader.{ns}.svc:50051").as_str())
     );
     assert_eq!(status.members.len(), 2, "one row per registered segment");
-    assert_eq!(
-        condition(&b, "LeaderAvailable"),
-        Some(("True".into(), "Serving".into()))
+    assert!(
+        has_condition(&b, "LeaderAvailable=True/Serving"),
+        "{}",
+        describe(&b)
     );
-    assert_eq!(
-        condition(&b, "ElectionObserved").map(|c| c.0),
-        Some("Unknown".into()),
-        "no elector runs without nodes: the Lease has no holder"
+    assert!(
+        has_condition(&b, "ElectionObserved=Unknown"),
+        "no elector runs without nodes, the Lease has no holder: {}",
+        describe(&b)
     );
 
     // The rendered objects carry the backend's ownership label and owner reference.
@@ -190,9 +177,10 @@ async fn capacity_comes_from_the_store_and_follows_it() {
         },
     )
     .await;
-    assert_eq!(
-        condition(&b, "LeaderAvailable").map(|c| c.0),
-        Some("False".into())
+    assert!(
+        has_condition(&b, "LeaderAvailable=False"),
+        "{}",
+        describe(&b)
     );
     let m = tokio::task::spawn_blocking(move || {
         master.restart().expect("master restarts");
@@ -251,7 +239,10 @@ async fn a_setting_change_rolls_only_backends_without_their_own_image() {
     let dir = paths::scratch("op-setting").expect("dir");
     let (kc, ns2) = (cluster.control_plane.kubeconfig.clone(), ns.clone());
     let operator = tokio::task::spawn_blocking(move || {
-        Operator::start(&kc, &ns2, &[], &dir).expect("operator")
+        Operator::builder(&kc, &ns2)
+            .scoped(true)
+            .start(&dir)
+            .expect("operator")
     })
     .await
     .expect("thread");
@@ -456,7 +447,10 @@ async fn deletion_waits_for_the_pool_and_a_restart_converges_without_duplicates(
         .expect("the operator's identity");
     let ns2 = ns.clone();
     let mut operator = tokio::task::spawn_blocking(move || {
-        Operator::start(&kc, &ns2, &[], &dir).expect("operator")
+        Operator::builder(&kc, &ns2)
+            .scoped(true)
+            .start(&dir)
+            .expect("operator")
     })
     .await
     .expect("thread");
@@ -571,9 +565,10 @@ async fn deletion_waits_for_the_pool_and_a_restart_converges_without_duplicates(
                 .is_some_and(|m| m.contains("KVCachePool holds-the-store"))
     })
     .await;
-    assert_eq!(
-        condition(&b, "Deletable"),
-        Some(("False".into(), "InUse".into()))
+    assert!(
+        has_condition(&b, "Deletable=False/InUse"),
+        "{}",
+        describe(&b)
     );
     assert_eq!(
         deployments.list(&owned).await.expect("list").items.len(),

@@ -16,19 +16,16 @@ use kvcache_api::pool::PoolPhase;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
 use kvcache_e2e::cluster::wait_object;
 use kvcache_e2e::operator::Operator;
+use kvcache_e2e::status::{HasStatus, condition, describe, has_condition, phase, wait_condition};
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions, http_get};
-use kvcache_e2e::{paths, shared};
+use kvcache_e2e::{Watched, paths, shared};
 use kvcache_quota::admin::{TenantEntry, decode_list};
 use kvcache_quota::policy;
 
 const MI: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(45);
 
-async fn apply<K>(api: &Api<K>, yaml: &str) -> K
-where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
-{
+async fn apply<K: Watched + serde::Serialize>(api: &Api<K>, yaml: &str) -> K {
     let obj: K = serde_yaml::from_str(yaml).expect("manifest");
     api.patch(
         &obj.name_any(),
@@ -40,32 +37,17 @@ where
 }
 
 /// Waits on a watch until `ok` holds; fails naming `what` and the last object seen.
-async fn wait<K>(api: &Api<K>, name: &str, what: &str, ok: impl Fn(&K) -> bool) -> K
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default,
-{
+async fn wait<K: Watched>(api: &Api<K>, name: &str, what: &str, ok: impl Fn(&K) -> bool) -> K {
     wait_object(api, name, what, WAIT, ok)
         .await
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn binding_condition(b: &KVCachePoolBinding, t: &str) -> Option<(String, String)> {
-    b.status.as_ref().and_then(|s| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == t)
-            .map(|c| (c.status.clone(), c.reason.clone()))
-    })
-}
-
-fn pool_condition(p: &KVCachePool, t: &str) -> Option<(String, String)> {
-    p.status.as_ref().and_then(|s| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == t)
-            .map(|c| (c.status.clone(), c.reason.clone()))
-    })
+/// Waits on a watch until the object has the condition `spec` (`Type=Status[/Reason]`).
+async fn wait_for_condition<K: Watched + HasStatus>(api: &Api<K>, name: &str, spec: &str) -> K {
+    wait_condition(api, name, spec, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn effective(b: &KVCachePoolBinding) -> Option<String> {
@@ -132,13 +114,10 @@ async fn the_ledger_on_the_real_master() {
         let member =
             Member::start(&d, &MemberOptions::new(master.address(), 64 * MI)).expect("member");
         master.wait_capacity(64 * MI, WAIT).expect("mounted");
-        let operator = Operator::start_unscoped(
-            &kc,
-            &ns2,
-            &[format!("ledger-store=127.0.0.1:{}", master.metrics_port)],
-            &d,
-        )
-        .expect("operator");
+        let operator = Operator::builder(&kc, &ns2)
+            .overrides(&[format!("ledger-store=127.0.0.1:{}", master.metrics_port)])
+            .start(&d)
+            .expect("operator");
         (master, member, operator)
     })
     .await
@@ -179,16 +158,17 @@ async fn the_ledger_on_the_real_master() {
         effective(b) == Some(model["default"].to_string())
     })
     .await;
-    assert_eq!(
-        binding_condition(&a, "QuotaGranted"),
-        Some(("True".into(), "Recut".into()))
+    assert!(
+        has_condition(&a, "QuotaGranted=True/Recut"),
+        "{}",
+        describe(&a)
     );
     wait(&team_b, "team-b", "the master's recut grant", |b| {
         effective(b) == Some(model["chat"].to_string())
     })
     .await;
     let p = wait(&pools, "shared", "Ready with the backend's endpoint", |p| {
-        p.status.as_ref().and_then(|s| s.phase) == Some(PoolPhase::Ready)
+        phase(p) == Some(PoolPhase::Ready)
     })
     .await;
     let status = p.status.clone().expect("status");
@@ -233,24 +213,16 @@ async fn the_ledger_on_the_real_master() {
     })
     .await
     .expect("thread");
-    let p = wait(
+    // While no member is mounted.
+    let p = wait_for_condition(
         &pools,
         "shared",
-        "NothingToAllocate while no member is mounted",
-        |p| {
-            pool_condition(p, "CapacityAllocatable")
-                == Some(("False".into(), "NothingToAllocate".into()))
-        },
+        "CapacityAllocatable=False/NothingToAllocate",
     )
     .await;
-    assert_ne!(p.status.and_then(|s| s.phase), Some(PoolPhase::Ready));
-    wait(
-        &team_a,
-        "team-a",
-        "ZeroGranted while nothing is allocatable",
-        |b| binding_condition(b, "QuotaGranted") == Some(("False".into(), "ZeroGranted".into())),
-    )
-    .await;
+    assert_ne!(phase(&p), Some(PoolPhase::Ready));
+    // While nothing is allocatable.
+    wait_for_condition(&team_a, "team-a", "QuotaGranted=False/ZeroGranted").await;
     let d2 = dir.clone();
     let (master, member) = tokio::task::spawn_blocking(move || {
         let m = Member::start(&d2, &MemberOptions::new(master.address(), 64 * MI)).expect("member");
@@ -259,10 +231,22 @@ async fn the_ledger_on_the_real_master() {
     .await
     .expect("thread");
     wait(&pools, "shared", "Ready again once a member mounts", |p| {
-        p.status.as_ref().and_then(|s| s.phase) == Some(PoolPhase::Ready)
+        phase(p) == Some(PoolPhase::Ready)
     })
     .await;
 
+    // A Binding a ModelDeployment uses is held while it does, and says so on its own status.
+    team_a
+        .delete("team-a", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let held = wait_for_condition(&team_a, "team-a", "Releasable=False/HeldByWorkloads").await;
+    assert_eq!(phase(&held), Some(PoolPhase::Deleting), "{}", describe(&held));
+    let why = condition(&held, "Releasable").map(|c| c.message.clone());
+    assert!(
+        why.as_deref().is_some_and(|m| m.contains("team-a/qwen-chat")),
+        "the hold names the workload: {why:?}"
+    );
     // Deleting the pool waits for its Bindings; deleting them releases their tenants (once no
     // ModelDeployment uses them).
     for name in ["qwen-chat"] {
@@ -276,17 +260,10 @@ async fn the_ledger_on_the_real_master() {
         .await
         .expect("delete requested");
     let p = wait(&pools, "shared", "held while Bindings reference it", |p| {
-        p.status.as_ref().and_then(|s| s.phase) == Some(PoolPhase::Deleting)
+        phase(p) == Some(PoolPhase::Deleting)
     })
     .await;
-    assert_eq!(
-        pool_condition(&p, "Releasable").map(|c| c.0),
-        Some("False".into())
-    );
-    team_a
-        .delete("team-a", &DeleteParams::default())
-        .await
-        .expect("delete");
+    assert!(has_condition(&p, "Releasable=False"), "{}", describe(&p));
     team_b
         .delete("team-b", &DeleteParams::default())
         .await
@@ -339,25 +316,14 @@ async fn unenforced_without_a_ledger(
         "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {name: plain, namespace: team-c}\nspec:\n  poolRef: {name: plain}\n  quota: {ceiling: 1Gi}\n  domain: {blockSize: 64, dtype: bfloat16}\n",
     )
     .await;
-    let b = wait(&team_c, "plain", "Unenforced", |b| {
-        binding_condition(b, "QuotaGranted") == Some(("True".into(), "Unenforced".into()))
-    })
-    .await;
+    let b = wait_for_condition(&team_c, "plain", "QuotaGranted=True/Unenforced").await;
     assert_eq!(effective(&b), None, "no figure without a ledger");
     let p = pools.get("plain").await.expect("pool");
-    assert_eq!(
-        pool_condition(&p, "QuotaLedgerAvailable"),
-        Some(("False".into(), "MultiTenancyDisabled".into()))
+    assert!(
+        has_condition(&p, "QuotaLedgerAvailable=False/MultiTenancyDisabled"),
+        "{}",
+        describe(&p)
     );
-}
-
-fn md_condition(m: &ModelDeployment, t: &str) -> Option<(String, String)> {
-    m.status.as_ref().and_then(|s| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == t)
-            .map(|c| (c.status.clone(), c.reason.clone()))
-    })
 }
 
 /// A ModelDeployment attaches through its namespace's Binding: the store settings are rendered
@@ -377,10 +343,7 @@ async fn model_deployments_attach(client: &Client, master: &Master, op_ns: &str)
     };
     let team_a: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-a");
     apply(&team_a, &md("team-a", "team-a")).await;
-    let m = wait(&team_a, "qwen-chat", "the domain registered", |m| {
-        md_condition(m, "DomainRegistered") == Some(("True".into(), "Registered".into()))
-    })
-    .await;
+    let m = wait_for_condition(&team_a, "qwen-chat", "DomainRegistered=True/Registered").await;
     let kv = m.status.and_then(|s| s.kv_cache).expect("status.kvCache");
     assert_eq!(kv.binding, "team-a/team-a");
     assert_eq!(kv.pool.as_deref(), Some("shared"));
@@ -420,13 +383,8 @@ async fn model_deployments_attach(client: &Client, master: &Master, op_ns: &str)
     .expect("thread")
     .expect("put");
     assert_eq!(put, 0, "the tenant writes");
-    wait(
-        &team_a,
-        "qwen-chat",
-        "CacheActive from the store's charge",
-        |m| md_condition(m, "CacheAttached") == Some(("True".into(), "CacheActive".into())),
-    )
-    .await;
+    // CacheActive from the store's charge.
+    wait_for_condition(&team_a, "qwen-chat", "CacheAttached=True/CacheActive").await;
     let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "team-a");
     wait(
         &bindings,
@@ -443,18 +401,17 @@ async fn model_deployments_attach(client: &Client, master: &Master, op_ns: &str)
     namespace(client, "team-d").await;
     let team_d: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-d");
     apply(&team_d, &md("team-d", "team-a")).await;
-    let m = wait(&team_d, "qwen-chat", "BindingNotFound", |m| {
-        md_condition(m, "DomainRegistered").map(|c| c.1) == Some("BindingNotFound".into())
-    })
+    let m = wait_for_condition(
+        &team_d,
+        "qwen-chat",
+        "DomainRegistered=False/BindingNotFound",
+    )
     .await;
     assert!(
-        m.status
-            .and_then(|s| s
-                .conditions
-                .into_iter()
-                .find(|c| c.type_ == "DomainRegistered"))
+        condition(&m, "DomainRegistered")
             .is_some_and(|c| c.message.contains("a Binding in this namespace")),
-        "the message says what to name"
+        "the message says what to name: {}",
+        describe(&m)
     );
     assert!(
         Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), "team-d")

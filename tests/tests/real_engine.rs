@@ -9,7 +9,6 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use kvcache_api::backend::BackendPhase;
@@ -20,6 +19,7 @@ use kvcache_e2e::engine::{self, TINY_MODEL};
 use kvcache_e2e::nodes::{ENGINE_NODE_ALLOCATABLE_MEMORY, NodeCluster};
 use kvcache_e2e::operator::Operator;
 use kvcache_e2e::pods::{self, name_of};
+use kvcache_e2e::status::{has_condition, phase};
 use kvcache_e2e::walkthrough::{self, backend_pods, role_pods};
 use kvcache_e2e::{Error, images, paths, store};
 use kvcache_render::shared_cache::EngineCounters;
@@ -67,7 +67,9 @@ fn operator() -> &'static Mutex<Operator> {
         })
         .map_err(|e| e.to_string())?;
         let dir = paths::scratch("real-engine-operator").map_err(|e| e.to_string())?;
-        Operator::start_on_nodes(&cluster.nodes, NAMESPACE, &dir)
+        Operator::builder(&cluster.nodes.kubeconfig, NAMESPACE)
+            .on_nodes(&cluster.nodes)
+            .start(&dir)
             .map(Mutex::new)
             .map_err(|e| e.to_string())
     });
@@ -103,12 +105,6 @@ fn fixture() -> Result<Vec<DynamicObject>, Error> {
 fn turn() -> MutexGuard<'static, ()> {
     static TURN: Mutex<()> = Mutex::new(());
     TURN.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn has(conditions: &[Condition], t: &str, status: &str, reason: &str) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == t && c.status == status && c.reason == reason)
 }
 
 /// Applies a ModelDeployment of the tiny model in `namespace` and waits for `replicas` Ready
@@ -247,11 +243,12 @@ fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
             "CacheAttached=True/CacheActive, SharedCacheObserved=True/EnginesRead, hitTokens > 0",
             WAIT,
             |m| {
-                m.status.as_ref().is_some_and(|s| {
-                    has(&s.conditions, "CacheAttached", "True", "CacheActive")
-                        && has(&s.conditions, "SharedCacheObserved", "True", "EnginesRead")
-                        && s.shared_cache.as_ref().is_some_and(|c| c.hit_tokens > 0)
-                })
+                has_condition(m, "CacheAttached=True/CacheActive")
+                    && has_condition(m, "SharedCacheObserved=True/EnginesRead")
+                    && m.status
+                        .as_ref()
+                        .and_then(|s| s.shared_cache.as_ref())
+                        .is_some_and(|c| c.hit_tokens > 0)
             },
         )
         .await?;
@@ -372,13 +369,12 @@ async fn wait_new_leader(client: &Client, not: &str) -> Result<String, Error> {
     )
     .await?;
     wait_object(&backends, BACKEND, "Ready with 512Mi again", WAIT, |b| {
-        b.status.as_ref().is_some_and(|s| {
-            s.phase == Some(BackendPhase::Ready)
-                && s.capacity
-                    .as_ref()
-                    .and_then(|c| parse_bytes(&c.total.0).ok())
-                    == Some(512 * MIB)
-        })
+        phase(b) == Some(BackendPhase::Ready)
+            && b.status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| parse_bytes(&c.total.0).ok())
+                == Some(512 * MIB)
     })
     .await?;
     Ok(leaders

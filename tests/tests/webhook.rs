@@ -1,6 +1,6 @@
 //! The admission webhook for real: the API server calls `kvcache-operator run`'s webhook over
 //! TLS (the operator made the CA and the serving certificate, kept them in a Secret, and wrote
-//! the CA into the webhook configuration), and refuses or warns as the catalogue says.
+//! the CA into the webhook configuration), and refuses or warns as docs/design.md says.
 
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
@@ -15,6 +15,7 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_e2e::cluster::{block_on, shared, wait_object};
 use kvcache_e2e::operator::Operator;
 use kvcache_e2e::process::free_port;
+use kvcache_e2e::status::{has_condition, wait_condition};
 use kvcache_e2e::{Error, paths};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -49,17 +50,13 @@ fn hook() -> &'static Mutex<Hook> {
             Ok::<_, Error>(())
         })
         .map_err(|e| e.to_string())?;
-        let operator = Operator::start_unscoped_with(
-            &kc,
-            OPERATOR_NS,
-            &[],
-            &dir,
-            &[
+        let operator = Operator::builder(&kc, OPERATOR_NS)
+            .extra(&[
                 format!("--webhook-addr=127.0.0.1:{port}"),
                 "--webhook-name=127.0.0.1".into(),
-            ],
-        )
-        .map_err(|e| e.to_string())?;
+            ])
+            .start(&dir)
+            .map_err(|e| e.to_string())?;
         Ok(Mutex::new(Hook { operator, port }))
     });
     match started {
@@ -420,18 +417,11 @@ fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_i
         bindings.create(&PostParams::default(), &going).await?;
         bindings.delete("going", &DeleteParams::default()).await?;
         wait_object(&pools, "pods-pool", "QuotaLedgerAvailable=True and a client endpoint", WAIT, |p| {
-            p.status.as_ref().is_some_and(|s| {
-                s.client_endpoint.is_some()
-                    && s.conditions.iter().any(|c| c.type_ == "QuotaLedgerAvailable" && c.status == "True")
-            })
+            has_condition(p, "QuotaLedgerAvailable=True")
+                && p.status.as_ref().is_some_and(|s| s.client_endpoint.is_some())
         })
         .await?;
-        wait_object(&pools, "pods-down-pool", "QuotaLedgerAvailable reported False", WAIT, |p| {
-            p.status.as_ref().is_some_and(|s| {
-                s.conditions.iter().any(|c| c.type_ == "QuotaLedgerAvailable" && c.status == "False")
-            })
-        })
-        .await?;
+        wait_condition(&pools, "pods-down-pool", "QuotaLedgerAvailable=False", WAIT).await?;
         wait_object(&bindings, "going", "being deleted", WAIT, |b| b.metadata.deletion_timestamp.is_some()).await?;
 
         let pods: Api<Pod> = Api::namespaced(client.clone(), "pods-a");
@@ -511,10 +501,10 @@ fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_i
             match pods.create(&dry, &p).await {
                 Err(kube::Error::Api(s)) => assert!(
                     s.message.contains(reason) && s.message.contains("inject.kvcache.gpustack.ai"),
-                    "5.7 {rule}: expected {reason}, got {}",
+                    "case {rule}: expected {reason}, got {}",
                     s.message
                 ),
-                other => panic!("5.7 {rule}: expected a refusal ({reason}), got {other:?}"),
+                other => panic!("case {rule}: expected a refusal ({reason}), got {other:?}"),
             }
         }
 
@@ -645,7 +635,8 @@ fn a_model_deployment_on_a_pool_of_mixed_protocols_is_refused_at_once_from_live_
     block_on(async {
         let client = client().await?;
         wait_trusted(&client).await?;
-        // Created one after the other with no wait: the webhook reads them live (2.4.10).
+        // Created one after the other with no wait: the webhook reads them live
+        // (docs/design.md#live-reads).
         Api::<KVCacheBackend>::all(client.clone())
             .create(&PostParams::default(), &yaml("apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {name: mixed-store}\nspec:\n  image: gpustack/mirrored-mooncake:0.3.13.post1-cpu\n  connection:\n    managed:\n      leader: {}\n      members:\n        - {medium: DRAM, capacityPerMember: 64Mi, transport: {protocol: TCP}}\n        - {medium: DRAM, capacityPerMember: 64Mi, transport: {protocol: RDMA}, nodeSelector: {rdma: 'true'}}\n"))
             .await?;
@@ -669,7 +660,8 @@ fn a_model_deployment_on_a_pool_of_mixed_protocols_is_refused_at_once_from_live_
                 && message.contains("KVCacheBackend mixed-store"),
             "{message}"
         );
-        // Fabric interfaces per Pod on that pool (2.4.6): the groups' protocols differ.
+        // Fabric interfaces per Pod on that pool (docs/design.md#fabric-interfaces): the groups'
+        // protocols differ.
         let with_interfaces = |n: &str| -> ModelDeployment {
             yaml(&format!("apiVersion: worker.gpustack.ai/v1\nkind: ModelDeployment\nmetadata: {{name: chat, namespace: mixed-a}}\nspec:\n  model: {{name: Qwen/Qwen2.5-0.5B-Instruct}}\n  engine: {{name: vLLM, version: '0.29.0'}}\n  kvCache: {{poolRef: {{name: chat}}}}\n  roles:\n    - {{name: server, replicas: 0, instanceType: cpu, resources: {{interface: {n}}}}}\n"))
         };

@@ -18,8 +18,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_e2e::cluster::{ControlPlane, Options, client_from, crds_dir, install_crds};
 use kvcache_e2e::operator::{Operator, register_webhooks};
-use kvcache_e2e::paths;
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
+use kvcache_e2e::{Watched, paths};
 
 use crate::setup;
 
@@ -142,7 +142,7 @@ async fn timed<K, F>(
     make: F,
 ) -> anyhow::Result<Vec<Duration>>
 where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Watched + serde::Serialize,
     F: Fn(usize) -> anyhow::Result<K>,
 {
     let objects: Vec<(usize, K)> = (0..n)
@@ -333,16 +333,12 @@ pub fn admission(shape: Shape) -> anyhow::Result<()> {
             anyhow::Ok(())
         })??;
     }
-    let operator = Operator::start_unscoped_with(
-        &kc,
-        OPERATOR_NS,
-        &[],
-        &dir,
-        &[
+    let operator = Operator::builder(&kc, OPERATOR_NS)
+        .extra(&[
             format!("--webhook-addr=127.0.0.1:{port}"),
             "--webhook-name=127.0.0.1".into(),
-        ],
-    )?;
+        ])
+        .start(&dir)?;
     // The pool's client endpoint (the injection needs it) before anything is measured.
     {
         let kc = kc.clone();

@@ -288,7 +288,9 @@ pub fn capacity(runs: usize) -> anyhow::Result<()> {
         cluster::install_crds(&client, &cluster::crds_dir()).await?;
         walkthrough::ensure_namespace(&client, NS).await
     })?;
-    let _operator = Operator::start_on_nodes(&nodes.nodes, NS, &dir)?;
+    let _operator = Operator::builder(&nodes.nodes.kubeconfig, NS)
+        .on_nodes(&nodes.nodes)
+        .start(&dir)?;
     let kc = nodes.control_plane.kubeconfig.clone();
     let samples = block_on(async move {
         let client = client_from(&kc).await?;

@@ -74,7 +74,9 @@ pub fn prefix(lengths: &[usize], prompts: usize) -> anyhow::Result<()> {
             })?;
         walkthrough::apply(&client, &objects).await
     })?;
-    let _operator = Operator::start_on_nodes(&nodes.nodes, NS, &dir)?;
+    let _operator = Operator::builder(&nodes.nodes.kubeconfig, NS)
+        .on_nodes(&nodes.nodes)
+        .start(&dir)?;
     let mut rows = Vec::new();
     for model in [TINY_MODEL, BENCH_MODEL] {
         let kc = nodes.control_plane.kubeconfig.clone();

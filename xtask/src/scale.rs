@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kvcache_api::{InstanceType, KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
 use kvcache_e2e::cluster::{ControlPlane, Options, client_from, crds_dir, install_crds};
 use kvcache_e2e::operator::Operator;
-use kvcache_e2e::paths;
+use kvcache_e2e::status::has_condition;
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
+use kvcache_e2e::{Watched, paths};
 
 use crate::setup;
 
@@ -51,10 +51,11 @@ fn object<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> anyhow::Resul
     Ok(serde_json::from_value(v)?)
 }
 
-async fn apply<K>(api: &Api<K>, name: &str, obj: &K) -> anyhow::Result<()>
-where
-    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
+async fn apply<K: Watched + serde::Serialize>(
+    api: &Api<K>,
+    name: &str,
+    obj: &K,
+) -> anyhow::Result<()> {
     api.patch(
         name,
         &PatchParams::apply(MANAGER).force(),
@@ -96,27 +97,9 @@ fn resident_kib(pid: u32) -> anyhow::Result<u64> {
         .ok_or_else(|| anyhow::anyhow!("no VmRSS in /proc/{pid}/status"))
 }
 
-fn condition_true(
-    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-    t: &str,
-) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == t && c.status == "True")
-}
-
 /// A cache of `K` kept by a watch (one LIST, then events): the benchmark reads its counts from
 /// here, so that observing convergence costs the API server little.
-fn watched<K>(api: Api<K>) -> kube::runtime::reflector::Store<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
+fn watched<K: Watched>(api: Api<K>) -> kube::runtime::reflector::Store<K> {
     use kube::runtime::{WatchStreamExt, reflector, watcher};
     let (reader, writer) = reflector::store();
     tokio::spawn(
@@ -136,19 +119,20 @@ fn converged(
         .state()
         .iter()
         .filter(|b| {
-            b.status.as_ref().is_some_and(|s| {
-                condition_true(&s.conditions, "QuotaGranted") && s.effective_quota.is_some()
-            })
+            has_condition::<KVCachePoolBinding>(b, "QuotaGranted=True")
+                && b.status
+                    .as_ref()
+                    .is_some_and(|s| s.effective_quota.is_some())
         })
         .count();
     let m = models
         .state()
         .iter()
         .filter(|m| {
-            m.status.as_ref().is_some_and(|s| {
-                condition_true(&s.conditions, "DomainRegistered")
-                    && s.observed_generation == m.metadata.generation
-            })
+            has_condition::<ModelDeployment>(m, "DomainRegistered=True")
+                && m.status
+                    .as_ref()
+                    .is_some_and(|s| s.observed_generation == m.metadata.generation)
         })
         .count();
     (b, m)
@@ -277,17 +261,13 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
     let t = Instant::now();
     // Periodic work stretched to 10 minutes (store polls, ledger re-reads, ModelDeployment
     // resyncs), so that what an edit triggers is told apart from what a timer does.
-    let operator = Operator::start_unscoped_with(
-        &kc,
-        OPERATOR_NS,
-        &[],
-        &dir,
-        &[
+    let operator = Operator::builder(&kc, OPERATOR_NS)
+        .extra(&[
             "--store-poll-stable=10m".into(),
             "--ledger-interval=10m".into(),
             "--model-resync=10m".into(),
-        ],
-    )?;
+        ])
+        .start(&dir)?;
     let convergence = {
         let kc = kc.clone();
         block_on(async move {

@@ -214,6 +214,18 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
             })
         })
         .collect();
+    // A Binding being deleted gets no ceiling pushed: its release may have removed its tenant
+    // from the ledger already, and a push would put it back.
+    let going: BTreeSet<String> = bindings
+        .iter()
+        .filter(|b| b.meta().deletion_timestamp.is_some())
+        .map(|b| id(b))
+        .collect();
+    let pushed: Vec<BindingView> = views
+        .iter()
+        .filter(|v| !going.contains(&v.binding))
+        .cloned()
+        .collect();
     let declared_off = matches!(
         view,
         BackendView::Managed {
@@ -223,7 +235,7 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
     );
     let (ledger, policy_write, capacity) =
         match backend.as_deref().and_then(|b| ctx.admin_address(b)) {
-            Some(admin) if !declared_off => ledger_pass(&admin, &views, !deleting).await,
+            Some(admin) if !declared_off => ledger_pass(&admin, &pushed, !deleting).await,
             Some(admin) => (
                 Outcome::NoLedger,
                 None,
@@ -266,11 +278,11 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
             .map(|t| (t.tenant_id.clone(), t.effective_quota_bytes))
             .collect(),
     };
-    for (b, v) in bindings.iter().zip(&views) {
+    for v in &pushed {
         // A Binding being deleted reports its release itself (`binding.rs`).
-        if b.meta().deletion_timestamp.is_some() {
+        let Some(b) = bindings.iter().find(|b| id(b) == v.binding) else {
             continue;
-        }
+        };
         let none = Vec::new();
         let contested_with = raced.get(&v.binding).unwrap_or(&none);
         let verdict = binding_status(&BindingInput {

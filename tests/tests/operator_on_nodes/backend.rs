@@ -1,0 +1,201 @@
+//! A backend's status and life: the capacity its members mounted and the member a Degraded
+//! phase names, a deletion held while a pool uses it, and an operator restarted while it
+//! renders one.
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kvcache_api::backend::BackendPhase;
+use kvcache_api::{KVCacheBackend, KVCachePool};
+use kvcache_e2e::Error;
+use kvcache_e2e::cluster::{block_on, client_from};
+use kvcache_e2e::pods::{self, name_of};
+use kvcache_e2e::status::{condition, has_condition, phase};
+use kvcache_e2e::walkthrough::{self, backend_pods};
+use kvcache_render::backend::OWNER_LABEL;
+
+use crate::{
+    MIB, NAMESPACE, WAIT, apply, backend, capacity, cluster, operator, signal, wait_backend,
+    wait_backend_ready,
+};
+
+#[test]
+fn the_walkthrough_backend_is_ready_with_what_its_members_mounted_and_degraded_names_a_stopped_member()
+ {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-ready";
+        apply(&client, &backend(name, |_| {})).await?;
+        // Two members' 256Mi each.
+        let b = wait_backend_ready(&client, name, 512 * MIB).await?;
+        let status = b.status.expect("a status");
+        assert_eq!(status.members.len(), 2, "{:?}", status.members);
+        assert_eq!(status.store_version.as_deref(), Some("0.3.13.post1"));
+        assert_eq!(
+            status.endpoint.as_deref(),
+            Some(format!("{name}-leader.{NAMESPACE}.svc:50051").as_str())
+        );
+
+        // One member stops (its processes frozen; the Pod stays Ready, the master drops its
+        // segment after the client TTL): Degraded, naming that member.
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+        let stopped = &members[0];
+        let pids = pods::host_pids(stopped);
+        signal(&pids, nix::sys::signal::Signal::SIGSTOP);
+        let degraded = wait_backend(
+            &client,
+            name,
+            "Degraded, MembersMounted=False naming the stopped member",
+            |b| {
+                phase(b) == Some(BackendPhase::Degraded)
+                    && has_condition(b, "MembersMounted=False")
+                    && condition(b, "MembersMounted")
+                        .is_some_and(|c| c.message.contains(name_of(stopped)))
+            },
+        )
+        .await;
+        signal(&pids, nix::sys::signal::Signal::SIGCONT);
+        let degraded = degraded?;
+        assert_eq!(
+            capacity(&degraded),
+            Some(256 * MIB),
+            "the store's own figure"
+        );
+
+        // It continues, remounts on its heartbeat: Ready again with both.
+        wait_backend_ready(&client, name, 512 * MIB).await?;
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_backend_a_pool_uses_stays_deleting_naming_it_and_goes_with_its_pods_after() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-held";
+        apply(&client, &backend(name, |_| {})).await?;
+        wait_backend_ready(&client, name, 512 * MIB).await?;
+        let pool: KVCachePool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool",
+            "metadata": {"name": "holds-dram-held"},
+            "spec": {"backends": [name], "quota": {"total": "256Mi"}},
+        }))
+        .expect("a pool");
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        pools
+            .patch(
+                "holds-dram-held",
+                &PatchParams::apply(walkthrough::MANAGER).force(),
+                &Patch::Apply(&pool),
+            )
+            .await?;
+        wait_backend(&client, name, "usedBy naming the pool", |b| {
+            b.status
+                .as_ref()
+                .is_some_and(|s| s.used_by.iter().any(|u| u.name == "holds-dram-held"))
+        })
+        .await?;
+
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        backends.delete(name, &DeleteParams::default()).await?;
+        let held = wait_backend(&client, name, "Deleting, naming the pool", |b| {
+            phase(b) == Some(BackendPhase::Deleting)
+                && has_condition(b, "Deletable=False")
+                && condition(b, "Deletable").is_some_and(|c| c.message.contains("holds-dram-held"))
+        })
+        .await?;
+        assert!(held.metadata.deletion_timestamp.is_some());
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+
+        // The pool goes: so does the backend, with its workloads and their Pods.
+        pools
+            .delete("holds-dram-held", &DeleteParams::default())
+            .await?;
+        tokio::time::timeout(
+            WAIT,
+            kube::runtime::wait::await_condition(
+                backends.clone(),
+                name,
+                kube::runtime::wait::conditions::is_deleted(&held.uid().unwrap_or_default()),
+            ),
+        )
+        .await
+        .map_err(|_| Error::Wait {
+            what: format!("{name}: gone once its pool is"),
+            reason: "still there".into(),
+        })?
+        .map_err(|e| Error::Wait {
+            what: format!("{name}: gone once its pool is"),
+            reason: e.to_string(),
+        })?;
+        for component in ["leader", "member-0"] {
+            pods::wait_pods(
+                &store,
+                &backend_pods(name, component),
+                "no Pods left",
+                WAIT,
+                |p| p.is_empty(),
+            )
+            .await?;
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn an_operator_restarted_mid_way_converges_with_no_duplicate_or_orphan() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    let name = "dram-restart";
+    let kc2 = kc.clone();
+    block_on(async move {
+        let client = client_from(&kc2).await?;
+        apply(&client, &backend(name, |_| {})).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Restarted while it renders the new backend.
+    operator()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .restart()
+        .unwrap_or_else(|e| panic!("the operator restarts: {e}"));
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        // After the restart.
+        let b = wait_backend_ready(&client, name, 512 * MIB).await?;
+        let owned =
+            ListParams::default().labels(&format!("{OWNER_LABEL}={}", b.uid().unwrap_or_default()));
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+        let daemons: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+        let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+        assert_eq!(
+            deployments.list(&owned).await?.items.len(),
+            1,
+            "one leader Deployment"
+        );
+        assert_eq!(
+            daemons.list(&owned).await?.items.len(),
+            1,
+            "one member DaemonSet"
+        );
+        assert_eq!(
+            services.list(&owned).await?.items.len(),
+            1,
+            "one leader Service"
+        );
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        pods::wait_ready(&store, &backend_pods(name, "leader"), 1, WAIT).await?;
+        pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}

@@ -1,0 +1,293 @@
+//! Leader replicas and the election: three replicas read three desired and one ready and a
+//! failover keeps the phase honest, scaling from one to three keeps the serving Pod and the
+//! member templates, and changing the election backend restarts what it must.
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams};
+use kube::{Client, ResourceExt};
+use kvcache_api::KVCacheBackend;
+use kvcache_api::backend::BackendPhase;
+use kvcache_e2e::Error;
+use kvcache_e2e::cluster::{block_on, client_from};
+use kvcache_e2e::pods::{self, name_of};
+use kvcache_e2e::status::{condition, has_condition, phase};
+use kvcache_e2e::walkthrough::backend_pods;
+
+use crate::{
+    FAILOVER, MIB, NAMESPACE, WAIT, apply, backend, capacity, cluster, remove_backend,
+    wait_backend, wait_backend_ready,
+};
+
+/// The uids of a set of Pods, sorted.
+fn uids(p: &[Pod]) -> Vec<String> {
+    let mut u: Vec<String> = p.iter().map(|p| p.uid().unwrap_or_default()).collect();
+    u.sort();
+    u
+}
+
+/// Applies the demo-size backend `name` changed by `edit`, waits until it is Ready with both
+/// members' 512Mi, and returns its Ready leader and member Pods.
+async fn ready_backend(
+    client: &Client,
+    name: &str,
+    edit: impl Fn(&mut serde_json::Value),
+) -> Result<(Vec<Pod>, Vec<Pod>), Error> {
+    apply(client, &backend(name, edit)).await?;
+    wait_backend_ready(client, name, 512 * MIB).await?;
+    let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let leaders = pods::wait_ready(&store, &backend_pods(name, "leader"), 1, WAIT).await?;
+    let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+    Ok((leaders, members))
+}
+
+#[test]
+fn three_leader_replicas_read_three_desired_one_ready_and_a_failover_keeps_the_phase_honest() {
+    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-ha";
+        apply(
+            &client,
+            &backend(name, |v| {
+                v["spec"]["connection"]["managed"]["leader"]["replicas"] = 3.into();
+            }),
+        )
+        .await?;
+        let b = wait_backend(&client, name, "Ready, ElectionObserved=True", |b| {
+            phase(b) == Some(BackendPhase::Ready)
+                && capacity(b) == Some(512 * MIB)
+                && has_condition(b, "ElectionObserved=True")
+        })
+        .await?;
+        let message = condition(&b, "LeaderAvailable")
+            .expect("LeaderAvailable")
+            .message
+            .clone();
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let leaders = pods::wait_pods(
+            &store,
+            &backend_pods(name, "leader"),
+            "3 leader Pods, 1 Ready",
+            WAIT,
+            |p| p.len() == 3 && p.iter().filter(|p| pods::is_ready(p)).count() == 1,
+        )
+        .await?;
+        let serving = leaders
+            .iter()
+            .find(|p| pods::is_ready(p))
+            .expect("a Ready leader");
+
+        // Every status the backend passes through from the failover until it is Ready again.
+        let api: Api<KVCacheBackend> = Api::all(client.clone());
+        let seen = tokio::spawn({
+            let api = api.clone();
+            let name = name.to_owned();
+            async move {
+                use futures::StreamExt;
+                let mut seen = Vec::new();
+                let stream = kube::runtime::watcher::watch_object(api, &name);
+                let mut stream = Box::pin(stream);
+                let mut gone = false;
+                while let Some(Ok(Some(b))) = stream.next().await {
+                    let p = phase(&b);
+                    gone |= p != Some(BackendPhase::Ready);
+                    seen.push((p, capacity(&b)));
+                    if gone && p == Some(BackendPhase::Ready) && capacity(&b) == Some(512 * MIB) {
+                        break;
+                    }
+                }
+                seen
+            }
+        });
+        store
+            .delete(name_of(serving), &DeleteParams::default())
+            .await?;
+        let seen = tokio::time::timeout(WAIT, seen)
+            .await
+            .map_err(|_| Error::Wait {
+                what: format!("{name}: Ready again after the leader Pod was deleted"),
+                reason: "the watch did not see it".into(),
+            })?
+            .expect("the watch task");
+        // The gap shows: a phase other than Ready, and no capacity while no leader serves.
+        assert!(
+            seen.iter()
+                .any(|(p, c)| *p != Some(BackendPhase::Ready) && c.is_none()),
+            "a gap with no capacity: {seen:?} (LeaderAvailable before: {message})"
+        );
+        assert!(
+            seen.iter()
+                .all(|(p, c)| *p != Some(BackendPhase::Ready) || c.is_some()),
+            "Ready never without capacity: {seen:?}"
+        );
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn scaling_the_leader_from_one_to_three_keeps_the_first_leader_pod_and_the_member_templates() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "claim-scale";
+        let (first, members) = ready_backend(&client, name, |_| {}).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), NAMESPACE);
+        let member_set = format!("{name}-member-0");
+        let before = daemonsets.get(&member_set).await?;
+
+        // One edit: three leader replicas.
+        apply(
+            &client,
+            &backend(name, |v| {
+                v["spec"]["connection"]["managed"]["leader"]["replicas"] = 3.into();
+            }),
+        )
+        .await?;
+        let leaders = pods::wait_pods(
+            &store,
+            &backend_pods(name, "leader"),
+            "3 leader Pods, 1 Ready",
+            WAIT,
+            |p| p.len() == 3 && p.iter().filter(|p| pods::is_ready(p)).count() == 1,
+        )
+        .await?;
+        // The first leader Pod still serves (the Lease and accounts were there at one replica),
+        // not restarted.
+        let serving = leaders.iter().find(|p| pods::is_ready(p)).expect("Ready");
+        assert_eq!(serving.uid(), first[0].uid(), "the first leader Pod serves");
+        let restarts = serving
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .map(|c| c.iter().map(|c| c.restart_count).sum::<i32>());
+        assert_eq!(restarts, Some(0));
+        // The member template is the one from before, and so are its Pods.
+        let after = daemonsets.get(&member_set).await?;
+        assert_eq!(
+            after.spec.as_ref().map(|s| &s.template),
+            before.spec.as_ref().map(|s| &s.template)
+        );
+        assert_eq!(after.metadata.generation, before.metadata.generation);
+        let now = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
+        assert_eq!(uids(&now), uids(&members), "the same member Pods");
+        wait_backend(
+            &client,
+            name,
+            "Ready with 512Mi, ElectionObserved=True, RolloutComplete=True",
+            |b| {
+                phase(b) == Some(BackendPhase::Ready)
+                    && capacity(b) == Some(512 * MIB)
+                    && has_condition(b, "ElectionObserved=True")
+                    && has_condition(b, "RolloutComplete=True")
+            },
+        )
+        .await?;
+        // 3 desired / 1 ready is the finished state: RolloutComplete answers it, since the
+        // Deployment's own progress deadline (which needs every replica available) is off.
+        let leader_set: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+        let d = leader_set.get(&format!("{name}-leader")).await?;
+        assert_eq!(
+            d.spec.and_then(|s| s.progress_deadline_seconds),
+            Some(i32::MAX)
+        );
+        remove_backend(&client, name).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn changing_the_election_backend_restarts_the_leader_and_lease_addressed_member_templates() {
+    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "claim-election";
+        // Members that find the master through the Lease (their template carries the elector).
+        let lease_addressed = |v: &mut serde_json::Value| {
+            v["spec"]["connection"]["managed"]["leader"]["memberAddressing"] = "Lease".into();
+        };
+        let (leader, members) = ready_backend(&client, name, lease_addressed).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+        let leader_set = format!("{name}-leader");
+        let before = deployments.get(&leader_set).await?;
+
+        // electionBackend: None. The leader's template loses the elector and its account, the
+        // members' loses the Lease lookup: both roll.
+        apply(
+            &client,
+            &backend(name, |v| {
+                lease_addressed(v);
+                v["spec"]["connection"]["managed"]["leader"]["electionBackend"] = "None".into();
+            }),
+        )
+        .await?;
+        let gone_leader = leader[0].uid();
+        let new_leader = pods::wait_pods(
+            &store,
+            &backend_pods(name, "leader"),
+            "one Ready leader Pod, a new one",
+            WAIT,
+            |p| p.len() == 1 && pods::is_ready(&p[0]) && p[0].uid() != gone_leader,
+        )
+        .await?;
+        let old = uids(&members);
+        let new_members = pods::wait_pods(
+            &store,
+            &backend_pods(name, "member-0"),
+            "2 Ready member Pods, none of the earlier ones",
+            WAIT,
+            |p| {
+                p.len() == 2
+                    && p.iter().all(pods::is_ready)
+                    && uids(p).iter().all(|u| !old.contains(u))
+            },
+        )
+        .await?;
+        let after = deployments.get(&leader_set).await?;
+        assert_ne!(
+            after.spec.as_ref().map(|s| &s.template),
+            before.spec.as_ref().map(|s| &s.template)
+        );
+        let spec = new_leader[0].spec.as_ref().expect("a spec");
+        assert!(
+            spec.init_containers
+                .as_ref()
+                .is_none_or(|c| c.iter().all(|c| c.name != "elector-install")),
+            "no elector in the new leader Pod"
+        );
+        for m in &new_members {
+            let env = m
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().find(|c| c.name == "member"))
+                .and_then(|c| c.env.clone())
+                .unwrap_or_default();
+            assert!(
+                env.iter().any(|e| e.name == "MOONCAKE_MASTER"),
+                "members now dial the Service: {}",
+                name_of(m)
+            );
+        }
+        wait_backend(
+            &client,
+            name,
+            "Ready again with 512Mi, no ElectionObserved",
+            |b| {
+                phase(b) == Some(BackendPhase::Ready)
+                    && capacity(b) == Some(512 * MIB)
+                    && condition(b, "ElectionObserved").is_none()
+            },
+        )
+        .await?;
+        remove_backend(&client, name).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
