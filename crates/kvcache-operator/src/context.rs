@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ReflectHandle, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use kvcache_api::backend::{BackendPhase, Capacity, EndpointName};
@@ -19,7 +19,7 @@ use kvcache_render::backend::{ADMIN_PORT, leader_name};
 use tracing::{error, warn};
 
 use crate::telemetry::Metrics;
-use crate::watch::reflect;
+use crate::watch::{reflect, reflect_shared};
 
 /// The one field manager of every write.
 pub const MANAGER: &str = "kvcache-operator";
@@ -55,11 +55,28 @@ pub struct Caches {
     pub models: Store<ModelDeployment>,
 }
 
+/// The changes of the shared caches, one subscription per controller that reads its kind's
+/// cache as its primary watch.
+pub struct Changes {
+    pub backends: Option<ReflectHandle<KVCacheBackend>>,
+    pub pools: Option<ReflectHandle<KVCachePool>>,
+    pub bindings: Option<ReflectHandle<KVCachePoolBinding>>,
+    pub models: Option<ReflectHandle<ModelDeployment>>,
+}
+
 impl Caches {
     /// Starts a reflector per kind and waits until each has listed (a cache that never fills
-    /// is logged; the controllers then start on what it holds).
-    pub async fn fill(client: &Client, namespace: &str) -> Caches {
+    /// is logged; the controllers then start on what it holds). `every_kind`: this operator
+    /// runs every controller (no backend selector), so each kind's controller subscribes to its
+    /// cache; with a selector only the backends' controller runs, on a watch of its own.
+    pub async fn fill(client: &Client, namespace: &str, every_kind: bool) -> (Caches, Changes) {
         let all = watcher::Config::default;
+        let (pools, pool_changes) = reflect_shared(Api::all(client.clone()), all(), every_kind);
+        let (bindings, binding_changes) =
+            reflect_shared(Api::all(client.clone()), all(), every_kind);
+        let (backends, backend_changes) =
+            reflect_shared(Api::all(client.clone()), all(), every_kind);
+        let (models, model_changes) = reflect_shared(Api::all(client.clone()), all(), every_kind);
         let caches = Caches {
             settings: reflect(
                 Api::namespaced(client.clone(), namespace),
@@ -68,11 +85,11 @@ impl Caches {
                     kvcache_api::settings::SETTINGS_CONFIG_MAP
                 )),
             ),
-            pools: reflect(Api::all(client.clone()), all()),
-            bindings: reflect(Api::all(client.clone()), all()),
-            backends: reflect(Api::all(client.clone()), all()),
+            pools,
+            bindings,
+            backends,
             instance_types: reflect(Api::all(client.clone()), all()),
-            models: reflect(Api::all(client.clone()), all()),
+            models,
         };
         for (what, filled) in [
             ("settings", caches.settings.wait_until_ready().await.is_ok()),
@@ -92,7 +109,13 @@ impl Caches {
                 error!(what, "a cache never filled");
             }
         }
-        caches
+        let changes = Changes {
+            backends: backend_changes,
+            pools: pool_changes,
+            bindings: binding_changes,
+            models: model_changes,
+        };
+        (caches, changes)
     }
 }
 

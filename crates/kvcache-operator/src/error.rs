@@ -48,6 +48,9 @@ pub enum Error {
     /// SIGTERM could not be listened for.
     #[error("cannot listen for SIGTERM: {0}")]
     Signal(#[source] std::io::Error),
+    /// An admission request this webhook cannot judge (refused, the reason in its message).
+    #[error("{0}")]
+    Unjudgeable(#[from] Unjudgeable),
     /// The metrics and health server could not bind its address.
     #[error("cannot serve metrics and health on {addr}: {source}")]
     Serve {
@@ -69,6 +72,7 @@ impl Error {
             Error::CrdMissing { .. } => "crd_missing",
             Error::Election(_) | Error::LeaseLost(_) => "election",
             Error::Signal(_) | Error::Serve { .. } => "start",
+            Error::Unjudgeable(_) => "admission",
         }
     }
 
@@ -76,6 +80,26 @@ impl Error {
     pub fn certificate(e: impl std::error::Error + Send + Sync + 'static) -> Error {
         Error::Certificate(Box::new(e))
     }
+}
+
+/// Why the webhook cannot judge an admission request.
+#[derive(Debug, thiserror::Error)]
+pub enum Unjudgeable {
+    /// A kind of another group was sent to this webhook (its configuration is wrong).
+    #[error("kind {kind}.{group} is not judged by this webhook")]
+    ForeignKind { kind: String, group: String },
+    /// A CREATE or UPDATE without its object.
+    #[error("the request carries no object")]
+    NoObject,
+    /// The object is not one of this operator's kinds, or more than one.
+    #[error("the request carries no object of this operator's kinds")]
+    NotOurs,
+    /// The object does not round-trip through JSON.
+    #[error("the object does not encode: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// The object does not decode as its kind.
+    #[error("the object does not decode: {0}")]
+    Decode(String),
 }
 
 /// How soon a failed reconcile is retried when nothing more specific applies.

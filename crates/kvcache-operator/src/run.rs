@@ -139,7 +139,8 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         .webhook
         .store(args.webhook_addr.is_none(), Ordering::Relaxed);
     let server = serve_metrics(args.metrics_addr, metrics.clone(), ready.clone()).await?;
-    let caches = Caches::fill(&client, &args.namespace).await;
+    let (caches, changes) =
+        Caches::fill(&client, &args.namespace, args.backend_selector.is_empty()).await;
     // The per-Binding and per-deployment series are read from these caches at each scrape.
     let _ = metrics.bindings.set(caches.bindings.clone());
     let _ = metrics.models.set(caches.models.clone());
@@ -163,14 +164,16 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
             Ok(Some(leadership)) => {
                 let _ = writing.send(true);
                 ctx.metrics.leader.set(1);
-                leadership.lead(crate::controllers::run(ctx.clone())).await
+                leadership
+                    .lead(crate::controllers::run(ctx.clone(), changes))
+                    .await
             }
             Ok(None) => Ok(()),
             Err(e) => Err(e),
         }
     } else {
         ctx.metrics.leader.set(1);
-        crate::controllers::run(ctx.clone()).await;
+        crate::controllers::run(ctx.clone(), changes).await;
         Ok(())
     };
     ctx.metrics.leader.set(0);

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ReflectHandle, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 /// A kind the operator watches: a static, cloneable, decodable resource.
@@ -64,6 +64,35 @@ where
     reader
 }
 
+/// How many changes a shared cache holds for a subscriber that has not read them yet; past it
+/// the cache waits for the subscriber (a controller reads them into its queue at once).
+const SHARED_BUFFER: usize = 256;
+
+/// A reflector store kept up to date by its own task, whose changes `subscribe` controller
+/// reads as its primary watch (kube-runtime's shared streams): one cache of the kind for the
+/// controller, the mappers and the webhook. Without a subscriber it is a plain cache (an
+/// unread subscription would hold the cache back).
+pub fn reflect_shared<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    subscribe: bool,
+) -> (Store<K>, Option<ReflectHandle<K>>)
+where
+    K: Watched,
+{
+    if !subscribe {
+        return (reflect(api, config), None);
+    }
+    let (reader, writer) = reflector::store_shared(SHARED_BUFFER);
+    let handle = writer.subscribe();
+    let stream = watcher(api, config)
+        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+        .default_backoff()
+        .reflect_shared(writer);
+    tokio::spawn(stream.for_each(|_| futures::future::ready(())));
+    (reader, handle)
+}
+
 /// How many reconciles of one controller run at once. Unbounded, 2,000 ModelDeployments
 /// reconciled together overloaded the API server of the scale benchmark (504 Gateway Timeout).
 pub const CONCURRENCY: u16 = 16;
@@ -76,6 +105,19 @@ where
 {
     let (reader, stream) = stripped_reflector(api, config);
     kube::runtime::Controller::for_stream(stream.applied_objects(), reader)
+        .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
+}
+
+/// A controller whose primary watch is a subscription to a shared cache ([`reflect_shared`]),
+/// with bounded concurrency.
+pub fn shared_controller<K>(
+    changes: ReflectHandle<K>,
+    cache: Store<K>,
+) -> kube::runtime::Controller<K>
+where
+    K: Watched,
+{
+    kube::runtime::Controller::for_shared_stream(changes, cache)
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
 }
 

@@ -605,7 +605,11 @@ spec:
         let domain: kvcache_api::pool::Domain =
             serde_json::from_value(serde_json::json!({"blockSize": 64, "dtype": "bfloat16"}))
                 .expect("a domain");
-        let extra = vec![Cond::yes("SharedCacheObserved", "EnginesRead", "read 2 engines")];
+        let extra = vec![Cond::yes(
+            "SharedCacheObserved",
+            "EnginesRead",
+            "read 2 engines",
+        )];
         let s = model_deployment_status(&md, &attached(), Some(&domain), None, extra, &now);
         assert_eq!(s.observed_generation, Some(4));
         let kv = s.kv_cache.expect("kvCache status");
@@ -615,7 +619,11 @@ spec:
         );
         assert_eq!(kv.domain, Some(domain));
         assert_eq!((s.roles[0].name.as_str(), s.roles[0].ready), ("server", 2));
-        assert!(s.conditions.iter().any(|c| c.type_ == "SharedCacheObserved"));
+        assert!(
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "SharedCacheObserved")
+        );
         // Unresolved: the reference as written, no pool or domain.
         let mut obs = attached();
         obs.resolution = Resolution::BindingNotFound {

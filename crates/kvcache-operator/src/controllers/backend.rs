@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::backend::{
@@ -78,7 +78,7 @@ fn by_instance_label(
 }
 
 /// Runs the controller until shutdown.
-pub async fn run(ctx: Arc<Context>) {
+pub async fn run(ctx: Arc<Context>, changes: Option<ReflectHandle<KVCacheBackend>>) {
     let client = ctx.client.clone();
     let ns = ctx.config.namespace.clone();
     let backends: Api<KVCacheBackend> = Api::all(client.clone());
@@ -86,7 +86,11 @@ pub async fn run(ctx: Arc<Context>) {
     if !ctx.config.backend_selector.is_empty() {
         selected = selected.labels(&ctx.config.backend_selector);
     }
-    let controller = crate::watch::controller(backends, selected);
+    let controller = match changes {
+        Some(changes) => crate::watch::shared_controller(changes, ctx.backends.clone()),
+        // Scoped by a label selector: a watch of its own, filtered by the API server.
+        None => crate::watch::controller(backends, selected),
+    };
     let store = controller.store();
     let (pod_store, lease_store, settings_store, slice_store) =
         (store.clone(), store.clone(), store.clone(), store.clone());

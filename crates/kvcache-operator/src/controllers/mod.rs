@@ -24,22 +24,29 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use crate::context::{Context, MANAGER};
+use crate::context::{Changes, Context, MANAGER};
 use crate::error::{Error, kube as kerr, retry_after};
 
-/// Runs the controllers until shutdown. Pools, Bindings and ModelDeployments are reconciled by
-/// the operator that reconciles every backend (`--backend-selector` scopes backends only, for
-/// several operators on one cluster).
-pub async fn run(ctx: Arc<Context>) {
+/// Runs the controllers until shutdown, each on its kind's shared cache where `changes` holds a
+/// subscription. Pools, Bindings and ModelDeployments are reconciled by the operator that
+/// reconciles every backend (`--backend-selector` scopes backends only, for several operators on
+/// one cluster).
+pub async fn run(ctx: Arc<Context>, changes: Changes) {
+    let Changes {
+        backends,
+        pools,
+        bindings,
+        models,
+    } = changes;
     if ctx.config.backend_selector.is_empty() {
         tokio::join!(
-            backend::run(ctx.clone()),
-            pool::run(ctx.clone()),
-            binding::run(ctx.clone()),
-            model::run(ctx.clone()),
+            backend::run(ctx.clone(), backends),
+            pool::run(ctx.clone(), pools),
+            binding::run(ctx.clone(), bindings),
+            model::run(ctx.clone(), models),
         );
     } else {
-        backend::run(ctx).await;
+        backend::run(ctx, backends).await;
     }
 }
 

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::admission::tenant_of;
@@ -42,10 +42,13 @@ pub(super) fn id(b: &KVCachePoolBinding) -> String {
 }
 
 /// Runs the pool controller until shutdown.
-pub async fn run(ctx: Arc<Context>) {
+pub async fn run(ctx: Arc<Context>, changes: Option<ReflectHandle<KVCachePool>>) {
     let client = ctx.client.clone();
     let pools: Api<KVCachePool> = Api::all(client.clone());
-    let controller = crate::watch::controller(pools, watcher::Config::default());
+    let controller = match changes {
+        Some(changes) => crate::watch::shared_controller(changes, ctx.pools.clone()),
+        None => crate::watch::controller(pools, watcher::Config::default()),
+    };
     let by_backend = controller.store();
     controller
         // A Binding's ceiling, domain or existence changes its pool's ledger (the statuses

@@ -22,6 +22,8 @@ use kvcache_api::manifest::{Manifest, Object};
 use kvcache_api::{GROUP, KVCacheBackend, KVCachePool, KVCachePoolBinding, Settings};
 use kvcache_render::review::{Review, review};
 
+use crate::error::Unjudgeable;
+
 /// The objects the cross-object rules read.
 #[derive(Clone, Debug, Default)]
 pub struct World {
@@ -128,13 +130,13 @@ impl World {
 }
 
 /// One object of a request, decoded strictly (unknown fields listed).
-fn manifest(o: &DynamicObject) -> Result<Manifest, String> {
-    let text = serde_json::to_string(o).map_err(|e| format!("the object does not encode: {e}"))?;
+fn manifest(o: &DynamicObject) -> Result<Manifest, Unjudgeable> {
+    let text = serde_json::to_string(o).map_err(Unjudgeable::Encode)?;
     let mut parsed = kvcache_api::manifest::parse("admission request", &text)
-        .map_err(|e| format!("the object does not decode: {e}"))?;
+        .map_err(|e| Unjudgeable::Decode(e.to_string()))?;
     match parsed.pop() {
         Some(m) if parsed.is_empty() => Ok(m),
-        _ => Err("the request carries no object of this operator's kinds".into()),
+        _ => Err(Unjudgeable::NotOurs),
     }
 }
 
@@ -143,20 +145,20 @@ pub fn verdict(
     req: &AdmissionRequest<DynamicObject>,
     settings: &Settings,
     world: &World,
-) -> Result<Option<Review>, String> {
+) -> Result<Option<Review>, Unjudgeable> {
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return Ok(None);
     }
     if req.kind.group != GROUP {
-        return Err(format!(
-            "kind {}.{} is not judged by this webhook",
-            req.kind.kind, req.kind.group
-        ));
+        return Err(Unjudgeable::ForeignKind {
+            kind: req.kind.kind.clone(),
+            group: req.kind.group.clone(),
+        });
     }
     let new = req
         .object
         .as_ref()
-        .ok_or_else(|| "the request carries no object".to_owned())
+        .ok_or(Unjudgeable::NoObject)
         .and_then(manifest)?;
     let old = match (&req.operation, &req.old_object) {
         (Operation::Update, Some(o)) => Some(manifest(o)?),
@@ -182,7 +184,7 @@ pub fn validate(
     let v = match verdict(req, settings, world) {
         Ok(Some(v)) => v,
         Ok(None) => return response,
-        Err(why) => return response.deny(why),
+        Err(why) => return response.deny(why.to_string()),
     };
     if !v.warnings.is_empty() {
         response.warnings = Some(v.warnings.clone());

@@ -7,23 +7,24 @@ use kube::api::DynamicObject;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 
 use super::admission::World;
+use crate::error::{Error, Unjudgeable, kube as kube_error};
 
 /// What a ModelDeployment is judged against (docs/design.md#live-reads): its Binding, that Binding's pool
 /// and backend, and the InstanceTypes its roles name, read live from the API server, so that a
 /// Binding created a moment earlier counts. A deployment being deleted is judged against nothing
 /// (the rules reading an InstanceType stand down).
-pub async fn live_world(client: &kube::Client, object: &DynamicObject) -> Result<World, String> {
+pub async fn live_world(client: &kube::Client, object: &DynamicObject) -> Result<World, Error> {
     use kube::api::Api;
     use kvcache_api::ModelDeployment;
     use kvcache_api::model::InstanceType;
     let md: ModelDeployment = serde_json::to_value(object)
         .and_then(serde_json::from_value)
-        .map_err(|e| format!("the object does not decode: {e}"))?;
+        .map_err(|e| Unjudgeable::Decode(e.to_string()))?;
     let mut world = World::default();
     if md.metadata.deletion_timestamp.is_some() {
         return Ok(world);
     }
-    let read = |what: String| move |e: kube::Error| format!("reading {what}: {e}");
+    let read = |what: String| kube_error("read", what);
     let ns = md.metadata.namespace.clone().unwrap_or_default();
     if let Some(kv) = &md.spec.kv_cache {
         live_binding(client, &ns, &kv.pool_ref.name, &mut world).await?;
@@ -55,9 +56,9 @@ pub async fn live_binding(
     ns: &str,
     name: &str,
     world: &mut World,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     use kube::api::Api;
-    let read = |what: String| move |e: kube::Error| format!("reading {what}: {e}");
+    let read = |what: String| kube_error("read", what);
     let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), ns);
     let Some(b) = bindings
         .get_opt(name)
