@@ -44,6 +44,11 @@ pub async fn serve(
             },
             () = &mut stop => break,
         };
+        // Answers are small writes: without this, Nagle's algorithm holds each one back until
+        // the API server acknowledges the previous segment.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "TCP_NODELAY on a webhook connection");
+        }
         let (acceptor, router) = (acceptor.clone(), router.clone());
         let watcher = graceful.watcher();
         tokio::spawn(async move {
