@@ -82,6 +82,10 @@ pub struct EngineRow {
     pub reads_role: bool,
     /// Owns `MOONCAKE_TENANT_ID` (sets it from the Binding).
     pub owns_tenant_env: bool,
+    /// What the connector does with a block the store fails to deliver, when the engine lets it
+    /// be chosen (`kv_load_failure_policy` in `--kv-transfer-config`): recompute it, so a store
+    /// fault costs a prefill instead of failing the request.
+    pub load_failure_policy: Option<&'static str>,
 }
 
 const VLLM_PROGRAMS: &[&str] = &[
@@ -136,6 +140,7 @@ const VLLM: EngineRow = EngineRow {
     }],
     reads_role: true,
     owns_tenant_env: false,
+    load_failure_policy: Some("recompute"),
 };
 
 /// Every engine row.
@@ -153,6 +158,8 @@ pub static ENGINES: &[EngineRow] = &[
             from_engine: "0.23.0",
             client: "0.3.11.post1",
         }],
+        // Its connector's configuration is not known to take the policy.
+        load_failure_policy: None,
         ..VLLM
     },
     EngineRow {
@@ -216,6 +223,7 @@ pub static ENGINES: &[EngineRow] = &[
         }],
         reads_role: false,
         owns_tenant_env: true,
+        load_failure_policy: None,
     },
 ];
 

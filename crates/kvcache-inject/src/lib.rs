@@ -482,10 +482,15 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
                 doc.insert("tenant_id", t.into());
             }
             client_config = Some(serde_json::to_string(&doc).unwrap_or_default());
-            let transfer = serde_json::json!({
+            let mut transfer = serde_json::json!({
                 "kv_connector": row.connector.unwrap_or_default(),
                 "kv_role": kv_role(req.role),
             });
+            // A block the store cannot deliver is recomputed rather than failing the request:
+            // the store is a cache.
+            if let (Some(policy), Some(doc)) = (row.load_failure_policy, transfer.as_object_mut()) {
+                doc.insert("kv_load_failure_policy".to_owned(), policy.into());
+            }
             args.push("--kv-transfer-config".to_owned());
             args.push(transfer.to_string());
             out_env.push(env(
