@@ -4,36 +4,9 @@
 use bytesize::ByteSize;
 use kvcache_api::condition::{Cond, Status, find};
 use kvcache_api::pool::PoolPhase;
+use kvcache_api::pool::{binding_conditions as b, pool_conditions as p};
 
 use crate::admin::{Outcome, TenantEntry};
-
-/// Condition types on a pool.
-pub mod pool_types {
-    /// The pool's backend exists.
-    pub const BACKEND_RESOLVED: &str = "BackendResolved";
-    /// The master reports capacity to allocate.
-    pub const CAPACITY_ALLOCATABLE: &str = "CapacityAllocatable";
-    /// The master keeps a tenant ledger.
-    pub const QUOTA_LEDGER_AVAILABLE: &str = "QuotaLedgerAvailable";
-    /// The Bindings' ceilings fit `quota.total`.
-    pub const QUOTA_WITHIN_TOTAL: &str = "QuotaWithinTotal";
-    /// Ceilings reach the master.
-    pub const QUOTA_POLICY_WRITABLE: &str = "QuotaPolicyWritable";
-    /// The pool can be released.
-    pub const RELEASABLE: &str = "Releasable";
-}
-
-/// Condition types on a Binding.
-pub mod binding_types {
-    /// The ledger was read for this domain.
-    pub const QUOTA_OBSERVED: &str = "QuotaObserved";
-    /// The master granted this domain a quota.
-    pub const QUOTA_GRANTED: &str = "QuotaGranted";
-    /// No other Binding claims this domain on the same backend.
-    pub const DOMAIN_EXCLUSIVE: &str = "DomainExclusive";
-    /// The Binding can be released.
-    pub const RELEASABLE: &str = "Releasable";
-}
 
 /// A byte figure as users write it (`16Gi`) when exact, else approximately with the exact count.
 fn bytes(b: u64) -> String {
@@ -134,8 +107,6 @@ pub struct PoolVerdict {
     /// Every condition, in a fixed order.
     pub conditions: Vec<Cond>,
 }
-
-use pool_types as p;
 
 /// Computes a pool's status.
 pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
@@ -387,8 +358,6 @@ pub struct BindingVerdict {
     /// Every condition, in a fixed order.
     pub conditions: Vec<Cond>,
 }
-
-use binding_types as b;
 
 /// Computes a Binding's status.
 pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {

@@ -1,5 +1,10 @@
 //! Every Kubernetes object the kvcache-operator owns, as pure functions: specs in, k8s-openapi
 //! objects out, no client, clock or environment. The same input gives byte-identical YAML.
+//!
+//! Beside the objects, what the operator decides from them, pure as well: the statuses it writes
+//! from what it observed ([`status`], from [`store`]'s and [`read`]'s readings), the events of a
+//! backend's transitions ([`events`]), the rollout ([`rollout`]), the webhook's admission review
+//! ([`review`], [`pod`]) and the operator's own installation ([`install`], [`monitoring`]).
 
 #![warn(missing_docs)]
 
@@ -9,12 +14,14 @@ pub mod install;
 pub mod model;
 pub mod monitoring;
 pub mod names;
-pub mod observe;
 pub mod pod;
 pub mod read;
 pub mod resolve;
 pub mod review;
+pub mod rollout;
 pub mod shared_cache;
+pub mod status;
+pub mod store;
 
 use sha2::{Digest, Sha256};
 

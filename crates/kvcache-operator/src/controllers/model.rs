@@ -1,7 +1,7 @@
 //! The ModelDeployment controller: resolve `kvCache.poolRef` as a Binding in the deployment's own
 //! namespace, its pool and backend; render each role through `kvcache-render::model` (which
 //! injects through `kvcache-inject`); apply; observe the roles' Deployments and what the store
-//! charges the domain; write status (`kvcache-render::observe::model_status`).
+//! charges the domain; write status (`kvcache-render::status::model`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -21,11 +21,11 @@ use kvcache_api::admission::tenant_of;
 use kvcache_api::model::{InstanceType, SharedCacheStatus};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
 use kvcache_render::model::{ModelInputs, SERVING_PORT, render};
-use kvcache_render::observe::{
-    ModelObservation, Resolution, RoleObservation, model_deployment_status,
-};
 use kvcache_render::resolve::{Environment, attachment_on};
 use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
+use kvcache_render::status::model::{
+    ModelObservation, Resolution, RoleObservation, model_deployment_status,
+};
 use tracing::instrument;
 
 use crate::context::{Context, MANAGER, lock};
