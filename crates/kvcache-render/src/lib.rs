@@ -1,10 +1,11 @@
 //! Every Kubernetes object the kvcache-operator owns, as pure functions: specs in, k8s-openapi
 //! objects out, no client, clock or environment. The same input gives byte-identical YAML.
 //!
-//! Beside the objects, what the operator decides from them, pure as well: the statuses it writes
-//! from what it observed ([`status`], from [`store`]'s and [`read`]'s readings), the events of a
-//! backend's transitions ([`events`]), the rollout ([`rollout`]), the webhook's admission review
-//! ([`review`], [`pod`]) and the operator's own installation ([`install`], [`monitoring`]).
+//! Beside the objects, pure as well: offline resolution of references ([`resolve`]), what the
+//! operator decides from what it observed (the statuses in [`status`], from [`store`]'s and
+//! [`read`]'s readings; the events of a backend's transitions in [`events`]; the [`rollout`];
+//! the [`shared_cache`] figures), the admission review of objects and Pods ([`review`], [`pod`])
+//! and the operator's own installation ([`install`], [`monitoring`]).
 
 #![warn(missing_docs)]
 
