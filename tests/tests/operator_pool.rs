@@ -241,10 +241,16 @@ async fn the_ledger_on_the_real_master() {
         .await
         .expect("delete");
     let held = wait_for_condition(&team_a, "team-a", "Releasable=False/HeldByWorkloads").await;
-    assert_eq!(phase(&held), Some(PoolPhase::Deleting), "{}", describe(&held));
+    assert_eq!(
+        phase(&held),
+        Some(PoolPhase::Deleting),
+        "{}",
+        describe(&held)
+    );
     let why = condition(&held, "Releasable").map(|c| c.message.clone());
     assert!(
-        why.as_deref().is_some_and(|m| m.contains("team-a/qwen-chat")),
+        why.as_deref()
+            .is_some_and(|m| m.contains("team-a/qwen-chat")),
         "the hold names the workload: {why:?}"
     );
     // Deleting the pool waits for its Bindings; deleting them releases their tenants (once no
