@@ -7,6 +7,7 @@
 //! The order is Bindings without, Bindings with, Pods without, Pods with: each pair runs
 //! back to back on a store (etcd) of the same size within a few percent.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -252,9 +253,13 @@ fn engine_pod(ns: &str, name: &str) -> anyhow::Result<Pod> {
     }))
 }
 
+/// One kind of create, measured both ways.
 struct Round {
+    /// Each create's latency without the webhook, sorted.
     without: Vec<Duration>,
+    /// Each create's latency with the webhook, sorted.
     with: Vec<Duration>,
+    /// The handler's histogram buckets over the creates with the webhook.
     handler: Vec<(f64, f64)>,
 }
 
@@ -281,58 +286,12 @@ pub fn admission(shape: Shape) -> anyhow::Result<()> {
     );
     let port = kvcache_e2e::process::free_port()?;
     let base = format!("https://127.0.0.1:{port}");
-    let n = shape.creates;
-    let c = shape.concurrency;
     println!(
-        "admission: {n} Binding creates and {n} injected Pod creates at {c} concurrent, with and without the webhook"
+        "admission: {n} Binding creates and {n} injected Pod creates at {c} concurrent, with and without the webhook",
+        n = shape.creates,
+        c = shape.concurrency
     );
-
-    let ns = |side: &str, i: usize| format!("{side}-{:02}", i % NAMESPACES);
-    {
-        let kc = kc.clone();
-        block_on(async move {
-            let client = client_from(&kc).await?;
-            install_crds(&client, &crds_dir()).await?;
-            let namespaces: Api<Namespace> = Api::all(client.clone());
-            let pp = PatchParams::apply("bench-admission").force();
-            let all = std::iter::once(OPERATOR_NS.to_owned()).chain(
-                ["without", "with", "pods-without", "pods-with"]
-                    .iter()
-                    .flat_map(|s| (0..NAMESPACES).map(move |i| format!("{s}-{i:02}"))),
-            );
-            for name in all {
-                let o: Namespace = object(
-                    serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
-                )?;
-                namespaces.patch(&name, &pp, &Patch::Apply(&o)).await?;
-            }
-            let backend: KVCacheBackend = object(serde_json::json!({
-                "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "store"},
-                "spec": {"type": "Mooncake", "connection": {"external": {"endpoints": [
-                    {"name": "Client", "address": client_addr}, {"name": "Admin", "address": admin_addr}]}}}
-            }))?;
-            Api::<KVCacheBackend>::all(client.clone())
-                .patch("store", &pp, &Patch::Apply(&backend))
-                .await?;
-            let pool: KVCachePool = object(serde_json::json!({
-                "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "pool"},
-                "spec": {"backends": ["store"], "quota": {"total": "1Gi"}}
-            }))?;
-            Api::<KVCachePool>::all(client.clone())
-                .patch("pool", &pp, &Patch::Apply(&pool))
-                .await?;
-            // The Bindings the Pods name, one per Pod namespace.
-            for side in ["pods-without", "pods-with"] {
-                for i in 0..NAMESPACES {
-                    let ns = format!("{side}-{i:02}");
-                    Api::<KVCachePoolBinding>::namespaced(client.clone(), &ns)
-                        .create(&PostParams::default(), &binding(&ns, "b-0000")?)
-                        .await?;
-                }
-            }
-            anyhow::Ok(())
-        })??;
-    }
+    block_on(create_fixtures(kc.clone(), client_addr, admin_addr))??;
     let operator = Operator::builder(&kc, OPERATOR_NS)
         .extra(&[
             format!("--webhook-addr=127.0.0.1:{port}"),
@@ -340,109 +299,190 @@ pub fn admission(shape: Shape) -> anyhow::Result<()> {
         ])
         .start(&dir)?;
     // The pool's client endpoint (the injection needs it) before anything is measured.
-    {
-        let kc = kc.clone();
-        block_on(async move {
-            let client = client_from(&kc).await?;
-            kvcache_e2e::cluster::wait_object(
-                &Api::<KVCachePool>::all(client),
-                "pool",
-                "the pool's client endpoint",
-                Duration::from_secs(120),
-                |p| {
-                    p.status
-                        .as_ref()
-                        .is_some_and(|s| s.client_endpoint.is_some())
-                },
-            )
-            .await?;
-            anyhow::Ok(())
-        })??;
-    }
-
-    let rounds: Vec<(&str, Round)> = {
-        let kc = kc.clone();
-        let operator = &operator;
-        block_on(async move {
-            let client = client_from(&kc).await?;
-            let apis = |side: &str| -> Vec<Api<KVCachePoolBinding>> {
-                (0..NAMESPACES)
-                    .map(|i| Api::namespaced(client.clone(), &ns(side, i)))
-                    .collect()
-            };
-            let pod_apis = |side: &str| -> Vec<Api<Pod>> {
-                (0..NAMESPACES)
-                    .map(|i| Api::namespaced(client.clone(), &ns(side, i)))
-                    .collect()
-            };
-            let mut out = Vec::new();
-
-            unregister(&client).await?;
-            let without = timed(&apis("without"), n, c, |i| {
-                binding(&ns("without", i), &format!("b-{:04}", i / NAMESPACES + 1))
-            })
-            .await?;
-            register(&client, &base).await?;
-            let before = buckets(&operator.metrics()?, "validate");
-            let with = timed(&apis("with"), n, c, |i| {
-                binding(&ns("with", i), &format!("b-{:04}", i / NAMESPACES + 1))
-            })
-            .await?;
-            let handler = minus(&buckets(&operator.metrics()?, "validate"), &before);
-            out.push((
+    block_on(wait_client_endpoint(kc.clone()))??;
+    let rounds = block_on(async {
+        let client = client_from(&kc).await?;
+        anyhow::Ok(vec![
+            (
                 "Binding create",
-                Round {
-                    without,
-                    with,
-                    handler,
-                },
-            ));
-
-            unregister(&client).await?;
-            let without = timed(&pod_apis("pods-without"), n, c, |i| {
-                engine_pod(&ns("pods-without", i), &format!("engine-{i:05}"))
-            })
-            .await?;
-            register(&client, &base).await?;
-            let before = buckets(&operator.metrics()?, "inject");
-            let with = timed(&pod_apis("pods-with"), n, c, |i| {
-                engine_pod(&ns("pods-with", i), &format!("engine-{i:05}"))
-            })
-            .await?;
-            let handler = minus(&buckets(&operator.metrics()?, "inject"), &before);
-            // Each Pod was injected (the annotation the webhook writes), else the round
-            // measured nothing.
-            let sample = Api::<Pod>::namespaced(client.clone(), &ns("pods-with", 0))
-                .get("engine-00000")
-                .await?;
-            let injected = sample
-                .metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key("kvcache.gpustack.ai/injected"));
-            anyhow::ensure!(
-                injected,
-                "a Pod created with the webhook registered was not injected"
-            );
-            out.push((
+                binding_round(&client, &operator, &base, &shape).await?,
+            ),
+            (
                 "injected Pod create",
-                Round {
-                    without,
-                    with,
-                    handler,
-                },
-            ));
-            anyhow::Ok(out)
-        })??
-    };
+                pod_round(&client, &operator, &base, &shape).await?,
+            ),
+        ])
+    })??;
+    print_rounds(&shape, &rounds);
+    drop(operator);
+    drop(member);
+    drop(master);
+    drop(cp);
+    Ok(())
+}
 
+/// The namespace of create `i` on `side` (creates spread over [`NAMESPACES`] namespaces).
+fn ns(side: &str, i: usize) -> String {
+    format!("{side}-{:02}", i % NAMESPACES)
+}
+
+/// What every round needs before the operator starts: the CRDs, the namespaces, the external
+/// backend over the master and its pool, and the Binding each Pod namespace's Pods name.
+async fn create_fixtures(
+    kc: PathBuf,
+    client_addr: String,
+    admin_addr: String,
+) -> anyhow::Result<()> {
+    let client = client_from(&kc).await?;
+    install_crds(&client, &crds_dir()).await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let pp = PatchParams::apply("bench-admission").force();
+    let all = std::iter::once(OPERATOR_NS.to_owned()).chain(
+        ["without", "with", "pods-without", "pods-with"]
+            .iter()
+            .flat_map(|s| (0..NAMESPACES).map(move |i| format!("{s}-{i:02}"))),
+    );
+    for name in all {
+        let o: Namespace = object(
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+        )?;
+        namespaces.patch(&name, &pp, &Patch::Apply(&o)).await?;
+    }
+    let backend: KVCacheBackend = object(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "store"},
+        "spec": {"type": "Mooncake", "connection": {"external": {"endpoints": [
+            {"name": "Client", "address": client_addr}, {"name": "Admin", "address": admin_addr}]}}}
+    }))?;
+    Api::<KVCacheBackend>::all(client.clone())
+        .patch("store", &pp, &Patch::Apply(&backend))
+        .await?;
+    let pool: KVCachePool = object(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "pool"},
+        "spec": {"backends": ["store"], "quota": {"total": "1Gi"}}
+    }))?;
+    Api::<KVCachePool>::all(client.clone())
+        .patch("pool", &pp, &Patch::Apply(&pool))
+        .await?;
+    // The Bindings the Pods name, one per Pod namespace.
+    for side in ["pods-without", "pods-with"] {
+        for i in 0..NAMESPACES {
+            let ns = format!("{side}-{i:02}");
+            Api::<KVCachePoolBinding>::namespaced(client.clone(), &ns)
+                .create(&PostParams::default(), &binding(&ns, "b-0000")?)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the pool publishes its client endpoint.
+async fn wait_client_endpoint(kc: PathBuf) -> anyhow::Result<()> {
+    let client = client_from(&kc).await?;
+    kvcache_e2e::cluster::wait_object(
+        &Api::<KVCachePool>::all(client),
+        "pool",
+        "the pool's client endpoint",
+        Duration::from_secs(120),
+        |p| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| s.client_endpoint.is_some())
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The APIs of `K` in every namespace of `side`.
+fn apis<K: Watched + kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>>(
+    client: &kube::Client,
+    side: &str,
+) -> Vec<Api<K>> {
+    (0..NAMESPACES)
+        .map(|i| Api::namespaced(client.clone(), &ns(side, i)))
+        .collect()
+}
+
+/// Bindings created without the webhook, then with it, and the `validate` handler's histogram
+/// over the second.
+async fn binding_round(
+    client: &kube::Client,
+    operator: &Operator,
+    base: &str,
+    shape: &Shape,
+) -> anyhow::Result<Round> {
+    let (n, c) = (shape.creates, shape.concurrency);
+    unregister(client).await?;
+    let without = timed(&apis(client, "without"), n, c, |i| {
+        binding(&ns("without", i), &format!("b-{:04}", i / NAMESPACES + 1))
+    })
+    .await?;
+    register(client, base).await?;
+    let before = buckets(&operator.metrics()?, "validate");
+    let with = timed(&apis(client, "with"), n, c, |i| {
+        binding(&ns("with", i), &format!("b-{:04}", i / NAMESPACES + 1))
+    })
+    .await?;
+    let handler = minus(&buckets(&operator.metrics()?, "validate"), &before);
+    Ok(Round {
+        without,
+        with,
+        handler,
+    })
+}
+
+/// Engine Pods created without the webhook, then with it (each one checked injected), and the
+/// `inject` handler's histogram over the second.
+async fn pod_round(
+    client: &kube::Client,
+    operator: &Operator,
+    base: &str,
+    shape: &Shape,
+) -> anyhow::Result<Round> {
+    let (n, c) = (shape.creates, shape.concurrency);
+    unregister(client).await?;
+    let without = timed(&apis::<Pod>(client, "pods-without"), n, c, |i| {
+        engine_pod(&ns("pods-without", i), &format!("engine-{i:05}"))
+    })
+    .await?;
+    register(client, base).await?;
+    let before = buckets(&operator.metrics()?, "inject");
+    let with = timed(&apis::<Pod>(client, "pods-with"), n, c, |i| {
+        engine_pod(&ns("pods-with", i), &format!("engine-{i:05}"))
+    })
+    .await?;
+    let handler = minus(&buckets(&operator.metrics()?, "inject"), &before);
+    // Each Pod was injected (the annotation the webhook writes), else the round measured
+    // nothing.
+    let sample = Api::<Pod>::namespaced(client.clone(), &ns("pods-with", 0))
+        .get("engine-00000")
+        .await?;
+    let injected = sample
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kvcache.gpustack.ai/injected"));
+    anyhow::ensure!(
+        injected,
+        "a Pod created with the webhook registered was not injected"
+    );
+    Ok(Round {
+        without,
+        with,
+        handler,
+    })
+}
+
+/// The rounds as the README's table.
+fn print_rounds(shape: &Shape, rounds: &[(&str, Round)]) {
+    let (n, c) = (shape.creates, shape.concurrency);
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!();
     println!(
         "| {n} creates at {c} concurrent | without webhook p50 / p99 | with webhook p50 / p99 | ratio (p50, p99) | handler p50 / p99 (histogram) | goal |"
     );
     println!("|---|---|---|---|---|---|");
-    for (what, r) in &rounds {
+    for (what, r) in rounds {
         let (a50, a99) = (quantile(&r.without, 0.5), quantile(&r.without, 0.99));
         let (b50, b99) = (quantile(&r.with, 0.5), quantile(&r.with, 0.99));
         let h = |q| {
@@ -462,11 +502,6 @@ pub fn admission(shape: Shape) -> anyhow::Result<()> {
             h(0.99),
         );
     }
-    drop(operator);
-    drop(member);
-    drop(master);
-    drop(cp);
-    Ok(())
 }
 
 #[cfg(test)]

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use kvcache_api::model::conditions::CACHE_ATTACHED;
+use kvcache_api::pool::binding_conditions::QUOTA_GRANTED;
+
 use crate::setup;
 
 const NS: &str = "gpustack-system";
@@ -366,324 +369,421 @@ pub fn demo(keep: bool) -> anyhow::Result<()> {
     result
 }
 
+/// The walkthrough step by step, each step timed.
 fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
-    let file = |name: &str| files.join(name).display().to_string();
     demo.step(
         "cluster: a control plane and 2 real nodes, the images loaded",
         |_| crate::cluster::up(2, true),
     )?;
-    demo.step("install: kubectl apply -f deploy/operator.yaml", |d| {
-        let install = crate::crds::root().join("deploy/operator.yaml");
-        d.show(&["apply", "-f", &install.display().to_string()])?;
-        d.show(&[
-            "-n",
-            NS,
-            "rollout",
-            "status",
-            "deployment/kvcache-operator",
-            "--timeout=300s",
-        ])?;
-        d.show(&[
-            "-n",
-            NS,
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=kvcache-operator",
-            "-o",
-            "wide",
-        ])?;
-        Ok(())
-    })?;
+    demo.step("install: kubectl apply -f deploy/operator.yaml", install)?;
     demo.step(
         "1. the store: KVCacheBackend mooncake-dram (2 members of 256Mi)",
-        |d| {
-            d.show(&[
-                "apply",
-                "-f",
-                &file("00-namespace.yaml"),
-                "-f",
-                &file("01-backend.yaml"),
-            ])?;
-            d.wait(
-                "the backend Ready with what both members registered",
-                &[
-                    "get",
-                    "kvcb",
-                    "mooncake-dram",
-                    "-o",
-                    "jsonpath={.status.phase} {.status.capacity.total}",
-                ],
-                Duration::from_secs(300),
-                |s| s == "Ready 512Mi",
-            )?;
-            d.show(&["get", "kvcb"])?;
-            d.show(&["-n", NS, "get", "pods", "-o", "wide"])?;
-            Ok(())
-        },
+        |d| the_store(d, files),
     )?;
     demo.step("2. the pool and the Binding for team-a", |d| {
-        d.show(&[
-            "apply",
-            "-f",
-            &file("02-pool.yaml"),
-            "-f",
-            &file("03-binding.yaml"),
-        ])?;
-        d.wait_condition(
-            "team-a",
-            "kvcpb/team-a",
-            "QuotaGranted",
-            "the master granted the domain",
-            Duration::from_secs(180),
-        )?;
-        d.show(&["get", "kvcp"])?;
-        d.show(&["-n", "team-a", "get", "kvcpb"])?;
-        Ok(())
+        the_pool_and_binding(d, files)
     })?;
     demo.step(
         "3. the model: ModelDeployment qwen-chat (2 real vLLM replicas sharing blocks through the store)",
-        |d| {
-            d.show(&[
-                "apply",
-                "-f",
-                &file("04-instancetype.yaml"),
-                "-f",
-                &file("05-modeldeployment.yaml"),
-            ])?;
-            d.wait(
-                "the deployment Ready (both vLLM Pods Ready; the first start unpacks the image)",
-                &[
-                    "-n",
-                    "team-a",
-                    "get",
-                    "md",
-                    "qwen-chat",
-                    "-o",
-                    "jsonpath={.status.phase}",
-                ],
-                Duration::from_secs(600),
-                |s| s == "Ready",
-            )?;
-            d.show(&["-n", "team-a", "get", "pods", "-o", "wide"])?;
-            let pods = engine_pods(d)?;
-            let [a, b] = pods.as_slice() else {
-                bail!("qwen-chat runs {} engine Pods, not 2: {pods:?}", pods.len());
-            };
-            println!("replica A ({a}) computes the prompt and writes its KV blocks to the store:");
-            ask(d, a, 1)?;
-            d.wait_condition(
-                "team-a",
-                "md/qwen-chat",
-                "CacheAttached",
-                "the store charged the domain for replica A's blocks",
-                Duration::from_secs(120),
-            )?;
-            println!("replica B ({b}) gets the same prompt and finds replica A's blocks in the store:");
-            ask(d, b, 1)?;
-            let c = counters(d, b)?;
-            println!(
-                "replica B took {} of its {} prompt tokens from the store",
-                c.tokens_from_store, c.queried_tokens
-            );
-            anyhow::ensure!(c.hit_tokens > 0, "replica B found nothing in the store: {c:?}");
-            println!("the seeds' own check:");
-            d.show(&[
-                "-n",
-                "team-a",
-                "get",
-                "md",
-                "qwen-chat",
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"CacheAttached\")]}",
-            ])?;
-            println!();
-            d.wait(
-                "the deployment's shared-cache hit ratio (the operator reads the engines every 15 s)",
-                &[
-                    "-n",
-                    "team-a",
-                    "get",
-                    "md",
-                    "qwen-chat",
-                    "-o",
-                    "jsonpath={.status.sharedCache.hitTokens}",
-                ],
-                Duration::from_secs(120),
-                |s| s.parse::<u64>().is_ok_and(|n| n > 0),
-            )?;
-            d.show(&["-n", "team-a", "get", "md"])?;
-            d.show(&[
-                "-n",
-                "team-a",
-                "get",
-                "md",
-                "qwen-chat",
-                "-o",
-                "jsonpath={.status.sharedCache}",
-            ])?;
-            println!();
-            Ok(())
-        },
+        |d| the_model(d, files),
     )?;
     demo.step(
         "4. high availability: leader.replicas 3, then the leader Pod deleted",
-        |d| {
-            d.show(&[
-                "patch",
-                "kvcb",
-                "mooncake-dram",
-                "--type=merge",
-                "-p",
-                r#"{"spec":{"connection":{"managed":{"leader":{"replicas":3}}}}}"#,
-            ])?;
-            d.wait(
-                "3 leader Pods running, 1 of them Ready (the one serving)",
-                &[
-                    "-n",
-                    NS,
-                    "get",
-                    "deployment",
-                    "mooncake-dram-leader",
-                    "-o",
-                    "jsonpath={.status.replicas} {.status.readyReplicas}",
-                ],
-                Duration::from_secs(300),
-                |s| s == "3 1",
-            )?;
-            d.show(&["-n", NS, "get", "deployment", "mooncake-dram-leader"])?;
-            // A prompt only replica A has seen, its blocks in the store before the failover.
-            let pods = engine_pods(d)?;
-            let [a, b] = pods.as_slice() else {
-                bail!("qwen-chat runs {} engine Pods, not 2: {pods:?}", pods.len());
-            };
-            println!("replica A ({a}) gets a second prompt, which replica B has never seen:");
-            ask(d, a, 2)?;
-            println!("the master before the failover: {}", master_keys(d)?);
-            let leaders = ready_leaders(d)?;
-            let leader = leaders.first().cloned().unwrap_or_default();
-            anyhow::ensure!(!leader.is_empty(), "no Ready leader Pod to delete");
-            let t = Instant::now();
-            d.show(&["-n", NS, "delete", "pod", &leader, "--wait=false"])?;
-            let deadline = Instant::now() + Duration::from_secs(120);
-            loop {
-                let now = ready_leaders(d)?;
-                if now.iter().any(|p| *p != leader) {
-                    break;
-                }
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "waited 120s for another leader Pod to serve after deleting {leader}"
-                );
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            println!(
-                "a new leader serves {:.1}s after the delete",
-                t.elapsed().as_secs_f64()
-            );
-            d.wait(
-                "the members remounted on the new leader (CAPACITY back to 512Mi)",
-                &[
-                    "get",
-                    "kvcb",
-                    "mooncake-dram",
-                    "-o",
-                    "jsonpath={.status.phase} {.status.capacity.total}",
-                ],
-                Duration::from_secs(120),
-                |s| s == "Ready 512Mi",
-            )?;
-            println!(
-                "full capacity again {:.1}s after the delete",
-                t.elapsed().as_secs_f64()
-            );
-            println!("the new master started empty: {}", master_keys(d)?);
-            let before = counters(d, b)?;
-            println!("the same prompt to replica B: a cold cache, its store hits do not move:");
-            ask(d, b, 2)?;
-            let after = counters(d, b)?;
-            anyhow::ensure!(
-                after.hit_tokens == before.hit_tokens,
-                "replica B found the prompt after the failover: {before:?} -> {after:?}"
-            );
-            println!(
-                "replica B: {} more tokens looked up, {} found",
-                after.queried_tokens - before.queried_tokens,
-                after.hit_tokens - before.hit_tokens
-            );
-            d.show(&["get", "kvcb"])?;
-            d.show(&["-n", NS, "get", "pods", "-o", "wide"])?;
-            Ok(())
-        },
+        high_availability,
     )?;
-    demo.step("5. the disk tier: a group with a thin segment and a local-disk tier (examples/disk-heavy), its pool and Binding, filled", |d| {
-        // The tier folder on each node, owned by the store image's user (what the docs ask:
-        // install -d -o 65532 -g 0 -m 0750 /var/lib/kvcache).
-        let nodes = node_roots()?;
-        for host in &nodes {
-            let tier = host.join("var/lib/kvcache");
-            std::fs::create_dir_all(&tier)?;
-            std::os::unix::fs::chown(&tier, Some(STORE_UID), Some(0))?;
-            std::fs::set_permissions(&tier, std::os::unix::fs::PermissionsExt::from_mode(0o750))?;
-        }
-        println!("on each node: install -d -o {STORE_UID} -g 0 -m 0750 /var/lib/kvcache");
-        d.show(&["apply", "-f", &disk.display().to_string()])?;
-        d.wait(
-            "the disk backend Ready with its two 32Mi segments and two 1Gi tiers",
-            &["get", "kvcb", "mooncake-disk", "-o", "jsonpath={.status.phase} {.status.capacity.memory} {.status.capacity.disk}"],
-            Duration::from_secs(300),
-            |s| s == "Ready 64Mi 2Gi",
-        )?;
-        println!("CAPACITY is capacity, not usage: the two segments (64Mi) plus the two tiers' declared 1Gi:");
-        d.show(&["get", "kvcb"])?;
-        d.wait_condition(
+    demo.step("5. the disk tier: a group with a thin segment and a local-disk tier (examples/disk-heavy), its pool and Binding, filled", |d| the_disk_tier(d, disk))?;
+    Ok(())
+}
+
+/// A step's manifest, `name` in the walkthrough's folder, as kubectl takes it.
+fn file(files: &Path, name: &str) -> String {
+    files.join(name).display().to_string()
+}
+
+/// The operator from `deploy/operator.yaml`, its rollout and its two Pods.
+fn install(d: &mut Demo) -> anyhow::Result<()> {
+    let install = crate::crds::root().join("deploy/operator.yaml");
+    d.show(&["apply", "-f", &install.display().to_string()])?;
+    d.show(&[
+        "-n",
+        NS,
+        "rollout",
+        "status",
+        "deployment/kvcache-operator",
+        "--timeout=300s",
+    ])?;
+    d.show(&[
+        "-n",
+        NS,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=kvcache-operator",
+        "-o",
+        "wide",
+    ])?;
+    Ok(())
+}
+
+/// The backend, Ready with the capacity both members registered.
+fn the_store(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
+    d.show(&[
+        "apply",
+        "-f",
+        &file(files, "00-namespace.yaml"),
+        "-f",
+        &file(files, "01-backend.yaml"),
+    ])?;
+    d.wait(
+        "the backend Ready with what both members registered",
+        &[
+            "get",
+            "kvcb",
+            "mooncake-dram",
+            "-o",
+            "jsonpath={.status.phase} {.status.capacity.total}",
+        ],
+        Duration::from_secs(300),
+        |s| s == "Ready 512Mi",
+    )?;
+    d.show(&["get", "kvcb"])?;
+    d.show(&["-n", NS, "get", "pods", "-o", "wide"])?;
+    Ok(())
+}
+
+/// The pool and team-a's Binding, until the master grants the domain.
+fn the_pool_and_binding(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
+    d.show(&[
+        "apply",
+        "-f",
+        &file(files, "02-pool.yaml"),
+        "-f",
+        &file(files, "03-binding.yaml"),
+    ])?;
+    d.wait_condition(
+        "team-a",
+        "kvcpb/team-a",
+        QUOTA_GRANTED,
+        "the master granted the domain",
+        Duration::from_secs(180),
+    )?;
+    d.show(&["get", "kvcp"])?;
+    d.show(&["-n", "team-a", "get", "kvcpb"])?;
+    Ok(())
+}
+
+/// The model on two real vLLM replicas: A writes a prompt's blocks, B finds them in the store,
+/// `CacheAttached` and the hit ratio show it.
+fn the_model(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
+    d.show(&[
+        "apply",
+        "-f",
+        &file(files, "04-instancetype.yaml"),
+        "-f",
+        &file(files, "05-modeldeployment.yaml"),
+    ])?;
+    d.wait(
+        "the deployment Ready (both vLLM Pods Ready; the first start unpacks the image)",
+        &[
+            "-n",
             "team-a",
-            "kvcpb/team-a-disk",
-            "QuotaGranted",
-            "the disk pool's tenant registered",
-            Duration::from_secs(180),
-        )?;
-        d.show(&["-n", "team-a", "get", "kvcpb"])?;
-        let leader = d.quiet(&["-n", NS, "get", "pods", "-l", "app.kubernetes.io/instance=mooncake-disk,app.kubernetes.io/component=leader", "-o", "jsonpath={.items[0].metadata.name}"])?;
-        let leader = leader.trim().to_owned();
-        let metrics = format!("/api/v1/namespaces/{NS}/pods/{leader}:9003/proxy/metrics");
-        let tier_figure = |d: &Demo| -> anyhow::Result<f64> {
-            let text = d.quiet(&["get", "--raw", &metrics])?;
-            Ok(text
-                .lines()
-                .find_map(|l| l.strip_prefix("master_allocated_file_size_bytes "))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0.0))
-        };
-        let before = tier_figure(d)?;
-        // Two rounds of 56 x 1 MiB through a client in a member Pod: more than the 64Mi of
-        // segments, so the master evicts to the tier and members write buckets.
-        let member = d.quiet(&["-n", NS, "get", "pods", "-l", "app.kubernetes.io/instance=mooncake-disk,app.kubernetes.io/component=member-0", "-o", "jsonpath={.items[0].metadata.name} {.items[0].status.podIP}"])?;
-        let mut parts = member.split_whitespace();
-        let (pod, ip) = (parts.next().unwrap_or_default().to_owned(), parts.next().unwrap_or_default().to_owned());
-        let master = format!("mooncake-disk-leader.{NS}.svc:50051");
-        println!("writing 2 x 56 MiB through a store client in {pod}:");
-        d.show(&["-n", NS, "exec", &pod, "--", "python3", "-c", kvcache_e2e::pods::PUT_MANY, &master, &ip, "2", "56", "1048576"])?;
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut after = before;
-        while after <= before {
-            anyhow::ensure!(Instant::now() < deadline, "the tier figure master_allocated_file_size_bytes stayed at {before} for 120 s");
-            std::thread::sleep(Duration::from_millis(500));
-            after = tier_figure(d)?;
+            "get",
+            "md",
+            "qwen-chat",
+            "-o",
+            "jsonpath={.status.phase}",
+        ],
+        Duration::from_secs(600),
+        |s| s == "Ready",
+    )?;
+    d.show(&["-n", "team-a", "get", "pods", "-o", "wide"])?;
+    let pods = engine_pods(d)?;
+    let [a, b] = pods.as_slice() else {
+        bail!("qwen-chat runs {} engine Pods, not 2: {pods:?}", pods.len());
+    };
+    println!("replica A ({a}) computes the prompt and writes its KV blocks to the store:");
+    ask(d, a, 1)?;
+    d.wait_condition(
+        "team-a",
+        "md/qwen-chat",
+        CACHE_ATTACHED,
+        "the store charged the domain for replica A's blocks",
+        Duration::from_secs(120),
+    )?;
+    println!("replica B ({b}) gets the same prompt and finds replica A's blocks in the store:");
+    ask(d, b, 1)?;
+    let c = counters(d, b)?;
+    println!(
+        "replica B took {} of its {} prompt tokens from the store",
+        c.tokens_from_store, c.queried_tokens
+    );
+    anyhow::ensure!(
+        c.hit_tokens > 0,
+        "replica B found nothing in the store: {c:?}"
+    );
+    println!("the seeds' own check:");
+    d.show(&[
+        "-n",
+        "team-a",
+        "get",
+        "md",
+        "qwen-chat",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"CacheAttached\")]}",
+    ])?;
+    println!();
+    d.wait(
+        "the deployment's shared-cache hit ratio (the operator reads the engines every 15 s)",
+        &[
+            "-n",
+            "team-a",
+            "get",
+            "md",
+            "qwen-chat",
+            "-o",
+            "jsonpath={.status.sharedCache.hitTokens}",
+        ],
+        Duration::from_secs(120),
+        |s| s.parse::<u64>().is_ok_and(|n| n > 0),
+    )?;
+    d.show(&["-n", "team-a", "get", "md"])?;
+    d.show(&[
+        "-n",
+        "team-a",
+        "get",
+        "md",
+        "qwen-chat",
+        "-o",
+        "jsonpath={.status.sharedCache}",
+    ])?;
+    println!();
+    Ok(())
+}
+
+/// Standbys, then the serving leader deleted: a new one serves, the members remount, and the
+/// new master starts empty (an earlier prompt is a miss).
+fn high_availability(d: &mut Demo) -> anyhow::Result<()> {
+    d.show(&[
+        "patch",
+        "kvcb",
+        "mooncake-dram",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"connection":{"managed":{"leader":{"replicas":3}}}}}"#,
+    ])?;
+    d.wait(
+        "3 leader Pods running, 1 of them Ready (the one serving)",
+        &[
+            "-n",
+            NS,
+            "get",
+            "deployment",
+            "mooncake-dram-leader",
+            "-o",
+            "jsonpath={.status.replicas} {.status.readyReplicas}",
+        ],
+        Duration::from_secs(300),
+        |s| s == "3 1",
+    )?;
+    d.show(&["-n", NS, "get", "deployment", "mooncake-dram-leader"])?;
+    // A prompt only replica A has seen, its blocks in the store before the failover.
+    let pods = engine_pods(d)?;
+    let [a, b] = pods.as_slice() else {
+        bail!("qwen-chat runs {} engine Pods, not 2: {pods:?}", pods.len());
+    };
+    println!("replica A ({a}) gets a second prompt, which replica B has never seen:");
+    ask(d, a, 2)?;
+    println!("the master before the failover: {}", master_keys(d)?);
+    let leaders = ready_leaders(d)?;
+    let leader = leaders.first().cloned().unwrap_or_default();
+    anyhow::ensure!(!leader.is_empty(), "no Ready leader Pod to delete");
+    let t = Instant::now();
+    d.show(&["-n", NS, "delete", "pod", &leader, "--wait=false"])?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let now = ready_leaders(d)?;
+        if now.iter().any(|p| *p != leader) {
+            break;
         }
-        println!("the tier figure (master_allocated_file_size_bytes) went from {before} to {after} bytes");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "waited 120s for another leader Pod to serve after deleting {leader}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    println!(
+        "a new leader serves {:.1}s after the delete",
+        t.elapsed().as_secs_f64()
+    );
+    d.wait(
+        "the members remounted on the new leader (CAPACITY back to 512Mi)",
+        &[
+            "get",
+            "kvcb",
+            "mooncake-dram",
+            "-o",
+            "jsonpath={.status.phase} {.status.capacity.total}",
+        ],
+        Duration::from_secs(120),
+        |s| s == "Ready 512Mi",
+    )?;
+    println!(
+        "full capacity again {:.1}s after the delete",
+        t.elapsed().as_secs_f64()
+    );
+    println!("the new master started empty: {}", master_keys(d)?);
+    let before = counters(d, b)?;
+    println!("the same prompt to replica B: a cold cache, its store hits do not move:");
+    ask(d, b, 2)?;
+    let after = counters(d, b)?;
+    anyhow::ensure!(
+        after.hit_tokens == before.hit_tokens,
+        "replica B found the prompt after the failover: {before:?} -> {after:?}"
+    );
+    println!(
+        "replica B: {} more tokens looked up, {} found",
+        after.queried_tokens - before.queried_tokens,
+        after.hit_tokens - before.hit_tokens
+    );
+    d.show(&["get", "kvcb"])?;
+    d.show(&["-n", NS, "get", "pods", "-o", "wide"])?;
+    Ok(())
+}
+
+/// The disk-heavy example at demo size, filled through a store client until the store's tier
+/// figure moves (CAPACITY does not: it is capacity, not usage).
+fn the_disk_tier(d: &mut Demo, disk: &Path) -> anyhow::Result<()> {
+    let nodes = tier_folders()?;
+    d.show(&["apply", "-f", &disk.display().to_string()])?;
+    d.wait(
+        "the disk backend Ready with its two 32Mi segments and two 1Gi tiers",
+        &[
+            "get",
+            "kvcb",
+            "mooncake-disk",
+            "-o",
+            "jsonpath={.status.phase} {.status.capacity.memory} {.status.capacity.disk}",
+        ],
+        Duration::from_secs(300),
+        |s| s == "Ready 64Mi 2Gi",
+    )?;
+    println!(
+        "CAPACITY is capacity, not usage: the two segments (64Mi) plus the two tiers' declared 1Gi:"
+    );
+    d.show(&["get", "kvcb"])?;
+    d.wait_condition(
+        "team-a",
+        "kvcpb/team-a-disk",
+        QUOTA_GRANTED,
+        "the disk pool's tenant registered",
+        Duration::from_secs(180),
+    )?;
+    d.show(&["-n", "team-a", "get", "kvcpb"])?;
+    fill_the_tier(d)?;
+    let buckets: usize = nodes
+        .iter()
+        .map(|h| count_buckets(&h.join("var/lib/kvcache")))
+        .sum();
+    println!("bucket files under /var/lib/kvcache on the nodes: {buckets}");
+    println!(
+        "CAPACITY has not moved (capacity, not usage); how full the tier is shows only in the store's own figure:"
+    );
+    d.show(&["get", "kvcb", "mooncake-disk"])?;
+    Ok(())
+}
+
+/// The tier folder on each node, owned by the store image's user (what the docs ask:
+/// `install -d -o 65532 -g 0 -m 0750 /var/lib/kvcache`); returns the nodes' roots.
+fn tier_folders() -> anyhow::Result<Vec<PathBuf>> {
+    let nodes = node_roots()?;
+    for host in &nodes {
+        let tier = host.join("var/lib/kvcache");
+        std::fs::create_dir_all(&tier)?;
+        std::os::unix::fs::chown(&tier, Some(STORE_UID), Some(0))?;
+        std::fs::set_permissions(&tier, std::os::unix::fs::PermissionsExt::from_mode(0o750))?;
+    }
+    println!("on each node: install -d -o {STORE_UID} -g 0 -m 0750 /var/lib/kvcache");
+    Ok(nodes)
+}
+
+/// Two rounds of 56 x 1 MiB through a store client in a member Pod, until the store's tier
+/// figure (`master_allocated_file_size_bytes`) moves; shows the store's figures after.
+fn fill_the_tier(d: &Demo) -> anyhow::Result<()> {
+    let leader = d.quiet(&[
+        "-n",
+        NS,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/instance=mooncake-disk,app.kubernetes.io/component=leader",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    let leader = leader.trim().to_owned();
+    let metrics = format!("/api/v1/namespaces/{NS}/pods/{leader}:9003/proxy/metrics");
+    let tier_figure = |d: &Demo| -> anyhow::Result<f64> {
         let text = d.quiet(&["get", "--raw", &metrics])?;
-        for l in text.lines().filter(|l| l.starts_with("master_allocated_file_size_bytes") || l.starts_with("master_total_file_capacity_bytes") || l.starts_with("master_total_capacity_bytes")) {
-            println!("  {l}");
-        }
-        let buckets: usize = nodes
-            .iter()
-            .map(|h| count_buckets(&h.join("var/lib/kvcache")))
-            .sum();
-        println!("bucket files under /var/lib/kvcache on the nodes: {buckets}");
-        println!("CAPACITY has not moved (capacity, not usage); how full the tier is shows only in the store's own figure:");
-        d.show(&["get", "kvcb", "mooncake-disk"])?;
-        Ok(())
-    })?;
+        Ok(text
+            .lines()
+            .find_map(|l| l.strip_prefix("master_allocated_file_size_bytes "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0))
+    };
+    let before = tier_figure(d)?;
+    // More than the 64Mi of segments, so the master evicts to the tier and members write
+    // buckets.
+    let member = d.quiet(&[
+        "-n",
+        NS,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/instance=mooncake-disk,app.kubernetes.io/component=member-0",
+        "-o",
+        "jsonpath={.items[0].metadata.name} {.items[0].status.podIP}",
+    ])?;
+    let mut parts = member.split_whitespace();
+    let (pod, ip) = (
+        parts.next().unwrap_or_default().to_owned(),
+        parts.next().unwrap_or_default().to_owned(),
+    );
+    let master = format!("mooncake-disk-leader.{NS}.svc:50051");
+    println!("writing 2 x 56 MiB through a store client in {pod}:");
+    d.show(&[
+        "-n",
+        NS,
+        "exec",
+        &pod,
+        "--",
+        "python3",
+        "-c",
+        kvcache_e2e::pods::PUT_MANY,
+        &master,
+        &ip,
+        "2",
+        "56",
+        "1048576",
+    ])?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut after = before;
+    while after <= before {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the tier figure master_allocated_file_size_bytes stayed at {before} for 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        after = tier_figure(d)?;
+    }
+    println!(
+        "the tier figure (master_allocated_file_size_bytes) went from {before} to {after} bytes"
+    );
+    let text = d.quiet(&["get", "--raw", &metrics])?;
+    for l in text.lines().filter(|l| {
+        l.starts_with("master_allocated_file_size_bytes")
+            || l.starts_with("master_total_file_capacity_bytes")
+            || l.starts_with("master_total_capacity_bytes")
+    }) {
+        println!("  {l}");
+    }
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! and how many reconciles one Binding ceiling edit triggers, by controller.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -171,22 +172,7 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
         "scale: {} backends, {} pools, {total} Bindings and {total} ModelDeployments in {} namespaces",
         shape.backends, shape.backends, shape.namespaces
     );
-
-    // The stores: one multi-tenant master with one member each, starting with no tenant.
-    let mut stores: Vec<(Master, Member)> = Vec::new();
-    for i in 0..shape.backends {
-        let d = dir.join(format!("store-{i}"));
-        std::fs::create_dir_all(&d)?;
-        let file = d.join("tenant-quota-policy.yaml");
-        std::fs::write(
-            &file,
-            kvcache_quota::policy::render(&format!("store-{i}"), &[])?.to_yaml(),
-        )?;
-        let master = Master::start(&d, MasterOptions::multi_tenant(&file))?;
-        let member = Member::start(&d, &MemberOptions::new(master.address(), SEGMENT))?;
-        master.wait_capacity(SEGMENT, Duration::from_secs(120))?;
-        stores.push((master, member));
-    }
+    let stores = start_stores(&dir, shape.backends)?;
     let endpoints: Vec<(String, String)> = stores
         .iter()
         .map(|(m, _)| (m.address(), format!("127.0.0.1:{}", m.metrics_port)))
@@ -194,67 +180,8 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
 
     // Every object, before the operator starts (a cold start).
     let t = Instant::now();
-    let created = {
-        let kc = kc.clone();
-        let shape_ns = shape.namespaces;
-        let per = shape.per_namespace;
-        let backends = shape.backends;
-        block_on(async move {
-            let client = client_from(&kc).await?;
-            install_crds(&client, &crds_dir()).await?;
-            let namespaces: Api<Namespace> = Api::all(client.clone());
-            for n in std::iter::once(OPERATOR_NS.to_owned()).chain((0..shape_ns).map(ns_name)) {
-                apply(&namespaces, &n, &object(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}))?).await?;
-            }
-            apply(&Api::<InstanceType>::all(client.clone()), "cpu-small", &object(serde_json::json!({
-                "apiVersion": "worker.gpustack.ai/v1", "kind": "InstanceType", "metadata": {"name": "cpu-small"},
-                "spec": {"resources": {"cpu": "100m", "memory": "128Mi"}}
-            }))?).await?;
-            for (i, (client_addr, admin_addr)) in endpoints.iter().enumerate() {
-                apply(&Api::<KVCacheBackend>::all(client.clone()), &format!("store-{i}"), &object(serde_json::json!({
-                    "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": format!("store-{i}")},
-                    "spec": {"type": "Mooncake", "connection": {"external": {"endpoints": [
-                        {"name": "Client", "address": client_addr}, {"name": "Admin", "address": admin_addr}
-                    ]}}}
-                }))?).await?;
-                apply(&Api::<KVCachePool>::all(client.clone()), &format!("pool-{i}"), &object(serde_json::json!({
-                    "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": format!("pool-{i}")},
-                    "spec": {"backends": [format!("store-{i}")], "quota": {"total": "1Gi"}}
-                }))?).await?;
-            }
-            let work: Vec<(usize, usize)> = (0..shape_ns)
-                .flat_map(|n| (0..per).map(move |j| (n, j)))
-                .collect();
-            futures::stream::iter(work)
-                .map(|(n, j)| {
-                    let client = client.clone();
-                    async move {
-                        let ns = ns_name(n);
-                        let pool = (n * per + j) % backends;
-                        apply(&Api::<KVCachePoolBinding>::namespaced(client.clone(), &ns), &format!("binding-{j:02}"), &object(serde_json::json!({
-                            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
-                            "metadata": {"name": format!("binding-{j:02}"), "namespace": ns},
-                            "spec": {"poolRef": {"name": format!("pool-{pool}")}, "quota": {"ceiling": CEILING},
-                                     "domain": {"name": format!("{ns}-{j:02}"), "blockSize": 64, "dtype": "bfloat16"}}
-                        }))?).await?;
-                        apply(&Api::<ModelDeployment>::namespaced(client.clone(), &ns), &format!("model-{j:02}"), &object(serde_json::json!({
-                            "apiVersion": "worker.gpustack.ai/v1", "kind": "ModelDeployment",
-                            "metadata": {"name": format!("model-{j:02}"), "namespace": ns},
-                            "spec": {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "engine": {"name": "vLLM", "version": "0.29.0"},
-                                     "kvCache": {"poolRef": {"name": format!("binding-{j:02}")}},
-                                     "roles": [{"name": "server", "replicas": 0, "instanceType": "cpu-small"}]}
-                        }))?).await?;
-                        anyhow::Ok(())
-                    }
-                })
-                .buffer_unordered(16)
-                .try_collect::<Vec<()>>()
-                .await?;
-            anyhow::Ok(())
-        })??;
-        t.elapsed()
-    };
-    println!("created every object in {:.1}s", created.as_secs_f64());
+    block_on(create_objects(kc.clone(), &shape, endpoints))??;
+    println!("created every object in {:.1}s", t.elapsed().as_secs_f64());
 
     // Cold start: from launching the operator to every Binding granted and every
     // ModelDeployment registered (watched; counted every second).
@@ -268,27 +195,7 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
             "--model-resync=10m".into(),
         ])
         .start(&dir)?;
-    let convergence = {
-        let kc = kc.clone();
-        block_on(async move {
-            let client = client_from(&kc).await?;
-            let bindings = watched(Api::<KVCachePoolBinding>::all(client.clone()));
-            let models = watched(Api::<ModelDeployment>::all(client.clone()));
-            let deadline = Instant::now() + Duration::from_secs(1800);
-            loop {
-                let (b, m) = converged(&bindings, &models);
-                if b == total && m == total {
-                    return anyhow::Ok(t.elapsed());
-                }
-                if Instant::now() > deadline {
-                    anyhow::bail!(
-                        "not converged after 30 minutes: {b}/{total} Bindings granted, {m}/{total} ModelDeployments registered"
-                    );
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        })??
-    };
+    let convergence = block_on(wait_converged(kc.clone(), total, t))??;
     println!(
         "converged {:.1}s after the operator started",
         convergence.as_secs_f64()
@@ -313,34 +220,7 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
 
     let before = reconciles(&operator.metrics()?);
     let t = Instant::now();
-    {
-        let kc = kc.clone();
-        block_on(async move {
-            let client = client_from(&kc).await?;
-            let api: Api<KVCachePoolBinding> = Api::namespaced(client, &ns_name(0));
-            api.patch(
-                "binding-00",
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"spec": {"quota": {"ceiling": EDITED}}})),
-            )
-            .await?;
-            kvcache_e2e::cluster::wait_object(
-                &api,
-                "binding-00",
-                "the edited grant read back",
-                Duration::from_secs(120),
-                |b| {
-                    b.status
-                        .as_ref()
-                        .and_then(|s| s.effective_quota.as_ref())
-                        .and_then(|q| kvcache_api::quantity::parse_bytes(&q.0).ok())
-                        == Some(512 << 10)
-                },
-            )
-            .await?;
-            anyhow::Ok(())
-        })??;
-    }
+    block_on(edit_one_ceiling(kc.clone()))??;
     let granted = t.elapsed();
     std::thread::sleep(window.saturating_sub(granted));
     let edit = diff(&reconciles(&operator.metrics()?), &before);
@@ -349,6 +229,176 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
         granted.as_secs_f64()
     );
 
+    print_figures(
+        &shape,
+        &Figures {
+            convergence,
+            rss_kib: rss,
+            granted,
+            window,
+            edit,
+            quiet,
+        },
+    );
+    drop(operator);
+    drop(stores);
+    drop(cp);
+    Ok(())
+}
+
+/// The stores: one multi-tenant master with one member each, starting with no tenant, each
+/// waited for until its member's segment is registered.
+fn start_stores(dir: &Path, backends: usize) -> anyhow::Result<Vec<(Master, Member)>> {
+    let mut stores: Vec<(Master, Member)> = Vec::new();
+    for i in 0..backends {
+        let d = dir.join(format!("store-{i}"));
+        std::fs::create_dir_all(&d)?;
+        let file = d.join("tenant-quota-policy.yaml");
+        std::fs::write(
+            &file,
+            kvcache_quota::policy::render(&format!("store-{i}"), &[])?.to_yaml(),
+        )?;
+        let master = Master::start(&d, MasterOptions::multi_tenant(&file))?;
+        let member = Member::start(&d, &MemberOptions::new(master.address(), SEGMENT))?;
+        master.wait_capacity(SEGMENT, Duration::from_secs(120))?;
+        stores.push((master, member));
+    }
+    Ok(stores)
+}
+
+/// The CRDs and every object: the namespaces, one InstanceType, an external backend over each
+/// store with its pool, then the Bindings and ModelDeployments (16 at a time).
+async fn create_objects(
+    kc: PathBuf,
+    shape: &Shape,
+    endpoints: Vec<(String, String)>,
+) -> anyhow::Result<()> {
+    let client = client_from(&kc).await?;
+    install_crds(&client, &crds_dir()).await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for n in std::iter::once(OPERATOR_NS.to_owned()).chain((0..shape.namespaces).map(ns_name)) {
+        apply(&namespaces, &n, &object(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}))?).await?;
+    }
+    apply(&Api::<InstanceType>::all(client.clone()), "cpu-small", &object(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "InstanceType", "metadata": {"name": "cpu-small"},
+        "spec": {"resources": {"cpu": "100m", "memory": "128Mi"}}
+    }))?).await?;
+    for (i, (client_addr, admin_addr)) in endpoints.iter().enumerate() {
+        apply(&Api::<KVCacheBackend>::all(client.clone()), &format!("store-{i}"), &object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": format!("store-{i}")},
+            "spec": {"type": "Mooncake", "connection": {"external": {"endpoints": [
+                {"name": "Client", "address": client_addr}, {"name": "Admin", "address": admin_addr}
+            ]}}}
+        }))?).await?;
+        apply(&Api::<KVCachePool>::all(client.clone()), &format!("pool-{i}"), &object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": format!("pool-{i}")},
+            "spec": {"backends": [format!("store-{i}")], "quota": {"total": "1Gi"}}
+        }))?).await?;
+    }
+    let (per, backends) = (shape.per_namespace, shape.backends);
+    let work: Vec<(usize, usize)> = (0..shape.namespaces)
+        .flat_map(|n| (0..per).map(move |j| (n, j)))
+        .collect();
+    futures::stream::iter(work)
+        .map(|(n, j)| create_binding_and_model(client.clone(), n, j, (n * per + j) % backends))
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// Binding `j` of namespace `n` on pool `pool`, and the ModelDeployment that names it.
+async fn create_binding_and_model(
+    client: kube::Client,
+    n: usize,
+    j: usize,
+    pool: usize,
+) -> anyhow::Result<()> {
+    let ns = ns_name(n);
+    apply(&Api::<KVCachePoolBinding>::namespaced(client.clone(), &ns), &format!("binding-{j:02}"), &object(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+        "metadata": {"name": format!("binding-{j:02}"), "namespace": ns},
+        "spec": {"poolRef": {"name": format!("pool-{pool}")}, "quota": {"ceiling": CEILING},
+                 "domain": {"name": format!("{ns}-{j:02}"), "blockSize": 64, "dtype": "bfloat16"}}
+    }))?).await?;
+    apply(&Api::<ModelDeployment>::namespaced(client.clone(), &ns), &format!("model-{j:02}"), &object(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "ModelDeployment",
+        "metadata": {"name": format!("model-{j:02}"), "namespace": ns},
+        "spec": {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "engine": {"name": "vLLM", "version": "0.29.0"},
+                 "kvCache": {"poolRef": {"name": format!("binding-{j:02}")}},
+                 "roles": [{"name": "server", "replicas": 0, "instanceType": "cpu-small"}]}
+    }))?).await?;
+    Ok(())
+}
+
+/// Waits (30 minutes at most) until all `total` Bindings are granted and all `total`
+/// ModelDeployments registered, counted every second from watched caches; returns the time
+/// since `started`.
+async fn wait_converged(kc: PathBuf, total: usize, started: Instant) -> anyhow::Result<Duration> {
+    let client = client_from(&kc).await?;
+    let bindings = watched(Api::<KVCachePoolBinding>::all(client.clone()));
+    let models = watched(Api::<ModelDeployment>::all(client.clone()));
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    loop {
+        let (b, m) = converged(&bindings, &models);
+        if b == total && m == total {
+            return Ok(started.elapsed());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "not converged after 30 minutes: {b}/{total} Bindings granted, {m}/{total} ModelDeployments registered"
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Raises the first Binding's ceiling and waits until its grant reads back the new figure.
+async fn edit_one_ceiling(kc: PathBuf) -> anyhow::Result<()> {
+    let client = client_from(&kc).await?;
+    let api: Api<KVCachePoolBinding> = Api::namespaced(client, &ns_name(0));
+    api.patch(
+        "binding-00",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"quota": {"ceiling": EDITED}}})),
+    )
+    .await?;
+    kvcache_e2e::cluster::wait_object(
+        &api,
+        "binding-00",
+        "the edited grant read back",
+        Duration::from_secs(120),
+        |b| {
+            b.status
+                .as_ref()
+                .and_then(|s| s.effective_quota.as_ref())
+                .and_then(|q| kvcache_api::quantity::parse_bytes(&q.0).ok())
+                == Some(512 << 10)
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// What the benchmark measured.
+struct Figures {
+    /// From the operator's start to everything converged.
+    convergence: Duration,
+    /// The operator's resident memory at rest.
+    rss_kib: u64,
+    /// From the ceiling edit to the grant read back.
+    granted: Duration,
+    /// The window the reconciles are counted in.
+    window: Duration,
+    /// Reconciles by controller in the window of the edit.
+    edit: BTreeMap<String, u64>,
+    /// Reconciles by controller in a window without an edit.
+    quiet: BTreeMap<String, u64>,
+}
+
+/// The figures as the README's table.
+fn print_figures(shape: &Shape, f: &Figures) {
+    let total = shape.namespaces * shape.per_namespace;
     println!();
     println!(
         "| {total} Bindings + {total} ModelDeployments, {} namespaces, {} backends | figure | goal |",
@@ -357,25 +407,21 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
     println!("|---|---|---|");
     println!(
         "| cold start to converged | {:.1} s | |",
-        convergence.as_secs_f64()
+        f.convergence.as_secs_f64()
     );
     println!(
         "| operator RSS at rest (release) | {:.1} MiB | under 64 MiB |",
-        rss as f64 / 1024.0
+        f.rss_kib as f64 / 1024.0
     );
     println!(
         "| one ceiling edit: grant read back | {:.2} s | |",
-        granted.as_secs_f64()
+        f.granted.as_secs_f64()
     );
-    for (controller, n) in &edit {
-        let q = quiet.get(controller).copied().unwrap_or(0);
+    for (controller, n) in &f.edit {
+        let q = f.quiet.get(controller).copied().unwrap_or(0);
         println!(
             "| one ceiling edit: {controller} reconciles in {}s (same window, no edit: {q}) | {n} | Binding, its pool, its ModelDeployments |",
-            window.as_secs()
+            f.window.as_secs()
         );
     }
-    drop(operator);
-    drop(stores);
-    drop(cp);
-    Ok(())
 }

@@ -655,6 +655,33 @@ pub struct KVCacheBackendStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// The condition types of a backend's status (`kubectl get kvcb -o yaml` shows them as
+/// `type`), in the order the operator writes them.
+pub mod conditions {
+    /// Nothing holds the backend: no pool uses it.
+    pub const DELETABLE: &str = "Deletable";
+    /// The leader answers and serves.
+    pub const LEADER_AVAILABLE: &str = "LeaderAvailable";
+    /// `status.capacity` was read from the serving leader.
+    pub const CAPACITY_OBSERVED: &str = "CapacityObserved";
+    /// Every ready member Pod's segment is registered.
+    pub const MEMBERS_MOUNTED: &str = "MembersMounted";
+    /// Writes complete.
+    pub const POOL_WRITES: &str = "PoolWrites";
+    /// Every leader replica and member Pod runs the current template.
+    pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
+    /// The Lease names a holder (with election only).
+    pub const ELECTION_OBSERVED: &str = "ElectionObserved";
+    /// The disk tier's folders were empty on first start (with a disk tier only).
+    pub const TIER_WAS_EMPTY: &str = "TierWasEmpty";
+    /// A declared disk tier is registered with the master (with a disk tier only).
+    pub const TIER_REGISTERED: &str = "TierRegistered";
+    /// The running master's version agrees with the image tag (once the elector reported it).
+    pub const STORE_VERSION_OBSERVED: &str = "StoreVersionObserved";
+    /// The backend's objects could not be rendered (written only then, always `False`).
+    pub const RENDERED: &str = "Rendered";
+}
+
 /// Backend phase.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum BackendPhase {

@@ -1,5 +1,7 @@
 //! The kvcache-operator's API: the five kinds in `worker.gpustack.ai/v1`, their defaults, their
-//! CRDs, and their admission rules as pure functions.
+//! CRDs, the condition types of their statuses (beside each kind: [`backend::conditions`],
+//! [`model::conditions`], [`pool::pool_conditions`], [`pool::binding_conditions`]), and their
+//! admission rules as pure functions.
 //!
 //! Nothing here talks to a cluster: other tools embed this crate to read, check and write these
 //! objects offline.

@@ -287,6 +287,20 @@ pub struct SharedCacheStatus {
     pub engines_read: u32,
 }
 
+/// The condition types of a ModelDeployment's status, in the order the operator writes them.
+pub mod conditions {
+    /// `kvCache.poolRef` reaches a Binding, its pool and its domain.
+    pub const DOMAIN_REGISTERED: &str = "DomainRegistered";
+    /// The replicas are attached to the shared cache (the store charges their domain).
+    pub const CACHE_ATTACHED: &str = "CacheAttached";
+    /// Every role's InstanceType exists.
+    pub const INSTANCE_TYPES_RESOLVED: &str = "InstanceTypesResolved";
+    /// Every replica runs the current template.
+    pub const REPLICAS_UP_TO_DATE: &str = "ReplicasUpToDate";
+    /// Every ready engine's shared-cache counters were read.
+    pub const SHARED_CACHE_OBSERVED: &str = "SharedCacheObserved";
+}
+
 /// ModelDeployment phase.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum ModelDeploymentPhase {

@@ -93,6 +93,34 @@ pub struct KVCachePoolStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// The condition types of a pool's status, in the order the operator writes them.
+pub mod pool_conditions {
+    /// The pool's backend exists.
+    pub const BACKEND_RESOLVED: &str = "BackendResolved";
+    /// The master reports capacity to allocate.
+    pub const CAPACITY_ALLOCATABLE: &str = "CapacityAllocatable";
+    /// The master keeps a tenant ledger.
+    pub const QUOTA_LEDGER_AVAILABLE: &str = "QuotaLedgerAvailable";
+    /// The Bindings' ceilings fit `quota.total`.
+    pub const QUOTA_WITHIN_TOTAL: &str = "QuotaWithinTotal";
+    /// Ceilings reach the master.
+    pub const QUOTA_POLICY_WRITABLE: &str = "QuotaPolicyWritable";
+    /// The pool can be released.
+    pub const RELEASABLE: &str = "Releasable";
+}
+
+/// The condition types of a Binding's status, in the order the operator writes them.
+pub mod binding_conditions {
+    /// The ledger was read for this domain.
+    pub const QUOTA_OBSERVED: &str = "QuotaObserved";
+    /// The master granted this domain a quota.
+    pub const QUOTA_GRANTED: &str = "QuotaGranted";
+    /// No other Binding claims this domain on the same backend.
+    pub const DOMAIN_EXCLUSIVE: &str = "DomainExclusive";
+    /// The Binding can be released.
+    pub const RELEASABLE: &str = "Releasable";
+}
+
 /// Pool or Binding phase.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum PoolPhase {

@@ -357,38 +357,14 @@ pub fn check_role_keys(
     refuse_owned(&req, extra_args)
 }
 
-/// Decides the injection for one container, or the refusal.
+/// Decides the injection for one container, or the refusal. The checks run in a fixed order,
+/// so a container with several faults always gets the same reason: the Binding, the ledger, the
+/// pool's address, the dtype, the transport, the versions, the launcher, the owned keys, then
+/// the vehicle's own (a volume collision).
 pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
     let row = req.engine;
-    let c = req.container;
-    if req.binding.is_empty() {
-        return Err(Error::refused(
-            "BindingMissing",
-            "kvcache.gpustack.ai/binding is required: name a KVCachePoolBinding of this namespace",
-        ));
-    }
-    if req.binding.contains('/') {
-        return Err(Error::refused(
-            "CrossNamespaceBinding",
-            format!(
-                "binding {:?} names another namespace; only a KVCachePoolBinding of this namespace can be named: ask an administrator for one here",
-                req.binding
-            ),
-        ));
-    }
-    let tenant = match &req.ledger {
-        Ledger::Enforced => Some(req.domain),
-        Ledger::Absent => None,
-        Ledger::Unavailable(why) => {
-            return Err(Error::refused(
-                "LedgerNotReady",
-                format!(
-                    "the pool of KVCachePoolBinding {} cannot confirm its tenant ledger ({why}); writes could fail with TENANT_NOT_REGISTERED, so Pods are refused until it recovers",
-                    req.binding
-                ),
-            ));
-        }
-    };
+    check_binding(req.binding)?;
+    let tenant = tenant_id(req)?;
     let Some(endpoint) = req.client_endpoint else {
         return Err(Error::refused(
             "NoClientEndpoint",
@@ -398,7 +374,91 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
             ),
         ));
     };
-    let mut warnings = Vec::new();
+    check_dtype(req)?;
+    let (protocol, mut warnings) = protocol(req)?;
+    warnings.extend(version_warning(req)?);
+    let user_argv: Vec<String> = req
+        .container
+        .command
+        .iter()
+        .flatten()
+        .chain(req.container.args.iter().flatten())
+        .cloned()
+        .collect();
+    let launch = launch_of(req)?;
+    refuse_owned(req, &user_argv)?;
+    let mut delivery = match row.vehicle {
+        Vehicle::File => by_file(req, endpoint, protocol, tenant)?,
+        Vehicle::Environment => {
+            let (delivery, warning) = by_environment(req, endpoint, protocol, tenant, &user_argv);
+            warnings.extend(warning);
+            delivery
+        }
+    };
+    if req.dtype_owned {
+        delivery.args.push(DTYPE_FLAG.to_owned());
+        delivery.args.push(req.dtype.to_owned());
+    }
+    for t in TOGGLES {
+        delivery.env.push(env(t, "1"));
+    }
+    Ok(Injection {
+        args: delivery.args,
+        env: delivery.env,
+        volume: delivery.volume,
+        mount: delivery.mount,
+        client_config: delivery.client_config,
+        record: Record {
+            binding: req.binding.to_owned(),
+            engine: row.record.to_owned(),
+            vehicle: row.vehicle.as_str().to_owned(),
+            domain: req.domain.to_owned(),
+            tenant_injected: tenant.is_some(),
+            launch_program: launch.program,
+            launch_args_forwarded: launch.forwarded,
+        },
+        warnings,
+    })
+}
+
+/// The Binding must be named, and in the container's own namespace.
+fn check_binding(binding: &str) -> Result<(), Error> {
+    if binding.is_empty() {
+        return Err(Error::refused(
+            "BindingMissing",
+            "kvcache.gpustack.ai/binding is required: name a KVCachePoolBinding of this namespace",
+        ));
+    }
+    if binding.contains('/') {
+        return Err(Error::refused(
+            "CrossNamespaceBinding",
+            format!(
+                "binding {binding:?} names another namespace; only a KVCachePoolBinding of this namespace can be named: ask an administrator for one here"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The tenant id the engine is given: the Binding's domain where the ledger is enforced, none
+/// where the store keeps no ledger; refused while the ledger cannot be confirmed.
+fn tenant_id<'a>(req: &Request<'a>) -> Result<Option<&'a str>, Error> {
+    match &req.ledger {
+        Ledger::Enforced => Ok(Some(req.domain)),
+        Ledger::Absent => Ok(None),
+        Ledger::Unavailable(why) => Err(Error::refused(
+            "LedgerNotReady",
+            format!(
+                "the pool of KVCachePoolBinding {} cannot confirm its tenant ledger ({why}); writes could fail with TENANT_NOT_REGISTERED, so Pods are refused until it recovers",
+                req.binding
+            ),
+        )),
+    }
+}
+
+/// With the dtype owned, the engine must accept the Binding's dtype as spelled.
+fn check_dtype(req: &Request<'_>) -> Result<(), Error> {
+    let row = req.engine;
     if req.dtype_owned && !row.dtypes.contains(&req.dtype) {
         return Err(Error::refused(
             "DtypeNotAccepted",
@@ -411,32 +471,33 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
             ),
         ));
     }
-    let (protocol, transport_warnings) = protocol(req)?;
-    warnings.extend(transport_warnings);
-    match versions::pair(row, req.store_version, req.engine_version) {
-        Pairing::Compatible => {}
-        Pairing::Mismatch { store, client } => {
-            return Err(Error::refused(
-                "StoreVersionMismatch",
-                format!(
-                    "the store runs Mooncake {store} but {} {} carries client {client}: different lines pass every probe and then fail every write (RPC_FAIL -900); pin the backend's spec.image to the {} line, or use an engine version on the store's line",
-                    row.name,
-                    req.engine_version.unwrap_or_default(),
-                    versions::line(&client).unwrap_or_default()
-                ),
-            ));
-        }
-        Pairing::Unknown(why) => warnings.push(why),
-    }
+    Ok(())
+}
 
-    let user_argv: Vec<String> = c
-        .command
-        .iter()
-        .flatten()
-        .chain(c.args.iter().flatten())
-        .cloned()
-        .collect();
-    let launch = match req.source {
+/// The store and the engine's client on one Mooncake line: refused when they differ, a warning
+/// when a version is unknown.
+fn version_warning(req: &Request<'_>) -> Result<Option<String>, Error> {
+    let row = req.engine;
+    match versions::pair(row, req.store_version, req.engine_version) {
+        Pairing::Compatible => Ok(None),
+        Pairing::Mismatch { store, client } => Err(Error::refused(
+            "StoreVersionMismatch",
+            format!(
+                "the store runs Mooncake {store} but {} {} carries client {client}: different lines pass every probe and then fail every write (RPC_FAIL -900); pin the backend's spec.image to the {} line, or use an engine version on the store's line",
+                row.name,
+                req.engine_version.unwrap_or_default(),
+                versions::line(&client).unwrap_or_default()
+            ),
+        )),
+        Pairing::Unknown(why) => Ok(Some(why)),
+    }
+}
+
+/// The program that runs: for the webhook, the user's command past transparent launchers; for
+/// a ModelDeployment, the engine's own program (the operator builds the command).
+fn launch_of(req: &Request<'_>) -> Result<argv::Launch, Error> {
+    let (row, c) = (req.engine, req.container);
+    Ok(match req.source {
         Source::Webhook => argv::launch(
             c.command.as_deref().unwrap_or_default(),
             c.args.as_deref().unwrap_or_default(),
@@ -449,135 +510,146 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
             module: None,
             forwarded: false,
         },
-    };
-    refuse_owned(req, &user_argv)?;
-
-    let mut args = Vec::new();
-    let mut out_env = Vec::new();
-    let (mut volume, mut mount, mut client_config) = (None, None, None);
-    match row.vehicle {
-        Vehicle::File => {
-            let collides_volume = req.pod_volumes.iter().any(|v| v == VOLUME_NAME);
-            let collides_mount =
-                c.volume_mounts.iter().flatten().any(|m| {
-                    m.name == VOLUME_NAME || m.mount_path.trim_end_matches('/') == MOUNT_PATH
-                });
-            if collides_volume || collides_mount {
-                return Err(Error::refused(
-                    "VolumeCollision",
-                    format!(
-                        "the Pod already has a volume named {VOLUME_NAME} or a mount at {MOUNT_PATH}, where the client document goes; rename or move it"
-                    ),
-                ));
-            }
-            let mut doc: BTreeMap<&str, serde_json::Value> = BTreeMap::new();
-            doc.insert("master_server_address", endpoint.into());
-            doc.insert("metadata_server", "P2PHANDSHAKE".into());
-            doc.insert("protocol", protocol.into());
-            doc.insert("device_name", "".into());
-            doc.insert("global_segment_size", 0.into());
-            doc.insert("local_buffer_size", LOCAL_BUFFER_BYTES.into());
-            doc.insert("mode", "standalone-store".into());
-            if let Some(t) = tenant {
-                doc.insert("tenant_id", t.into());
-            }
-            client_config = Some(serde_json::to_string(&doc).unwrap_or_default());
-            let mut transfer = serde_json::json!({
-                "kv_connector": row.connector.unwrap_or_default(),
-                "kv_role": kv_role(req.role),
-            });
-            // A block the store cannot deliver is recomputed rather than failing the request:
-            // the store is a cache.
-            if let (Some(policy), Some(doc)) = (row.load_failure_policy, transfer.as_object_mut()) {
-                doc.insert("kv_load_failure_policy".to_owned(), policy.into());
-            }
-            args.push("--kv-transfer-config".to_owned());
-            args.push(transfer.to_string());
-            out_env.push(env(
-                "MOONCAKE_CONFIG_PATH",
-                format!("{MOUNT_PATH}/{FILE_NAME}"),
-            ));
-            volume = Some(Volume {
-                name: VOLUME_NAME.to_owned(),
-                downward_api: Some(DownwardAPIVolumeSource {
-                    items: Some(vec![DownwardAPIVolumeFile {
-                        path: FILE_NAME.to_owned(),
-                        field_ref: Some(ObjectFieldSelector {
-                            api_version: None,
-                            field_path: format!(
-                                "metadata.annotations['{CLIENT_CONFIG_ANNOTATION}']"
-                            ),
-                        }),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            });
-            mount = Some(VolumeMount {
-                name: VOLUME_NAME.to_owned(),
-                mount_path: MOUNT_PATH.to_owned(),
-                read_only: Some(true),
-                ..Default::default()
-            });
-        }
-        Vehicle::Environment => {
-            args.push("--hicache-storage-backend".to_owned());
-            args.push("mooncake".to_owned());
-            let (flag, extra) = if req.role == RoleKind::Decode {
-                (
-                    "--disaggregation-decode-retraction-backup",
-                    Some("cpu_tensor"),
-                )
-            } else {
-                ("--enable-hierarchical-cache", None)
-            };
-            if argv::find(&user_argv, flag, row).is_none() {
-                args.push(flag.to_owned());
-                args.extend(extra.map(str::to_owned));
-            }
-            out_env.push(env("MOONCAKE_MASTER", endpoint));
-            out_env.push(env("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE"));
-            out_env.push(env("MOONCAKE_PROTOCOL", protocol));
-            out_env.push(env("MOONCAKE_DEVICE", ""));
-            out_env.push(env("MOONCAKE_GLOBAL_SEGMENT_SIZE", "0"));
-            out_env.push(field_env("MOONCAKE_LOCAL_HOSTNAME", "status.podIP"));
-            if let Some(t) = tenant {
-                out_env.push(env("MOONCAKE_TENANT_ID", t));
-            } else if c
-                .env
-                .iter()
-                .flatten()
-                .any(|e| e.name == "MOONCAKE_TENANT_ID")
-            {
-                warnings.push("the container's own MOONCAKE_TENANT_ID is kept, but the store keeps no ledger: every write lands in its default tenant".into());
-            }
-        }
-    }
-    if req.dtype_owned {
-        args.push(DTYPE_FLAG.to_owned());
-        args.push(req.dtype.to_owned());
-    }
-    for t in TOGGLES {
-        out_env.push(env(t, "1"));
-    }
-    Ok(Injection {
-        args,
-        env: out_env,
-        volume,
-        mount,
-        client_config,
-        record: Record {
-            binding: req.binding.to_owned(),
-            engine: row.record.to_owned(),
-            vehicle: row.vehicle.as_str().to_owned(),
-            domain: req.domain.to_owned(),
-            tenant_injected: tenant.is_some(),
-            launch_program: launch.program,
-            launch_args_forwarded: launch.forwarded,
-        },
-        warnings,
     })
+}
+
+/// What one vehicle adds to the container (and, for the file, to the Pod).
+#[derive(Default)]
+struct Delivery {
+    args: Vec<String>,
+    env: Vec<EnvVar>,
+    volume: Option<Volume>,
+    mount: Option<VolumeMount>,
+    client_config: Option<String>,
+}
+
+/// The vLLM family's vehicle: the client document in the `client-config` annotation, projected
+/// into the container by a downward-API volume, and the `--kv-transfer-config` argument.
+fn by_file(
+    req: &Request<'_>,
+    endpoint: &str,
+    protocol: &str,
+    tenant: Option<&str>,
+) -> Result<Delivery, Error> {
+    let (row, c) = (req.engine, req.container);
+    let collides_volume = req.pod_volumes.iter().any(|v| v == VOLUME_NAME);
+    let collides_mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.name == VOLUME_NAME || m.mount_path.trim_end_matches('/') == MOUNT_PATH);
+    if collides_volume || collides_mount {
+        return Err(Error::refused(
+            "VolumeCollision",
+            format!(
+                "the Pod already has a volume named {VOLUME_NAME} or a mount at {MOUNT_PATH}, where the client document goes; rename or move it"
+            ),
+        ));
+    }
+    let mut doc: BTreeMap<&str, serde_json::Value> = BTreeMap::new();
+    doc.insert("master_server_address", endpoint.into());
+    doc.insert("metadata_server", "P2PHANDSHAKE".into());
+    doc.insert("protocol", protocol.into());
+    doc.insert("device_name", "".into());
+    doc.insert("global_segment_size", 0.into());
+    doc.insert("local_buffer_size", LOCAL_BUFFER_BYTES.into());
+    doc.insert("mode", "standalone-store".into());
+    if let Some(t) = tenant {
+        doc.insert("tenant_id", t.into());
+    }
+    let mut transfer = serde_json::json!({
+        "kv_connector": row.connector.unwrap_or_default(),
+        "kv_role": kv_role(req.role),
+    });
+    // A block the store cannot deliver is recomputed rather than failing the request: the
+    // store is a cache.
+    if let (Some(policy), Some(doc)) = (row.load_failure_policy, transfer.as_object_mut()) {
+        doc.insert("kv_load_failure_policy".to_owned(), policy.into());
+    }
+    Ok(Delivery {
+        args: vec!["--kv-transfer-config".to_owned(), transfer.to_string()],
+        env: vec![env(
+            "MOONCAKE_CONFIG_PATH",
+            format!("{MOUNT_PATH}/{FILE_NAME}"),
+        )],
+        volume: Some(Volume {
+            name: VOLUME_NAME.to_owned(),
+            downward_api: Some(DownwardAPIVolumeSource {
+                items: Some(vec![DownwardAPIVolumeFile {
+                    path: FILE_NAME.to_owned(),
+                    field_ref: Some(ObjectFieldSelector {
+                        api_version: None,
+                        field_path: format!("metadata.annotations['{CLIENT_CONFIG_ANNOTATION}']"),
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        mount: Some(VolumeMount {
+            name: VOLUME_NAME.to_owned(),
+            mount_path: MOUNT_PATH.to_owned(),
+            read_only: Some(true),
+            ..Default::default()
+        }),
+        client_config: Some(serde_json::to_string(&doc).unwrap_or_default()),
+    })
+}
+
+/// SGLang's vehicle: the hierarchical-cache arguments and the `MOONCAKE_*` variables; with a
+/// warning when the container sets its own tenant id on a store that keeps no ledger.
+fn by_environment(
+    req: &Request<'_>,
+    endpoint: &str,
+    protocol: &str,
+    tenant: Option<&str>,
+    user_argv: &[String],
+) -> (Delivery, Option<String>) {
+    let (row, c) = (req.engine, req.container);
+    let mut args = vec![
+        "--hicache-storage-backend".to_owned(),
+        "mooncake".to_owned(),
+    ];
+    let (flag, extra) = if req.role == RoleKind::Decode {
+        (
+            "--disaggregation-decode-retraction-backup",
+            Some("cpu_tensor"),
+        )
+    } else {
+        ("--enable-hierarchical-cache", None)
+    };
+    if argv::find(user_argv, flag, row).is_none() {
+        args.push(flag.to_owned());
+        args.extend(extra.map(str::to_owned));
+    }
+    let mut out_env = vec![
+        env("MOONCAKE_MASTER", endpoint),
+        env("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE"),
+        env("MOONCAKE_PROTOCOL", protocol),
+        env("MOONCAKE_DEVICE", ""),
+        env("MOONCAKE_GLOBAL_SEGMENT_SIZE", "0"),
+        field_env("MOONCAKE_LOCAL_HOSTNAME", "status.podIP"),
+    ];
+    let mut warning = None;
+    if let Some(t) = tenant {
+        out_env.push(env("MOONCAKE_TENANT_ID", t));
+    } else if c
+        .env
+        .iter()
+        .flatten()
+        .any(|e| e.name == "MOONCAKE_TENANT_ID")
+    {
+        warning = Some("the container's own MOONCAKE_TENANT_ID is kept, but the store keeps no ledger: every write lands in its default tenant".into());
+    }
+    (
+        Delivery {
+            args,
+            env: out_env,
+            ..Delivery::default()
+        },
+        warning,
+    )
 }
 
 impl Injection {

@@ -1,10 +1,10 @@
 //! Reading a store's admin surface (`/health`, `/metrics`, `/get_segments_detail`): three
 //! independent reads with a short timeout, no redirects followed. The answers are parsed by
-//! `kvcache-render::observe`; an unreachable store is a value, never a panic.
+//! `kvcache-render::store`; an unreachable store is a value, never a panic.
 
 use std::time::Duration;
 
-use kvcache_render::observe::{Health, Metrics, ReadError, Segment, StoreReading};
+use kvcache_render::store::{Health, Metrics, ReadError, Segment, StoreReading};
 
 /// How long one read may take.
 const TIMEOUT: Duration = Duration::from_millis(1500);

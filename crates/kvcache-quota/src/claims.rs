@@ -182,7 +182,7 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
                 .status
                 .iter()
                 .flat_map(|s| s.conditions.iter())
-                .find(|c| c.type_ == "QuotaLedgerAvailable")
+                .find(|c| c.type_ == kvcache_api::pool::pool_conditions::QUOTA_LEDGER_AVAILABLE)
                 .and_then(|c| match (c.status.as_str(), c.reason.as_str()) {
                     ("True", _) => Some(true),
                     ("False", "MultiTenancyDisabled") => Some(false),

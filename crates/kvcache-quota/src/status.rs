@@ -4,36 +4,9 @@
 use bytesize::ByteSize;
 use kvcache_api::condition::{Cond, Status, find};
 use kvcache_api::pool::PoolPhase;
+use kvcache_api::pool::{binding_conditions as b, pool_conditions as p};
 
 use crate::admin::{Outcome, TenantEntry};
-
-/// Condition types on a pool.
-pub mod pool_types {
-    /// The pool's backend exists.
-    pub const BACKEND_RESOLVED: &str = "BackendResolved";
-    /// The master reports capacity to allocate.
-    pub const CAPACITY_ALLOCATABLE: &str = "CapacityAllocatable";
-    /// The master keeps a tenant ledger.
-    pub const QUOTA_LEDGER_AVAILABLE: &str = "QuotaLedgerAvailable";
-    /// The Bindings' ceilings fit `quota.total`.
-    pub const QUOTA_WITHIN_TOTAL: &str = "QuotaWithinTotal";
-    /// Ceilings reach the master.
-    pub const QUOTA_POLICY_WRITABLE: &str = "QuotaPolicyWritable";
-    /// The pool can be released.
-    pub const RELEASABLE: &str = "Releasable";
-}
-
-/// Condition types on a Binding.
-pub mod binding_types {
-    /// The ledger was read for this domain.
-    pub const QUOTA_OBSERVED: &str = "QuotaObserved";
-    /// The master granted this domain a quota.
-    pub const QUOTA_GRANTED: &str = "QuotaGranted";
-    /// No other Binding claims this domain on the same backend.
-    pub const DOMAIN_EXCLUSIVE: &str = "DomainExclusive";
-    /// The Binding can be released.
-    pub const RELEASABLE: &str = "Releasable";
-}
 
 /// A byte figure as users write it (`16Gi`) when exact, else approximately with the exact count.
 fn bytes(b: u64) -> String {
@@ -135,47 +108,91 @@ pub struct PoolVerdict {
     pub conditions: Vec<Cond>,
 }
 
-use pool_types as p;
-
-/// Computes a pool's status.
+/// Computes a pool's status: one function per condition, in the order they are written, then
+/// [`pool_phase`] from them.
 pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
-    let pool = input.pool;
-    let mut conds = Vec::new();
-    let (backend_name, client_endpoint, declared_off) = match &input.backend {
-        BackendView::Missing { name } => {
-            conds.push(Cond::no(
+    let (resolved, backend_name, client_endpoint, declared_off) =
+        backend_resolved(input.pool, &input.backend);
+    let (ledger_cond, ledger) = quota_ledger_available(backend_name, declared_off, input.ledger);
+    let conds = vec![
+        resolved,
+        capacity_allocatable(backend_name, input.capacity_bytes),
+        ledger_cond,
+        quota_within_total(input.bindings, input.total_bytes),
+        quota_policy_writable(backend_name, ledger, &input.policy_write),
+        release_cond(
+            p::RELEASABLE,
+            &input.release,
+            &format!("KVCachePool {}", input.pool),
+            "KVCachePoolBinding",
+        ),
+    ];
+    let mut domains: Vec<String> = input.bindings.iter().map(|b| b.tenant.clone()).collect();
+    domains.sort();
+    domains.dedup();
+    let (phase, phase_message) = pool_phase(&input.release, &conds);
+    PoolVerdict {
+        phase,
+        phase_message,
+        client_endpoint,
+        domains,
+        ledger,
+        conditions: conds,
+    }
+}
+
+/// `BackendResolved`, with the backend's name, the address engines are given and whether the
+/// backend is declared without multi-tenancy.
+fn backend_resolved<'a>(
+    pool: &str,
+    backend: &'a BackendView,
+) -> (Cond, &'a str, Option<String>, bool) {
+    match backend {
+        BackendView::Missing { name } => (
+            Cond::no(
                 p::BACKEND_RESOLVED,
                 "BackendNotFound",
-                format!("KVCachePool {pool} names KVCacheBackend {name}, which does not exist: create it, or delete this pool and create one over an existing backend"),
-            ));
-            (name.clone(), None, false)
-        }
+                format!(
+                    "KVCachePool {pool} names KVCacheBackend {name}, which does not exist: create it, or delete this pool and create one over an existing backend"
+                ),
+            ),
+            name,
+            None,
+            false,
+        ),
         BackendView::Managed {
             name,
             multi_tenancy,
             client_endpoint,
-        } => {
-            conds.push(Cond::yes(
+        } => (
+            Cond::yes(
                 p::BACKEND_RESOLVED,
                 "Resolved",
                 format!("managed KVCacheBackend {name}"),
-            ));
-            (name.clone(), Some(client_endpoint.clone()), !*multi_tenancy)
-        }
+            ),
+            name,
+            Some(client_endpoint.clone()),
+            !*multi_tenancy,
+        ),
         BackendView::External {
             name,
             client_endpoint,
-        } => {
-            conds.push(Cond::yes(
+        } => (
+            Cond::yes(
                 p::BACKEND_RESOLVED,
                 "Resolved",
                 format!("external KVCacheBackend {name}"),
-            ));
-            (name.clone(), Some(client_endpoint.clone()), false)
-        }
-    };
+            ),
+            name,
+            Some(client_endpoint.clone()),
+            false,
+        ),
+    }
+}
 
-    conds.push(match input.capacity_bytes {
+/// `CapacityAllocatable`: what the master reports it can allocate (`None`: not read yet).
+fn capacity_allocatable(backend_name: &str, capacity_bytes: Option<u64>) -> Cond {
+    match capacity_bytes {
         None => Cond::unknown(
             p::CAPACITY_ALLOCATABLE,
             "CapacityNotObserved",
@@ -184,60 +201,78 @@ pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
         Some(0) => Cond::no(
             p::CAPACITY_ALLOCATABLE,
             "NothingToAllocate",
-            format!("the master of KVCacheBackend {backend_name} reports nothing to allocate, so every domain's effective quota is zero: its members are not mounted yet, or have not remounted after a leader restart (this clears by itself once they do)"),
+            format!(
+                "the master of KVCacheBackend {backend_name} reports nothing to allocate, so every domain's effective quota is zero: its members are not mounted yet, or have not remounted after a leader restart (this clears by itself once they do)"
+            ),
         ),
-        Some(c) => Cond::yes(p::CAPACITY_ALLOCATABLE, "Allocatable", format!("the master reports {} allocatable", bytes(c))),
-    });
+        Some(c) => Cond::yes(
+            p::CAPACITY_ALLOCATABLE,
+            "Allocatable",
+            format!("the master reports {} allocatable", bytes(c)),
+        ),
+    }
+}
 
-    let ledger = if declared_off || matches!(input.ledger, Outcome::NoLedger) {
-        conds.push(Cond::no(
-            p::QUOTA_LEDGER_AVAILABLE,
-            "MultiTenancyDisabled",
-            format!("KVCacheBackend {backend_name} runs without multi-tenancy: no per-tenant quota is enforced, the pool serves one reuse domain and every write lands in the store's default tenant"),
-        ));
-        Some(false)
-    } else {
-        match input.ledger {
-            Outcome::Listed(_) => {
-                conds.push(Cond::yes(
-                    p::QUOTA_LEDGER_AVAILABLE,
-                    "LedgerAvailable",
-                    format!("the master of {backend_name} keeps a tenant ledger"),
-                ));
-                Some(true)
-            }
-            Outcome::Unreachable(why) => {
-                conds.push(Cond::no(
-                    p::QUOTA_LEDGER_AVAILABLE,
-                    "LedgerUnreachable",
-                    format!("the tenant ledger of KVCacheBackend {backend_name} could not be read: {why}"),
-                ));
-                None
-            }
-            Outcome::NotObserved | Outcome::NoLedger => {
-                conds.push(Cond::unknown(
-                    p::QUOTA_LEDGER_AVAILABLE,
-                    "LedgerNotObserved",
-                    format!(
-                        "the tenant ledger of KVCacheBackend {backend_name} has not been read yet"
-                    ),
-                ));
-                None
-            }
-        }
-    };
+/// `QuotaLedgerAvailable`, with whether the master enforces ceilings (`None`: not known now).
+fn quota_ledger_available(
+    backend_name: &str,
+    declared_off: bool,
+    ledger: &Outcome,
+) -> (Cond, Option<bool>) {
+    if declared_off || matches!(ledger, Outcome::NoLedger) {
+        return (
+            Cond::no(
+                p::QUOTA_LEDGER_AVAILABLE,
+                "MultiTenancyDisabled",
+                format!(
+                    "KVCacheBackend {backend_name} runs without multi-tenancy: no per-tenant quota is enforced, the pool serves one reuse domain and every write lands in the store's default tenant"
+                ),
+            ),
+            Some(false),
+        );
+    }
+    match ledger {
+        Outcome::Listed(_) => (
+            Cond::yes(
+                p::QUOTA_LEDGER_AVAILABLE,
+                "LedgerAvailable",
+                format!("the master of {backend_name} keeps a tenant ledger"),
+            ),
+            Some(true),
+        ),
+        Outcome::Unreachable(why) => (
+            Cond::no(
+                p::QUOTA_LEDGER_AVAILABLE,
+                "LedgerUnreachable",
+                format!(
+                    "the tenant ledger of KVCacheBackend {backend_name} could not be read: {why}"
+                ),
+            ),
+            None,
+        ),
+        Outcome::NotObserved | Outcome::NoLedger => (
+            Cond::unknown(
+                p::QUOTA_LEDGER_AVAILABLE,
+                "LedgerNotObserved",
+                format!("the tenant ledger of KVCacheBackend {backend_name} has not been read yet"),
+            ),
+            None,
+        ),
+    }
+}
 
-    let sum: u128 = input
-        .bindings
-        .iter()
-        .map(|b| u128::from(b.ceiling_bytes))
-        .sum();
+/// `QuotaWithinTotal`: the Bindings' ceilings against `quota.total` (reported, never refused).
+fn quota_within_total(bindings: &[BindingView], total_bytes: u64) -> Cond {
+    let sum: u128 = bindings.iter().map(|b| u128::from(b.ceiling_bytes)).sum();
     let sum_text = u64::try_from(sum).map_or_else(|_| format!("{sum} bytes"), bytes);
-    conds.push(if sum <= u128::from(input.total_bytes) {
+    if sum <= u128::from(total_bytes) {
         Cond::yes(
             p::QUOTA_WITHIN_TOTAL,
             "WithinTotal",
-            format!("the Bindings' ceilings sum to {sum_text}, within quota.total {}", bytes(input.total_bytes)),
+            format!(
+                "the Bindings' ceilings sum to {sum_text}, within quota.total {}",
+                bytes(total_bytes)
+            ),
         )
     } else {
         Cond::no(
@@ -245,12 +280,19 @@ pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
             "Oversubscribed",
             format!(
                 "the Bindings' ceilings sum to {sum_text}, above quota.total {}: this is reported, not refused; the master recuts grants only when ceilings exceed its allocatable capacity",
-                bytes(input.total_bytes)
+                bytes(total_bytes)
             ),
         )
-    });
+    }
+}
 
-    conds.push(match (ledger, &input.policy_write) {
+/// `QuotaPolicyWritable`: whether the last push of ceilings reached the master.
+fn quota_policy_writable(
+    backend_name: &str,
+    ledger: Option<bool>,
+    policy_write: &Option<Result<(), String>>,
+) -> Cond {
+    match (ledger, policy_write) {
         (Some(false), _) => Cond::yes(
             p::QUOTA_POLICY_WRITABLE,
             "NoLedger",
@@ -271,19 +313,12 @@ pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
             "NotAttempted",
             "no ceiling has been pushed yet",
         ),
-    });
+    }
+}
 
-    conds.push(release_cond(
-        p::RELEASABLE,
-        &input.release,
-        &format!("KVCachePool {pool}"),
-        "KVCachePoolBinding",
-    ));
-
-    let mut domains: Vec<String> = input.bindings.iter().map(|b| b.tenant.clone()).collect();
-    domains.sort();
-    domains.dedup();
-
+/// A pool's phase: `Deleting` while being deleted, `Error` on the first condition that makes
+/// the pool unusable, else `Ready`.
+fn pool_phase(release: &Release, conds: &[Cond]) -> (PoolPhase, Option<String>) {
     let blocking = conds.iter().find(|c| {
         c.status == Status::False
             && matches!(
@@ -291,8 +326,8 @@ pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
                 "BackendNotFound" | "NothingToAllocate" | "LedgerUnreachable" | "PolicyNotWritable"
             )
     });
-    let (phase, phase_message) = if input.release != Release::NotDeleting {
-        let why = find(&conds, p::RELEASABLE).map(|c| c.message.clone());
+    if *release != Release::NotDeleting {
+        let why = find(conds, p::RELEASABLE).map(|c| c.message.clone());
         (PoolPhase::Deleting, why)
     } else if let Some(c) = blocking {
         (
@@ -301,14 +336,6 @@ pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
         )
     } else {
         (PoolPhase::Ready, None)
-    };
-    PoolVerdict {
-        phase,
-        phase_message,
-        client_endpoint,
-        domains,
-        ledger,
-        conditions: conds,
     }
 }
 
@@ -387,8 +414,6 @@ pub struct BindingVerdict {
     /// Every condition, in a fixed order.
     pub conditions: Vec<Cond>,
 }
-
-use binding_types as b;
 
 /// Computes a Binding's status.
 pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {

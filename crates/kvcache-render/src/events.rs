@@ -4,7 +4,7 @@
 use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus};
 use kvcache_api::condition::Status;
 
-use crate::observe::types;
+use kvcache_api::backend::conditions;
 
 /// An event's type, as Kubernetes spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,9 +84,9 @@ pub fn backend_events(before: &KVCacheBackendStatus, after: &KVCacheBackendStatu
         });
     }
     for (t, reason, kind) in [
-        (types::MEMBERS_MOUNTED, "MemberMissing", Kind::Warning),
-        (types::ROLLOUT_COMPLETE, "RolloutHeld", Kind::Normal),
-        (types::DELETABLE, "DeletionHeld", Kind::Normal),
+        (conditions::MEMBERS_MOUNTED, "MemberMissing", Kind::Warning),
+        (conditions::ROLLOUT_COMPLETE, "RolloutHeld", Kind::Normal),
+        (conditions::DELETABLE, "DeletionHeld", Kind::Normal),
     ] {
         let was = condition(before, t);
         let now = condition(after, t);
@@ -132,7 +132,7 @@ mod tests {
     fn a_missing_member_warns_once_and_an_unchanged_status_records_nothing() {
         let missing = status(serde_json::json!({
             "phase": "Degraded", "phaseMessage": "member-0 on n1 is not mounted",
-            "conditions": [{"type": types::MEMBERS_MOUNTED, "status": "False", "reason": "MemberNotMounted",
+            "conditions": [{"type": conditions::MEMBERS_MOUNTED, "status": "False", "reason": "MemberNotMounted",
                             "message": "member-0 on n1 is not mounted", "lastTransitionTime": "2026-12-01T00:00:00Z"}]
         }));
         let notes = backend_events(&Default::default(), &missing);

@@ -78,46 +78,11 @@ const WRITE: &[&str] = &[
 pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, crate::Error> {
     let ns = Some(namespace);
     let mut docs = Vec::new();
-    // Both bindings grant the operator's own account.
-    let subject = Subject {
-        kind: "ServiceAccount".into(),
-        name: NAME.into(),
-        namespace: Some(namespace.into()),
-        ..Default::default()
-    };
-    // k8s-openapi writes each object's apiVersion and kind itself.
-    fn push<T: Serialize + k8s_openapi::Resource>(
-        docs: &mut Vec<serde_yaml::Value>,
-        o: &T,
-    ) -> Result<(), crate::Error> {
-        let v = serde_yaml::to_value(o).map_err(|e| crate::Error::Yaml {
-            object: T::KIND.to_owned(),
-            message: e.to_string(),
-        })?;
-        docs.push(v);
-        Ok(())
-    }
     // The CRDs first: everything else may name their kinds.
     for crd in kvcache_api::crd::all() {
         push(&mut docs, &crd)?;
     }
-    // The namespace (and the CRDs) carry no `component: operator` label: the uninstall
-    // (`kubectl delete -f deploy/operator.yaml -l app.kubernetes.io/component=operator`) keeps
-    // them, and with them every object and the store workloads in the namespace.
-    push(
-        &mut docs,
-        &Namespace {
-            metadata: ObjectMeta {
-                name: Some(namespace.into()),
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/managed-by".into(),
-                    "kvcache-operator".into(),
-                )])),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    )?;
+    push(&mut docs, &namespace_object(namespace))?;
     push(
         &mut docs,
         &ServiceAccount {
@@ -125,270 +90,326 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
             ..Default::default()
         },
     )?;
-    // Cluster-wide: its own kinds, what the injection and admission read, events.
-    push(
-        &mut docs,
-        &ClusterRole {
-            metadata: meta(NAME, None),
-            rules: Some(vec![
-                rule(
-                    &["worker.gpustack.ai"],
-                    &[
-                        "kvcachebackends",
-                        "kvcachepools",
-                        "kvcachepoolbindings",
-                        "modeldeployments",
-                        "instancetypes",
-                    ],
-                    &["get", "list", "watch", "update", "patch"],
-                ),
-                rule(
-                    &["worker.gpustack.ai"],
-                    &[
-                        "kvcachebackends/status",
-                        "kvcachepools/status",
-                        "kvcachepoolbindings/status",
-                        "modeldeployments/status",
-                    ],
-                    &["get", "update", "patch"],
-                ),
-                rule(
-                    &["worker.gpustack.ai"],
-                    &[
-                        "kvcachebackends/finalizers",
-                        "kvcachepools/finalizers",
-                        "kvcachepoolbindings/finalizers",
-                        "modeldeployments/finalizers",
-                    ],
-                    &["update"],
-                ),
-                rule(&["apps"], &["deployments"], WRITE),
-                rule(&[""], &["services"], WRITE),
-                rule(&[""], &["pods"], READ),
-                rule(&[""], &["nodes", "namespaces"], READ),
-                rule(&[""], &["events"], &["create", "patch"]),
-                rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
-                rule(
-                    &["apiextensions.k8s.io"],
-                    &["customresourcedefinitions"],
-                    &["get"],
-                ),
-                // Its own two webhook configurations only, to keep their caBundle (the watch
-                // names them with a field selector, which resourceNames allows).
-                PolicyRule {
-                    resource_names: Some(vec![NAME.into()]),
-                    ..rule(
-                        &["admissionregistration.k8s.io"],
-                        &[
-                            "validatingwebhookconfigurations",
-                            "mutatingwebhookconfigurations",
-                        ],
-                        &["get", "list", "watch", "update"],
-                    )
-                },
-            ]),
-            ..Default::default()
-        },
-    )?;
+    push(&mut docs, &cluster_role())?;
     push(
         &mut docs,
         &ClusterRoleBinding {
             metadata: meta(NAME, None),
             role_ref: role_ref("ClusterRole"),
-            subjects: Some(vec![subject.clone()]),
+            subjects: Some(vec![subject(namespace)]),
         },
     )?;
-    // In its own namespace only: the store workloads and what their Pods are granted (a Role
-    // can only grant what its creator holds).
-    push(
-        &mut docs,
-        &Role {
-            metadata: meta(NAME, ns),
-            rules: Some(vec![
-                rule(&["apps"], &["daemonsets"], WRITE),
-                rule(&[""], &["configmaps", "serviceaccounts"], WRITE),
-                // Member Pods whose template changed are deleted (DaemonSets are OnDelete).
-                rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
-                // The leader Service's endpoints tell when the serving leader moves.
-                rule(&["discovery.k8s.io"], &["endpointslices"], READ),
-                // The store Leases and the operator's own.
-                rule(&["coordination.k8s.io"], &["leases"], WRITE),
-                // The webhook's CA and serving pair (kept in one Secret, made on first start).
-                rule(
-                    &[""],
-                    &["secrets"],
-                    &["get", "list", "watch", "create", "update"],
-                ),
-                rule(
-                    &["rbac.authorization.k8s.io"],
-                    &["roles", "rolebindings"],
-                    WRITE,
-                ),
-            ]),
-        },
-    )?;
+    push(&mut docs, &namespace_role(namespace))?;
     push(
         &mut docs,
         &RoleBinding {
             metadata: meta(NAME, ns),
             role_ref: role_ref("Role"),
-            subjects: Some(vec![subject]),
+            subjects: Some(vec![subject(namespace)]),
         },
     )?;
-    let selector = selector_labels();
-    push(
-        &mut docs,
-        &Deployment {
-            metadata: meta(NAME, ns),
-            spec: Some(DeploymentSpec {
-                // Two replicas: one runs the controllers while holding the Lease
-                // `kvcache-operator`, the other stands by and takes over when it is released.
-                replicas: Some(2),
-                selector: LabelSelector {
-                    match_labels: Some(selector.clone()),
-                    ..Default::default()
-                },
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        labels: Some(labels()),
-                        ..Default::default()
-                    }),
-                    spec: Some(PodSpec {
-                        service_account_name: Some(NAME.into()),
-                        // The restricted Pod Security Standard: non-root, no privilege
-                        // escalation, every capability dropped, the runtime's seccomp profile,
-                        // a read-only root filesystem (the operator writes nothing locally).
-                        security_context: Some(PodSecurityContext {
-                            run_as_non_root: Some(true),
-                            run_as_user: Some(65532),
-                            run_as_group: Some(65532),
-                            seccomp_profile: Some(SeccompProfile {
-                                type_: "RuntimeDefault".into(),
-                                localhost_profile: None,
-                            }),
-                            ..Default::default()
-                        }),
-                        // SIGTERM: the leader releases its Lease, in-flight reconciles and
-                        // webhook requests drain, all well within this.
-                        termination_grace_period_seconds: Some(30),
-                        // The two replicas on different nodes where there are two.
-                        affinity: Some(Affinity {
-                            pod_anti_affinity: Some(PodAntiAffinity {
-                                preferred_during_scheduling_ignored_during_execution: Some(vec![
-                                    WeightedPodAffinityTerm {
-                                        weight: 100,
-                                        pod_affinity_term: PodAffinityTerm {
-                                            label_selector: Some(LabelSelector {
-                                                match_labels: Some(selector.clone()),
-                                                ..Default::default()
-                                            }),
-                                            topology_key: "kubernetes.io/hostname".into(),
-                                            ..Default::default()
-                                        },
-                                    },
-                                ]),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        }),
-                        containers: vec![Container {
-                            name: "operator".into(),
-                            image: Some(image.into()),
-                            args: Some(vec![
-                                "run".into(),
-                                "--leader-elect".into(),
-                                format!("--webhook-addr=0.0.0.0:{WEBHOOK_PORT}"),
-                                format!("--metrics-addr=0.0.0.0:{METRICS_PORT}"),
-                                // One JSON object a line, each with the reconcile's span
-                                // (controller, namespace, name, trace_id).
-                                "--log-format=json".into(),
-                            ]),
-                            env: Some(vec![
-                                field_env("KVCACHE_NAMESPACE", "metadata.namespace"),
-                                // The replica's identity in the Lease and in events.
-                                field_env("POD_NAME", "metadata.name"),
-                            ]),
-                            ports: Some(vec![
-                                ContainerPort {
-                                    name: Some("webhook".into()),
-                                    container_port: WEBHOOK_PORT,
-                                    ..Default::default()
-                                },
-                                ContainerPort {
-                                    name: Some("metrics".into()),
-                                    container_port: METRICS_PORT,
-                                    ..Default::default()
-                                },
-                            ]),
-                            // Ready once the caches are synced and the webhook certificate is
-                            // loaded: a standby is ready too (it serves webhooks).
-                            readiness_probe: Some(http_probe("/readyz", 5, 3)),
-                            liveness_probe: Some(http_probe("/healthz", 20, 3)),
-                            resources: Some(default_resources()),
-                            security_context: Some(SecurityContext {
-                                allow_privilege_escalation: Some(false),
-                                read_only_root_filesystem: Some(true),
-                                capabilities: Some(Capabilities {
-                                    drop: Some(vec!["ALL".into()]),
-                                    add: None,
-                                }),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        }],
-                        ..Default::default()
-                    }),
-                },
-                ..Default::default()
-            }),
+    push(&mut docs, &deployment(namespace, image))?;
+    push(&mut docs, &service(namespace))?;
+    push(&mut docs, &disruption_budget(namespace))?;
+    let (mutating, validating) = webhooks(namespace);
+    push(&mut docs, &validating)?;
+    push(&mut docs, &mutating)?;
+    Ok(docs)
+}
+
+/// Appends one object as a YAML document (k8s-openapi writes its apiVersion and kind itself).
+fn push<T: Serialize + k8s_openapi::Resource>(
+    docs: &mut Vec<serde_yaml::Value>,
+    o: &T,
+) -> Result<(), crate::Error> {
+    let v = serde_yaml::to_value(o).map_err(|e| crate::Error::Yaml {
+        object: T::KIND.to_owned(),
+        message: e.to_string(),
+    })?;
+    docs.push(v);
+    Ok(())
+}
+
+/// The operator's own account, which both role bindings grant.
+fn subject(namespace: &str) -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: NAME.into(),
+        namespace: Some(namespace.into()),
+        ..Default::default()
+    }
+}
+
+/// The namespace. It (and the CRDs) carry no `component: operator` label: the uninstall
+/// (`kubectl delete -f deploy/operator.yaml -l app.kubernetes.io/component=operator`) keeps
+/// them, and with them every object and the store workloads in the namespace.
+fn namespace_object(namespace: &str) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(namespace.into()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".into(),
+                "kvcache-operator".into(),
+            )])),
             ..Default::default()
         },
-    )?;
-    push(
-        &mut docs,
-        &Service {
-            metadata: meta(NAME, ns),
-            spec: Some(ServiceSpec {
-                selector: Some(selector),
-                ports: Some(vec![
-                    ServicePort {
-                        name: Some("webhook".into()),
-                        port: 443,
-                        target_port: Some(IntOrString::String("webhook".into())),
-                        ..Default::default()
-                    },
-                    ServicePort {
-                        name: Some("metrics".into()),
-                        port: METRICS_PORT,
-                        target_port: Some(IntOrString::String("metrics".into())),
-                        ..Default::default()
+        ..Default::default()
+    }
+}
+
+/// Cluster-wide rights: its own kinds, what the injection and admission read, events.
+fn cluster_role() -> ClusterRole {
+    ClusterRole {
+        metadata: meta(NAME, None),
+        rules: Some(vec![
+            rule(
+                &["worker.gpustack.ai"],
+                &[
+                    "kvcachebackends",
+                    "kvcachepools",
+                    "kvcachepoolbindings",
+                    "modeldeployments",
+                    "instancetypes",
+                ],
+                &["get", "list", "watch", "update", "patch"],
+            ),
+            rule(
+                &["worker.gpustack.ai"],
+                &[
+                    "kvcachebackends/status",
+                    "kvcachepools/status",
+                    "kvcachepoolbindings/status",
+                    "modeldeployments/status",
+                ],
+                &["get", "update", "patch"],
+            ),
+            rule(
+                &["worker.gpustack.ai"],
+                &[
+                    "kvcachebackends/finalizers",
+                    "kvcachepools/finalizers",
+                    "kvcachepoolbindings/finalizers",
+                    "modeldeployments/finalizers",
+                ],
+                &["update"],
+            ),
+            rule(&["apps"], &["deployments"], WRITE),
+            rule(&[""], &["services"], WRITE),
+            rule(&[""], &["pods"], READ),
+            rule(&[""], &["nodes", "namespaces"], READ),
+            rule(&[""], &["events"], &["create", "patch"]),
+            rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+            rule(
+                &["apiextensions.k8s.io"],
+                &["customresourcedefinitions"],
+                &["get"],
+            ),
+            // Its own two webhook configurations only, to keep their caBundle (the watch
+            // names them with a field selector, which resourceNames allows).
+            PolicyRule {
+                resource_names: Some(vec![NAME.into()]),
+                ..rule(
+                    &["admissionregistration.k8s.io"],
+                    &[
+                        "validatingwebhookconfigurations",
+                        "mutatingwebhookconfigurations",
+                    ],
+                    &["get", "list", "watch", "update"],
+                )
+            },
+        ]),
+        ..Default::default()
+    }
+}
+
+/// Rights in its own namespace only: the store workloads and what their Pods are granted (a
+/// Role can only grant what its creator holds).
+fn namespace_role(namespace: &str) -> Role {
+    Role {
+        metadata: meta(NAME, Some(namespace)),
+        rules: Some(vec![
+            rule(&["apps"], &["daemonsets"], WRITE),
+            rule(&[""], &["configmaps", "serviceaccounts"], WRITE),
+            // Member Pods whose template changed are deleted (DaemonSets are OnDelete).
+            rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
+            // The leader Service's endpoints tell when the serving leader moves.
+            rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+            // The store Leases and the operator's own.
+            rule(&["coordination.k8s.io"], &["leases"], WRITE),
+            // The webhook's CA and serving pair (kept in one Secret, made on first start).
+            rule(
+                &[""],
+                &["secrets"],
+                &["get", "list", "watch", "create", "update"],
+            ),
+            rule(
+                &["rbac.authorization.k8s.io"],
+                &["roles", "rolebindings"],
+                WRITE,
+            ),
+        ]),
+    }
+}
+
+/// The operator Deployment: two replicas, one runs the controllers while holding the Lease
+/// `kvcache-operator`, the other stands by and takes over when it is released.
+fn deployment(namespace: &str, image: &str) -> Deployment {
+    Deployment {
+        metadata: meta(NAME, Some(namespace)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(2),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels()),
+                    ..Default::default()
+                }),
+                spec: Some(pod_spec(image)),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The operator Pod: restricted, spread over two nodes where there are two.
+fn pod_spec(image: &str) -> PodSpec {
+    PodSpec {
+        service_account_name: Some(NAME.into()),
+        // The restricted Pod Security Standard: non-root, no privilege escalation, every
+        // capability dropped, the runtime's seccomp profile, a read-only root filesystem (the
+        // operator writes nothing locally).
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            run_as_group: Some(65532),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        }),
+        // SIGTERM: the leader releases its Lease, in-flight reconciles and webhook requests
+        // drain, all well within this.
+        termination_grace_period_seconds: Some(30),
+        // The two replicas on different nodes where there are two.
+        affinity: Some(Affinity {
+            pod_anti_affinity: Some(PodAntiAffinity {
+                preferred_during_scheduling_ignored_during_execution: Some(vec![
+                    WeightedPodAffinityTerm {
+                        weight: 100,
+                        pod_affinity_term: PodAffinityTerm {
+                            label_selector: Some(LabelSelector {
+                                match_labels: Some(selector_labels()),
+                                ..Default::default()
+                            }),
+                            topology_key: "kubernetes.io/hostname".into(),
+                            ..Default::default()
+                        },
                     },
                 ]),
                 ..Default::default()
             }),
             ..Default::default()
-        },
-    )?;
-    // A drain never takes both replicas at once.
-    push(
-        &mut docs,
-        &PodDisruptionBudget {
-            metadata: meta(NAME, ns),
-            spec: Some(PodDisruptionBudgetSpec {
-                min_available: Some(IntOrString::Int(1)),
-                selector: Some(LabelSelector {
-                    match_labels: Some(selector_labels()),
+        }),
+        containers: vec![operator_container(image)],
+        ..Default::default()
+    }
+}
+
+/// The operator container: `run` with leader election, the webhook and metrics ports, probes on
+/// `/readyz` and `/healthz`, a read-only root filesystem.
+fn operator_container(image: &str) -> Container {
+    Container {
+        name: "operator".into(),
+        image: Some(image.into()),
+        args: Some(vec![
+            "run".into(),
+            "--leader-elect".into(),
+            format!("--webhook-addr=0.0.0.0:{WEBHOOK_PORT}"),
+            format!("--metrics-addr=0.0.0.0:{METRICS_PORT}"),
+            // One JSON object a line, each with the reconcile's span (controller, namespace, name,
+            // trace_id).
+            "--log-format=json".into(),
+        ]),
+        env: Some(vec![
+            field_env("KVCACHE_NAMESPACE", "metadata.namespace"),
+            // The replica's identity in the Lease and in events.
+            field_env("POD_NAME", "metadata.name"),
+        ]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("webhook".into()),
+                container_port: WEBHOOK_PORT,
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: METRICS_PORT,
+                ..Default::default()
+            },
+        ]),
+        // Ready once the caches are synced and the webhook certificate is loaded: a standby is
+        // ready too (it serves webhooks).
+        readiness_probe: Some(http_probe("/readyz", 5, 3)),
+        liveness_probe: Some(http_probe("/healthz", 20, 3)),
+        resources: Some(default_resources()),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The operator's Service: the webhook on 443, metrics on their own port.
+fn service(namespace: &str) -> Service {
+    Service {
+        metadata: meta(NAME, Some(namespace)),
+        spec: Some(ServiceSpec {
+            selector: Some(selector_labels()),
+            ports: Some(vec![
+                ServicePort {
+                    name: Some("webhook".into()),
+                    port: 443,
+                    target_port: Some(IntOrString::String("webhook".into())),
                     ..Default::default()
-                }),
+                },
+                ServicePort {
+                    name: Some("metrics".into()),
+                    port: METRICS_PORT,
+                    target_port: Some(IntOrString::String("metrics".into())),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A drain never takes both replicas at once.
+fn disruption_budget(namespace: &str) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(NAME, Some(namespace)),
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels()),
                 ..Default::default()
             }),
             ..Default::default()
-        },
-    )?;
-    let (mutating, validating) = webhooks(namespace);
-    push(&mut docs, &validating)?;
-    push(&mut docs, &mutating)?;
-    Ok(docs)
+        }),
+        ..Default::default()
+    }
 }
 
 /// The operator container's requests and limits.

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use kvcache_api::backend::KVCacheBackend;
 use kvcache_api::model::EngineName;
+use kvcache_api::pool::pool_conditions::QUOTA_LEDGER_AVAILABLE;
 use kvcache_api::pool::{KVCachePool, KVCachePoolBinding};
 use kvcache_inject::{
     CLIENT_CONFIG_ANNOTATION, INJECTED_ANNOTATION, Ledger, Request, Source, engines, inject,
@@ -179,16 +180,16 @@ fn ledger(pool: &KVCachePool) -> Ledger {
     let c = pool.status.as_ref().and_then(|s| {
         s.conditions
             .iter()
-            .find(|c| c.type_ == "QuotaLedgerAvailable")
+            .find(|c| c.type_ == QUOTA_LEDGER_AVAILABLE)
     });
     match c {
         Some(c) if c.status == "True" => Ledger::Enforced,
         Some(c) if c.status == "False" && c.reason == "MultiTenancyDisabled" => Ledger::Absent,
         Some(c) => Ledger::Unavailable(format!(
-            "QuotaLedgerAvailable={}/{}: {}",
+            "{QUOTA_LEDGER_AVAILABLE}={}/{}: {}",
             c.status, c.reason, c.message
         )),
-        None => Ledger::Unavailable("QuotaLedgerAvailable is not reported yet".into()),
+        None => Ledger::Unavailable(format!("{QUOTA_LEDGER_AVAILABLE} is not reported yet")),
     }
 }
 

@@ -6,7 +6,45 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::backend::POD_SPEC_HASH;
-use crate::observe::{LeaderReplicas, MemberPod};
+
+/// A member Pod as the operator sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemberPod {
+    /// Pod name.
+    pub name: String,
+    /// Node it runs on (empty while unscheduled).
+    pub node: String,
+    /// Its IP (empty until it has one).
+    pub ip: String,
+    /// The member group index (from `app.kubernetes.io/component: member-<i>`).
+    pub group: usize,
+    /// Ready condition.
+    pub ready: bool,
+    /// Being deleted.
+    pub terminating: bool,
+    /// Its `pod-spec-hash` annotation.
+    pub hash: String,
+    /// Why it is not running, when Kubernetes says (e.g. `CrashLoopBackOff`, `Unschedulable`),
+    /// with the message.
+    pub problem: Option<(String, String)>,
+    /// The disk-tier survey's termination message (`entries=N path=…`), once it ran.
+    pub survey: Option<String>,
+}
+
+/// The leader Deployment's replica counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaderReplicas {
+    /// `spec.replicas`.
+    pub desired: i32,
+    /// `status.readyReplicas`.
+    pub ready: i32,
+    /// `status.updatedReplicas`.
+    pub updated: i32,
+    /// `status.replicas` (all Pods, old and new template).
+    pub total: i32,
+    /// `status.observedGeneration` has caught up with `metadata.generation`.
+    pub observed: bool,
+}
 
 /// The waiting reasons that mean a container will not start by itself.
 const STUCK: [&str; 6] = [

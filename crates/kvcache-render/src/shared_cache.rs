@@ -15,12 +15,11 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use kvcache_api::condition::Cond;
+use kvcache_api::model::conditions::SHARED_CACHE_OBSERVED;
 use kvcache_api::model::{EngineName, SharedCacheStatus};
 
-use crate::observe::{ReadError, Resolution, RoleObservation};
-
-/// The condition type on a ModelDeployment that says whether the engines' counters were read.
-pub const SHARED_CACHE_OBSERVED: &str = "SharedCacheObserved";
+use crate::status::model::{Resolution, RoleObservation};
+use crate::store::ReadError;
 
 /// vLLM's counter of prompt tokens looked up in the store.
 pub const VLLM_QUERIES: &str = "vllm:external_prefix_cache_queries_total";

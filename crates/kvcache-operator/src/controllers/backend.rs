@@ -31,9 +31,10 @@ use kvcache_render::backend::{
 };
 use kvcache_render::events::{Kind, backend_events};
 use kvcache_render::names::label_value;
-use kvcache_render::observe::{self, Computed, Observation, hold_standbys};
 use kvcache_render::read;
 use kvcache_render::resolve::{ceilings_on, store_image};
+use kvcache_render::rollout::{hold_standbys, stale_member_pods};
+use kvcache_render::status::backend::{Computed, Observation, backend_status};
 use serde::de::DeserializeOwned;
 use tracing::{info, instrument, warn};
 
@@ -368,7 +369,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
             .map_err(kerr("list", format!("Pods of {name}")))?;
         obs.members = listed.iter().filter_map(read::member_pod).collect();
         // The rollout: exactly the member Pods whose fingerprint differs.
-        for stale in observe::stale_member_pods(&obs.members, &obs.rendered_hashes) {
+        for stale in stale_member_pods(&obs.members, &obs.rendered_hashes) {
             info!(pod = stale, "replacing a member Pod whose template changed");
             pods.delete(stale, &DeleteParams::default())
                 .await
@@ -394,7 +395,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         obs.store = Some(reading);
     }
     obs.render_refused = render_problem.map(|p| (p.reason(), p.to_string()));
-    let computed = observe::backend_status(b, &obs, &previous);
+    let computed = backend_status(b, &obs, &previous);
     let figures = Figures::Backend {
         capacity: computed.capacity.clone(),
         phase: computed.phase,
@@ -429,7 +430,7 @@ async fn write_status(
     obs: &Observation,
 ) -> Result<(), Error> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let mut status = observe::apply(previous, computed, obs, &now);
+    let mut status = kvcache_render::status::backend::apply(previous, computed, obs, &now);
     if let Some(x) = &b.spec.connection.external {
         status.endpoints = x.endpoints.clone();
     }
@@ -483,7 +484,7 @@ async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
             endpoint: previous.endpoint.clone(),
             ..Observation::empty(b.metadata.generation)
         };
-        let mut computed = observe::backend_status(b, &obs, &previous);
+        let mut computed = backend_status(b, &obs, &previous);
         computed.capacity = previous.capacity.clone();
         write_status(ctx, b, &previous, computed, &obs).await?;
         return Err(Error::DeletionHeld(format!(

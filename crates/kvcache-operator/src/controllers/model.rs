@@ -1,7 +1,7 @@
 //! The ModelDeployment controller: resolve `kvCache.poolRef` as a Binding in the deployment's own
 //! namespace, its pool and backend; render each role through `kvcache-render::model` (which
 //! injects through `kvcache-inject`); apply; observe the roles' Deployments and what the store
-//! charges the domain; write status (`kvcache-render::observe::model_status`).
+//! charges the domain; write status (`kvcache-render::status::model`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -21,11 +21,11 @@ use kvcache_api::admission::tenant_of;
 use kvcache_api::model::{InstanceType, SharedCacheStatus};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
 use kvcache_render::model::{ModelInputs, SERVING_PORT, render};
-use kvcache_render::observe::{
-    ModelObservation, Resolution, RoleObservation, model_deployment_status,
-};
 use kvcache_render::resolve::{Environment, attachment_on};
 use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
+use kvcache_render::status::model::{
+    ModelObservation, Resolution, RoleObservation, model_deployment_status,
+};
 use tracing::instrument;
 
 use crate::context::{Context, MANAGER, lock};
@@ -156,124 +156,27 @@ fn resolve(ctx: &Context, md: &ModelDeployment) -> (Resolution, Option<Reached>)
 #[instrument(skip(md, ctx), fields(deployment = %id(&md)))]
 async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = md.namespace().unwrap_or_default();
-    let settings = ctx.settings();
     let (resolution, resolved) = resolve(&ctx, &md);
-    let env = Environment {
-        namespace: &ctx.config.namespace,
-        operator_image: &ctx.config.operator_image,
-        settings: &settings,
-    };
     let instance_types: BTreeMap<String, InstanceType> = ctx
         .instance_types
         .state()
         .iter()
         .map(|it| (it.name_any(), (**it).clone()))
         .collect();
-    let mut refusal = None;
-    let mut held = false;
-    // The names of the role Deployments rendered and applied this pass, when they were.
-    let mut rendered: Option<BTreeSet<String>> = None;
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-    let attachment = match &resolved {
-        Some((b, backend)) => match attachment_on(&b.name_any(), b, backend, &env) {
-            Ok(a) => Some(a),
-            Err(e) => {
-                refusal = Some((e.reason(), e.to_string()));
-                None
-            }
-        },
-        None => None,
-    };
-    let wants_cache = md.spec.kv_cache.is_some();
-    if wants_cache && attachment.is_none() {
-        // No connection resolved this pass: what runs stays as it is
-        // (docs/design.md#rollout-held-by-cache).
-        held = true;
-    } else if refusal.is_none() {
-        match render(&ModelInputs {
-            deployment: &md,
-            instance_types: &instance_types,
-            attachment: attachment.as_ref(),
-        }) {
-            Ok(objects) => {
-                let pp = PatchParams::apply(MANAGER).force();
-                let mut keep = BTreeSet::new();
-                for d in &objects.deployments {
-                    keep.insert(d.name_any());
-                    deployments
-                        .patch(&d.name_any(), &pp, &Patch::Apply(d))
-                        .await
-                        .map_err(kerr("apply", format!("Deployment {ns}/{}", d.name_any())))?;
-                }
-                for s in &objects.services {
-                    services
-                        .patch(&s.name_any(), &pp, &Patch::Apply(s))
-                        .await
-                        .map_err(kerr("apply", format!("Service {ns}/{}", s.name_any())))?;
-                }
-                rendered = Some(keep);
-            }
-            // An injection refusal (or a missing InstanceType) starts no Pod with a broken
-            // connector: what runs stays, the condition says why.
-            Err(e) => refusal = Some((e.reason(), e.to_string())),
-        }
-    }
+    let applied = render_and_apply(&ctx, &md, resolved.as_ref(), &instance_types).await?;
     // One listing serves the prune and the observation of the roles' Deployments.
     let owned = owned_deployments(&deployments, &md).await?;
-    if let Some(keep) = &rendered {
+    if let Some(keep) = &applied.rendered {
         prune(&deployments, &owned, keep).await?;
     }
-    let roles: Vec<RoleObservation> = md
-        .spec
-        .roles
-        .iter()
-        .map(|r| {
-            let d = owned.iter().find(|d| {
-                d.labels()
-                    .get("app.kubernetes.io/component")
-                    .map(String::as_str)
-                    == Some(kvcache_render::names::label_value(&r.name).as_str())
-            });
-            let counts = d.map(kvcache_render::read::replicas).unwrap_or_default();
-            RoleObservation {
-                name: r.name.clone(),
-                desired: r.replicas,
-                ready: counts.ready,
-                updated: counts.updated,
-                total: counts.total,
-                observed: counts.observed,
-                unmanaged: !r.command.is_empty(),
-            }
-        })
-        .collect();
-    // What the store charges the domain, as the pool's last reading of the master's ledger put
-    // it on the Binding (`status.usage`): observed, never inferred from rendered flags. A
-    // change of the Binding's status re-triggers this reconcile (the watch on Bindings), so no
-    // deployment polls the store itself.
-    let tenant_charged = match &resolution {
-        Resolution::Resolved { .. } => md
-            .spec
-            .kv_cache
-            .as_ref()
-            .and_then(|k| {
-                ctx.bindings
-                    .get(&kube::runtime::reflector::ObjectRef::new(&k.pool_ref.name).within(&ns))
-            })
-            .and_then(|b| {
-                b.status
-                    .as_ref()
-                    .and_then(|s| s.usage.as_ref())
-                    .and_then(|q| kvcache_api::quantity::parse_bytes(&q.0).ok())
-            }),
-        _ => None,
-    };
+    let roles = role_observations(&md, &owned);
     let obs = ModelObservation {
         resolution: resolution.clone(),
-        refusal,
+        refusal: applied.refusal,
         roles: roles.clone(),
-        tenant_charged,
-        held,
+        tenant_charged: tenant_charged(&ctx, &md, &resolution),
+        held: applied.held,
         deleting: md.meta().deletion_timestamp.is_some(),
         missing_instance_types: md
             .spec
@@ -313,6 +216,136 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
             .min(ctx.config.model_resync),
         _ => ctx.config.model_resync,
     }))
+}
+
+/// What one pass did with the roles' objects.
+struct Applied {
+    /// Why the roles could not be attached or rendered: a condition reason and the message.
+    refusal: Option<(&'static str, String)>,
+    /// No cache connection resolved this pass, so nothing was rendered.
+    held: bool,
+    /// The names of the role Deployments rendered and applied this pass, when they were.
+    rendered: Option<BTreeSet<String>>,
+}
+
+/// Renders the roles on the resolved attachment and applies their Deployments and Services.
+/// Without a connection what runs stays as it is (docs/design.md#rollout-held-by-cache); an
+/// injection refusal (or a missing InstanceType) starts no Pod with a broken connector either.
+async fn render_and_apply(
+    ctx: &Context,
+    md: &ModelDeployment,
+    resolved: Option<&Reached>,
+    instance_types: &BTreeMap<String, InstanceType>,
+) -> Result<Applied, Error> {
+    let ns = md.namespace().unwrap_or_default();
+    let settings = ctx.settings();
+    let env = Environment {
+        namespace: &ctx.config.namespace,
+        operator_image: &ctx.config.operator_image,
+        settings: &settings,
+    };
+    let mut applied = Applied {
+        refusal: None,
+        held: false,
+        rendered: None,
+    };
+    let attachment = match resolved {
+        Some((b, backend)) => match attachment_on(&b.name_any(), b, backend, &env) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                applied.refusal = Some((e.reason(), e.to_string()));
+                None
+            }
+        },
+        None => None,
+    };
+    if md.spec.kv_cache.is_some() && attachment.is_none() {
+        applied.held = true;
+        return Ok(applied);
+    }
+    if applied.refusal.is_some() {
+        return Ok(applied);
+    }
+    let objects = match render(&ModelInputs {
+        deployment: md,
+        instance_types,
+        attachment: attachment.as_ref(),
+    }) {
+        Ok(objects) => objects,
+        Err(e) => {
+            applied.refusal = Some((e.reason(), e.to_string()));
+            return Ok(applied);
+        }
+    };
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    let pp = PatchParams::apply(MANAGER).force();
+    let mut keep = BTreeSet::new();
+    for d in &objects.deployments {
+        keep.insert(d.name_any());
+        deployments
+            .patch(&d.name_any(), &pp, &Patch::Apply(d))
+            .await
+            .map_err(kerr("apply", format!("Deployment {ns}/{}", d.name_any())))?;
+    }
+    for s in &objects.services {
+        services
+            .patch(&s.name_any(), &pp, &Patch::Apply(s))
+            .await
+            .map_err(kerr("apply", format!("Service {ns}/{}", s.name_any())))?;
+    }
+    applied.rendered = Some(keep);
+    Ok(applied)
+}
+
+/// Each role as its Deployment (among `owned`) reports it.
+fn role_observations(md: &ModelDeployment, owned: &[Deployment]) -> Vec<RoleObservation> {
+    md.spec
+        .roles
+        .iter()
+        .map(|r| {
+            let d = owned.iter().find(|d| {
+                d.labels()
+                    .get("app.kubernetes.io/component")
+                    .map(String::as_str)
+                    == Some(kvcache_render::names::label_value(&r.name).as_str())
+            });
+            let counts = d.map(kvcache_render::read::replicas).unwrap_or_default();
+            RoleObservation {
+                name: r.name.clone(),
+                desired: r.replicas,
+                ready: counts.ready,
+                updated: counts.updated,
+                total: counts.total,
+                observed: counts.observed,
+                unmanaged: !r.command.is_empty(),
+            }
+        })
+        .collect()
+}
+
+/// What the store charges the domain, as the pool's last reading of the master's ledger put it
+/// on the Binding (`status.usage`): observed, never inferred from rendered flags. A change of
+/// the Binding's status re-triggers the reconcile (the watch on Bindings), so no deployment
+/// polls the store itself.
+fn tenant_charged(ctx: &Context, md: &ModelDeployment, resolution: &Resolution) -> Option<u64> {
+    let Resolution::Resolved { .. } = resolution else {
+        return None;
+    };
+    let ns = md.namespace().unwrap_or_default();
+    md.spec
+        .kv_cache
+        .as_ref()
+        .and_then(|k| {
+            ctx.bindings
+                .get(&ObjectRef::new(&k.pool_ref.name).within(&ns))
+        })
+        .and_then(|b| {
+            b.status
+                .as_ref()
+                .and_then(|s| s.usage.as_ref())
+                .and_then(|q| kvcache_api::quantity::parse_bytes(&q.0).ok())
+        })
 }
 
 /// Milliseconds on this process's monotonic clock (the windows' time axis).

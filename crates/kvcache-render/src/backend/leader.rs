@@ -49,6 +49,8 @@ pub fn master_flags(managed: &Managed) -> Vec<String> {
     flags
 }
 
+/// The leader Deployment: `Recreate` at one replica, a surge of one above; the master container
+/// (under the elector when it elects), the elector's delivery and the tenant policy's seed.
 pub(super) fn leader_deployment(
     inputs: &BackendInputs<'_>,
     managed: &Managed,
@@ -59,7 +61,6 @@ pub(super) fn leader_deployment(
     let l = &managed.leader;
     let elects = l.elects();
     let replicas = if elects { l.replicas.max(1) } else { 1 };
-    let image = inputs.store_image;
     let mut env = vec![
         field_env("POD_NAME", "metadata.name"),
         field_env("POD_NAMESPACE", "metadata.namespace"),
@@ -68,28 +69,114 @@ pub(super) fn leader_deployment(
     let mut volumes = Vec::new();
     let mut init = Vec::new();
     let mut mounts = Vec::new();
+    if elects {
+        env.extend(elector_env(leader));
+        volumes.push(empty_dir("elector"));
+        init.push(elector_install(inputs.operator_image));
+        mounts.push(mount("elector", "/kvcache/bin", true));
+    }
+    env.extend(l.extra_env.iter().map(EnvVar::from));
+    if l.multi_tenancy {
+        volumes.push(empty_dir("tenant-policy"));
+        volumes.push(Volume {
+            name: "tenant-policy-seed".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: names::object(name, "tenant-policy"),
+                optional: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(mount("tenant-policy", "/var/lib/mooncake", false));
+        init.push(tenant_policy_seed(inputs));
+    }
+    let labels = backend_labels(name, "leader");
+    Ok(Deployment {
+        metadata: meta(leader, inputs.namespace, labels.clone(), b),
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(backend_selector(name, "leader")),
+                ..Default::default()
+            },
+            strategy: Some(strategy(replicas)),
+            // One replica is ever available under election, so the deadline cannot be met:
+            // RolloutComplete answers instead.
+            progress_deadline_seconds: Some(i32::MAX),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(account(elects.then_some(leader))),
+                    automount_service_account_token: Some(elects),
+                    image_pull_secrets: pull_secrets(b),
+                    init_containers: (!init.is_empty()).then_some(init),
+                    containers: vec![master_container(inputs, managed, env, mounts)],
+                    volumes: (!volumes.is_empty()).then_some(volumes),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+/// The elector's settings in leader mode: the Lease, its identity, the address it publishes,
+/// the master's health to watch, its own readiness port.
+fn elector_env(lease: &str) -> [EnvVar; 7] {
+    [
+        env_value("KVCACHE_ELECTOR_LEASE", lease),
+        field_env("KVCACHE_ELECTOR_NAMESPACE", "metadata.namespace"),
+        field_env("KVCACHE_ELECTOR_IDENTITY", "metadata.name"),
+        env_value("KVCACHE_ELECTOR_ADDRESS", format!("$(POD_IP):{RPC_PORT}")),
+        env_value(
+            "KVCACHE_ELECTOR_CHILD_HEALTH_URL",
+            format!("http://127.0.0.1:{ADMIN_PORT}/health"),
+        ),
+        env_value(
+            "KVCACHE_ELECTOR_READY_ADDR",
+            format!("0.0.0.0:{ELECTOR_PORT}"),
+        ),
+        env_value("KVCACHE_ELECTOR_LABEL_POD", "true"),
+    ]
+}
+
+/// The init container that seeds the master's writable tenant policy from the ConfigMap, or
+/// writes the empty document when the ConfigMap is not there yet.
+fn tenant_policy_seed(inputs: &BackendInputs<'_>) -> Container {
+    let image = inputs.store_image;
+    Container {
+        name: "tenant-policy-seed".into(),
+        image: Some(image.into()),
+        image_pull_policy: Some(pull_policy(inputs.backend.spec.image_pull_policy, image)),
+        command: Some(vec!["sh".into(), "-c".into(), "if [ -f \"$SEED\" ]; then cp \"$SEED\" \"$TARGET\"; else printf '%s\\n' \"$EMPTY\" > \"$TARGET\"; fi".into()]),
+        env: Some(vec![
+            env_value("SEED", format!("/seed/{POLICY_KEY}")),
+            env_value("TARGET", POLICY_PATH),
+            env_value("EMPTY", PolicyDocument::empty().to_yaml().trim_end()),
+        ]),
+        volume_mounts: Some(vec![mount("tenant-policy", "/var/lib/mooncake", false), mount("tenant-policy-seed", "/seed", true)]),
+        ..Default::default()
+    }
+}
+
+/// The master container: `mooncake_master` with its flags, under `kvcache-elector leader --`
+/// when it elects; probes on the elector then, on the master's admin port otherwise.
+fn master_container(
+    inputs: &BackendInputs<'_>,
+    managed: &Managed,
+    env: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+) -> Container {
+    let elects = managed.leader.elects();
+    let image = inputs.store_image;
     let master: Vec<String> = std::iter::once("mooncake_master".to_owned())
         .chain(master_flags(managed))
         .collect();
     let command = if elects {
-        env.extend([
-            env_value("KVCACHE_ELECTOR_LEASE", leader),
-            field_env("KVCACHE_ELECTOR_NAMESPACE", "metadata.namespace"),
-            field_env("KVCACHE_ELECTOR_IDENTITY", "metadata.name"),
-            env_value("KVCACHE_ELECTOR_ADDRESS", format!("$(POD_IP):{RPC_PORT}")),
-            env_value(
-                "KVCACHE_ELECTOR_CHILD_HEALTH_URL",
-                format!("http://127.0.0.1:{ADMIN_PORT}/health"),
-            ),
-            env_value(
-                "KVCACHE_ELECTOR_READY_ADDR",
-                format!("0.0.0.0:{ELECTOR_PORT}"),
-            ),
-            env_value("KVCACHE_ELECTOR_LABEL_POD", "true"),
-        ]);
-        volumes.push(empty_dir("elector"));
-        init.push(elector_install(inputs.operator_image));
-        mounts.push(mount("elector", "/kvcache/bin", true));
         std::iter::once(ELECTOR_PATH.to_owned())
             .chain(["leader".to_owned(), "--".to_owned()])
             .chain(master)
@@ -97,34 +184,6 @@ pub(super) fn leader_deployment(
     } else {
         master
     };
-    env.extend(l.extra_env.iter().map(EnvVar::from));
-    if l.multi_tenancy {
-        let cm = names::object(name, "tenant-policy");
-        volumes.push(empty_dir("tenant-policy"));
-        volumes.push(Volume {
-            name: "tenant-policy-seed".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: cm,
-                optional: Some(true),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        mounts.push(mount("tenant-policy", "/var/lib/mooncake", false));
-        init.push(Container {
-            name: "tenant-policy-seed".into(),
-            image: Some(image.into()),
-            image_pull_policy: Some(pull_policy(b.spec.image_pull_policy, image)),
-            command: Some(vec!["sh".into(), "-c".into(), "if [ -f \"$SEED\" ]; then cp \"$SEED\" \"$TARGET\"; else printf '%s\\n' \"$EMPTY\" > \"$TARGET\"; fi".into()]),
-            env: Some(vec![
-                env_value("SEED", format!("/seed/{POLICY_KEY}")),
-                env_value("TARGET", POLICY_PATH),
-                env_value("EMPTY", PolicyDocument::empty().to_yaml().trim_end()),
-            ]),
-            volume_mounts: Some(vec![mount("tenant-policy", "/var/lib/mooncake", false), mount("tenant-policy-seed", "/seed", true)]),
-            ..Default::default()
-        });
-    }
     let (ready, live) = if elects {
         (
             probe_http("/readyz", ELECTOR_PORT),
@@ -140,10 +199,10 @@ pub(super) fn leader_deployment(
     if elects {
         ports.push(port("elector", ELECTOR_PORT));
     }
-    let container = Container {
+    Container {
         name: "master".into(),
         image: Some(image.into()),
-        image_pull_policy: Some(pull_policy(b.spec.image_pull_policy, image)),
+        image_pull_policy: Some(pull_policy(inputs.backend.spec.image_pull_policy, image)),
         command: Some(command),
         env: Some(env),
         ports: Some(ports),
@@ -159,9 +218,13 @@ pub(super) fn leader_deployment(
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         ..Default::default()
-    };
-    let labels = backend_labels(name, "leader");
-    let strategy = if replicas == 1 {
+    }
+}
+
+/// `Recreate` at one replica (two masters never run side by side); above one a rolling update
+/// with a surge of one that may take every old replica down (only one serves anyway).
+fn strategy(replicas: i32) -> DeploymentStrategy {
+    if replicas == 1 {
         DeploymentStrategy {
             type_: Some("Recreate".into()),
             rolling_update: None,
@@ -174,38 +237,7 @@ pub(super) fn leader_deployment(
                 max_unavailable: Some(IntOrString::Int(replicas)),
             }),
         }
-    };
-    Ok(Deployment {
-        metadata: meta(leader, inputs.namespace, labels.clone(), b),
-        spec: Some(DeploymentSpec {
-            replicas: Some(replicas),
-            selector: LabelSelector {
-                match_labels: Some(backend_selector(name, "leader")),
-                ..Default::default()
-            },
-            strategy: Some(strategy),
-            // One replica is ever available under election, so the deadline cannot be met:
-            // RolloutComplete answers instead.
-            progress_deadline_seconds: Some(i32::MAX),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..Default::default()
-                }),
-                spec: Some(PodSpec {
-                    service_account_name: Some(account(elects.then_some(leader))),
-                    automount_service_account_token: Some(elects),
-                    image_pull_secrets: pull_secrets(b),
-                    init_containers: (!init.is_empty()).then_some(init),
-                    containers: vec![container],
-                    volumes: (!volumes.is_empty()).then_some(volumes),
-                    ..Default::default()
-                }),
-            },
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
+    }
 }
 
 fn port(name: &str, n: i32) -> ContainerPort {

@@ -326,6 +326,9 @@ fn store_args(g: &Group<'_>) -> Vec<String> {
     args
 }
 
+/// One member group's DaemonSet (`OnDelete`; the template's fingerprint in its annotation):
+/// the member container, a disk tier's volume, survey and hook, the group's own hostPaths, and
+/// the elector's delivery with Lease addressing.
 pub(super) fn member_daemon_set(
     inputs: &BackendInputs<'_>,
     managed: &Managed,
@@ -380,47 +383,7 @@ pub(super) fn member_daemon_set(
     } else {
         store
     };
-    let args = store_args(&g);
-    let limits = fabric_limits(&g);
-    let container = Container {
-        name: "member".into(),
-        image: Some(g.image.into()),
-        image_pull_policy: Some(g.pull_policy()),
-        command: Some(command),
-        args: (!args.is_empty()).then_some(args),
-        env: Some(env),
-        ports: Some(vec![ContainerPort {
-            name: Some("rest".into()),
-            container_port: g.port,
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
-        readiness_probe: Some(Probe {
-            tcp_socket: Some(TCPSocketAction {
-                port: IntOrString::Int(g.port),
-                host: None,
-            }),
-            period_seconds: Some(5),
-            failure_threshold: Some(3),
-            ..Default::default()
-        }),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                store_cpu_request(),
-                (
-                    "memory".to_owned(),
-                    K8sQuantity(kvcache_api::quantity::format_bytes(request)),
-                ),
-            ])),
-            limits: (!limits.is_empty()).then_some(limits),
-            ..Default::default()
-        }),
-        lifecycle,
-        security_context: security(&g),
-        volume_mounts: (!mounts.is_empty()).then_some(mounts),
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        ..Default::default()
-    };
+    let container = member_container(&g, command, env, mounts, request, lifecycle);
     let labels = backend_labels(name, &component);
     let fabric = g.fabric();
     let mut template = PodTemplateSpec {
@@ -479,4 +442,58 @@ pub(super) fn member_daemon_set(
         }),
         ..Default::default()
     })
+}
+
+/// The member container: `mc_store_rest_server` (under `kvcache-elector member --` with Lease
+/// addressing), its REST port and readiness on it, the memory request (segment, buffer, tier
+/// staging), the fabric's devices and capabilities, the preStop hook of a tier.
+fn member_container(
+    g: &Group<'_>,
+    command: Vec<String>,
+    env: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+    request: u64,
+    lifecycle: Option<Lifecycle>,
+) -> Container {
+    let args = store_args(g);
+    let limits = fabric_limits(g);
+    Container {
+        name: "member".into(),
+        image: Some(g.image.into()),
+        image_pull_policy: Some(g.pull_policy()),
+        command: Some(command),
+        args: (!args.is_empty()).then_some(args),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("rest".into()),
+            container_port: g.port,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::Int(g.port),
+                host: None,
+            }),
+            period_seconds: Some(5),
+            failure_threshold: Some(3),
+            ..Default::default()
+        }),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                store_cpu_request(),
+                (
+                    "memory".to_owned(),
+                    K8sQuantity(kvcache_api::quantity::format_bytes(request)),
+                ),
+            ])),
+            limits: (!limits.is_empty()).then_some(limits),
+            ..Default::default()
+        }),
+        lifecycle,
+        security_context: security(g),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        ..Default::default()
+    }
 }

@@ -1,13 +1,15 @@
-//! The backend status as a pure function of what was observed: the store's real answers
-//! (captured from `mooncake_master` 0.3.13.post1) and member Pods, no API server.
+//! The backend and ModelDeployment statuses as pure functions of what was observed: the store's
+//! real answers (captured from `mooncake_master` 0.3.13.post1), member Pods and role
+//! Deployments, no API server.
 
 use kvcache_api::KVCacheBackend;
+use kvcache_api::backend::conditions;
 use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus, ObjectRef};
 use kvcache_api::condition::{Cond, Status, find};
-use kvcache_render::observe::{
-    Health, LeaderReplicas, MemberPod, Metrics, Observation, ReadError, Segment, StoreReading,
-    backend_status, stale_member_pods, types,
-};
+use kvcache_render::read::{LeaderReplicas, MemberPod};
+use kvcache_render::rollout::stale_member_pods;
+use kvcache_render::status::backend::{Observation, backend_status};
+use kvcache_render::store::{Health, Metrics, ReadError, Segment, StoreReading};
 
 const MI: u64 = 1 << 20;
 
@@ -131,18 +133,18 @@ fn mounted_members_make_it_ready_with_capacity_from_the_store() {
         Some("128Mi".into())
     );
     assert_eq!(
-        cond(&s.conditions, types::MEMBERS_MOUNTED).status,
+        cond(&s.conditions, conditions::MEMBERS_MOUNTED).status,
         Status::True
     );
     assert_eq!(s.members.len(), 2);
     assert_eq!(s.members[0].node_name, "node-1");
     assert_eq!(s.members[0].medium, "DRAM");
     assert_eq!(
-        cond(&s.conditions, types::ELECTION_OBSERVED).reason,
+        cond(&s.conditions, conditions::ELECTION_OBSERVED).reason,
         "HolderElected"
     );
     assert_eq!(
-        cond(&s.conditions, types::ROLLOUT_COMPLETE).status,
+        cond(&s.conditions, conditions::ROLLOUT_COMPLETE).status,
         Status::True
     );
 }
@@ -181,7 +183,7 @@ fn a_ready_member_the_master_does_not_list_degrades_and_is_named() {
     );
     let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
     assert_eq!(s.phase, BackendPhase::Degraded);
-    let c = cond(&s.conditions, types::MEMBERS_MOUNTED);
+    let c = cond(&s.conditions, conditions::MEMBERS_MOUNTED);
     assert_eq!((c.status, c.reason), (Status::False, "SegmentsShort"));
     assert!(c.message.contains("m-2 (node node-2)"), "{}", c.message);
     assert!(!c.message.contains("m-1"), "{}", c.message);
@@ -206,7 +208,7 @@ fn no_ready_leader_is_provisioning_with_no_capacity() {
     assert_eq!(s.phase, BackendPhase::Provisioning);
     assert_eq!(s.capacity, None, "absent, not zero");
     assert_eq!(
-        cond(&s.conditions, types::LEADER_AVAILABLE).reason,
+        cond(&s.conditions, conditions::LEADER_AVAILABLE).reason,
         "NoReadyReplica"
     );
 }
@@ -252,7 +254,7 @@ fn a_failed_scrape_clears_capacity_and_says_so() {
     let obs = observation(Some(reading), vec![pod("m-1", "node-1", "10.0.0.5")]);
     let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
     assert_eq!(s.capacity, None);
-    let c = cond(&s.conditions, types::CAPACITY_OBSERVED);
+    let c = cond(&s.conditions, conditions::CAPACITY_OBSERVED);
     assert_eq!((c.status, c.reason), (Status::False, "ScrapeFailed"));
 }
 
@@ -266,7 +268,7 @@ fn an_old_master_without_the_listing_is_unknown_not_degraded() {
     let obs = observation(Some(reading), vec![pod("m-1", "node-1", "10.0.0.5")]);
     let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
     assert_eq!(s.phase, BackendPhase::Ready);
-    let c = cond(&s.conditions, types::MEMBERS_MOUNTED);
+    let c = cond(&s.conditions, conditions::MEMBERS_MOUNTED);
     assert_eq!(
         (c.status, c.reason),
         (Status::Unknown, "SegmentListingNotServed")
@@ -295,7 +297,7 @@ fn a_member_that_cannot_start_degrades_with_its_own_reason() {
         s.phase_message
     );
     assert_eq!(
-        cond(&s.conditions, types::MEMBERS_MOUNTED).reason,
+        cond(&s.conditions, conditions::MEMBERS_MOUNTED).reason,
         "MemberUnschedulable"
     );
 }
@@ -309,7 +311,7 @@ fn zero_capacity_with_ready_members_is_no_segments() {
     let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
     assert_eq!(s.phase, BackendPhase::Degraded);
     assert_eq!(
-        cond(&s.conditions, types::MEMBERS_MOUNTED).reason,
+        cond(&s.conditions, conditions::MEMBERS_MOUNTED).reason,
         "NoSegments"
     );
 }
@@ -323,7 +325,7 @@ fn members_not_reattached_after_a_failover_show() {
     let obs = observation(Some(reading), vec![pod("m-1", "node-1", "10.0.0.5")]);
     let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
     assert_eq!(
-        cond(&s.conditions, types::MEMBERS_MOUNTED).reason,
+        cond(&s.conditions, conditions::MEMBERS_MOUNTED).reason,
         "ClientsNotReattached"
     );
 }
@@ -340,7 +342,7 @@ fn pool_writes_follow_the_counters() {
         };
         let obs = observation(Some(reading), vec![pod("m-1", "node-1", "10.0.0.5")]);
         let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
-        cond(&s.conditions, types::POOL_WRITES).clone()
+        cond(&s.conditions, conditions::POOL_WRITES).clone()
     };
     assert_eq!(
         case("master_put_end_requests_total 2\n", 0).status,
@@ -380,7 +382,10 @@ fn deletion_held_by_a_pool_names_it() {
             .as_deref()
             .is_some_and(|m| m.contains("KVCachePool shared-dram"))
     );
-    assert_eq!(cond(&s.conditions, types::DELETABLE).status, Status::False);
+    assert_eq!(
+        cond(&s.conditions, conditions::DELETABLE).status,
+        Status::False
+    );
 }
 
 #[test]
@@ -396,7 +401,7 @@ fn a_declared_tier_the_master_does_not_report_is_named() {
     let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
     assert_eq!(s.phase, BackendPhase::Degraded);
     assert_eq!(
-        cond(&s.conditions, types::TIER_REGISTERED).reason,
+        cond(&s.conditions, conditions::TIER_REGISTERED).reason,
         "TierNotRegistered"
     );
 }
@@ -411,7 +416,7 @@ fn the_tier_survey_is_written_once() {
     full.survey = Some("entries=3 path=/var/lib/kvcache".into());
     let obs = observation(Some(serving(64 * MI, vec![])), vec![full]);
     let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
-    let c = cond(&s.conditions, types::TIER_WAS_EMPTY);
+    let c = cond(&s.conditions, conditions::TIER_WAS_EMPTY);
     assert_eq!((c.status, c.reason), (Status::False, "PreexistingContent"));
     assert!(
         c.message.contains("node node-1 (3 entries)"),
@@ -435,7 +440,7 @@ fn the_tier_survey_is_written_once() {
     let later = observation(Some(serving(64 * MI, vec![])), vec![empty]);
     let s = backend_status(&b, &later, &stored);
     assert_eq!(
-        cond(&s.conditions, types::TIER_WAS_EMPTY).status,
+        cond(&s.conditions, conditions::TIER_WAS_EMPTY).status,
         Status::False
     );
 }
@@ -452,7 +457,7 @@ fn exactly_the_pods_with_another_fingerprint_are_replaced() {
     let obs = observation(Some(serving(64 * MI, vec![])), pods);
     let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
     assert_eq!(
-        cond(&s.conditions, types::ROLLOUT_COMPLETE).reason,
+        cond(&s.conditions, conditions::ROLLOUT_COMPLETE).reason,
         "RolloutInProgress"
     );
 }
@@ -461,7 +466,7 @@ fn exactly_the_pods_with_another_fingerprint_are_replaced() {
 fn standbys_wait_for_election_to_be_enabled_first() {
     use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
     use kvcache_render::backend::{BackendInputs, render};
-    use kvcache_render::observe::hold_standbys;
+    use kvcache_render::rollout::hold_standbys;
     let leader = |yaml: &str| -> Deployment {
         let b = backend(
             "        - medium: DRAM\n          capacityPerMember: 64Mi\n",
@@ -525,10 +530,10 @@ fn the_running_version_is_reported_and_a_disagreeing_tag_is_named() {
     );
     obs.store_version = Some(("0.3.11.post1".into(), Some("0.3.13.post1".into())));
     let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
-    let c = cond(&s.conditions, types::STORE_VERSION_OBSERVED);
+    let c = cond(&s.conditions, conditions::STORE_VERSION_OBSERVED);
     assert_eq!((c.status, c.reason), (Status::False, "TagDisagrees"));
     assert!(c.message.contains("0.3.11.post1") && c.message.contains("0.3.13.post1"));
-    let written = kvcache_render::observe::apply(
+    let written = kvcache_render::status::backend::apply(
         &KVCacheBackendStatus::default(),
         s,
         &obs,
@@ -542,7 +547,7 @@ fn the_running_version_is_reported_and_a_disagreeing_tag_is_named() {
 mod model_deployment {
     use kvcache_api::condition::{Cond, Status};
     use kvcache_api::model::ModelDeploymentPhase;
-    use kvcache_render::observe::{
+    use kvcache_render::status::model::{
         ModelObservation, Resolution, RoleObservation, model_deployment_status, model_status,
     };
 

@@ -1,0 +1,748 @@
+//! A backend's status from what the operator observed: the store's answers
+//! ([`crate::store`]), the leader Deployment, the Lease and the member Pods. Pure: the operator
+//! fetches, calls [`backend_status`], and writes the result with [`apply`].
+//!
+//! One function per condition, in the order they are written, and [`phase`] from them
+//! (docs/design.md#backend-phase). It lives beside the render because it judges the rendered
+//! objects (their fingerprints, their groups, their Service address) against what runs.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kvcache_api::backend::conditions::*;
+use kvcache_api::backend::{
+    BackendPhase, Capacity, KVCacheBackendStatus, Medium, MemberStatus, ObjectRef,
+};
+use kvcache_api::condition::{Cond, Status};
+use kvcache_api::{KVCacheBackend, Quantity};
+
+use crate::read::{LeaderReplicas, MemberPod};
+use crate::rollout::stale_member_pods;
+use crate::store::{Health, Metrics, ReadError, Segment, StoreReading};
+
+/// Everything one pass observed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    /// The backend's generation.
+    pub generation: Option<i64>,
+    /// Being deleted.
+    pub deleting: bool,
+    /// Pools on it.
+    pub used_by: Vec<ObjectRef>,
+    /// Where engines connect.
+    pub endpoint: Option<String>,
+    /// The leader Deployment (managed; `None` while it does not exist yet).
+    pub leader: Option<LeaderReplicas>,
+    /// The Lease holder (`Some(None)`: the Lease exists without a holder; `None`: no Lease).
+    pub lease_holder: Option<Option<String>>,
+    /// The store's answers (`None`: not read this pass).
+    pub store: Option<StoreReading>,
+    /// Member Pods of every group.
+    pub members: Vec<MemberPod>,
+    /// The rendered fingerprint of each group, by index.
+    pub rendered_hashes: Vec<String>,
+    /// The rollout holds standbys back until the electing template is out
+    /// (docs/design.md#two-step-election).
+    pub standbys_held: bool,
+    /// `mooncake_master --version` as the running leader reported it, with the version the
+    /// image tag names.
+    pub store_version: Option<(String, Option<String>)>,
+    /// Why the backend's objects could not be rendered this pass (a condition reason and the
+    /// message), e.g. no store image: the phase is then `Error` whatever else was observed.
+    pub render_refused: Option<(&'static str, String)>,
+}
+
+impl Observation {
+    /// Nothing observed yet, for the backend's `generation`.
+    pub fn empty(generation: Option<i64>) -> Self {
+        Observation {
+            generation,
+            deleting: false,
+            used_by: Vec::new(),
+            endpoint: None,
+            leader: None,
+            lease_holder: None,
+            store: None,
+            members: Vec::new(),
+            rendered_hashes: Vec::new(),
+            standbys_held: false,
+            store_version: None,
+            render_refused: None,
+        }
+    }
+}
+
+/// What to write.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Computed {
+    /// Phase.
+    pub phase: BackendPhase,
+    /// Why not `Ready`.
+    pub phase_message: Option<String>,
+    /// Capacity (absent unless read from a serving leader).
+    pub capacity: Option<Capacity>,
+    /// Member rows.
+    pub members: Vec<MemberStatus>,
+    /// Conditions, without times.
+    pub conditions: Vec<Cond>,
+}
+
+fn managed(b: &KVCacheBackend) -> bool {
+    b.spec.connection.managed.is_some()
+}
+
+fn has_tier(b: &KVCacheBackend) -> bool {
+    b.spec
+        .connection
+        .managed
+        .as_ref()
+        .is_some_and(|m| m.members.iter().any(|g| g.tier().is_some()))
+}
+
+fn medium_of(b: &KVCacheBackend, group: usize) -> String {
+    b.spec
+        .connection
+        .managed
+        .as_ref()
+        .and_then(|m| m.members.get(group))
+        .map(|g| match g.medium {
+            Medium::Dram => "DRAM",
+            Medium::Vram => "VRAM",
+        })
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn name(b: &KVCacheBackend) -> &str {
+    b.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// Capacity (docs/design.md#capacity): memory, plus the disk tier when one is declared
+/// (external: both families).
+fn capacity(b: &KVCacheBackend, m: &Metrics) -> Option<Capacity> {
+    let memory = m.memory_bytes?;
+    let disk = if managed(b) && !has_tier(b) {
+        None
+    } else {
+        m.file_bytes
+    };
+    Some(Capacity {
+        total: Quantity::from_bytes(memory.saturating_add(disk.unwrap_or(0))),
+        memory: Some(Quantity::from_bytes(memory)),
+        disk: disk.map(Quantity::from_bytes),
+    })
+}
+
+/// Member rows: one per listed segment, joined to a member Pod by its advertised host.
+fn member_rows(b: &KVCacheBackend, segments: &[Segment], pods: &[MemberPod]) -> Vec<MemberStatus> {
+    let mut rows: Vec<MemberStatus> = segments
+        .iter()
+        .map(|s| {
+            let matching: Vec<&MemberPod> = pods
+                .iter()
+                .filter(|p| !p.ip.is_empty() && p.ip == s.host())
+                .collect();
+            let (node_name, medium) = match (managed(b), matching.as_slice()) {
+                (true, [one]) => (one.node.clone(), medium_of(b, one.group)),
+                _ => (String::new(), String::new()),
+            };
+            MemberStatus {
+                segment_id: s.segment_id.clone(),
+                client_id: s.client_id.clone(),
+                segment_name: s.segment_name.clone(),
+                node_name,
+                medium,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.segment_id.cmp(&b.segment_id));
+    rows
+}
+
+/// The status of a backend from one pass of observation. `previous` is what is stored (the
+/// member list is kept when the listing cannot be read; `TierWasEmpty` is written once).
+pub fn backend_status(
+    b: &KVCacheBackend,
+    obs: &Observation,
+    previous: &KVCacheBackendStatus,
+) -> Computed {
+    let health = obs.store.as_ref().map(|s| &s.health);
+    let serving = matches!(health, Some(Ok(h)) if h.service_ready);
+    let no_ready_leader = no_ready_leader(b, obs);
+    // Capacity: only from a serving leader; a failed scrape clears it.
+    let metrics = obs.store.as_ref().and_then(|s| s.metrics.as_ref().ok());
+    let cap = if serving {
+        metrics.and_then(|m| capacity(b, m))
+    } else {
+        None
+    };
+    let (mounted, shortfall) = members_mounted(obs, serving, metrics);
+    let mut conditions = vec![
+        deletable(&obs.used_by),
+        leader_available(health, no_ready_leader, name(b)),
+        capacity_observed(cap.as_ref(), obs.store.as_ref().map(|s| &s.metrics)),
+        mounted,
+        pool_writes(obs, serving),
+        rollout_complete(b, obs),
+    ];
+    conditions.extend(election_observed(b, obs, no_ready_leader));
+    let mut tier_problem = None;
+    if has_tier(b) {
+        conditions.extend(tier_was_empty(&obs.members, previous));
+        let (registered, problem) = tier_registered(obs, serving, metrics);
+        conditions.push(registered);
+        tier_problem = problem;
+    }
+    conditions.extend(store_version_observed(obs));
+    let (phase, phase_message) = phase(b, obs, serving, &conditions, shortfall.or(tier_problem));
+    conditions.extend(rendered(obs));
+    Computed {
+        phase,
+        phase_message,
+        capacity: cap,
+        members: member_rows_or_stored(b, obs, serving, previous),
+        conditions,
+    }
+}
+
+/// A managed backend whose leader Deployment has no ready replica (or does not exist yet).
+fn no_ready_leader(b: &KVCacheBackend, obs: &Observation) -> bool {
+    managed(b) && obs.leader.is_none_or(|l| l.ready == 0)
+}
+
+/// `Deletable`: held while a pool uses the backend.
+fn deletable(used_by: &[ObjectRef]) -> Cond {
+    if used_by.is_empty() {
+        Cond::yes(DELETABLE, "NotInUse", "no pool uses this backend")
+    } else {
+        Cond::no(
+            DELETABLE,
+            "InUse",
+            format!("in use by {}; delete those first", listed(used_by)),
+        )
+    }
+}
+
+/// The pools on the backend, as a sentence names them.
+fn listed(used_by: &[ObjectRef]) -> String {
+    used_by
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `LeaderAvailable`: the store's `/health` verdict (`None`: not read this pass).
+fn leader_available(
+    health: Option<&Result<Health, ReadError>>,
+    no_ready_leader: bool,
+    name: &str,
+) -> Cond {
+    match health {
+        Some(Ok(h)) if h.service_ready => Cond::yes(
+            LEADER_AVAILABLE,
+            "Serving",
+            format!(
+                "the leader serves ({})",
+                h.ha_state.as_deref().unwrap_or("serving")
+            ),
+        ),
+        Some(Ok(h)) => Cond::no(
+            LEADER_AVAILABLE,
+            "NotServing",
+            format!(
+                "the master answers but does not serve yet (role {}, state {})",
+                h.role.as_deref().unwrap_or("unknown"),
+                h.ha_state.as_deref().unwrap_or("unknown")
+            ),
+        ),
+        Some(Err(e)) => Cond::no(LEADER_AVAILABLE, "Unreachable", e.to_string()),
+        None if no_ready_leader => Cond::no(
+            LEADER_AVAILABLE,
+            "NoReadyReplica",
+            format!("the leader Deployment of {name} has no ready replica yet"),
+        ),
+        None => Cond::unknown(LEADER_AVAILABLE, "NotRead", "the leader was not read yet"),
+    }
+}
+
+/// `CapacityObserved`: whether [`capacity`] could be read (`metrics`: the scrape, `None` when
+/// the store was not read this pass).
+fn capacity_observed(
+    capacity: Option<&Capacity>,
+    metrics: Option<&Result<Metrics, ReadError>>,
+) -> Cond {
+    match (capacity, metrics) {
+        (Some(c), _) => Cond::yes(
+            CAPACITY_OBSERVED,
+            "Observed",
+            format!("the leader reports {} registered", c.total.as_str()),
+        ),
+        (None, Some(Err(e))) => Cond::no(CAPACITY_OBSERVED, "ScrapeFailed", e.to_string()),
+        (None, _) => Cond::unknown(
+            CAPACITY_OBSERVED,
+            "LeaderNotServing",
+            "capacity is read only from a serving leader",
+        ),
+    }
+}
+
+/// The member rows: from the segment listing of a serving leader, else the stored ones.
+fn member_rows_or_stored(
+    b: &KVCacheBackend,
+    obs: &Observation,
+    serving: bool,
+    previous: &KVCacheBackendStatus,
+) -> Vec<MemberStatus> {
+    match (&obs.store, serving) {
+        (
+            Some(StoreReading {
+                segments: Ok(s), ..
+            }),
+            true,
+        ) => member_rows(b, s, &obs.members),
+        _ => previous.members.clone(),
+    }
+}
+
+/// `MembersMounted` (docs/design.md#members-mounted), checked against a serving leader only,
+/// and the problem that makes the phase `Degraded`, if any.
+fn members_mounted(
+    obs: &Observation,
+    serving: bool,
+    metrics: Option<&Metrics>,
+) -> (Cond, Option<String>) {
+    match (&obs.store, serving) {
+        (Some(reading), true) => members_against_listing(reading, metrics, &obs.members),
+        _ => (
+            Cond::unknown(
+                MEMBERS_MOUNTED,
+                "LeaderNotServing",
+                "members are checked against a serving leader",
+            ),
+            None,
+        ),
+    }
+}
+
+/// `MembersMounted` from a serving leader's answers: a member that cannot start, the listing,
+/// then each ready member Pod against the segments listed; and the problem, if any.
+fn members_against_listing(
+    reading: &StoreReading,
+    metrics: Option<&Metrics>,
+    pods: &[MemberPod],
+) -> (Cond, Option<String>) {
+    const T: &str = MEMBERS_MOUNTED;
+    // A member that cannot start, or cannot be scheduled, degrades the backend with its own
+    // reason even while others serve; members still starting are not counted.
+    if let Some((pod, (reason, message))) = pods
+        .iter()
+        .filter(|p| !p.terminating)
+        .find_map(|p| p.problem.as_ref().map(|pr| (p, pr)))
+    {
+        let why = format!(
+            "member Pod {} ({}): {reason}: {message}",
+            pod.name,
+            where_(pod)
+        );
+        let cond_reason = match reason.as_str() {
+            "CrashLoopBackOff" => "MemberCrashLooping",
+            "Unschedulable" => "MemberUnschedulable",
+            _ => "MemberNotStarting",
+        };
+        return (Cond::no(T, cond_reason, why.clone()), Some(why));
+    }
+    let segments = match &reading.segments {
+        Ok(s) => s,
+        Err(ReadError::Status { status: 404, .. }) => {
+            return (
+                Cond::unknown(
+                    T,
+                    "SegmentListingNotServed",
+                    "the master does not serve /get_segments_detail (older than 0.3.12): members cannot be checked one by one",
+                ),
+                None,
+            );
+        }
+        Err(e) => {
+            let why = format!("the segment listing could not be read: {e}");
+            return (Cond::no(T, "ListingFailed", why.clone()), Some(why));
+        }
+    };
+    let ready: Vec<&MemberPod> = pods.iter().filter(|p| p.ready && !p.terminating).collect();
+    if ready.is_empty() {
+        return (
+            Cond::unknown(
+                T,
+                "NoReadyMembers",
+                "no member Pod is ready yet (members still starting are not counted against the backend)",
+            ),
+            None,
+        );
+    }
+    if metrics.and_then(|m| m.memory_bytes) == Some(0) {
+        let why = format!(
+            "the master reports no capacity: none of the {} ready member Pods is mounted",
+            ready.len()
+        );
+        return (Cond::no(T, "NoSegments", why.clone()), Some(why));
+    }
+    let listed: BTreeSet<&str> = segments.iter().map(Segment::host).collect();
+    let missing: Vec<String> = ready
+        .iter()
+        .filter(|p| !listed.contains(p.ip.as_str()))
+        .map(|p| format!("{} ({})", p.name, where_(p)))
+        .collect();
+    if !missing.is_empty() {
+        let why = format!(
+            "{} of {} ready member Pods have no segment registered with the master: {}",
+            missing.len(),
+            ready.len(),
+            missing.join(", ")
+        );
+        return (Cond::no(T, "SegmentsShort", why.clone()), Some(why));
+    }
+    let mut seen = BTreeMap::<&str, usize>::new();
+    for p in &ready {
+        *seen.entry(p.ip.as_str()).or_default() += 1;
+    }
+    if let Some((ip, _)) = seen.iter().find(|(_, n)| **n > 1) {
+        return (
+            Cond::no(
+                T,
+                "AmbiguousMemberIdentity",
+                format!(
+                    "two ready member Pods share the address {ip} (host networking): rows keep only what they agree on"
+                ),
+            ),
+            None,
+        );
+    }
+    if metrics.and_then(|m| m.active_clients) == Some(0) {
+        let why = format!(
+            "the master lists {} segments but reports no active client: members have not reattached since the leader started; they remount on their next heartbeat",
+            segments.len()
+        );
+        return (Cond::no(T, "ClientsNotReattached", why.clone()), Some(why));
+    }
+    (
+        Cond::yes(
+            T,
+            "AllMounted",
+            format!(
+                "every ready member Pod ({}) has its segment registered",
+                ready.len()
+            ),
+        ),
+        None,
+    )
+}
+
+fn where_(p: &MemberPod) -> String {
+    if p.node.is_empty() {
+        "not scheduled".to_owned()
+    } else {
+        format!("node {}", p.node)
+    }
+}
+
+/// `PoolWrites` (docs/design.md#pool-writes), asked of a serving leader only.
+fn pool_writes(obs: &Observation, serving: bool) -> Cond {
+    match (&obs.store, serving) {
+        (Some(reading), true) => writes_from_counters(reading),
+        _ => Cond::unknown(POOL_WRITES, "LeaderNotServing", "no serving leader to ask"),
+    }
+}
+
+/// `PoolWrites` from the master's put counters and the segments' allocators.
+fn writes_from_counters(reading: &StoreReading) -> Cond {
+    const T: &str = POOL_WRITES;
+    let (Ok(m), Ok(segments)) = (&reading.metrics, &reading.segments) else {
+        return Cond::unknown(
+            T,
+            "ReadingMissing",
+            "the master's counters could not all be read",
+        );
+    };
+    let used = segments.iter().any(|s| s.allocator_used_bytes > 0);
+    match (m.put_starts, m.put_ends, m.put_revokes) {
+        (_, Some(ends), _) if ends > 0 => Cond::yes(
+            T,
+            "PutsCompleted",
+            format!("{ends} puts completed since the leader process started"),
+        ),
+        _ if used => Cond::yes(T, "SegmentsHoldData", "a member segment holds data"),
+        (Some(starts), _, Some(revokes)) if starts > 0 && revokes > 0 => Cond::no(
+            T,
+            "PutsRevoked",
+            format!(
+                "{starts} puts started and {revokes} were revoked while no member holds any data: writes are failing (check the engines' tenant and the members' transport)"
+            ),
+        ),
+        (Some(0), _, _) | (None, _, _) => Cond::unknown(
+            T,
+            "NoPutsYet",
+            "no put has started since the leader process started",
+        ),
+        _ => Cond::unknown(T, "PutsInFlight", "puts started but none has ended yet"),
+    }
+}
+
+/// `RolloutComplete`: every leader replica and member Pod on the current template.
+fn rollout_complete(b: &KVCacheBackend, obs: &Observation) -> Cond {
+    let stale = stale_member_pods(&obs.members, &obs.rendered_hashes);
+    match obs.leader {
+        _ if obs.standbys_held => Cond::no(
+            ROLLOUT_COMPLETE,
+            "ReplicasPending",
+            "election is being enabled at one replica first; standbys are added once that rollout is complete",
+        ),
+        Some(l)
+            if l.observed && l.updated == l.desired && l.total == l.desired && stale.is_empty() =>
+        {
+            Cond::yes(
+                ROLLOUT_COMPLETE,
+                "UpToDate",
+                "every leader replica and member Pod runs the current template",
+            )
+        }
+        Some(l) => Cond::no(
+            ROLLOUT_COMPLETE,
+            "RolloutInProgress",
+            format!(
+                "leader: {} of {} replicas updated ({} Pods in all); {} member Pods to replace",
+                l.updated,
+                l.desired,
+                l.total,
+                stale.len()
+            ),
+        ),
+        None if managed(b) => Cond::unknown(
+            ROLLOUT_COMPLETE,
+            "NotCreated",
+            "the leader Deployment does not exist yet",
+        ),
+        None => Cond::yes(
+            ROLLOUT_COMPLETE,
+            "External",
+            "an external store has nothing to roll out",
+        ),
+    }
+}
+
+/// `ElectionObserved`, for a managed leader that elects only: who holds the Lease.
+fn election_observed(b: &KVCacheBackend, obs: &Observation, no_ready_leader: bool) -> Option<Cond> {
+    let elects = b
+        .spec
+        .connection
+        .managed
+        .as_ref()
+        .is_some_and(|m| m.leader.elects());
+    elects.then(|| match &obs.lease_holder {
+        Some(Some(holder)) if !holder.is_empty() => Cond::yes(
+            ELECTION_OBSERVED,
+            "HolderElected",
+            format!("the Lease is held by {holder}"),
+        ),
+        Some(_) if !no_ready_leader => Cond::no(
+            ELECTION_OBSERVED,
+            "NoHolder",
+            "a leader replica is ready but the Lease names no holder (first campaign running, or the leader lacks rights on its Lease)",
+        ),
+        Some(_) => Cond::unknown(ELECTION_OBSERVED, "Campaigning", "the Lease has no holder yet"),
+        None => Cond::unknown(ELECTION_OBSERVED, "LeaseMissing", "the Lease does not exist yet"),
+    })
+}
+
+/// `entries=N` from the survey's termination message.
+fn survey_entries(message: &str) -> Option<u64> {
+    message
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("entries="))
+        .and_then(|n| n.parse().ok())
+}
+
+/// `TierWasEmpty` (docs/design.md#tier-was-empty): written once, from the first member Pods'
+/// surveys.
+fn tier_was_empty(pods: &[MemberPod], previous: &KVCacheBackendStatus) -> Option<Cond> {
+    const T: &str = TIER_WAS_EMPTY;
+    if let Some(c) = previous.conditions.iter().find(|c| c.type_ == T) {
+        let status = match c.status.as_str() {
+            "True" => Status::True,
+            "False" => Status::False,
+            _ => Status::Unknown,
+        };
+        let reason = if status == Status::True {
+            "Empty"
+        } else {
+            "PreexistingContent"
+        };
+        return Some(Cond::new(T, status, reason, c.message.clone()));
+    }
+    let surveyed: Vec<(&MemberPod, u64)> = pods
+        .iter()
+        .filter_map(|p| p.survey.as_deref().and_then(survey_entries).map(|n| (p, n)))
+        .collect();
+    let full: Vec<String> = surveyed
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(p, n)| format!("{} ({n} entries)", where_(p)))
+        .collect();
+    if !full.is_empty() {
+        return Some(Cond::no(
+            T,
+            "PreexistingContent",
+            format!(
+                "the disk tier's folder already held files on first start: {}; nothing was removed",
+                full.join(", ")
+            ),
+        ));
+    }
+    let all_reported = !pods.is_empty() && surveyed.len() == pods.len();
+    all_reported.then(|| {
+        Cond::yes(
+            T,
+            "Empty",
+            format!(
+                "every one of the {} member nodes reported an empty tier folder",
+                pods.len()
+            ),
+        )
+    })
+}
+
+/// `TierRegistered`, for a backend with a disk tier: the master's tier figure once members are
+/// ready; and the problem that makes the phase `Degraded` when the tier did not register.
+fn tier_registered(
+    obs: &Observation,
+    serving: bool,
+    metrics: Option<&Metrics>,
+) -> (Cond, Option<String>) {
+    let ready_members = obs.members.iter().any(|p| p.ready);
+    match (serving, metrics.and_then(|m| m.file_bytes)) {
+        (true, Some(0)) if ready_members => {
+            let why = "members are ready but the master reports no disk tier capacity (master_total_file_capacity_bytes 0): the tier did not register; check the member logs for the offload path".to_owned();
+            (
+                Cond::no(TIER_REGISTERED, "TierNotRegistered", why.clone()),
+                Some(why),
+            )
+        }
+        (true, Some(n)) if n > 0 => (
+            Cond::yes(
+                TIER_REGISTERED,
+                "Registered",
+                format!(
+                    "the master reports {} of disk tier",
+                    Quantity::from_bytes(n).as_str()
+                ),
+            ),
+            None,
+        ),
+        _ => (
+            Cond::unknown(
+                TIER_REGISTERED,
+                "NotObserved",
+                "no ready member or no serving leader yet",
+            ),
+            None,
+        ),
+    }
+}
+
+/// `StoreVersionObserved`, once the running master's version is known: it against the image tag.
+fn store_version_observed(obs: &Observation) -> Option<Cond> {
+    let (running, tagged) = obs.store_version.as_ref()?;
+    Some(match tagged {
+        Some(t) if t != running => Cond::no(
+            STORE_VERSION_OBSERVED,
+            "TagDisagrees",
+            format!(
+                "the running master reports version {running} while the image tag says {t}: the version-line check uses {running}"
+            ),
+        ),
+        _ => Cond::yes(
+            STORE_VERSION_OBSERVED,
+            "Observed",
+            format!("the running master reports version {running}"),
+        ),
+    })
+}
+
+/// `Rendered`, written only when the backend's objects could not be rendered this pass.
+fn rendered(obs: &Observation) -> Option<Cond> {
+    let (reason, why) = obs.render_refused.as_ref()?;
+    Some(Cond::no(RENDERED, reason, why.clone()))
+}
+
+/// The phase and why it is not `Ready` (docs/design.md#backend-phase): a render refusal is an
+/// `Error` whatever else was seen; then deletion, a leader not serving (`Provisioning` while a
+/// managed leader has no ready replica), and `problem` (members short, a tier unregistered)
+/// `Degraded`.
+pub fn phase(
+    b: &KVCacheBackend,
+    obs: &Observation,
+    serving: bool,
+    conditions: &[Cond],
+    problem: Option<String>,
+) -> (BackendPhase, Option<String>) {
+    if let Some((_, why)) = &obs.render_refused {
+        (BackendPhase::Error, Some(why.clone()))
+    } else if obs.deleting {
+        let why = if obs.used_by.is_empty() {
+            "tearing down the leader and member workloads".to_owned()
+        } else {
+            format!("deletion waits for {}", listed(&obs.used_by))
+        };
+        (BackendPhase::Deleting, Some(why))
+    } else if no_ready_leader(b, obs) && !serving {
+        (
+            BackendPhase::Provisioning,
+            Some(format!(
+                "the leader Deployment of {} has no ready replica yet",
+                name(b)
+            )),
+        )
+    } else if !serving {
+        let why = conditions
+            .iter()
+            .find(|c| c.type_ == LEADER_AVAILABLE)
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        (
+            BackendPhase::Error,
+            Some(format!("the leader is not available: {why}")),
+        )
+    } else if let Some(why) = problem {
+        (BackendPhase::Degraded, Some(why))
+    } else {
+        (BackendPhase::Ready, None)
+    }
+}
+
+/// Merges a computed status into the stored one (times kept where the status did not change).
+pub fn apply(
+    stored: &KVCacheBackendStatus,
+    computed: Computed,
+    obs: &Observation,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> KVCacheBackendStatus {
+    KVCacheBackendStatus {
+        observed_generation: obs.generation,
+        phase: Some(computed.phase),
+        phase_message: computed.phase_message,
+        endpoint: obs.endpoint.clone(),
+        endpoints: stored.endpoints.clone(),
+        capacity: computed.capacity,
+        members: computed.members,
+        used_by: obs.used_by.clone(),
+        store_version: obs
+            .store_version
+            .as_ref()
+            .map(|(running, _)| running.clone()),
+        conditions: kvcache_api::condition::merge(
+            &stored.conditions,
+            &computed.conditions,
+            now,
+            obs.generation,
+        ),
+    }
+}
