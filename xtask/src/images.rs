@@ -589,11 +589,38 @@ fn vllm_image(dir: &Path, base: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `cargo` without what a parent cargo put in the environment of the process it runs (`cargo
+/// run` for `cargo xtask ...`, `cargo test` for the demo's test): those differ between the two
+/// (`LD_LIBRARY_PATH`, the package's `CARGO_*`), and the release build run from the
+/// demo's test recompiled every crate the suite's set-up had just built (about 2.5 minutes).
+fn plain_cargo() -> Command {
+    let mut cargo = Command::new(env!("CARGO"));
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        let set_for_a_child = key == "LD_LIBRARY_PATH"
+            || key == "OUT_DIR"
+            || key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_")
+            || matches!(
+                key,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+            );
+        if set_for_a_child {
+            cargo.env_remove(key);
+        }
+    }
+    cargo
+}
+
 /// The operator image: release binaries and the glibc files `ldd` names, staged as the build
 /// context of the repository's `Dockerfile`.
 fn operator_image(dir: &Path) -> anyhow::Result<()> {
     let root = root();
-    let status = Command::new(env!("CARGO"))
+    let status = plain_cargo()
         .args([
             "build",
             "--quiet",

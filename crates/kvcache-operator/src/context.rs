@@ -18,6 +18,7 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployme
 use kvcache_render::backend::{ADMIN_PORT, leader_name};
 use tracing::{error, warn};
 
+use crate::store::StoreClient;
 use crate::telemetry::Metrics;
 use crate::watch::{reflect, reflect_shared};
 
@@ -125,6 +126,8 @@ pub struct Context {
     pub config: Config,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    /// The client of the stores' admin surfaces and the engines' metrics.
+    pub store: StoreClient,
     pub settings: Store<ConfigMap>,
     pub pools: Store<KVCachePool>,
     pub bindings: Store<KVCachePoolBinding>,
@@ -214,6 +217,7 @@ impl Context {
             config,
             recorder,
             metrics,
+            store: StoreClient::default(),
             settings: caches.settings,
             pools: caches.pools,
             bindings: caches.bindings,

@@ -1,119 +1,198 @@
-//! Reading a store's admin surface (`/health`, `/metrics`, `/get_segments_detail`): three
-//! independent reads with a short timeout, no redirects followed. The answers are parsed by
-//! `kvcache-render::store`; an unreachable store is a value, never a panic.
+//! Reading a store's admin surface (`/health`, `/metrics`, `/get_segments_detail`), its tenant
+//! ledger and an engine's `/metrics`: one async HTTP/1 client held in the context (connections
+//! reused across reconciles), a timeout per request, no redirect followed. The answers are parsed
+//! by `kvcache-render::store`; an unreachable store is a value, never a panic.
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use kvcache_render::store::{Health, Metrics, ReadError, Segment, StoreReading};
 
-/// How long one read may take.
+/// How long one request may take, answer body included.
 const TIMEOUT: Duration = Duration::from_millis(1500);
 
-/// A client with the read timeout, following no redirect, reading error statuses as answers.
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .timeout_global(Some(TIMEOUT))
-        .max_redirects(0)
-        .http_status_as_error(false)
-        .build()
-        .into()
+/// How long an idle connection to a store is kept for the next read.
+const IDLE: Duration = Duration::from_secs(30);
+
+/// The operator's client for stores and engines (cheap to clone: one connection pool).
+#[derive(Clone, Debug)]
+pub struct StoreClient {
+    http: Client<HttpConnector, Full<Bytes>>,
 }
 
-fn get(url: &str) -> Result<String, ReadError> {
-    let agent = agent();
-    let mut response = agent.get(url).call().map_err(|e| ReadError::Unreachable {
-        url: url.to_owned(),
-        message: e.to_string(),
-    })?;
-    let status = response.status().as_u16();
-    if status != 200 {
-        return Err(ReadError::Status {
-            url: url.to_owned(),
-            status,
-        });
-    }
-    response
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| ReadError::Unreadable {
-            url: url.to_owned(),
-            message: e.to_string(),
-        })
-}
-
-/// A GET of `url` with the read timeout: the body of a 200 answer, or why there is none.
-pub async fn fetch(url: String) -> Result<String, ReadError> {
-    let u = url.clone();
-    tokio::task::spawn_blocking(move || get(&u))
-        .await
-        .unwrap_or_else(|e| {
-            Err(ReadError::Unreachable {
-                url,
-                message: e.to_string(),
-            })
-        })
-}
-
-/// Reads the store whose admin surface is at `admin` (`host:port`).
-pub async fn read(admin: &str) -> StoreReading {
-    let base = format!("http://{admin}");
-    let (health, metrics, segments) = tokio::join!(
-        fetch(format!("{base}/health")),
-        fetch(format!("{base}/metrics")),
-        fetch(format!("{base}/get_segments_detail")),
-    );
-    StoreReading {
-        health: health.and_then(|b| Health::parse(&format!("{base}/health"), &b)),
-        metrics: metrics.map(|t| Metrics::parse(&t)),
-        segments: segments
-            .and_then(|b| Segment::parse_all(&format!("{base}/get_segments_detail"), &b)),
+impl Default for StoreClient {
+    fn default() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(TIMEOUT));
+        connector.set_nodelay(true);
+        StoreClient {
+            http: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(IDLE)
+                .build(connector),
+        }
     }
 }
 
-/// One call to the tenant ledger (`/api/v1/tenant_quotas`) at `admin`: the HTTP status and body,
-/// or why no answer came.
-pub async fn ledger(
-    admin: &str,
-    req: &kvcache_quota::admin::Request,
-) -> Result<(u16, String), ReadError> {
-    let url = format!("http://{admin}{}", req.path());
-    let (method, body) = (req.method(), req.body());
-    let u = url.clone();
-    tokio::task::spawn_blocking(move || {
-        let agent = agent();
-        let sent = match (method, body) {
-            ("PUT", Some(body)) => agent
-                .put(&u)
-                .header("Content-Type", "application/json")
-                .send(body),
-            ("DELETE", _) => agent.delete(&u).call(),
-            _ => agent.get(&u).call(),
+impl StoreClient {
+    /// One request: the status and body, or why no answer came within [`TIMEOUT`].
+    async fn send(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<String>,
+    ) -> Result<(u16, String), ReadError> {
+        let unreachable = |message: String| ReadError::Unreachable {
+            url: url.to_owned(),
+            message,
         };
-        let mut response = sent.map_err(|e| ReadError::Unreachable {
-            url: u.clone(),
-            message: e.to_string(),
-        })?;
-        let status = response.status().as_u16();
-        let text = response
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| ReadError::Unreadable {
-                url: u.clone(),
+        let mut request = hyper::Request::builder().method(method).uri(url);
+        if body.is_some() {
+            request = request.header("Content-Type", "application/json");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| unreachable(e.to_string()))?;
+        let answer = async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| unreachable(e.to_string()))?;
+            let status = response.status().as_u16();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| ReadError::Unreadable {
+                    url: url.to_owned(),
+                    message: e.to_string(),
+                })?
+                .to_bytes();
+            let text = String::from_utf8(bytes.to_vec()).map_err(|e| ReadError::Unreadable {
+                url: url.to_owned(),
                 message: e.to_string(),
             })?;
-        Ok((status, text))
-    })
-    .await
-    .unwrap_or_else(|e| {
-        Err(ReadError::Unreachable {
-            url,
-            message: e.to_string(),
-        })
-    })
+            Ok((status, text))
+        };
+        tokio::time::timeout(TIMEOUT, answer)
+            .await
+            .unwrap_or_else(|_| Err(unreachable(format!("no answer within {TIMEOUT:?}"))))
+    }
+
+    /// A GET of `url`: the body of a 200 answer, or why there is none.
+    pub async fn fetch(&self, url: &str) -> Result<String, ReadError> {
+        match self.send("GET", url, None).await? {
+            (200, body) => Ok(body),
+            (status, _) => Err(ReadError::Status {
+                url: url.to_owned(),
+                status,
+            }),
+        }
+    }
+
+    /// Reads the store whose admin surface is at `admin` (`host:port`).
+    pub async fn read(&self, admin: &str) -> StoreReading {
+        let health_url = format!("http://{admin}/health");
+        let metrics_url = format!("http://{admin}/metrics");
+        let segments_url = format!("http://{admin}/get_segments_detail");
+        let (health, metrics, segments) = tokio::join!(
+            self.fetch(&health_url),
+            self.fetch(&metrics_url),
+            self.fetch(&segments_url),
+        );
+        StoreReading {
+            health: health.and_then(|b| Health::parse(&health_url, &b)),
+            metrics: metrics.map(|t| Metrics::parse(&t)),
+            segments: segments.and_then(|b| Segment::parse_all(&segments_url, &b)),
+        }
+    }
+
+    /// One call to the tenant ledger (`/api/v1/tenant_quotas`) at `admin`: the HTTP status and
+    /// body (an error status is an answer), or why no answer came.
+    pub async fn ledger(
+        &self,
+        admin: &str,
+        req: &kvcache_quota::admin::Request,
+    ) -> Result<(u16, String), ReadError> {
+        let url = format!("http://{admin}{}", req.path());
+        let body = match req.method() {
+            "PUT" => req.body(),
+            _ => None,
+        };
+        self.send(req.method(), &url, body).await
+    }
+
+    /// `master_total_capacity_bytes` from the store at `admin`.
+    pub async fn capacity(&self, admin: &str) -> Option<u64> {
+        let text = self.fetch(&format!("http://{admin}/metrics")).await.ok()?;
+        Metrics::parse(&text).memory_bytes
+    }
 }
 
-/// `master_total_capacity_bytes` from the store at `admin`.
-pub async fn capacity(admin: &str) -> Option<u64> {
-    let text = fetch(format!("http://{admin}/metrics")).await.ok()?;
-    Metrics::parse(&text).memory_bytes
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serves `answers` (status, body) one connection each on a loopback port.
+    async fn serve(answers: Vec<(u16, &'static str)>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        tokio::spawn(async move {
+            for (status, body) in answers {
+                let (mut s, _) = listener.accept().await.expect("a connection");
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let reply = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(reply.as_bytes()).await;
+            }
+        });
+        addr.to_string()
+    }
+
+    #[tokio::test]
+    async fn a_200_is_its_body_and_an_error_status_is_named() {
+        let addr = serve(vec![(200, "ok"), (503, "down")]).await;
+        let client = StoreClient::default();
+        assert_eq!(
+            client.fetch(&format!("http://{addr}/health")).await,
+            Ok("ok".to_owned())
+        );
+        assert!(matches!(
+            client.fetch(&format!("http://{addr}/health")).await,
+            Err(ReadError::Status { status: 503, .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_ledger_answer_keeps_its_status() {
+        let addr = serve(vec![(404, r#"{"success":false}"#)]).await;
+        let client = StoreClient::default();
+        let answer = client
+            .ledger(&addr, &kvcache_quota::admin::Request::List)
+            .await;
+        assert_eq!(answer, Ok((404, r#"{"success":false}"#.to_owned())));
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_unreachable_not_a_panic() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        drop(listener);
+        assert!(matches!(
+            StoreClient::default()
+                .fetch(&format!("http://{addr}/"))
+                .await,
+            Err(ReadError::Unreachable { .. })
+        ));
+    }
 }

@@ -379,7 +379,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
     }
     if let Some(admin) = ctx.admin_address(b) {
-        let reading = crate::store::read(&admin).await;
+        let reading = ctx.store.read(&admin).await;
         let result = if reading.health.is_ok() {
             "ok"
         } else {

@@ -27,6 +27,7 @@ use tracing::instrument;
 use super::pool::{backend_of, claims_on, id, write_binding_status};
 use crate::context::{Context, MANAGER};
 use crate::error::Error;
+use crate::store::StoreClient;
 
 /// Held while a Binding's tenant is not released on the master.
 pub const BINDING_FINALIZER: &str = "kvcache.gpustack.ai/release";
@@ -182,11 +183,13 @@ fn ledger_of(ctx: &Context, b: &KVCachePoolBinding) -> (Ledger, Option<String>) 
 
 /// One ledger request, its answer decoded by `decode`.
 async fn ask<T>(
+    store: &StoreClient,
     admin: &str,
     request: &Request,
     decode: impl FnOnce(u16, &str) -> Result<T, admin::AdminError>,
 ) -> Result<Result<T, admin::AdminError>, Unanswered> {
-    crate::store::ledger(admin, request)
+    store
+        .ledger(admin, request)
         .await
         .map(|(status, body)| decode(status, &body))
         .map_err(|e| Unanswered(e.to_string()))
@@ -205,14 +208,26 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
     if step == Step::ReadEntry {
         step = release::after_entry(
             &tenant,
-            ask(&admin, &Request::Get(tenant.clone()), admin::decode_entry).await,
+            ask(
+                &ctx.store,
+                &admin,
+                &Request::Get(tenant.clone()),
+                admin::decode_entry,
+            )
+            .await,
         );
     }
     let release = match step {
         Step::Done(r) => r,
         Step::ReadEntry | Step::DeleteEntry => release::after_delete(
             &tenant,
-            ask(&admin, &Request::Delete(tenant.clone()), admin::decode_ack).await,
+            ask(
+                &ctx.store,
+                &admin,
+                &Request::Delete(tenant.clone()),
+                admin::decode_ack,
+            )
+            .await,
         ),
     };
     write_release(ctx, b, &release).await?;

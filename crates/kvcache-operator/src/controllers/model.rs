@@ -376,7 +376,9 @@ async fn observe_engines(
     let readings: Vec<EngineReading> =
         futures::future::join_all(pods.into_iter().map(|(pod, pod_uid, ip)| async move {
             let url = format!("http://{ip}:{SERVING_PORT}/metrics");
-            let counters = crate::store::fetch(url.clone())
+            let counters = ctx
+                .store
+                .fetch(&url)
                 .await
                 .and_then(|text| parse_engine_metrics(md.spec.engine.name, &url, &text));
             EngineReading {

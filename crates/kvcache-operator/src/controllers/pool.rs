@@ -31,6 +31,7 @@ use tracing::{instrument, warn};
 
 use crate::context::{Context, Figures, MANAGER, Polled};
 use crate::error::Error;
+use crate::store::StoreClient;
 
 /// Held while a pool's Bindings exist.
 pub const POOL_FINALIZER: &str = "kvcache.gpustack.ai/release";
@@ -141,11 +142,12 @@ pub(super) fn claims_on(ctx: &Context, backend: &str) -> Vec<Claim> {
 
 /// Reads the ledger and pushes ceilings. Returns the listing, the push outcome and capacity.
 async fn ledger_pass(
+    store: &StoreClient,
     admin: &str,
     views: &[BindingView],
     push: bool,
 ) -> (Outcome, Option<Result<(), String>>, Option<u64>) {
-    let capacity = crate::store::capacity(admin).await;
+    let capacity = store.capacity(admin).await;
     let mut write = None;
     if push {
         let mut pushed = BTreeSet::new();
@@ -159,7 +161,7 @@ async fn ledger_pass(
                 tenant: v.tenant.clone(),
                 bytes: v.ceiling_bytes,
             };
-            match crate::store::ledger(admin, &req).await {
+            match store.ledger(admin, &req).await {
                 Ok((status, body)) => match admin::decode_entry(status, &body) {
                     Ok(_) => {}
                     Err(admin::AdminError::UnavailableInCurrentMode) => {
@@ -176,7 +178,7 @@ async fn ledger_pass(
             Err(problems.join("; "))
         });
     }
-    let listed = match crate::store::ledger(admin, &Request::List).await {
+    let listed = match store.ledger(admin, &Request::List).await {
         Ok((status, body)) => Outcome::from_list(admin::decode_list(status, &body)),
         Err(e) => Outcome::Unreachable(e.to_string()),
     };
@@ -236,16 +238,14 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
             ..
         }
     );
-    let (ledger, policy_write, capacity) =
-        match backend.as_deref().and_then(|b| ctx.admin_address(b)) {
-            Some(admin) if !declared_off => ledger_pass(&admin, &pushed, !deleting).await,
-            Some(admin) => (
-                Outcome::NoLedger,
-                None,
-                crate::store::capacity(&admin).await,
-            ),
-            None => (Outcome::NotObserved, None, None),
-        };
+    let (ledger, policy_write, capacity) = match backend
+        .as_deref()
+        .and_then(|b| ctx.admin_address(b))
+    {
+        Some(admin) if !declared_off => ledger_pass(&ctx.store, &admin, &pushed, !deleting).await,
+        Some(admin) => (Outcome::NoLedger, None, ctx.store.capacity(&admin).await),
+        None => (Outcome::NotObserved, None, None),
+    };
     let release = if !deleting {
         Release::NotDeleting
     } else if !views.is_empty() {
