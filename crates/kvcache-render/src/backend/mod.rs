@@ -49,10 +49,12 @@ pub const SHUTDOWN_MARGIN_SECONDS: i64 = 60;
 /// The Lease duration the elector is given.
 pub const LEASE_SECONDS: i32 = 6;
 /// The CPU every store container (master, member) requests. Without a request a container gets
-/// the kernel's minimum share: beside engines that request cores and prefill on all of them, the
-/// elector then missed its 4 s renew deadline and restarted the master, emptying the cache
-/// (measured by `cargo xtask bench prefix` on two CPU cores; the store's own use is far below).
-pub const STORE_CPU_REQUEST: &str = "100m";
+/// the kernel's minimum CPU share: beside engines that request cores and prefill on all of them,
+/// the elector then missed its 4 s renew deadline and restarted the master, emptying the cache
+/// (seen by `cargo xtask bench prefix` on two cores). 25m is a share twelve times the minimum
+/// and small enough that the test nodes (two cores each) still place every store the suites run
+/// (100m left engine Pods unschedulable there).
+pub const STORE_CPU_REQUEST: &str = "25m";
 
 /// The CPU request of a store container, as Kubernetes writes it.
 pub fn store_cpu_request() -> (
