@@ -338,10 +338,20 @@ impl Nodes {
                 ),
             )
             .map_err(crate::io("writing the containerd config"))?;
+            // The address book of `host-local` is the node's own (`dataDir` in its run folder,
+            // removed with it), as on a separate machine. In the default /var/lib/cni/networks
+            // every node of every cluster shared one `last_reserved_ip.0`, always another
+            // node's address, so each node handed out its lowest free address: an address freed
+            // by a deleted leader Pod went at once to the next Pod on that node, and a member
+            // whose client redialed the old leader's address (through a Service rule kube-proxy
+            // had not yet dropped) mounted on another backend's new master (store_on_nodes in
+            // CI: one master listed three segments, the restarted backend's one).
+            let ipam_dir = run.join("ipam");
             std::fs::write(
                 ndir.join("cni/10-bridge.conflist"),
                 format!(
-                    "{{\"cniVersion\":\"0.4.0\",\"name\":\"kvc\",\"plugins\":[{{\"type\":\"bridge\",\"bridge\":\"cni0\",\"isGateway\":true,\"ipMasq\":false,\"ipam\":{{\"type\":\"host-local\",\"ranges\":[[{{\"subnet\":\"{pod_cidr}\"}}]],\"routes\":[{{\"dst\":\"0.0.0.0/0\"}}]}}}},{{\"type\":\"portmap\",\"capabilities\":{{\"portMappings\":true}}}}]}}\n"
+                    "{{\"cniVersion\":\"0.4.0\",\"name\":\"kvc\",\"plugins\":[{{\"type\":\"bridge\",\"bridge\":\"cni0\",\"isGateway\":true,\"ipMasq\":false,\"ipam\":{{\"type\":\"host-local\",\"dataDir\":\"{ipam}\",\"ranges\":[[{{\"subnet\":\"{pod_cidr}\"}}]],\"routes\":[{{\"dst\":\"0.0.0.0/0\"}}]}}}},{{\"type\":\"portmap\",\"capabilities\":{{\"portMappings\":true}}}}]}}\n",
+                    ipam = ipam_dir.display(),
                 ),
             )
             .map_err(crate::io("writing the CNI config"))?;

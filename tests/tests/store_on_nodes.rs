@@ -93,16 +93,9 @@ async fn wait_capacity(api: &Api<Pod>, pod: &str, ns: &str, bytes: u64) -> Resul
     }
 }
 
-/// The walkthrough and the failover test take turns. Twice (of about eight runs) while they ran
-/// together, the walkthrough's master listed three 256 MiB segments, one from another node's
-/// member, while the failing-over backend's new master had one member short: a member of one
-/// backend mounted on another backend's master during a failover. Under investigation (see the
-/// session notes); until it is understood, the two do not overlap.
-static FAILOVER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn walkthrough_at_demo_size_runs_on_real_pods() {
-    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
     let cluster = nodes::shared();
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {
@@ -190,7 +183,6 @@ fn walkthrough_at_demo_size_runs_on_real_pods() {
 
 #[test]
 fn three_leader_replicas_serve_one_at_a_time_and_a_failover_is_a_cold_cache() {
-    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
     let cluster = nodes::shared();
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {
@@ -327,7 +319,6 @@ async fn remounted_lookup(
 
 #[test]
 fn a_single_leader_restart_gives_a_cold_cache() {
-    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
     let cluster = nodes::shared();
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {
