@@ -130,7 +130,7 @@ fn refusal<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> String {
 }
 
 #[test]
-fn a_second_binding_claiming_a_domain_on_the_same_backend_is_refused_naming_the_first() {
+fn a_second_binding_claiming_a_domain_on_the_same_backend_is_refused_naming_the_first_even_while_it_is_deleted() {
     let _turn = hook().lock().unwrap_or_else(|p| p.into_inner());
     block_on(async {
         let client = client().await?;
@@ -164,6 +164,48 @@ fn a_second_binding_claiming_a_domain_on_the_same_backend_is_refused_naming_the_
         );
         // Another name on the same backend is admitted.
         b.create(&PostParams::default(), &binding("claims-b", "llama")).await?;
+
+        // A Binding being deleted still holds its domain (the master keeps its tenant's data
+        // until the release finishes): a finalizer of the test's keeps claims-a/team there.
+        let mut holder = a.get("team").await?;
+        holder.finalizers_mut().push("e2e.kvcache.gpustack.ai/hold".into());
+        let finalizers = serde_json::json!({"metadata": {"finalizers": holder.finalizers()}});
+        a.patch("team", &PatchParams::default(), &Patch::Merge(&finalizers)).await?;
+        a.delete("team", &DeleteParams::default()).await?;
+        namespace(&client, "claims-c").await;
+        let c: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "claims-c");
+        // The webhook judges against the operator's cache, which sees the deletion a moment
+        // later: asked again until its refusal names it, within WAIT.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let message = loop {
+            let m = refusal(c.create(&PostParams::default(), &binding("claims-c", "qwen")).await);
+            if m.contains("which is being deleted") || tokio::time::Instant::now() >= deadline {
+                break m;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert!(
+            message.contains("claims-a/team, which is being deleted")
+                && message.contains("spec.domain.name"),
+            "the refusal while claims-a/team is being deleted: {message}"
+        );
+        // Gone (every finalizer removed), the name is free again.
+        let none = serde_json::json!({"metadata": {"finalizers": null}});
+        a.patch("team", &PatchParams::default(), &Patch::Merge(&none)).await?;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match c.create(&PostParams::default(), &binding("claims-c", "qwen")).await {
+                Ok(_) => break,
+                Err(kube::Error::Api(s))
+                    if s.code == 422 && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!(
+                    "waiting for claims-c to claim qwen once claims-a/team is gone (within {WAIT:?}): {e}"
+                ),
+            }
+        }
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));
@@ -467,6 +509,16 @@ fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_i
             }
         };
         let null = serde_json::Value::Null;
+        // An SGLang server (its store settings are variables) with the container's own `env`.
+        let sglang_env = |env: serde_json::Value| {
+            move |p: &mut serde_json::Value| {
+                p["metadata"]["annotations"]["kvcache.gpustack.ai/engine"] = "SGLang".into();
+                let c = &mut p["spec"]["containers"][0];
+                c["image"] = "gpustack/runner:cpu-sglang0.5.18".into();
+                c["command"] = serde_json::json!(["python3", "-m", "sglang.launch_server"]);
+                c["env"] = env;
+            }
+        };
         let cases: Vec<(&str, Pod, &str)> = vec![
             ("a", pod("a", ann("kvcache.gpustack.ai/binding", None)), "BindingMissing"),
             ("b", pod("b", ann("kvcache.gpustack.ai/binding", Some("other/chat"))), "CrossNamespaceBinding"),
@@ -496,6 +548,10 @@ fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_i
             ("w", pod("w", ann("kvcache.gpustack.ai/domain", Some("chat"))), "DomainAnnotation"),
             ("x", pod("x", ann("kvcache.gpustack.ai/role", Some("Server"))), "InvalidRole"),
             ("y", pod("y", ann("kvcache.gpustack.ai/manufacturer", Some("ascend"))), "NotSupportedTransport"),
+            ("own tenant", pod("own-tenant", sglang_env(serde_json::json!([{"name": "MOONCAKE_TENANT_ID", "value": "someone-else"}]))), "StoreSettingOverridden"),
+            ("own master", pod("own-master", sglang_env(serde_json::json!([{"name": "MOONCAKE_MASTER", "value": "10.0.0.1:50051"}]))), "StoreSettingOverridden"),
+            ("tenant twice", pod("tenant-twice", sglang_env(serde_json::json!([
+                {"name": "MOONCAKE_TENANT_ID", "value": "chat"}, {"name": "MOONCAKE_TENANT_ID", "value": "chat"}]))), "DuplicateStoreSetting"),
         ];
         for (rule, p, reason) in cases {
             match pods.create(&dry, &p).await {

@@ -33,6 +33,9 @@ pub use settings::Settings;
 pub const GROUP: &str = "worker.gpustack.ai";
 /// The API version of every kind here.
 pub const VERSION: &str = "v1";
+/// The annotation on a backend's `<backend>-leader` Lease where the holder (the elector)
+/// publishes what its master binary says its version is; the backend controller reads it.
+pub const STORE_VERSION_ANNOTATION: &str = "kvcache.gpustack.ai/store-version";
 
 /// What can go wrong in this crate.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +59,7 @@ pub enum Error {
         source_name: String,
         /// 1-based document index in the source.
         index: usize,
-        /// The parser's message.
+        /// Why it does not parse, as the YAML or JSON reader words it.
         message: String,
     },
     /// A manifest of a kind this operator does not handle.
@@ -68,9 +71,9 @@ pub enum Error {
         source_name: String,
         /// 1-based document index.
         index: usize,
-        /// The document's apiVersion.
+        /// The document's `apiVersion` as written; empty when it has none.
         api_version: String,
-        /// The document's kind.
+        /// The document's `kind` as written; empty when it has none.
         kind: String,
     },
     /// A manifest whose fields do not fit its kind.
@@ -78,7 +81,7 @@ pub enum Error {
     ManifestShape {
         /// File or other source name.
         source_name: String,
-        /// The kind.
+        /// The document's `kind`, one of this operator's five.
         kind: String,
         /// The object's name, if it has one.
         name: String,
@@ -88,9 +91,9 @@ pub enum Error {
     /// A CRD that could not be serialised.
     #[error("could not write the {kind} CRD: {message}")]
     CrdOutput {
-        /// The kind.
+        /// The CRD's `spec.names.kind`, e.g. `KVCacheBackend`.
         kind: String,
-        /// The serialiser's message.
+        /// The YAML serialiser's message.
         message: String,
     },
 }

@@ -12,8 +12,7 @@ use crate::election::LeaseRecord;
 
 /// The Lease annotation where the holder publishes its store address.
 pub const ADDRESS_ANNOTATION: &str = "kvcache.gpustack.ai/leader-address";
-/// The Lease annotation where the holder publishes what its master binary says its version is.
-pub const STORE_VERSION_ANNOTATION: &str = "kvcache.gpustack.ai/store-version";
+pub use kvcache_api::STORE_VERSION_ANNOTATION;
 
 /// Why a Lease call failed.
 #[derive(Debug, thiserror::Error)]
@@ -26,11 +25,11 @@ pub enum LeaseError {
         "permission denied: this Pod's ServiceAccount may not {verb} leases.coordination.k8s.io {name:?} in namespace {namespace} ({message}); grant get, create and update on that Lease to the leader's ServiceAccount (the operator renders this Role as <backend>-leader)"
     )]
     Forbidden {
-        /// The verb refused.
+        /// The call refused: `get`, `create` or `update`.
         verb: &'static str,
-        /// The Lease.
+        /// Name of the Lease (`<backend>-leader`).
         name: String,
-        /// Its namespace.
+        /// The Lease's namespace, where the Role granting access must be.
         namespace: String,
         /// The API server's message.
         message: String,
@@ -38,11 +37,11 @@ pub enum LeaseError {
     /// Anything else (the API server unreachable, say).
     #[error("{verb} Lease {name}: {source}")]
     Api {
-        /// The verb.
+        /// The call that failed: `get`, `create` or `update`.
         verb: &'static str,
-        /// The Lease.
+        /// Name of the Lease (`<backend>-leader`).
         name: String,
-        /// The client error.
+        /// What the client reported: a transport failure, or an API error other than 403 and 409.
         source: KubeError,
     },
 }
@@ -112,7 +111,7 @@ impl LeaseClient {
         &self.api
     }
 
-    /// The Lease's name.
+    /// Name of the one Lease this client reads and writes.
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -57,7 +57,8 @@ impl Error {
         }
     }
 
-    /// The CamelCase reason.
+    /// The refusal's CamelCase reason (e.g. `DtypeNotAccepted`), for conditions and admission
+    /// answers.
     pub fn reason(&self) -> &'static str {
         match self {
             Error::Refused { reason, .. } => reason,
@@ -96,13 +97,16 @@ pub struct Request<'a> {
     pub engine: &'a EngineRow,
     /// The role (`Server` for a plain server).
     pub role: RoleKind,
-    /// The Binding's name.
+    /// Name of the KVCachePoolBinding in the container's namespace (a Pod's
+    /// `kvcache.gpustack.ai/binding`, a ModelDeployment's `kvCache.poolRef`); empty is refused.
     pub binding: &'a str,
     /// The Binding's domain (its tenant).
     pub domain: &'a str,
-    /// The pool's ledger.
+    /// Whether the pool's store keeps a tenant ledger: decides whether the engine gets a tenant
+    /// id, and refuses the container while it cannot be confirmed.
     pub ledger: Ledger,
-    /// The Binding's dtype.
+    /// The Binding's `spec.domain.dtype`, handed to the engine as `--kv-cache-dtype` when
+    /// `dtype_owned`.
     pub dtype: &'a str,
     /// The `model-deployment-kv-cache-dtype-owned` setting.
     pub dtype_owned: bool,
@@ -126,13 +130,13 @@ pub struct Request<'a> {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Record {
-    /// The Binding.
+    /// Name of the KVCachePoolBinding the container was attached through.
     pub binding: String,
     /// The engine, lowercase.
     pub engine: String,
     /// `file` or `environment`.
     pub vehicle: String,
-    /// The domain.
+    /// The Binding's `spec.domain.name`, recorded whether or not a tenant id was injected.
     pub domain: String,
     /// Whether a tenant id was injected (an action, not proof the engine uses it).
     pub tenant_injected: bool,
@@ -151,11 +155,11 @@ pub struct Injection {
     pub env: Vec<EnvVar>,
     /// The projected client document volume (vLLM family).
     pub volume: Option<Volume>,
-    /// Its mount.
+    /// The client document's read-only mount at [`MOUNT_PATH`] (vLLM family).
     pub mount: Option<VolumeMount>,
     /// The client document, for the `client-config` annotation (vLLM family).
     pub client_config: Option<String>,
-    /// The decision record.
+    /// What was decided, written to the Pod's `kvcache.gpustack.ai/injected` annotation.
     pub record: Record,
     /// Admitted, but worth knowing (unknown versions, unverified transports).
     pub warnings: Vec<String>,
@@ -395,6 +399,7 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
             delivery
         }
     };
+    check_user_env(req, &delivery.env)?;
     if req.dtype_owned {
         delivery.args.push(DTYPE_FLAG.to_owned());
         delivery.args.push(req.dtype.to_owned());
@@ -420,6 +425,75 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
         warnings,
     })
 }
+
+/// A container may not choose its own store settings (docs/design.md#injection-refusals): each
+/// variable the injection sets (the tenant id among them) is either absent from the container or
+/// set there once, to the same value. A different value would be a Pod picking its own tenant or
+/// master; a second entry of the name would win over the injected one (the kubelet keeps the last
+/// entry of a name), so duplicates are refused whatever their values.
+fn check_user_env(req: &Request<'_>, injected: &[EnvVar]) -> Result<(), Error> {
+    let user: Vec<&EnvVar> = req.container.env.iter().flatten().collect();
+    for e in injected
+        .iter()
+        .filter(|e| !TOGGLES.contains(&e.name.as_str()))
+    {
+        let theirs: Vec<&EnvVar> = user.iter().copied().filter(|u| u.name == e.name).collect();
+        let what = if e.name == TENANT_ENV {
+            "its store tenant (the Binding's domain)"
+        } else {
+            "a store client setting"
+        };
+        match theirs.as_slice() {
+            [] => {}
+            [one] if one.value == e.value && one.value_from == e.value_from => {}
+            [one] => {
+                return Err(Error::refused(
+                    "StoreSettingOverridden",
+                    format!(
+                        "the container sets {}={}, but KVCachePoolBinding {} gives {}; a Pod may not choose {what}: remove {} from the container",
+                        e.name,
+                        shown(one),
+                        req.binding,
+                        shown(e),
+                        e.name
+                    ),
+                ));
+            }
+            many => {
+                return Err(Error::refused(
+                    "DuplicateStoreSetting",
+                    format!(
+                        "the container sets {} {} times; the kubelet keeps the last entry of a name, which would override what KVCachePoolBinding {} gives ({what}): remove every {} entry",
+                        e.name,
+                        many.len(),
+                        req.binding,
+                        e.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A variable's value as a refusal shows it: the literal, or where it is read from.
+fn shown(e: &EnvVar) -> String {
+    match (&e.value, &e.value_from) {
+        (_, Some(from)) if from.field_ref.is_some() => format!(
+            "the Pod's {}",
+            from.field_ref
+                .as_ref()
+                .map(|f| f.field_path.as_str())
+                .unwrap_or_default()
+        ),
+        (_, Some(_)) => "a value read from a ConfigMap, Secret or resource".to_owned(),
+        (Some(v), None) => format!("{v:?}"),
+        (None, None) => "\"\"".to_owned(),
+    }
+}
+
+/// The variable through which SGLang's store client takes its tenant.
+const TENANT_ENV: &str = "MOONCAKE_TENANT_ID";
 
 /// The Binding must be named, and in the container's own namespace.
 fn check_binding(binding: &str) -> Result<(), Error> {
@@ -633,12 +707,8 @@ fn by_environment(
     ];
     let mut warning = None;
     if let Some(t) = tenant {
-        out_env.push(env("MOONCAKE_TENANT_ID", t));
-    } else if c
-        .env
-        .iter()
-        .flatten()
-        .any(|e| e.name == "MOONCAKE_TENANT_ID")
+        out_env.push(env(TENANT_ENV, t));
+    } else if c.env.iter().flatten().any(|e| e.name == TENANT_ENV)
     {
         warning = Some("the container's own MOONCAKE_TENANT_ID is kept, but the store keeps no ledger: every write lands in its default tenant".into());
     }

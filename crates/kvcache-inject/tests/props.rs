@@ -66,6 +66,8 @@ const KNOWN_REASONS: &[&str] = &[
     "ScriptLaunch",
     "WrongProgram",
     "OwnedKeyPresent",
+    "StoreSettingOverridden",
+    "DuplicateStoreSetting",
     "DtypeOwned",
     "DtypeNotAccepted",
     "NotSupportedTransport",

@@ -314,3 +314,50 @@ fn model_deployment_owned_keys_name_the_escape() {
     r.source = Source::ModelDeployment;
     refused(inject(&r), "OwnedKeyPresent", "--disaggregation-mode");
 }
+
+#[test]
+fn a_container_may_not_choose_its_own_tenant_or_store_settings() {
+    let sglang_with = |env: &[(&str, &str)]| {
+        with_env(
+            container(&["python3", "-m", "sglang.launch_server"], &[]),
+            env,
+        )
+    };
+    // The Binding's tenant is the domain the walkthrough's Binding names.
+    let domain = walkthrough(sglang(), &sglang_with(&[])).domain.to_owned();
+    let c = sglang_with(&[("MOONCAKE_TENANT_ID", "team-b")]);
+    refused(
+        inject(&walkthrough(sglang(), &c)),
+        "StoreSettingOverridden",
+        "MOONCAKE_TENANT_ID=\"team-b\"",
+    );
+    let c = sglang_with(&[("MOONCAKE_MASTER", "10.0.0.1:50051")]);
+    refused(
+        inject(&walkthrough(sglang(), &c)),
+        "StoreSettingOverridden",
+        "a store client setting",
+    );
+    // The same value, once, is no choice of its own.
+    let c = sglang_with(&[("MOONCAKE_TENANT_ID", &domain)]);
+    assert!(inject(&walkthrough(sglang(), &c)).is_ok());
+    // A second entry of the name would win over the injected one, whatever its values.
+    let c = sglang_with(&[("MOONCAKE_TENANT_ID", &domain), ("MOONCAKE_TENANT_ID", &domain)]);
+    refused(
+        inject(&walkthrough(sglang(), &c)),
+        "DuplicateStoreSetting",
+        "MOONCAKE_TENANT_ID 2 times",
+    );
+    // With no ledger there is no tenant to give: the container's own is kept, with a warning.
+    let c = sglang_with(&[("MOONCAKE_TENANT_ID", "team-b")]);
+    let mut r = walkthrough(sglang(), &c);
+    r.ledger = Ledger::Absent;
+    let injection = inject(&r).expect("admitted with no ledger");
+    assert!(
+        injection.warnings.iter().any(|w| w.contains("MOONCAKE_TENANT_ID is kept")),
+        "{:?}",
+        injection.warnings
+    );
+    // The observability toggles stay the container's own.
+    let c = sglang_with(&[("MC_TE_METRIC", "0")]);
+    assert!(inject(&walkthrough(sglang(), &c)).is_ok());
+}

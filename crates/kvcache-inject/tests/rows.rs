@@ -104,7 +104,16 @@ fn without_a_ledger_no_tenant_is_injected() {
     req.ledger = kvcache_inject::Ledger::Absent;
     let inj = inject(&req).expect("injects");
     assert!(inj.env.iter().all(|e| e.name != "MOONCAKE_TENANT_ID"));
-    // With a ledger, the container's own tenant is replaced in place.
+    // With a ledger, a container's own tenant other than the Binding's is refused; the same
+    // one stays a single entry.
+    req.ledger = kvcache_inject::Ledger::Enforced;
+    let refusal = inject(&req).expect_err("another tenant is refused");
+    assert_eq!(refusal.reason(), "StoreSettingOverridden", "{refusal}");
+    let c = with_env(
+        container(&["python3", "-m", "sglang.launch_server"], &[]),
+        &[("MOONCAKE_TENANT_ID", "default")],
+    );
+    let mut req = walkthrough(sglang(), &c);
     req.ledger = kvcache_inject::Ledger::Enforced;
     let applied = inject(&req).expect("injects").apply(&c);
     let tenants: Vec<_> = applied

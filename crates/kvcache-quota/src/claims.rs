@@ -16,6 +16,9 @@ pub struct Claim {
     pub binding: String,
     /// The pool the Binding names.
     pub pool: String,
+    /// Whether the Binding is being deleted. It holds its domain until its finalizer is gone:
+    /// until then the master still keeps the tenant's data, which a new claim would inherit.
+    pub releasing: bool,
 }
 
 /// A second claim on a tenant already held on the same backend.
@@ -23,24 +26,35 @@ pub struct Claim {
 pub struct DuplicateDomain {
     /// The Binding that holds the name.
     pub holder: String,
-    /// The shared backend.
+    /// Name of the KVCacheBackend both Bindings' pools use.
     pub backend: String,
-    /// The tenant.
+    /// The tenant id claimed twice (the domain name; `default` when omitted).
     pub tenant: String,
+    /// Whether the holder is being deleted (see [`Claim::releasing`]).
+    pub holder_releasing: bool,
 }
 
 impl fmt::Display for DuplicateDomain {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "domain {:?} is already held on backend {} by KVCachePoolBinding {}: a domain name is claimed once per backend (an omitted name counts as \"default\"); choose another spec.domain.name",
-            self.tenant, self.backend, self.holder
-        )
+        if self.holder_releasing {
+            write!(
+                f,
+                "domain {:?} is still held on backend {} by KVCachePoolBinding {}, which is being deleted: the master keeps that tenant's data until the release finishes, and a new claim would inherit it; wait until {} is gone, or choose another spec.domain.name",
+                self.tenant, self.backend, self.holder, self.holder
+            )
+        } else {
+            write!(
+                f,
+                "domain {:?} is already held on backend {} by KVCachePoolBinding {}: a domain name is claimed once per backend (an omitted name counts as \"default\"); choose another spec.domain.name",
+                self.tenant, self.backend, self.holder
+            )
+        }
     }
 }
 
 /// Admission (docs/design.md#domain-claims): refuses `candidate` when another Binding already
-/// claims its tenant on the same backend. The same name on another backend is fine.
+/// claims its tenant on the same backend, a Binding being deleted included. The same name on
+/// another backend is fine.
 pub fn check(existing: &[Claim], candidate: &Claim) -> Result<(), DuplicateDomain> {
     match existing.iter().find(|c| {
         c.backend == candidate.backend
@@ -51,6 +65,7 @@ pub fn check(existing: &[Claim], candidate: &Claim) -> Result<(), DuplicateDomai
             holder: holder.binding.clone(),
             backend: holder.backend.clone(),
             tenant: holder.tenant.clone(),
+            holder_releasing: holder.releasing,
         }),
         None => Ok(()),
     }
@@ -99,7 +114,7 @@ pub fn pool_warning(pool: &str, backend: &kvcache_api::KVCacheBackend) -> Option
     "KVCacheBackend {backend} keeps no tenant ledger (multi-tenancy off), so it can serve only one reuse domain and already serves {serves:?}; use that domain, or a backend with multi-tenancy"
 )]
 pub struct SecondDomainWithoutLedger {
-    /// The backend.
+    /// Name of the KVCacheBackend whose master keeps no tenant ledger.
     pub backend: String,
     /// The domain it already serves.
     pub serves: String,
@@ -142,7 +157,7 @@ pub enum FindingKind {
 /// cluster, judged here against the objects given together).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Finding {
-    /// The object judged.
+    /// The object refused or warned about (the later of two claims on a domain, say).
     pub object: ObjectRef,
     /// The field the finding is about (`spec.domain.name`).
     pub field: &'static str,
@@ -223,6 +238,7 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
                 b.metadata.name.clone().unwrap_or_default()
             ),
             pool: b.spec.pool_ref.name.clone(),
+            releasing: b.metadata.deletion_timestamp.is_some(),
         };
         let holder = held
             .get(&(claim.backend.clone(), claim.tenant.clone()))
@@ -288,6 +304,7 @@ mod tests {
             tenant: tenant.into(),
             binding: binding.into(),
             pool: "p".into(),
+            releasing: false,
         }
     }
 
@@ -381,6 +398,51 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn a_binding_being_deleted_holds_its_domain_until_it_is_gone() {
+        let objects = |holder_deleting: bool| {
+            let mut holder = serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+                "metadata": {"name": "team-a", "namespace": "team-a", "finalizers": ["kvcache.gpustack.ai/release"]},
+                "spec": {"poolRef": {"name": "p"}, "quota": {"ceiling": "1Gi"},
+                         "domain": {"name": "qwen", "blockSize": 64, "dtype": "bfloat16"}}
+            });
+            if holder_deleting {
+                holder["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+            }
+            let mut claimant = holder.clone();
+            claimant["metadata"] = serde_json::json!({"name": "cache", "namespace": "team-b"});
+            vec![
+                object(serde_json::json!({
+                    "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "ext"},
+                    "spec": {"connection": {"external": {"endpoints": [
+                        {"name": "Client", "address": "m:50051"}, {"name": "Admin", "address": "m:9003"}]}}}
+                })),
+                object(serde_json::json!({
+                    "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "p"},
+                    "spec": {"backends": ["ext"], "quota": {"total": "1Gi"}}
+                })),
+                object(holder),
+                object(claimant),
+            ]
+        };
+        for deleting in [false, true] {
+            let findings = cross_object(&objects(deleting));
+            let refusal = findings
+                .iter()
+                .find(|f| f.object.namespace.as_deref() == Some("team-b"))
+                .unwrap_or_else(|| panic!("no finding for team-b (holder deleting: {deleting})"));
+            assert_eq!(refusal.kind, FindingKind::Duplicate);
+            assert_eq!(refusal.field, "spec.domain.name");
+            assert_eq!(
+                refusal.message.contains("which is being deleted"),
+                deleting,
+                "{}",
+                refusal.message
+            );
+        }
     }
 
     #[test]

@@ -26,9 +26,9 @@ pub enum BackendView {
         /// The name the pool gives.
         name: String,
     },
-    /// A managed backend.
+    /// A backend the operator runs (`connection.managed`).
     Managed {
-        /// Its name.
+        /// Name of the KVCacheBackend the pool's `spec.backends` gives.
         name: String,
         /// `leader.multiTenancy` as declared.
         multi_tenancy: bool,
@@ -37,7 +37,7 @@ pub enum BackendView {
     },
     /// An external backend (its ledger is known only by asking).
     External {
-        /// Its name.
+        /// Name of the KVCacheBackend the pool's `spec.backends` gives.
         name: String,
         /// The declared `Client` address.
         client_endpoint: String,
@@ -49,7 +49,7 @@ pub enum BackendView {
 pub struct BindingView {
     /// `namespace/name`.
     pub binding: String,
-    /// Its tenant.
+    /// The tenant id: the Binding's `spec.domain.name`, `default` when empty.
     pub tenant: String,
     /// Its ceiling, bytes.
     pub ceiling_bytes: u64,
@@ -73,22 +73,41 @@ pub enum Release {
 /// What the operator observed for one pool.
 #[derive(Clone, Debug)]
 pub struct PoolInput<'a> {
-    /// The pool's name.
+    /// The KVCachePool's name, as conditions and messages name it.
     pub pool: &'a str,
     /// `spec.quota.total` in bytes.
     pub total_bytes: u64,
-    /// The backend.
+    /// The pool's one backend as resolved: missing, managed or external.
     pub backend: BackendView,
     /// The last ledger read.
     pub ledger: &'a Outcome,
     /// `master_total_capacity_bytes` (allocatable), if read.
     pub capacity_bytes: Option<u64>,
     /// The last push of ceilings to the master: `None` when none was attempted.
-    pub policy_write: Option<Result<(), String>>,
-    /// The pool's Bindings.
+    pub policy_write: Option<PolicyWrite>,
+    /// The Bindings whose `spec.poolRef` names this pool, in every namespace.
     pub bindings: &'a [BindingView],
     /// Deletion state.
     pub release: Release,
+}
+
+/// How the last push of the Bindings' ceilings to the master's ledger went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicyWrite {
+    /// Every ceiling reached the master.
+    Written,
+    /// Some did not: each refused Binding with the store's or the transport's answer, as
+    /// `QuotaPolicyWritable`'s message shows them.
+    Refused(Vec<RefusedCeiling>),
+}
+
+/// One Binding whose ceiling the master did not take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefusedCeiling {
+    /// The Binding, `namespace/name`.
+    pub binding: String,
+    /// What the master or the connection answered.
+    pub answer: String,
 }
 
 /// A pool's computed status.
@@ -290,7 +309,7 @@ fn quota_within_total(bindings: &[BindingView], total_bytes: u64) -> Cond {
 fn quota_policy_writable(
     backend_name: &str,
     ledger: Option<bool>,
-    policy_write: &Option<Result<(), String>>,
+    policy_write: &Option<PolicyWrite>,
 ) -> Cond {
     match (ledger, policy_write) {
         (Some(false), _) => Cond::yes(
@@ -298,15 +317,22 @@ fn quota_policy_writable(
             "NoLedger",
             "the master keeps no ledger, so there is no policy to write",
         ),
-        (_, Some(Ok(()))) => Cond::yes(
+        (_, Some(PolicyWrite::Written)) => Cond::yes(
             p::QUOTA_POLICY_WRITABLE,
             "Writable",
             "ceilings reach the master",
         ),
-        (_, Some(Err(why))) => Cond::no(
+        (_, Some(PolicyWrite::Refused(refused))) => Cond::no(
             p::QUOTA_POLICY_WRITABLE,
             "PolicyNotWritable",
-            format!("ceilings no longer reach the master of {backend_name}: {why}"),
+            format!(
+                "ceilings no longer reach the master of {backend_name}: {}",
+                refused
+                    .iter()
+                    .map(|r| format!("{}: {}", r.binding, r.answer))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
         ),
         (_, None) => Cond::unknown(
             p::QUOTA_POLICY_WRITABLE,
@@ -384,7 +410,7 @@ pub fn binding_releasable(who: &str, release: &Release) -> Cond {
 pub struct BindingInput<'a> {
     /// `namespace/name`.
     pub binding: &'a str,
-    /// Its tenant.
+    /// The tenant id: the Binding's `spec.domain.name`, `default` when empty.
     pub tenant: &'a str,
     /// Its ceiling, bytes.
     pub ceiling_bytes: u64,

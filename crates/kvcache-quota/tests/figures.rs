@@ -65,7 +65,7 @@ fn the_walkthrough() {
         backend: managed(true),
         ledger: &ledger,
         capacity_bytes: Some(16 * GI),
-        policy_write: Some(Ok(())),
+        policy_write: Some(PolicyWrite::Written),
         bindings: &bindings,
         release: Release::NotDeleting,
     });
@@ -140,7 +140,7 @@ fn three_namespaces_oversubscribe_a_pool() {
         backend: managed(true),
         ledger: &ledger,
         capacity_bytes: Some(16 * GI),
-        policy_write: Some(Ok(())),
+        policy_write: Some(PolicyWrite::Written),
         bindings: &bindings,
         release: Release::NotDeleting,
     });
@@ -276,7 +276,7 @@ fn nothing_to_allocate_after_a_restart() {
         backend: managed(true),
         ledger: &ledger,
         capacity_bytes: Some(0),
-        policy_write: Some(Ok(())),
+        policy_write: Some(PolicyWrite::Written),
         bindings: &bindings,
         release: Release::NotDeleting,
     });
@@ -315,7 +315,7 @@ fn failures_and_deletion() {
         },
         ledger: &unreachable,
         capacity_bytes: None,
-        policy_write: Some(Err("PERSISTENT_FAIL".into())),
+        policy_write: Some(PolicyWrite::Refused(vec![RefusedCeiling { binding: "team-a/b".into(), answer: "PERSISTENT_FAIL".into() }])),
         bindings: &[],
         release: Release::NotDeleting,
     });
@@ -328,6 +328,12 @@ fn failures_and_deletion() {
             .message
             .contains("KVCacheBackend gone")
     );
+    let policy = cond(&pool.conditions, "QuotaPolicyWritable");
+    assert_eq!(
+        (policy.status.clone(), policy.reason),
+        (Status::False, "PolicyNotWritable")
+    );
+    assert!(policy.message.ends_with("gone: team-a/b: PERSISTENT_FAIL"));
     assert_eq!(
         cond(&pool.conditions, "QuotaLedgerAvailable").reason,
         "LedgerUnreachable"
@@ -344,7 +350,7 @@ fn failures_and_deletion() {
         backend: managed(true),
         ledger: &Outcome::Listed(vec![]),
         capacity_bytes: Some(GI),
-        policy_write: Some(Ok(())),
+        policy_write: Some(PolicyWrite::Written),
         bindings: &[],
         release: Release::LedgerNotReleased("master did not answer".into()),
     });

@@ -163,7 +163,7 @@ fn cluster_role() -> ClusterRole {
         metadata: meta(NAME, None),
         rules: Some(vec![
             rule(
-                &["worker.gpustack.ai"],
+                &[kvcache_api::GROUP],
                 &[
                     "kvcachebackends",
                     "kvcachepools",
@@ -174,7 +174,7 @@ fn cluster_role() -> ClusterRole {
                 &["get", "list", "watch", "update", "patch"],
             ),
             rule(
-                &["worker.gpustack.ai"],
+                &[kvcache_api::GROUP],
                 &[
                     "kvcachebackends/status",
                     "kvcachepools/status",
@@ -184,7 +184,7 @@ fn cluster_role() -> ClusterRole {
                 &["get", "update", "patch"],
             ),
             rule(
-                &["worker.gpustack.ai"],
+                &[kvcache_api::GROUP],
                 &[
                     "kvcachebackends/finalizers",
                     "kvcachepools/finalizers",
@@ -520,7 +520,7 @@ pub fn webhooks(namespace: &str) -> (MutatingWebhookConfiguration, ValidatingWeb
                 client_config: client("/validate"),
                 rules: Some(vec![ops(
                     &["CREATE", "UPDATE"],
-                    &["worker.gpustack.ai"],
+                    &[kvcache_api::GROUP],
                     &[
                         "kvcachebackends",
                         "kvcachepools",

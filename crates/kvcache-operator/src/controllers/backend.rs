@@ -41,9 +41,6 @@ use tracing::{info, instrument, warn};
 use crate::context::{Context, Figures, Polled};
 use crate::error::{Error, kube as kerr};
 
-/// The Lease annotation where the elector publishes the master binary's own version.
-const STORE_VERSION_ANNOTATION: &str = "kvcache.gpustack.ai/store-version";
-
 /// Held while the backend's workloads are torn down.
 pub const FINALIZER: &str = "kvcache.gpustack.ai/teardown";
 
@@ -354,7 +351,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
             let tagged = image.and_then(store_version_of_image);
             obs.store_version = lease
                 .as_ref()
-                .and_then(|l| l.annotations().get(STORE_VERSION_ANNOTATION).cloned())
+                .and_then(|l| l.annotations().get(kvcache_api::STORE_VERSION_ANNOTATION).cloned())
                 .map(|running| (running, tagged));
             obs.lease_holder = lease.map(|l| {
                 l.spec

@@ -23,8 +23,8 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_quota::admin::{self, Outcome, Request, TenantEntry};
 use kvcache_quota::claims::{Claim, contested};
 use kvcache_quota::status::{
-    BackendView, BindingInput, BindingView, PoolInput, PoolVerdict, Release, binding_status,
-    binding_status_document, pool_status, pool_status_document,
+    BackendView, BindingInput, BindingView, PolicyWrite, PoolInput, PoolVerdict, RefusedCeiling,
+    Release, binding_status, binding_status_document, pool_status, pool_status_document,
 };
 use kvcache_render::backend::client_endpoint;
 use tracing::{instrument, warn};
@@ -136,6 +136,7 @@ pub(super) fn claims_on(ctx: &Context, backend: &str) -> Vec<Claim> {
             tenant: tenant_of(b).to_owned(),
             binding: id(b),
             pool: b.spec.pool_ref.name.clone(),
+            releasing: b.metadata.deletion_timestamp.is_some(),
         })
         .collect()
 }
@@ -146,7 +147,7 @@ async fn ledger_pass(
     admin: &str,
     views: &[BindingView],
     push: bool,
-) -> (Outcome, Option<Result<(), String>>, Option<u64>) {
+) -> (Outcome, Option<PolicyWrite>, Option<u64>) {
     let capacity = store.capacity(admin).await;
     let mut write = None;
     if push {
@@ -167,15 +168,21 @@ async fn ledger_pass(
                     Err(admin::AdminError::UnavailableInCurrentMode) => {
                         return (Outcome::NoLedger, None, capacity);
                     }
-                    Err(e) => problems.push(format!("{}: {e}", v.binding)),
+                    Err(e) => problems.push(RefusedCeiling {
+                        binding: v.binding.clone(),
+                        answer: e.to_string(),
+                    }),
                 },
-                Err(e) => problems.push(format!("{}: {e}", v.binding)),
+                Err(e) => problems.push(RefusedCeiling {
+                    binding: v.binding.clone(),
+                    answer: e.to_string(),
+                }),
             }
         }
         write = Some(if problems.is_empty() {
-            Ok(())
+            PolicyWrite::Written
         } else {
-            Err(problems.join("; "))
+            PolicyWrite::Refused(problems)
         });
     }
     let listed = match store.ledger(admin, &Request::List).await {

@@ -109,10 +109,10 @@ impl World {
         {
             let tenant = kvcache_api::admission::tenant_of(candidate);
             let mut other_tenant = false;
-            // A Binding on its way out no longer holds its name.
+            // A Binding being deleted still holds its name: until its finalizer is gone the
+            // master keeps its tenant's data, which a new claim would inherit.
             for b in self.bindings.iter().filter(|b| {
-                b.metadata.deletion_timestamp.is_none()
-                    && backend_of(&b.spec.pool_ref.name).as_deref() == Some(backend.as_str())
+                backend_of(&b.spec.pool_ref.name).as_deref() == Some(backend.as_str())
             }) {
                 let same = kvcache_api::admission::tenant_of(b) == tenant;
                 if same || !other_tenant {
