@@ -49,11 +49,10 @@ impl Default for Options {
 pub struct ControlPlane {
     /// Its working directory (certificates, etcd data, logs, kubeconfig).
     pub dir: PathBuf,
-    /// The admin kubeconfig.
+    /// A kubeconfig with the admin client certificate (`system:masters`).
     pub kubeconfig: PathBuf,
     /// `https://127.0.0.1:<port>`.
     pub server: String,
-    /// The certificates.
     pub pki: PkiFiles,
     /// The API server's audit log (JSON lines): every write by a service account.
     pub audit_log: PathBuf,
@@ -479,7 +478,6 @@ pub async fn apply_crds(client: &Client, crds: &[CustomResourceDefinition]) -> R
 /// A control plane shared by every test of one test binary, with the CRDs from `deploy/crds/`
 /// installed. Each test makes its own client and its own namespace.
 pub struct TestCluster {
-    /// The control plane.
     pub control_plane: ControlPlane,
 }
 

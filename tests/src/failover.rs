@@ -55,9 +55,9 @@ pub struct SlotAddress {
 
 /// One leader elector and the master it may run.
 pub struct LeaderSlot {
-    /// The elector process.
     pub proc: Proc,
-    /// Its identity.
+    /// The elector's `--identity`, written as the Lease's holder while it leads; also its log's
+    /// name.
     pub identity: String,
     /// The master's loopback address.
     pub host: String,
@@ -96,7 +96,7 @@ impl LeaderSlot {
         metric_value(&text, "master_total_capacity_bytes").map(|v| v as u64)
     }
 
-    /// The store address.
+    /// The master's RPC address, `host:rpc_port`: what members and clients dial.
     pub fn address(&self) -> String {
         format!("{}:{}", self.host, self.rpc_port)
     }
@@ -112,7 +112,7 @@ impl LeaderSlot {
     }
 }
 
-/// The whole rig.
+/// The failover rig: leader electors, member electors and the Lease timing they share.
 pub struct Rig {
     /// Leader electors, by index.
     pub leaders: Vec<Option<LeaderSlot>>,

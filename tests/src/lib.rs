@@ -63,15 +63,14 @@ pub enum Error {
     /// A process that would not start.
     #[error("cannot start {what}: {source}")]
     Spawn {
-        /// The process.
+        /// The process's short name, as [`process::Proc`] names it.
         what: String,
-        /// The OS error.
         source: std::io::Error,
     },
     /// A process that did not become ready in time.
     #[error("{what} was not ready after {seconds}s; its log is {log}")]
     NotReady {
-        /// The process.
+        /// The process's short name, as [`process::Proc`] names it.
         what: String,
         /// How long we waited.
         seconds: u64,
@@ -83,7 +82,6 @@ pub enum Error {
     Io {
         /// What was being done.
         context: String,
-        /// The OS error.
         source: std::io::Error,
     },
     /// Certificate generation failed.
@@ -98,7 +96,6 @@ pub enum Error {
     /// An HTTP read against a store process failed.
     #[error("HTTP {url}: {message}")]
     Http {
-        /// The URL.
         url: String,
         /// What went wrong.
         message: String,
@@ -106,25 +103,24 @@ pub enum Error {
     /// The store answered an operation with an error code (a negative result, never a miss).
     #[error("store {op} against {master} returned {code}")]
     Store {
-        /// The operation.
+        /// The client step that failed: `setup`, `is_exist` or `get of a present key`.
         op: &'static str,
-        /// The master dialled.
+        /// The master's address the client dialled (`host:port`).
         master: String,
-        /// The store's code.
+        /// The code the client printed on its `RESULT <step> <code>` line.
         code: i64,
     },
     /// The store's Python client printed no result the harness can read.
     #[error("no readable result from the store's Python client ({status}): {output}")]
     ClientOutput {
-        /// Its exit status.
+        /// The client process's exit status.
         status: String,
-        /// Its last lines.
+        /// The unreadable `RESULT` line, if any, then its last five stderr lines, newest first.
         output: String,
     },
     /// A file the harness reads is not what it should be.
     #[error("{path} is not a valid {what}: {reason}")]
     Invalid {
-        /// The file.
         path: String,
         /// What it should be.
         what: &'static str,
@@ -158,7 +154,7 @@ pub enum Error {
     /// Building a workspace binary the tests run.
     #[error("building {what}: {reason}")]
     Build {
-        /// The binary.
+        /// The workspace package built, e.g. `kvcache-operator`.
         what: &'static str,
         /// What failed.
         reason: String,
@@ -177,9 +173,8 @@ pub enum Error {
     /// An HTTP request could not be built.
     #[error("building a request for {path}: {source}")]
     Request {
-        /// The path.
+        /// The request's URL path.
         path: String,
-        /// The cause.
         source: http::Error,
     },
 }

@@ -102,15 +102,14 @@ pub struct NodeInfo {
     pub name: String,
     /// Its address on the node bridge.
     pub ip: String,
-    /// Its Pod range.
+    /// The node's Pod subnet (a /24) that its CNI bridge allocates from; the host routes it via
+    /// `ip`.
     pub pod_cidr: String,
-    /// Its kubelet log.
     pub kubelet_log: PathBuf,
 }
 
 /// Running nodes. Dropping them tears everything down.
 pub struct Nodes {
-    /// The nodes.
     pub nodes: Vec<NodeInfo>,
     /// The cluster DNS server's address (the bridge's host address).
     pub dns: String,
@@ -648,7 +647,6 @@ fn watchdog(teardown: &Path) -> Result<Child> {
 pub struct NodeCluster {
     /// The control plane (advertising the node bridge's host address).
     pub control_plane: ControlPlane,
-    /// Its nodes.
     pub nodes: Nodes,
 }
 

@@ -15,9 +15,9 @@ use crate::{Result, paths};
 /// namespace).
 pub const SELECTOR_LABEL: &str = "kvcache-e2e/operator";
 
-/// A running operator.
+/// The operator binary run by the harness, on the host or in a node's network namespace;
+/// dropping it kills it.
 pub struct Operator {
-    /// The process.
     pub proc: Proc,
     /// The address its `/metrics` and health port listens on.
     pub host: String,

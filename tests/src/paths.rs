@@ -52,7 +52,8 @@ pub fn images_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// The store's virtualenv.
+/// The store's virtualenv (`$KVCACHE_MOONCAKE_VENV`, else `mooncake-<version>` in the cache);
+/// [`Error::Missing`] when it has no `bin/python`.
 pub fn mooncake_venv() -> Result<PathBuf> {
     let dir = std::env::var_os("KVCACHE_MOONCAKE_VENV")
         .map(PathBuf::from)

@@ -13,17 +13,15 @@ use crate::Result;
 /// PEM files written for the control plane.
 #[derive(Clone, Debug)]
 pub struct PkiFiles {
-    /// The CA certificate.
+    /// The CA certificate, which the API server, the kubeconfigs and the nodes trust.
     pub ca_cert: PathBuf,
     /// The CA key (the controller manager signs nothing with it here, but keeps it at hand).
     pub ca_key: PathBuf,
     /// The API server's serving certificate.
     pub serving_cert: PathBuf,
-    /// Its key.
     pub serving_key: PathBuf,
     /// The admin client certificate (`system:masters`).
     pub admin_cert: PathBuf,
-    /// Its key.
     pub admin_key: PathBuf,
     /// Service-account signing key (private).
     pub sa_key: PathBuf,

@@ -28,7 +28,7 @@ pub fn ip_of(pod: &Pod) -> Option<&str> {
     pod.status.as_ref().and_then(|s| s.pod_ip.as_deref())
 }
 
-/// A Pod's name.
+/// A Pod's `metadata.name`; empty when it has none.
 pub fn name_of(pod: &Pod) -> &str {
     pod.metadata.name.as_deref().unwrap_or_default()
 }

@@ -58,7 +58,7 @@ impl Proc {
         })
     }
 
-    /// The process id.
+    /// The OS process id; 0 once the process was stopped, killed or detached.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
     }

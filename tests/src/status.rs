@@ -18,7 +18,7 @@ use crate::{Error, Result, Watched};
 
 /// A kind whose status carries a phase and a list of conditions: the operator's four.
 pub trait HasStatus {
-    /// The kind's phases.
+    /// The enum of the kind's `status.phase` (`BackendPhase`, `PoolPhase`, …).
     type Phase: Copy + PartialEq + Debug;
     /// The phase, once the operator wrote a status.
     fn phase(&self) -> Option<Self::Phase>;

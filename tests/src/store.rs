@@ -38,9 +38,8 @@ impl MasterOptions {
     }
 }
 
-/// A running `mooncake_master`.
+/// A `mooncake_master` from the store's virtualenv, listening on loopback; dropping it kills it.
 pub struct Master {
-    /// The process.
     pub proc: Proc,
     /// RPC port (what members and clients dial).
     pub rpc_port: u16,
@@ -207,9 +206,8 @@ impl MemberOptions {
 /// A running member (`python -m mooncake.mooncake_store_service`, the real process of the
 /// `mc_store_rest_server` entry point).
 pub struct Member {
-    /// The process.
     pub proc: Proc,
-    /// Its REST port.
+    /// The port its REST service (`--port`) answers on, on loopback.
     pub port: u16,
 }
 

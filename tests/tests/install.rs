@@ -132,7 +132,8 @@ fn pod_of(identity: &str) -> &str {
     identity.split('_').next().unwrap_or_default()
 }
 
-/// The Lease's holder.
+/// The `holderIdentity` of the operator's own Lease (`kvcache-operator`); `None` when the Lease or
+/// its holder is absent.
 async fn holder(client: &Client) -> Result<Option<String>, Error> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
     Ok(leases

@@ -93,7 +93,6 @@ async fn wait_capacity(api: &Api<Pod>, pod: &str, ns: &str, bytes: u64) -> Resul
     }
 }
 
-
 #[test]
 fn walkthrough_at_demo_size_runs_on_real_pods() {
     let cluster = nodes::shared();

@@ -130,7 +130,8 @@ fn refusal<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> String {
 }
 
 #[test]
-fn a_second_binding_claiming_a_domain_on_the_same_backend_is_refused_naming_the_first_even_while_it_is_deleted() {
+fn a_second_binding_claiming_a_domain_on_the_same_backend_is_refused_naming_the_first_even_while_it_is_deleted()
+ {
     let _turn = hook().lock().unwrap_or_else(|p| p.into_inner());
     block_on(async {
         let client = client().await?;

@@ -24,7 +24,7 @@ use kvcache_e2e::{Watched, paths};
 
 use crate::setup;
 
-/// The benchmark's shape.
+/// The load `cargo xtask bench admission` applies (its `--creates` and `--concurrency`).
 pub struct Shape {
     /// Bindings created per round (and as many Pods).
     pub creates: usize,

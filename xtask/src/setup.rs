@@ -22,7 +22,7 @@ pub fn k8s_bin_dir() -> PathBuf {
     cache_dir().join("k8s").join(KUBERNETES_VERSION).join("bin")
 }
 
-/// The store's virtualenv.
+/// Where `cargo xtask setup` installs the store's virtualenv: `mooncake-<version>` in the cache.
 pub fn mooncake_venv() -> PathBuf {
     cache_dir().join(format!("mooncake-{MOONCAKE_VERSION}"))
 }

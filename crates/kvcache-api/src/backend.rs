@@ -69,10 +69,10 @@ pub struct KVCacheBackendSpec {
     pub connection: Connection,
 }
 
-/// The store implementation.
+/// Which store implementation a backend runs (`spec.type`).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum BackendType {
-    /// The Mooncake store.
+    /// A Mooncake store (a master and member groups); the default and, for now, the only value.
     #[default]
     Mooncake,
 }
@@ -452,7 +452,7 @@ pub enum Medium {
 }
 
 impl Medium {
-    /// The API value.
+    /// The value as a member group's `medium` spells it: `DRAM` or `VRAM`.
     pub fn as_str(self) -> &'static str {
         match self {
             Medium::Dram => "DRAM",
@@ -541,7 +541,7 @@ pub enum EvictionPolicy {
 }
 
 impl EvictionPolicy {
-    /// The API value.
+    /// The value as a tier's `eviction.policy` spells it: `FIFO` or `LRU`.
     pub fn as_str(self) -> &'static str {
         match self {
             EvictionPolicy::Fifo => "FIFO",

@@ -3,7 +3,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-/// A condition's verdict.
+/// A condition's `status` field: whether its `type` holds, or `Unknown` while the operator cannot
+/// tell yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Status {
     /// `True`.
@@ -30,7 +31,7 @@ impl Status {
 pub struct Cond {
     /// CamelCase type, e.g. `QuotaGranted`.
     pub type_: &'static str,
-    /// The verdict.
+    /// Whether `type_` holds (`True`/`False`), or `Unknown` when it could not be observed.
     pub status: Status,
     /// CamelCase reason a user can search for; always set.
     pub reason: &'static str,
@@ -39,7 +40,7 @@ pub struct Cond {
 }
 
 impl Cond {
-    /// A condition.
+    /// A condition with every field given; [`Cond::yes`] is the short form for `True`.
     pub fn new(
         type_: &'static str,
         status: Status,

@@ -13,15 +13,15 @@ use crate::{
 /// One object of this operator's kinds.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
-    /// A KVCacheBackend.
+    /// A `KVCacheBackend`: a store. Cluster-scoped.
     Backend(Box<KVCacheBackend>),
-    /// A KVCachePool.
+    /// A `KVCachePool`: one backend and a quota total. Cluster-scoped.
     Pool(Box<KVCachePool>),
-    /// A KVCachePoolBinding.
+    /// A `KVCachePoolBinding`: a namespace's grant on a pool. Namespaced.
     Binding(Box<KVCachePoolBinding>),
-    /// A ModelDeployment.
+    /// A `ModelDeployment`: a model, its engine and roles. Namespaced.
     ModelDeployment(Box<ModelDeployment>),
-    /// An InstanceType.
+    /// An `InstanceType`: placement and per-accelerator resources for roles. Cluster-scoped.
     InstanceType(Box<InstanceType>),
 }
 
@@ -32,7 +32,8 @@ pub struct Manifest {
     pub source: String,
     /// 1-based document index in the source.
     pub index: usize,
-    /// The object.
+    /// The typed object; fields its kind does not have are dropped and listed in
+    /// `unknown_fields`.
     pub object: Object,
     /// Paths of fields the kind does not have (`spec.metadata`): strict clients refuse them, the
     /// API server prunes them.
@@ -47,7 +48,7 @@ pub struct ObjectRef {
     pub kind: &'static str,
     /// The namespace of a namespaced kind.
     pub namespace: Option<String>,
-    /// The name.
+    /// `metadata.name`; `<unnamed>` when the object has none.
     pub name: String,
 }
 
@@ -80,7 +81,7 @@ impl Object {
         ObjectRef::new(self.kind(), self.metadata())
     }
 
-    /// The object's metadata.
+    /// The object's `metadata` (name, namespace, labels, …), whatever its kind.
     pub fn metadata(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
         match self {
             Object::Backend(o) => &o.metadata,
@@ -91,7 +92,7 @@ impl Object {
         }
     }
 
-    /// The kind.
+    /// The kind as a manifest's `kind:` spells it, e.g. `KVCachePoolBinding`.
     pub fn kind(&self) -> &'static str {
         match self {
             Object::Backend(_) => "KVCacheBackend",

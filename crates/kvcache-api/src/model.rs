@@ -66,7 +66,7 @@ pub struct ModelDeploymentSpec {
     pub roles: Vec<Role>,
 }
 
-/// The model.
+/// What a ModelDeployment serves (`spec.model`); frozen once created.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Model {
@@ -75,7 +75,7 @@ pub struct Model {
     pub name: String,
 }
 
-/// The engine.
+/// The inference engine that serves the model (`spec.engine`): which one, and which version.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Engine {
@@ -88,7 +88,8 @@ pub struct Engine {
     pub version: Option<String>,
 }
 
-/// An inference engine.
+/// Which engine serves the model (`spec.engine.name`); the operator hands it the store's settings
+/// the way that engine reads them.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum EngineName {
     /// vLLM.
@@ -100,7 +101,7 @@ pub enum EngineName {
 }
 
 impl EngineName {
-    /// The API value.
+    /// The value as `spec.engine.name` spells it: `vLLM` or `SGLang`.
     pub fn as_str(self) -> &'static str {
         match self {
             EngineName::Vllm => "vLLM",
@@ -210,7 +211,7 @@ pub enum RoleKind {
 }
 
 impl RoleKind {
-    /// The API value.
+    /// The value as `roles[].kind` spells it: `Server`, `Prefill` or `Decode`.
     pub fn as_str(self) -> &'static str {
         match self {
             RoleKind::Server => "Server",
@@ -318,12 +319,15 @@ pub enum ModelDeploymentPhase {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KvCacheStatus {
-    /// The Binding.
+    /// The KVCachePoolBinding `spec.kvCache.poolRef` names: `namespace/name` once it resolves,
+    /// the bare name until then.
     pub binding: String,
-    /// Its pool.
+    /// The KVCachePool that Binding grants. Absent until the Binding, its pool and its backend
+    /// resolve.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
-    /// The Binding's domain.
+    /// The Binding's reuse domain (tenant name, block size, dtype) the replicas share cached
+    /// blocks under. Absent until the Binding, its pool and its backend resolve.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<Domain>,
 }
@@ -389,7 +393,8 @@ pub struct InstanceTypeSpec {
     pub resources: InstanceResources,
 }
 
-/// An accelerator kind.
+/// The accelerator an InstanceType's nodes carry: the extended resource Pods request for it and
+/// its manufacturer.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Accelerator {

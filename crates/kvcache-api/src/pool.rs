@@ -173,7 +173,7 @@ pub struct KVCachePoolBindingSpec {
     pub domain: Domain,
 }
 
-/// A pool name.
+/// The KVCachePool a Binding grants its namespace (`spec.poolRef`); immutable.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolRef {
@@ -182,7 +182,7 @@ pub struct PoolRef {
     pub name: String,
 }
 
-/// A Binding's ceiling.
+/// A Binding's quota (`spec.quota`): the most its domain may hold in the store at once.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BindingQuota {
@@ -190,7 +190,8 @@ pub struct BindingQuota {
     pub ceiling: Quantity,
 }
 
-/// A reuse domain.
+/// A Binding's reuse domain (`spec.domain`): the store tenant its deployments write under, and the
+/// block size and dtype every deployment sharing those blocks must use.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Domain {

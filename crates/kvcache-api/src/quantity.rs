@@ -73,7 +73,7 @@ pub enum QuantityError {
     /// Nothing was written.
     #[error("it is empty")]
     Empty,
-    /// A leading minus.
+    /// It starts with `-`: sizes, ceilings and millicores here are never negative.
     #[error("a quantity here cannot be negative")]
     Negative,
     /// No digits before the suffix.

@@ -440,7 +440,8 @@ pub fn host_port() -> Rule {
     )
 }
 
-/// An immutable field.
+/// `self == oldSelf` on the field at `what` (e.g. `spec.poolRef`), refused with
+/// `FieldValueForbidden` and a message ending in `fix`, the way to get the change instead.
 pub fn immutable(what: &str, fix: &str) -> Rule {
     Rule::new("self == oldSelf")
         .message(Message::Message(format!("{what} is immutable: {fix}")))

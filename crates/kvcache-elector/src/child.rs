@@ -36,7 +36,7 @@ impl StoreProcess {
         &self.program
     }
 
-    /// The process id.
+    /// The OS process id, for logs; `None` once the process has been reaped.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
     }

@@ -98,7 +98,7 @@ pub enum Error {
     /// The member's Lease watch ended.
     #[error("the watch on Lease {lease} ended")]
     WatchEnded {
-        /// The Lease.
+        /// Name of the Lease that was watched (`<backend>-leader`).
         lease: String,
     },
     /// No Kubernetes client could be built.
@@ -107,9 +107,9 @@ pub enum Error {
     /// The store process could not start.
     #[error("cannot start {program}: {source}")]
     Spawn {
-        /// The program.
+        /// The program that would not start: the first word of the command after `--`.
         program: String,
-        /// The OS error.
+        /// Why the OS could not start it (not found, not executable, …).
         source: std::io::Error,
     },
     /// The store process exited while leading.
@@ -120,9 +120,9 @@ pub enum Error {
     /// The readiness server failed.
     #[error("cannot serve readiness on {addr}: {source}")]
     Serve {
-        /// The address.
+        /// The readiness listen address (`host:port`).
         addr: String,
-        /// The OS error.
+        /// Why it failed: the OS error, or that the server stopped.
         source: std::io::Error,
     },
 }

@@ -21,7 +21,7 @@ use crate::lease::{LeaseClient, to_record};
 pub struct MemberConfig {
     /// The Lease name (`<backend>-leader`).
     pub lease: String,
-    /// Its namespace.
+    /// The Lease's namespace (the Pod's own).
     pub namespace: String,
     /// How often the member process is checked (a crashed member is restarted).
     pub retry_period: Duration,

@@ -45,7 +45,7 @@ pub struct ClientLine {
 /// Everything the injection knows about one engine.
 #[derive(Debug)]
 pub struct EngineRow {
-    /// The engine.
+    /// Which engine this row is for; [`row`] picks the row by it.
     pub engine: Engine,
     /// Its name for users.
     pub name: &'static str,

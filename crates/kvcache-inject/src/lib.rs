@@ -708,8 +708,7 @@ fn by_environment(
     let mut warning = None;
     if let Some(t) = tenant {
         out_env.push(env(TENANT_ENV, t));
-    } else if c.env.iter().flatten().any(|e| e.name == TENANT_ENV)
-    {
+    } else if c.env.iter().flatten().any(|e| e.name == TENANT_ENV) {
         warning = Some("the container's own MOONCAKE_TENANT_ID is kept, but the store keeps no ledger: every write lands in its default tenant".into());
     }
     (

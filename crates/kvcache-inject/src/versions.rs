@@ -57,9 +57,9 @@ pub enum Pairing {
     Compatible,
     /// Different lines: refuse.
     Mismatch {
-        /// The store version.
+        /// The store's version, as its image tag names it (e.g. `0.3.13.post1`).
         store: String,
-        /// The client version.
+        /// The store client the engine's version carries, per the engine's version lines.
         client: String,
     },
     /// Something unknown: warn, do not refuse.

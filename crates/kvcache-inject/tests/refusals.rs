@@ -341,7 +341,10 @@ fn a_container_may_not_choose_its_own_tenant_or_store_settings() {
     let c = sglang_with(&[("MOONCAKE_TENANT_ID", &domain)]);
     assert!(inject(&walkthrough(sglang(), &c)).is_ok());
     // A second entry of the name would win over the injected one, whatever its values.
-    let c = sglang_with(&[("MOONCAKE_TENANT_ID", &domain), ("MOONCAKE_TENANT_ID", &domain)]);
+    let c = sglang_with(&[
+        ("MOONCAKE_TENANT_ID", &domain),
+        ("MOONCAKE_TENANT_ID", &domain),
+    ]);
     refused(
         inject(&walkthrough(sglang(), &c)),
         "DuplicateStoreSetting",
@@ -353,7 +356,10 @@ fn a_container_may_not_choose_its_own_tenant_or_store_settings() {
     r.ledger = Ledger::Absent;
     let injection = inject(&r).expect("admitted with no ledger");
     assert!(
-        injection.warnings.iter().any(|w| w.contains("MOONCAKE_TENANT_ID is kept")),
+        injection
+            .warnings
+            .iter()
+            .any(|w| w.contains("MOONCAKE_TENANT_ID is kept")),
         "{:?}",
         injection.warnings
     );

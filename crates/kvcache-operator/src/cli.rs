@@ -62,7 +62,7 @@ pub enum CliError {
     /// A file or directory that cannot be read.
     #[error("cannot read {path}: {source}")]
     Read {
-        /// The path.
+        /// A `-f`, `--old` or `--settings` argument, or a file in a directory given to one.
         path: PathBuf,
         /// The I/O error.
         source: std::io::Error,

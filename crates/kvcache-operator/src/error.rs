@@ -3,17 +3,16 @@
 
 use std::net::SocketAddr;
 
-/// An operator failure.
+/// Why a reconcile or the operator's start failed; [`Error::metric_label`] names the cause.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The API server refused or failed a call.
     #[error("{verb} {what}: {source}")]
     Kube {
-        /// The verb.
+        /// What was attempted, as the message reads: `get`, `list`, `apply`, `delete`, …
         verb: &'static str,
-        /// The object.
+        /// The object or set of objects, e.g. `Deployment team-a/qwen-chat-server`.
         what: String,
-        /// The client error.
         source: kube::Error,
     },
     /// The backend cannot be rendered (a stored object from before a rule, a missing image).
@@ -36,7 +35,7 @@ pub enum Error {
         "the {crd} CustomResourceDefinition is not installed: apply deploy/crds/ (kubectl apply -f deploy/crds/) and start the operator again"
     )]
     CrdMissing {
-        /// The CRD's name.
+        /// The CRD's `metadata.name`, e.g. `kvcachebackends.worker.gpustack.ai`.
         crd: String,
     },
     /// The operator's Lease could not be read or written.
@@ -76,7 +75,7 @@ impl Error {
         }
     }
 
-    /// A certificate failure.
+    /// Wraps an error from making, reading or loading the webhook's certificate.
     pub fn certificate(e: impl std::error::Error + Send + Sync + 'static) -> Error {
         Error::Certificate(Box::new(e))
     }

@@ -51,7 +51,7 @@ pub struct ReconcileLabels {
 /// Labels of a store read.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StoreLabels {
-    /// The backend.
+    /// Name of the KVCacheBackend (cluster-scoped: no namespace label).
     pub backend: String,
     /// `ok` or `error`.
     pub result: String,
@@ -69,14 +69,14 @@ pub struct WebhookLabels {
 /// Labels of a backend's series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendLabels {
-    /// The backend.
+    /// Name of the KVCacheBackend (cluster-scoped: no namespace label).
     pub backend: String,
 }
 
 /// Labels of a backend's member counts.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MemberLabels {
-    /// The backend.
+    /// Name of the KVCacheBackend (cluster-scoped: no namespace label).
     pub backend: String,
     /// `ready` (member Pods Ready) or `mounted` (segments the leader lists).
     pub state: String,
@@ -85,9 +85,8 @@ pub struct MemberLabels {
 /// Labels of a Binding's series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BindingLabels {
-    /// The Binding's namespace.
     pub namespace: String,
-    /// The Binding.
+    /// The Binding's name, without its namespace.
     pub binding: String,
 }
 
@@ -193,9 +192,8 @@ impl prometheus_client::collector::Collector for BindingCollector {
 /// Labels of a ModelDeployment's shared-cache series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModelLabels {
-    /// The deployment's namespace.
     pub namespace: String,
-    /// The ModelDeployment.
+    /// The ModelDeployment's name, without its namespace.
     pub deployment: String,
     /// The cache domain (the Binding's tenant) it writes under.
     pub domain: String,

@@ -18,7 +18,7 @@ pub enum Request {
     Get(String),
     /// Create or change a tenant's ceiling.
     Upsert {
-        /// The tenant.
+        /// The tenant id (a Binding's domain name), sent as `tenant_id`.
         tenant: String,
         /// Its ceiling, bytes.
         bytes: u64,
@@ -28,7 +28,7 @@ pub enum Request {
 }
 
 impl Request {
-    /// The HTTP method.
+    /// The HTTP method: `GET` to list or get, `PUT` to upsert, `DELETE` to delete.
     pub fn method(&self) -> &'static str {
         match self {
             Request::List | Request::Get(_) => "GET",
@@ -72,7 +72,7 @@ fn query_escape(s: &str) -> String {
 /// `admission_closed`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct TenantEntry {
-    /// The tenant.
+    /// The tenant id; for tenants the operator created, a Binding's domain name.
     pub tenant_id: String,
     /// The ceiling the ledger holds.
     #[serde(default)]

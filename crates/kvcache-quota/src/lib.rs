@@ -22,7 +22,7 @@ pub enum Error {
     /// The policy document would be refused by the store; nothing is rendered.
     #[error("the tenant policy for backend {backend} was not rendered: {}", problems.join("; "))]
     PolicyRefused {
-        /// The backend.
+        /// Name of the KVCacheBackend whose tenant policy was not rendered.
         backend: String,
         /// Every problem, each naming the Binding.
         problems: Vec<String>,
@@ -32,7 +32,7 @@ pub enum Error {
     Unreadable {
         /// What was asked.
         context: String,
-        /// The decoder's message.
+        /// What the YAML or JSON decoder could not read in the answer.
         message: String,
     },
 }

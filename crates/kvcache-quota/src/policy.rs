@@ -69,7 +69,7 @@ impl PolicyDocument {
 pub struct BindingCeiling {
     /// `namespace/name`.
     pub binding: String,
-    /// Its tenant.
+    /// The tenant id: the Binding's `spec.domain.name`, `default` when empty.
     pub tenant: String,
     /// Its ceiling, bytes.
     pub ceiling_bytes: u64,

@@ -315,7 +315,10 @@ fn failures_and_deletion() {
         },
         ledger: &unreachable,
         capacity_bytes: None,
-        policy_write: Some(PolicyWrite::Refused(vec![RefusedCeiling { binding: "team-a/b".into(), answer: "PERSISTENT_FAIL".into() }])),
+        policy_write: Some(PolicyWrite::Refused(vec![RefusedCeiling {
+            binding: "team-a/b".into(),
+            answer: "PERSISTENT_FAIL".into(),
+        }])),
         bindings: &[],
         release: Release::NotDeleting,
     });
@@ -330,7 +333,7 @@ fn failures_and_deletion() {
     );
     let policy = cond(&pool.conditions, "QuotaPolicyWritable");
     assert_eq!(
-        (policy.status.clone(), policy.reason),
+        (policy.status, policy.reason),
         (Status::False, "PolicyNotWritable")
     );
     assert!(policy.message.ends_with("gone: team-a/b: PERSISTENT_FAIL"));

@@ -40,9 +40,9 @@ pub enum Error {
     Injection {
         /// `namespace/name`.
         deployment: String,
-        /// The role.
+        /// The role's `name` in `spec.roles`.
         role: String,
-        /// The refusal.
+        /// Why the injection refused the role; its reason becomes the error's reason.
         source: kvcache_inject::Error,
     },
     /// A reference to an object that does not exist.
@@ -50,9 +50,9 @@ pub enum Error {
     Missing {
         /// The object holding the reference.
         referrer: Box<kvcache_api::manifest::ObjectRef>,
-        /// The referring field.
+        /// The field of `referrer` that names the object, e.g. `spec.poolRef.name`.
         field: &'static str,
-        /// The kind named.
+        /// The kind the field names, e.g. `KVCachePool`.
         kind: &'static str,
         /// The name (`namespace/name` for a namespaced kind).
         name: String,
@@ -64,13 +64,13 @@ pub enum Error {
         "KVCacheBackend {backend}: no store image (spec.image is unset and the kv-cache-backend-image setting is empty); set one of them"
     )]
     NoStoreImage {
-        /// The backend.
+        /// Name of the managed KVCacheBackend left without an image.
         backend: String,
     },
     /// A backend that sets neither connection.
     #[error("KVCacheBackend {backend}: spec.connection sets neither managed nor external")]
     NoConnection {
-        /// The backend.
+        /// Name of the KVCacheBackend whose `spec.connection` sets neither.
         backend: String,
     },
     /// An InstanceType CPU figure that is not a CPU quantity.
@@ -78,7 +78,7 @@ pub enum Error {
         "InstanceType {instance_type} spec.resources.cpu {value:?} is not a CPU quantity: {source}; write cores (2, 0.5) or millicores (500m)"
     )]
     Cpu {
-        /// The InstanceType.
+        /// Name of the InstanceType whose `spec.resources.cpu` does not parse.
         instance_type: String,
         /// The value as written.
         value: String,
@@ -93,7 +93,7 @@ pub enum Error {
     Yaml {
         /// `kind name` of the object.
         object: String,
-        /// The serialiser's message.
+        /// The YAML serialiser's message.
         message: String,
     },
 }

@@ -30,13 +30,15 @@ pub const SHM_SIZE: &str = "16Gi";
 /// The resolved cache attachment of a deployment.
 #[derive(Clone, Debug)]
 pub struct Attachment {
-    /// The Binding.
+    /// Name of the KVCachePoolBinding, in the deployment's namespace.
     pub binding: String,
-    /// Its domain.
+    /// The Binding's tenant id: its `spec.domain.name`, `default` when empty.
     pub domain: String,
-    /// Its dtype.
+    /// The Binding's `spec.domain.dtype`, handed to engines as `--kv-cache-dtype` when
+    /// `dtype_owned`.
     pub dtype: String,
-    /// The pool's ledger.
+    /// Whether the backend keeps a tenant ledger, as declared (`leader.multiTenancy`; assumed
+    /// for an external backend). The Pod webhook uses the pool's `QuotaLedgerAvailable` instead.
     pub ledger: Ledger,
     /// The pool's client endpoint.
     pub client_endpoint: Option<String>,
@@ -44,14 +46,15 @@ pub struct Attachment {
     pub protocols: Vec<Protocol>,
     /// The store version, from the backend's image.
     pub store_version: Option<String>,
-    /// The dtype setting.
+    /// The `model-deployment-kv-cache-dtype-owned` setting: whether the operator sets
+    /// `--kv-cache-dtype` and refuses a role's own.
     pub dtype_owned: bool,
 }
 
 /// What rendering a deployment takes.
 #[derive(Clone, Debug)]
 pub struct ModelInputs<'a> {
-    /// The deployment.
+    /// The ModelDeployment to render: one Deployment per role.
     pub deployment: &'a ModelDeployment,
     /// InstanceTypes by name.
     pub instance_types: &'a BTreeMap<String, InstanceType>,

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 /// One alert.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Alert {
-    /// The alert's name.
+    /// The rule's `alert:` name, CamelCase (`KVCacheBackendDegraded`).
     pub name: &'static str,
     /// The PromQL expression that fires it.
     pub expr: &'static str,

@@ -42,9 +42,9 @@ const PREFIX: &str = "kvcache.gpustack.ai/";
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}: {message}")]
 pub struct PodRefusal {
-    /// The reason.
+    /// CamelCase reason a user can search for, e.g. `RecordSubmitted`.
     pub reason: &'static str,
-    /// The message.
+    /// What is wrong with the Pod and how to fix it.
     pub message: String,
 }
 
@@ -60,9 +60,11 @@ fn refuse(reason: &'static str, message: impl Into<String>) -> PodRefusal {
 pub struct References<'a> {
     /// The Binding named by the annotation, in the Pod's namespace.
     pub binding: Option<&'a KVCachePoolBinding>,
-    /// Its pool.
+    /// The KVCachePool the Binding's `spec.poolRef` names; `None` when it does not exist (the
+    /// Pod is refused).
     pub pool: Option<&'a KVCachePool>,
-    /// The pool's backend.
+    /// The KVCacheBackend the pool's `spec.backends` names; `None` when it does not exist (the
+    /// Pod is refused).
     pub backend: Option<&'a KVCacheBackend>,
 }
 

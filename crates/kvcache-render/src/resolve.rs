@@ -21,11 +21,13 @@ use crate::model::{self, Attachment, ModelInputs};
 /// Where and with what the operator runs.
 #[derive(Clone, Debug)]
 pub struct Environment<'a> {
-    /// The operator's namespace.
+    /// The operator's namespace, where managed backends' store objects go (default
+    /// `gpustack-system`).
     pub namespace: &'a str,
     /// The operator's image (carries `kvcache-elector`).
     pub operator_image: &'a str,
-    /// The cluster settings.
+    /// The cluster settings: the default store image and whether the operator owns
+    /// `--kv-cache-dtype`.
     pub settings: &'a Settings,
 }
 

@@ -62,7 +62,7 @@ impl Cause {
 pub struct Refusal {
     /// The manifest path (`spec.domain.name`).
     pub field: String,
-    /// The cause type.
+    /// The API server's cause type for the field, e.g. `FieldValueDuplicate`.
     pub cause: Cause,
     /// Why, and what to do instead.
     pub message: String,
@@ -80,7 +80,7 @@ impl fmt::Display for Refusal {
 /// The judgement of one object: what the CLI prints and the webhook answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Review {
-    /// The object judged.
+    /// The object judged, printed as `kind namespace/name`.
     pub object: ObjectRef,
     /// Create or update.
     pub mode: Mode,

@@ -142,7 +142,7 @@ pub fn parse_engine_metrics(
 /// One engine Pod as the operator tried to read it this pass.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineReading {
-    /// The Pod's name.
+    /// Name of the engine Pod, in the ModelDeployment's namespace.
     pub pod: String,
     /// The Pod's uid: a replaced Pod with the same name starts its counters again.
     pub uid: String,

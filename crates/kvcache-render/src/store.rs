@@ -14,25 +14,25 @@ pub enum ReadError {
     /// No answer (connection refused, timeout, DNS).
     #[error("no answer from {url}: {message}")]
     Unreachable {
-        /// The URL.
+        /// The URL read: a master's admin route or an engine's `/metrics`.
         url: String,
-        /// The client's message.
+        /// The HTTP client's error, e.g. connection refused or a timeout.
         message: String,
     },
     /// An HTTP error status.
     #[error("{url} answered HTTP {status}")]
     Status {
-        /// The URL.
+        /// The URL read: a master's admin route or an engine's `/metrics`.
         url: String,
-        /// The status code.
+        /// The HTTP status answered instead of 200.
         status: u16,
     },
     /// An answer that does not parse.
     #[error("{url} answered something unreadable: {message}")]
     Unreadable {
-        /// The URL.
+        /// The URL read: a master's admin route or an engine's `/metrics`.
         url: String,
-        /// The parser's message.
+        /// What in the body could not be read, in the parser's words.
         message: String,
     },
 }
@@ -118,13 +118,13 @@ pub struct Segment {
     /// `host:port` the member advertised (its Pod IP, or host IP on host networking).
     #[serde(default)]
     pub segment_name: String,
-    /// The segment's identity.
+    /// The id the master gives the segment; the status lists members in its order.
     #[serde(default)]
     pub segment_id: String,
     /// The client that mounted it.
     #[serde(default)]
     pub client_id: String,
-    /// Its size.
+    /// The segment's size in bytes, as the member mounted it.
     #[serde(default)]
     pub size_bytes: u64,
     /// Bytes its allocator holds.

@@ -351,7 +351,11 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
             let tagged = image.and_then(store_version_of_image);
             obs.store_version = lease
                 .as_ref()
-                .and_then(|l| l.annotations().get(kvcache_api::STORE_VERSION_ANNOTATION).cloned())
+                .and_then(|l| {
+                    l.annotations()
+                        .get(kvcache_api::STORE_VERSION_ANNOTATION)
+                        .cloned()
+                })
                 .map(|running| (running, tagged));
             obs.lease_holder = lease.map(|l| {
                 l.spec

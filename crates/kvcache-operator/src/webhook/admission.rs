@@ -111,9 +111,11 @@ impl World {
             let mut other_tenant = false;
             // A Binding being deleted still holds its name: until its finalizer is gone the
             // master keeps its tenant's data, which a new claim would inherit.
-            for b in self.bindings.iter().filter(|b| {
-                backend_of(&b.spec.pool_ref.name).as_deref() == Some(backend.as_str())
-            }) {
+            for b in self
+                .bindings
+                .iter()
+                .filter(|b| backend_of(&b.spec.pool_ref.name).as_deref() == Some(backend.as_str()))
+            {
                 let same = kvcache_api::admission::tenant_of(b) == tenant;
                 if same || !other_tenant {
                     other_tenant |= !same;

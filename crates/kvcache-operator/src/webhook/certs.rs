@@ -26,13 +26,13 @@ use rustls::sign::CertifiedKey;
 
 use crate::error::Error;
 
-/// The Secret's keys.
+/// Key in the webhook's Secret for the current CA certificate (PEM), the first of `caBundle`.
 pub const CA_CERT: &str = "ca.crt";
-/// The CA's key.
+/// Key in the webhook's Secret for the CA's private key (PEM), which signs the serving certificate.
 pub const CA_KEY: &str = "ca.key";
-/// The serving certificate.
+/// Key in the webhook's Secret for the serving certificate (PEM) the webhook presents.
 pub const TLS_CERT: &str = "tls.crt";
-/// The serving key.
+/// Key in the webhook's Secret for the serving certificate's private key (PEM).
 pub const TLS_KEY: &str = "tls.key";
 /// Earlier CAs still trusted (PEM, concatenated): kept in `caBundle` until the certificates
 /// they signed are gone.
@@ -266,11 +266,10 @@ impl ResolvesServerCert for Presented {
 /// Keeps the stored pair current, the webhook configurations trusting it, and the presented
 /// certificate loaded (the operator's side of this module: fetch, call [`plan`], write).
 pub struct Keeper {
-    /// The API client.
     pub client: kube::Client,
     /// The operator's namespace (where the Secret is).
     pub namespace: String,
-    /// The Secret's name.
+    /// Name of the Secret in `namespace` that holds the CA and the serving pair.
     pub secret: String,
     /// The webhook configurations' name (validating and mutating).
     pub configuration: String,

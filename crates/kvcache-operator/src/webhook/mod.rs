@@ -172,7 +172,8 @@ async fn validate_pods_handler(
     answer(&hook, "freeze", review, freeze_pod)
 }
 
-/// The webhook's routes.
+/// The webhook's routes: `/validate` (this operator's kinds), `/mutate-pods` (the injection) and
+/// `/validate-pods` (the freeze on Pod updates).
 pub fn router(hook: Arc<Webhook>) -> Router {
     Router::new()
         .route("/validate", post(validate_handler))

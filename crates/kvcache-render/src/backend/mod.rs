@@ -70,7 +70,7 @@ pub fn store_cpu_request() -> (
 /// What rendering a backend takes.
 #[derive(Clone, Debug)]
 pub struct BackendInputs<'a> {
-    /// The backend.
+    /// The KVCacheBackend to render; an external one renders nothing.
     pub backend: &'a KVCacheBackend,
     /// The resolved store image (`spec.image`, else the cluster setting).
     pub store_image: &'a str,
@@ -95,9 +95,10 @@ pub struct BackendObjects {
     pub lease: Option<Lease>,
     /// The tenant policy seed (multi-tenancy on).
     pub config_map: Option<ConfigMap>,
-    /// The leader Deployment.
+    /// The leader (master) Deployment, `<backend>-leader`; `None` for an external backend.
     pub deployment: Option<Deployment>,
-    /// The leader Service.
+    /// The leader's ClusterIP Service, `<backend>-leader`, on the RPC (50051) and admin (9003)
+    /// ports; `None` for an external backend.
     pub service: Option<Service>,
     /// One DaemonSet per member group.
     pub daemon_sets: Vec<DaemonSet>,

@@ -22,7 +22,7 @@ use crate::store::{Health, Metrics, ReadError, Segment, StoreReading};
 /// Everything one pass observed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observation {
-    /// The backend's generation.
+    /// The backend's `metadata.generation`, written back as `status.observedGeneration`.
     pub generation: Option<i64>,
     /// Being deleted.
     pub deleting: bool,

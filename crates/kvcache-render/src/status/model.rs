@@ -14,30 +14,30 @@ pub enum Resolution {
     NotApplicable,
     /// No Binding of that name in the deployment's namespace.
     BindingNotFound {
-        /// The name given.
+        /// The name `spec.kvCache.poolRef.name` gives.
         binding: String,
         /// The namespace looked in.
         namespace: String,
     },
     /// The Binding is being deleted.
     BindingDeleting {
-        /// The Binding.
+        /// The Binding, as `namespace/name`.
         binding: String,
     },
     /// The Binding exists but its pool or backend does not resolve.
     BindingNotReady {
-        /// The Binding.
+        /// The Binding, as `namespace/name`.
         binding: String,
         /// Why.
         why: String,
     },
     /// Binding, pool and domain.
     Resolved {
-        /// The Binding.
+        /// The Binding, as `namespace/name`.
         binding: String,
-        /// Its pool.
+        /// Name of the KVCachePool the Binding's `spec.poolRef` names.
         pool: String,
-        /// Its tenant.
+        /// The tenant id: the Binding's `spec.domain.name`, `default` when empty.
         tenant: String,
     },
 }
@@ -45,7 +45,7 @@ pub enum Resolution {
 /// One role's Deployment as observed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RoleObservation {
-    /// The role.
+    /// The role's `name` in `spec.roles`.
     pub name: String,
     /// `spec.replicas` wanted.
     pub desired: i32,
@@ -69,7 +69,8 @@ pub struct ModelObservation {
     /// Why the roles could not be rendered (an injection refusal, a missing InstanceType):
     /// its CamelCase reason and message.
     pub refusal: Option<(&'static str, String)>,
-    /// The roles' Deployments.
+    /// One per role of `spec.roles`, counted from the role's Deployment (zeros while it is
+    /// missing).
     pub roles: Vec<RoleObservation>,
     /// Bytes the master charges the domain's tenant (`None`: not read).
     pub tenant_charged: Option<u64>,
