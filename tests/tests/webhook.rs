@@ -170,7 +170,10 @@ fn a_second_binding_claiming_a_domain_on_the_same_backend_is_refused_naming_the_
         // until the release finishes): a finalizer of the test's keeps claims-a/team there.
         let mut holder = a.get("team").await?;
         holder.finalizers_mut().push("e2e.kvcache.gpustack.ai/hold".into());
-        let finalizers = serde_json::json!({"metadata": {"finalizers": holder.finalizers()}});
+        // With the resourceVersion read: a concurrent change fails the patch rather than losing
+        // the operator's finalizer.
+        let finalizers = serde_json::json!({"metadata": {
+            "finalizers": holder.finalizers(), "resourceVersion": holder.resource_version()}});
         a.patch("team", &PatchParams::default(), &Patch::Merge(&finalizers)).await?;
         a.delete("team", &DeleteParams::default()).await?;
         namespace(&client, "claims-c").await;
@@ -564,6 +567,14 @@ fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_i
                 other => panic!("case {rule}: expected a refusal ({reason}), got {other:?}"),
             }
         }
+
+        // The setting the injection gives, as the API server stores it (a field reference
+        // defaulted to apiVersion v1), is no choice of the container's own: admitted.
+        let same = pod("same-hostname", sglang_env(serde_json::json!([
+            {"name": "MOONCAKE_LOCAL_HOSTNAME", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}])));
+        pods.create(&dry, &same)
+            .await
+            .unwrap_or_else(|e| panic!("an SGLang Pod setting MOONCAKE_LOCAL_HOSTNAME as the injection does: {e}"));
 
         // The freeze: the records and the label cannot change; other metadata can.
         let created = pods.create(&PostParams::default(), &pod("frozen", |_| {})).await?;

@@ -399,7 +399,7 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
             delivery
         }
     };
-    check_user_env(req, &delivery.env)?;
+    warnings.extend(check_user_env(req, &delivery.env)?);
     if req.dtype_owned {
         delivery.args.push(DTYPE_FLAG.to_owned());
         delivery.args.push(req.dtype.to_owned());
@@ -426,39 +426,47 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
     })
 }
 
-/// A container may not choose its own store settings (docs/design.md#injection-refusals): each
-/// variable the injection sets (the tenant id among them) is either absent from the container or
-/// set there once, to the same value. A different value would be a Pod picking its own tenant or
-/// master; a second entry of the name would win over the injected one (the kubelet keeps the last
-/// entry of a name), so duplicates are refused whatever their values.
-fn check_user_env(req: &Request<'_>, injected: &[EnvVar]) -> Result<(), Error> {
+/// A container may not choose its own store identity (docs/design.md#injection-refusals): the
+/// tenant id and the master address the injection sets are absent from the container or set
+/// there to the same value; another value would be a Pod picking its own tenant or store. Any
+/// variable the injection sets may appear at most once: the kubelet keeps the last entry of a
+/// name, so a second one would win over the injected value whatever it says. The container's own
+/// value of another injected variable (a transport setting) is replaced, with a warning.
+fn check_user_env(req: &Request<'_>, injected: &[EnvVar]) -> Result<Vec<String>, Error> {
     let user: Vec<&EnvVar> = req.container.env.iter().flatten().collect();
+    let mut warnings = Vec::new();
     for e in injected
         .iter()
         .filter(|e| !TOGGLES.contains(&e.name.as_str()))
     {
         let theirs: Vec<&EnvVar> = user.iter().copied().filter(|u| u.name == e.name).collect();
-        let what = if e.name == TENANT_ENV {
-            "its store tenant (the Binding's domain)"
-        } else {
-            "a store client setting"
+        let what = match e.name.as_str() {
+            TENANT_ENV => "its store tenant (the Binding's domain)",
+            MASTER_ENV => "its store (the master the Binding's pool publishes)",
+            _ => "a store client setting",
         };
         match theirs.as_slice() {
             [] => {}
-            [one] if one.value == e.value && one.value_from == e.value_from => {}
-            [one] => {
+            [one] if Setting::of(one) == Setting::of(e) => {}
+            [one] if IDENTITY_ENV.contains(&e.name.as_str()) => {
                 return Err(Error::refused(
                     "StoreSettingOverridden",
                     format!(
                         "the container sets {}={}, but KVCachePoolBinding {} gives {}; a Pod may not choose {what}: remove {} from the container",
                         e.name,
-                        shown(one),
+                        Setting::of(one),
                         req.binding,
-                        shown(e),
+                        Setting::of(e),
                         e.name
                     ),
                 ));
             }
+            [one] => warnings.push(format!(
+                "the container's {}={} is replaced by {} ({what} the operator sets)",
+                e.name,
+                Setting::of(one),
+                Setting::of(e)
+            )),
             many => {
                 return Err(Error::refused(
                     "DuplicateStoreSetting",
@@ -473,22 +481,47 @@ fn check_user_env(req: &Request<'_>, injected: &[EnvVar]) -> Result<(), Error> {
             }
         }
     }
-    Ok(())
+    Ok(warnings)
 }
 
-/// A variable's value as a refusal shows it: the literal, or where it is read from.
-fn shown(e: &EnvVar) -> String {
-    match (&e.value, &e.value_from) {
-        (_, Some(from)) if from.field_ref.is_some() => format!(
-            "the Pod's {}",
-            from.field_ref
-                .as_ref()
-                .map(|f| f.field_path.as_str())
-                .unwrap_or_default()
-        ),
-        (_, Some(_)) => "a value read from a ConfigMap, Secret or resource".to_owned(),
-        (Some(v), None) => format!("{v:?}"),
-        (None, None) => "\"\"".to_owned(),
+/// The injected variables a container may not give another value: who it is to the store and
+/// which store it reaches.
+const IDENTITY_ENV: &[&str] = &[TENANT_ENV, MASTER_ENV];
+
+/// The variable through which SGLang's store client takes its master's address.
+const MASTER_ENV: &str = "MOONCAKE_MASTER";
+
+/// What a variable resolves to, compared as the API server stores it: an absent value is the
+/// empty string, a field reference defaults its `apiVersion` to `v1`.
+#[derive(PartialEq, Eq)]
+enum Setting<'a> {
+    Literal(&'a str),
+    Field(&'a str),
+    /// Read from a ConfigMap, Secret or resource: unknown here, never equal to a literal.
+    Elsewhere,
+}
+
+impl<'a> Setting<'a> {
+    fn of(e: &'a EnvVar) -> Self {
+        match &e.value_from {
+            None => Setting::Literal(e.value.as_deref().unwrap_or_default()),
+            Some(from) => match &from.field_ref {
+                Some(f) if f.api_version.as_deref().unwrap_or("v1") == "v1" => {
+                    Setting::Field(&f.field_path)
+                }
+                _ => Setting::Elsewhere,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Setting<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Setting::Literal(v) => write!(f, "{v:?}"),
+            Setting::Field(path) => write!(f, "the Pod's {path}"),
+            Setting::Elsewhere => f.write_str("a value read from a ConfigMap, Secret or resource"),
+        }
     }
 }
 
@@ -698,7 +731,7 @@ fn by_environment(
         args.extend(extra.map(str::to_owned));
     }
     let mut out_env = vec![
-        env("MOONCAKE_MASTER", endpoint),
+        env(MASTER_ENV, endpoint),
         env("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE"),
         env("MOONCAKE_PROTOCOL", protocol),
         env("MOONCAKE_DEVICE", ""),

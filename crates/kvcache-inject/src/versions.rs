@@ -57,7 +57,8 @@ pub enum Pairing {
     Compatible,
     /// Different lines: refuse.
     Mismatch {
-        /// The store's version, as its image tag names it (e.g. `0.3.13.post1`).
+        /// The store's version (e.g. `0.3.13.post1`): what the running master reports
+        /// (`status.storeVersion`), else what the backend's image tag names.
         store: String,
         /// The store client the engine's version carries, per the engine's version lines.
         client: String,

@@ -335,7 +335,7 @@ fn a_container_may_not_choose_its_own_tenant_or_store_settings() {
     refused(
         inject(&walkthrough(sglang(), &c)),
         "StoreSettingOverridden",
-        "a store client setting",
+        "may not choose its store",
     );
     // The same value, once, is no choice of its own.
     let c = sglang_with(&[("MOONCAKE_TENANT_ID", &domain)]);
@@ -366,4 +366,61 @@ fn a_container_may_not_choose_its_own_tenant_or_store_settings() {
     // The observability toggles stay the container's own.
     let c = sglang_with(&[("MC_TE_METRIC", "0")]);
     assert!(inject(&walkthrough(sglang(), &c)).is_ok());
+    // A transport setting of its own is replaced, with a warning.
+    let c = sglang_with(&[("MOONCAKE_PROTOCOL", "rdma")]);
+    let injection = inject(&walkthrough(sglang(), &c)).expect("replaced, not refused");
+    assert!(
+        injection
+            .warnings
+            .iter()
+            .any(|w| w.contains("MOONCAKE_PROTOCOL=\"rdma\" is replaced")),
+        "{:?}",
+        injection.warnings
+    );
+}
+
+#[test]
+fn a_setting_equal_to_the_injected_one_as_the_api_server_stores_it_is_no_choice() {
+    use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector};
+    // What the webhook receives: the API server omits an empty value and defaults a field
+    // reference's apiVersion to v1.
+    let mut c = container(&["python3", "-m", "sglang.launch_server"], &[]);
+    c.env = Some(vec![
+        EnvVar {
+            name: "MOONCAKE_DEVICE".into(),
+            value: None,
+            value_from: None,
+        },
+        EnvVar {
+            name: "MOONCAKE_LOCAL_HOSTNAME".into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    api_version: Some("v1".into()),
+                    field_path: "status.podIP".into(),
+                }),
+                ..Default::default()
+            }),
+        },
+    ]);
+    let injection = inject(&walkthrough(sglang(), &c)).expect("the same settings are admitted");
+    assert!(
+        injection.warnings.iter().all(|w| !w.contains("replaced")),
+        "{:?}",
+        injection.warnings
+    );
+    // The tenant read from a Secret is not the Binding's.
+    c.env = Some(vec![EnvVar {
+        name: "MOONCAKE_TENANT_ID".into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(Default::default()),
+            ..Default::default()
+        }),
+    }]);
+    refused(
+        inject(&walkthrough(sglang(), &c)),
+        "StoreSettingOverridden",
+        "a value read from a ConfigMap, Secret or resource",
+    );
 }

@@ -39,7 +39,7 @@ impl fmt::Display for DuplicateDomain {
         if self.holder_releasing {
             write!(
                 f,
-                "domain {:?} is still held on backend {} by KVCachePoolBinding {}, which is being deleted: the master keeps that tenant's data until the release finishes, and a new claim would inherit it; wait until {} is gone, or choose another spec.domain.name",
+                "domain {:?} is still held on backend {} by KVCachePoolBinding {}, which is being deleted: the master keeps that tenant's data until the release finishes, and a new claim would inherit it; wait until {} is gone (its Releasable condition says what it waits for), or choose another spec.domain.name",
                 self.tenant, self.backend, self.holder, self.holder
             )
         } else {

@@ -27,12 +27,13 @@ pub enum Error {
         /// Every problem, each naming the Binding.
         problems: Vec<String>,
     },
-    /// The store's answer is not what its admin API sends.
+    /// The store's admin API answered something this crate cannot use: unreadable, or a
+    /// refusal of the ledger's (converted from [`AdminError`]).
     #[error("the store's admin API answered something unreadable ({context}): {message}")]
     Unreadable {
         /// What was asked.
         context: String,
-        /// What the YAML or JSON decoder could not read in the answer.
+        /// What the decoder could not read, or the ledger's refusal.
         message: String,
     },
 }
