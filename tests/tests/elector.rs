@@ -163,7 +163,7 @@ async fn a_service_mode_member_survives_a_single_leader_restart() {
             .metadata
             .annotations
             .unwrap_or_default()
-            .get("kvcache.gpustack.ai/store-version")
+            .get(kvcache_api::STORE_VERSION_ANNOTATION)
             .map(String::as_str),
         Some(paths::MOONCAKE_VERSION)
     );

@@ -30,7 +30,7 @@ use crate::error::Error;
 use crate::store::StoreClient;
 
 /// Held while a Binding's tenant is not released on the master.
-pub const BINDING_FINALIZER: &str = "kvcache.gpustack.ai/release";
+pub const BINDING_FINALIZER: &str = super::RELEASE_FINALIZER;
 
 /// The field manager of a Binding's `status.usedBy` (the pool pass writes the rest).
 const USAGE_MANAGER: &str = "kvcache-operator-usage";

@@ -27,6 +27,10 @@ use tracing::{info, warn};
 use crate::context::{Changes, Context, MANAGER};
 use crate::error::{Error, kube as kerr, retry_after};
 
+/// The finalizer named `release` on both kinds whose deletion waits on the master: a pool holds
+/// it while it has Bindings, a Binding while its tenant is not released in the ledger.
+pub const RELEASE_FINALIZER: &str = "kvcache.gpustack.ai/release";
+
 /// Runs the controllers until shutdown, each on its kind's shared cache where `changes` holds a
 /// subscription. Pools, Bindings and ModelDeployments are reconciled by the operator that
 /// reconciles every backend (`--backend-selector` scopes backends only, for several operators on

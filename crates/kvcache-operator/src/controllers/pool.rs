@@ -34,7 +34,7 @@ use crate::error::Error;
 use crate::store::StoreClient;
 
 /// Held while a pool's Bindings exist.
-pub const POOL_FINALIZER: &str = "kvcache.gpustack.ai/release";
+pub const POOL_FINALIZER: &str = super::RELEASE_FINALIZER;
 
 const POOL: &str = "kvcachepool";
 
