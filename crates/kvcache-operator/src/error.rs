@@ -21,9 +21,10 @@ pub enum Error {
     /// Deletion is held (a pool uses the backend, or workloads are still going).
     #[error("deletion held: {0}")]
     DeletionHeld(String),
-    /// The finalizer helper failed.
+    /// The finalizer helper failed around the reconcile: adding or removing the finalizer, or
+    /// an object without a name.
     #[error("finalizer: {0}")]
-    Finalizer(String),
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     /// The webhook's certificate could not be made or read.
     #[error("webhook certificate: {0}")]
     Certificate(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -96,9 +97,12 @@ pub enum Unjudgeable {
     /// The object does not round-trip through JSON.
     #[error("the object does not encode: {0}")]
     Encode(#[source] serde_json::Error),
-    /// The object does not decode as its kind.
+    /// The object does not decode as its kind (strict reading of a manifest).
     #[error("the object does not decode: {0}")]
-    Decode(String),
+    Decode(#[source] kvcache_api::Error),
+    /// The object does not decode as the kind its request names.
+    #[error("the object does not decode: {0}")]
+    DecodeJson(#[source] serde_json::Error),
 }
 
 /// How soon a failed reconcile is retried when nothing more specific applies.
@@ -118,7 +122,7 @@ pub fn from_finalizer(e: kube::runtime::finalizer::Error<Error>) -> Error {
     match e {
         kube::runtime::finalizer::Error::ApplyFailed(e)
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(other.to_string()),
+        other => Error::Finalizer(Box::new(other)),
     }
 }
 

@@ -134,8 +134,8 @@ impl World {
 /// One object of a request, decoded strictly (unknown fields listed).
 fn manifest(o: &DynamicObject) -> Result<Manifest, Unjudgeable> {
     let text = serde_json::to_string(o).map_err(Unjudgeable::Encode)?;
-    let mut parsed = kvcache_api::manifest::parse("admission request", &text)
-        .map_err(|e| Unjudgeable::Decode(e.to_string()))?;
+    let mut parsed =
+        kvcache_api::manifest::parse("admission request", &text).map_err(Unjudgeable::Decode)?;
     match parsed.pop() {
         Some(m) if parsed.is_empty() => Ok(m),
         _ => Err(Unjudgeable::NotOurs),

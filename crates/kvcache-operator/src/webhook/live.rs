@@ -19,7 +19,7 @@ pub async fn live_world(client: &kube::Client, object: &DynamicObject) -> Result
     use kvcache_api::model::InstanceType;
     let md: ModelDeployment = serde_json::to_value(object)
         .and_then(serde_json::from_value)
-        .map_err(|e| Unjudgeable::Decode(e.to_string()))?;
+        .map_err(Unjudgeable::DecodeJson)?;
     let mut world = World::default();
     if md.metadata.deletion_timestamp.is_some() {
         return Ok(world);
