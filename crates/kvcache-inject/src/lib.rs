@@ -445,27 +445,26 @@ fn check_user_env(req: &Request<'_>, injected: &[EnvVar]) -> Result<Vec<String>,
             MASTER_ENV => "its store (the master the Binding's pool publishes)",
             _ => "a store client setting",
         };
+        let given = Setting::of(e);
         match theirs.as_slice() {
             [] => {}
-            [one] if Setting::of(one) == Setting::of(e) => {}
+            [one] if Setting::of(one) == given => {}
             [one] if IDENTITY_ENV.contains(&e.name.as_str()) => {
                 return Err(Error::refused(
                     "StoreSettingOverridden",
                     format!(
-                        "the container sets {}={}, but KVCachePoolBinding {} gives {}; a Pod may not choose {what}: remove {} from the container",
+                        "the container sets {}={}, but KVCachePoolBinding {} gives {given}; a Pod may not choose {what}: remove {} from the container",
                         e.name,
                         Setting::of(one),
                         req.binding,
-                        Setting::of(e),
                         e.name
                     ),
                 ));
             }
             [one] => warnings.push(format!(
-                "the container's {}={} is replaced by {} ({what} the operator sets)",
+                "the container's {}={} is replaced by {given} ({what} the operator sets)",
                 e.name,
                 Setting::of(one),
-                Setting::of(e)
             )),
             many => {
                 return Err(Error::refused(

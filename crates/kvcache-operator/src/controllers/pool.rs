@@ -162,22 +162,20 @@ async fn ledger_pass(
                 tenant: v.tenant.clone(),
                 bytes: v.ceiling_bytes,
             };
-            match store.ledger(admin, &req).await {
+            let answer = match store.ledger(admin, &req).await {
                 Ok((status, body)) => match admin::decode_entry(status, &body) {
-                    Ok(_) => {}
+                    Ok(_) => continue,
                     Err(admin::AdminError::UnavailableInCurrentMode) => {
                         return (Outcome::NoLedger, None, capacity);
                     }
-                    Err(e) => problems.push(RefusedCeiling {
-                        binding: v.binding.clone(),
-                        answer: e.to_string(),
-                    }),
+                    Err(e) => e.to_string(),
                 },
-                Err(e) => problems.push(RefusedCeiling {
-                    binding: v.binding.clone(),
-                    answer: e.to_string(),
-                }),
-            }
+                Err(e) => e.to_string(),
+            };
+            problems.push(RefusedCeiling {
+                binding: v.binding.clone(),
+                answer,
+            });
         }
         write = Some(if problems.is_empty() {
             PolicyWrite::Written
