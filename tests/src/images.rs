@@ -38,11 +38,23 @@ pub const STORE: Image = Image {
     also: &[],
 };
 
-/// The operator image from the repository's `Dockerfile`: `kvcache-operator` and
-/// `kvcache-elector` on an empty base, non-root.
+/// The operator image from the repository's `Dockerfile`: `kvcache-operator` on an empty base,
+/// non-root; also under [`OPERATOR_NEXT`], the tag an upgrade test rolls the operator to.
 pub const OPERATOR: Image = Image {
     archive: "operator.tar",
     name: "docker.io/gpustack/kvcache-operator:0.1.0",
+    also: &[OPERATOR_NEXT],
+};
+
+/// A second tag of the operator image: what an operator upgrade looks like to the store Pods
+/// (a new operator image reference, the elector's unchanged).
+pub const OPERATOR_NEXT: &str = "docker.io/gpustack/kvcache-operator:0.1.1-next";
+
+/// The elector image from `images/elector/Dockerfile`: `kvcache-elector` on an empty base,
+/// which store Pods that elect or find their leader through the Lease copy it from.
+pub const ELECTOR: Image = Image {
+    archive: "elector.tar",
+    name: "docker.io/gpustack/kvcache-elector:0.1.0",
     also: &[],
 };
 
@@ -90,18 +102,27 @@ pub const VLLM: Image = Image {
 };
 
 /// Every image, in build order.
-pub const ALL: [Image; 7] = [
+pub const ALL: [Image; 8] = [
     PAUSE,
     BUSYBOX,
     STORE,
     ENGINE,
     ENGINE_OLD_CLIENT,
     OPERATOR,
+    ELECTOR,
     VLLM,
 ];
 
 /// The images a node gets unless told otherwise: all but the real engine.
-pub const NODE_DEFAULT: &[Image] = &[PAUSE, BUSYBOX, STORE, ENGINE, ENGINE_OLD_CLIENT, OPERATOR];
+pub const NODE_DEFAULT: &[Image] = &[
+    PAUSE,
+    BUSYBOX,
+    STORE,
+    ENGINE,
+    ENGINE_OLD_CLIENT,
+    OPERATOR,
+    ELECTOR,
+];
 
 /// The images of the clusters that run the real engine.
 pub const WITH_VLLM: &[Image] = &ALL;
@@ -109,7 +130,7 @@ pub const WITH_VLLM: &[Image] = &ALL;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvcache_api::settings::DEFAULT_BACKEND_IMAGE;
+    use kvcache_api::settings::{DEFAULT_BACKEND_IMAGE, DEFAULT_ELECTOR_IMAGE};
     use kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE;
 
     /// The kubelet asks containerd for `docker.io/<name>` when a name has no registry.
@@ -117,5 +138,6 @@ mod tests {
     fn full_names_are_the_render_defaults() {
         assert_eq!(STORE.name, format!("docker.io/{DEFAULT_BACKEND_IMAGE}"));
         assert_eq!(OPERATOR.name, format!("docker.io/{DEFAULT_OPERATOR_IMAGE}"));
+        assert_eq!(ELECTOR.name, format!("docker.io/{DEFAULT_ELECTOR_IMAGE}"));
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kvcache_api::backend::BackendPhase;
 use kvcache_api::quantity::parse_bytes;
@@ -739,6 +739,177 @@ fn the_uninstall_keeps_the_crds_the_objects_and_the_store_and_a_reinstall_picks_
         converged(&client).await?;
         grant(&client, "96Mi", 96 * MIB).await?;
         grant(&client, "8Gi", 512 * MIB).await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The store Pods of every backend: name, uid and the restarts of each container, sorted.
+async fn store_pods(client: &Client) -> Result<Vec<(String, String, i32)>, Error> {
+    let store: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let listed = store
+        .list(&ListParams::default().labels("app.kubernetes.io/name=kv-cache-backend"))
+        .await?;
+    let mut seen: Vec<(String, String, i32)> = listed
+        .iter()
+        .map(|p| {
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map(|c| c.iter().map(|c| c.restart_count).sum())
+                .unwrap_or_default();
+            (name_of(p).to_owned(), p.uid().unwrap_or_default(), restarts)
+        })
+        .collect();
+    seen.sort();
+    Ok(seen)
+}
+
+/// Sets the operator Deployment's image and waits until both replicas run it and one of them
+/// holds the Lease; returns the new holder's Pod.
+async fn roll_operator_to(client: &Client, image: &str) -> Result<String, Error> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let before = holder(client).await?.unwrap_or_default();
+    deployments
+        .patch(
+            "kvcache-operator",
+            &PatchParams::default(),
+            &Patch::Strategic(serde_json::json!({"spec": {"template": {"spec": {
+                "containers": [{"name": "operator", "image": image}]
+            }}}})),
+        )
+        .await?;
+    let wanted = image.to_owned();
+    wait_object(
+        &deployments,
+        "kvcache-operator",
+        &format!("both replicas on {image}, no other Pod"),
+        WAIT,
+        move |d| {
+            let on_image = d
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref())
+                .is_some_and(|p| {
+                    p.containers
+                        .iter()
+                        .any(|c| c.image.as_deref() == Some(wanted.as_str()))
+                });
+            let s = d.status.clone().unwrap_or_default();
+            on_image
+                && s.observed_generation == d.metadata.generation
+                && s.updated_replicas == Some(2)
+                && s.ready_replicas == Some(2)
+                && s.replicas == Some(2)
+        },
+    )
+    .await?;
+    let operators = wait_replicas(client, 2).await?;
+    // Every old Pod is gone, so whoever holds the Lease next runs the new image.
+    let now = wait_new_holder(client, &before, WAIT).await?;
+    assert!(
+        operators.iter().any(|p| name_of(p) == pod_of(&now)),
+        "the Lease holder {now} is one of the rolled Pods"
+    );
+    Ok(pod_of(&now).to_owned())
+}
+
+#[test]
+fn an_operator_upgrade_to_a_new_image_tag_restarts_no_store_pod_and_every_key_still_hits() {
+    let _turn = installed().lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    block_on(async {
+        let client = cluster.client().await?;
+        wait_replicas(&client, 2).await?;
+        converged(&client).await?;
+        // A backend whose leader elects (two replicas) and whose members find it through the
+        // Lease: both templates deliver the elector, the part an operator release could touch.
+        let name = "upgrade-ha";
+        let text =
+            std::fs::read_to_string(walkthrough::examples("walkthrough").join("01-backend.yaml"))
+                .expect("the walkthrough's backend");
+        let mut v: serde_json::Value = serde_yaml::from_str(&text).expect("YAML");
+        v["metadata"]["name"] = name.into();
+        v["spec"]["image"] = kvcache_api::settings::DEFAULT_BACKEND_IMAGE.into();
+        let managed = &mut v["spec"]["connection"]["managed"];
+        managed["leader"] = serde_json::json!({
+            "replicas": 2, "memberAddressing": "Lease", "multiTenancy": false
+        });
+        managed["members"][0]["capacityPerMember"] = "64Mi".into();
+        let backend: KVCacheBackend = serde_json::from_value(v).expect("a KVCacheBackend");
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        backends
+            .patch(
+                name,
+                &PatchParams::apply(walkthrough::MANAGER).force(),
+                &Patch::Apply(&backend),
+            )
+            .await?;
+        wait_object(&backends, name, "Ready with 128Mi", WAIT, |b| {
+            phase(b) == Some(BackendPhase::Ready)
+                && b.status
+                    .as_ref()
+                    .and_then(|s| s.capacity.as_ref())
+                    .and_then(|c| parse_bytes(&c.total.0).ok())
+                    == Some(128 * MIB)
+        })
+        .await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NS);
+        pods::wait_ready(&store, &walkthrough::backend_pods(name, "leader"), 2, WAIT).await?;
+        let members = pods::wait_ready(
+            &store,
+            &walkthrough::backend_pods(name, "member-0"),
+            2,
+            WAIT,
+        )
+        .await?;
+        let member = name_of(&members[0]).to_owned();
+        let master = format!("{name}-leader.{NS}.svc:50051");
+        let keys: Vec<String> = (0..8).map(|i| format!("upgrade-{i}")).collect();
+        for key in &keys {
+            let code = pods::store_put(&store, &member, &master, key, None, 64 << 10).await?;
+            assert_eq!(code, 0, "put {key}");
+        }
+        let before = store_pods(&client).await?;
+
+        // The upgrade: the same operator under another tag, as a release changes it.
+        let next = kvcache_e2e::images::OPERATOR_NEXT.trim_start_matches("docker.io/");
+        let leader = roll_operator_to(&client, next).await?;
+        // The new leader has reconciled the backend (it sets the capacity gauge as it does).
+        wait_scrape(
+            &client,
+            &leader,
+            &format!("kvcache_operator_backend_capacity_bytes{{backend=\"{name}\"}}"),
+            (128 * MIB) as f64,
+        )
+        .await?;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+        let leader_set = deployments.get(&format!("{name}-leader")).await?;
+        let s = leader_set.status.clone().unwrap_or_default();
+        assert_eq!(
+            (s.observed_generation, s.updated_replicas),
+            (leader_set.metadata.generation, Some(2)),
+            "the leader Deployment's template was not changed by the upgrade"
+        );
+        let after = store_pods(&client).await?;
+        assert_eq!(
+            after, before,
+            "no store Pod was replaced or restarted by the operator upgrade"
+        );
+        for key in &keys {
+            match pods::store_get(&store, &member, &master, key, None).await? {
+                kvcache_e2e::store::Lookup::Hit(bytes) => {
+                    assert_eq!(bytes, 64 << 10, "{key} read back whole")
+                }
+                miss => panic!("{key} after the upgrade: {miss:?}"),
+            }
+        }
+
+        // Back to the installed tag (a rollback is an upgrade too), the backend removed.
+        roll_operator_to(&client, kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE).await?;
+        assert_eq!(store_pods(&client).await?.len(), after.len());
+        backends.delete(name, &DeleteParams::default()).await?;
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));

@@ -12,7 +12,7 @@ use kube::core::GroupVersionKind;
 use kube::discovery::pinned_kind;
 use kvcache_api::{Settings, manifest};
 use kvcache_e2e::shared;
-use kvcache_render::resolve::{DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE, Environment, render_all};
+use kvcache_render::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
 
 const INPUTS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -58,7 +58,6 @@ async fn every_rendered_case_applies_and_the_installation_dry_runs() {
     let settings = Settings::default();
     let env = Environment {
         namespace: DEFAULT_NAMESPACE,
-        operator_image: DEFAULT_OPERATOR_IMAGE,
         settings: &settings,
     };
     let mut files: Vec<_> = std::fs::read_dir(INPUTS)
@@ -140,7 +139,6 @@ async fn rendered_roles_grant_exactly_the_lease() {
     let settings = Settings::default();
     let env = Environment {
         namespace: DEFAULT_NAMESPACE,
-        operator_image: DEFAULT_OPERATOR_IMAGE,
         settings: &settings,
     };
     let text = std::fs::read_to_string(format!("{INPUTS}/lease-addressing.yaml")).expect("input");

@@ -39,7 +39,7 @@ fn the_rendered_leader_and_member_run_on_the_real_store() {
         backend: &backend,
         store_image: "img:0.3.13.post1",
         namespace: "gpustack-system",
-        operator_image: "op:1",
+        elector_image: "elector:1",
         policy: Some(&doc),
     })
     .expect("renders");

@@ -4,7 +4,8 @@
 //!   a non-root user `mooncake`, uid 65532 as the published image), from which the store image (the PyPI wheel in
 //!   `/opt/mooncake`) and the engine stand-ins (`images/engine`, with the store's client or an
 //!   older one) are layered;
-//! - the operator image from the repository's `Dockerfile` (release binaries on an empty base).
+//! - the operator image from the repository's `Dockerfile` and the elector image from
+//!   `images/elector/Dockerfile` (a release binary each on an empty base).
 //!
 //! Each is written as an OCI archive into the image cache and rebuilt only when its inputs
 //! change (a `.inputs` file beside the archive records them).
@@ -616,8 +617,10 @@ fn plain_cargo() -> Command {
     cargo
 }
 
-/// The operator image: release binaries and the glibc files `ldd` names, staged as the build
-/// context of the repository's `Dockerfile`.
+/// The operator image and the elector image: each a release binary and the glibc files `ldd`
+/// names, staged as the build context of its Dockerfile (the repository's `Dockerfile`, and
+/// `images/elector/Dockerfile`). Two images so that an operator upgrade changes no store Pod
+/// (store Pods take only the elector's).
 fn operator_image(dir: &Path) -> anyhow::Result<()> {
     let root = root();
     let status = plain_cargo()
@@ -636,50 +639,75 @@ fn operator_image(dir: &Path) -> anyhow::Result<()> {
     if !status.success() {
         bail!("building the operator's release binaries failed with {status}");
     }
+    binary_image(
+        dir,
+        &images::OPERATOR,
+        "kvcache-operator",
+        &root.join("Dockerfile"),
+    )?;
+    binary_image(
+        dir,
+        &images::ELECTOR,
+        "kvcache-elector",
+        &root.join("images/elector/Dockerfile"),
+    )
+}
+
+/// One image of one release binary on an empty base; rebuilt when the binary or the
+/// Dockerfile changes.
+fn binary_image(
+    dir: &Path,
+    image: &Image,
+    binary: &str,
+    dockerfile_path: &Path,
+) -> anyhow::Result<()> {
+    let root = root();
     let release = root.join("target/release");
-    let binaries = ["kvcache-operator", "kvcache-elector"];
-    let dockerfile =
-        std::fs::read_to_string(root.join("Dockerfile")).context("reading the Dockerfile")?;
-    let mut inputs = format!("recipe {RECIPE}\n{dockerfile}");
-    for b in binaries {
-        let m = std::fs::metadata(release.join(b))?;
-        let modified = m
-            .modified()?
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        inputs.push_str(&format!("\n{b} {} {}", m.len(), modified.as_nanos()));
-    }
-    if !stale(dir, &images::OPERATOR, &inputs) {
+    let dockerfile = std::fs::read_to_string(dockerfile_path)
+        .with_context(|| format!("reading {}", dockerfile_path.display()))?;
+    let m = std::fs::metadata(release.join(binary))?;
+    let modified = m
+        .modified()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let inputs = format!(
+        "recipe {RECIPE}\n{dockerfile}\n{binary} {} {}",
+        m.len(),
+        modified.as_nanos()
+    );
+    if !stale(dir, image, &inputs) {
         return Ok(());
     }
     let started = Instant::now();
-    let context = root.join("target/image-context");
+    let context = root.join("target/image-context").join(binary);
     let _ = std::fs::remove_dir_all(&context);
     let bin = context.join("rootfs/usr/local/bin");
     std::fs::create_dir_all(&bin)?;
-    for b in binaries {
-        std::fs::copy(release.join(b), bin.join(b))?;
-        for lib in linked_libraries(&release.join(b))? {
-            let to = context.join("rootfs").join(lib.strip_prefix("/")?);
-            if let Some(parent) = to.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            std::fs::copy(&lib, &to).with_context(|| format!("copying {}", lib.display()))?;
+    std::fs::copy(release.join(binary), bin.join(binary))?;
+    for lib in linked_libraries(&release.join(binary))? {
+        let to = context.join("rootfs").join(lib.strip_prefix("/")?);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)?;
         }
+        std::fs::copy(&lib, &to).with_context(|| format!("copying {}", lib.display()))?;
     }
-    std::fs::copy(root.join("Dockerfile"), context.join("Dockerfile"))?;
+    std::fs::write(context.join("Dockerfile"), &dockerfile)?;
     buildah(&[
         "build",
         "--quiet",
         "--pull-never",
         "-t",
-        images::OPERATOR.name,
+        image.name,
         "-f",
         &context.join("Dockerfile").display().to_string(),
         &context.display().to_string(),
     ])?;
-    save(dir, &images::OPERATOR, &inputs)?;
-    println!("setup: operator image built in {:.0?}", started.elapsed());
+    save(dir, image, &inputs)?;
+    println!(
+        "setup: image {} built in {:.0?}",
+        image.name,
+        started.elapsed()
+    );
     Ok(())
 }
 

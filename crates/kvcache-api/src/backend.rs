@@ -680,6 +680,9 @@ pub mod conditions {
     pub const STORE_VERSION_OBSERVED: &str = "StoreVersionObserved";
     /// The backend's objects could not be rendered (written only then, always `False`).
     pub const RENDERED: &str = "Rendered";
+    /// The cluster settings could not be read (written only then, always `False`): the message
+    /// names the key and says whether the last good settings are kept.
+    pub const SETTINGS_READ: &str = "SettingsRead";
 }
 
 /// Backend phase.

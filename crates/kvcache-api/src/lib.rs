@@ -88,6 +88,18 @@ pub enum Error {
         /// What does not fit.
         message: String,
     },
+    /// A cluster setting whose value cannot be used.
+    #[error("{source_name}: {key}: {value:?} {problem}")]
+    SettingValue {
+        /// The ConfigMap or file it was read from.
+        source_name: String,
+        /// The setting's key (`kvcache_api::settings::keys`).
+        key: &'static str,
+        /// The value as written.
+        value: String,
+        /// What is wrong with it and what to write instead.
+        problem: &'static str,
+    },
     /// A CRD that could not be serialised.
     #[error("could not write the {kind} CRD: {message}")]
     CrdOutput {

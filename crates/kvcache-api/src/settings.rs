@@ -1,7 +1,8 @@
 //! The cluster settings admission and rendering read.
 
 /// The cluster settings the KV-cache rules depend on. As a file (`--settings`), YAML with the
-/// setting names as keys: `kv-cache-backend-image`, `model-deployment-kv-cache-dtype-owned`.
+/// setting names as keys: `kv-cache-backend-image`, `kv-cache-elector-image`,
+/// `model-deployment-kv-cache-dtype-owned`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -9,6 +10,11 @@ pub struct Settings {
     /// must name its own image.
     #[serde(rename = "kv-cache-backend-image")]
     pub kv_cache_backend_image: Option<String>,
+    /// `kv-cache-elector-image`: the image that delivers `kvcache-elector` into the store Pods
+    /// that elect a leader or find it through the Lease. It is versioned with the elector, not
+    /// with the operator, so that upgrading the operator changes no store Pod's template.
+    #[serde(rename = "kv-cache-elector-image")]
+    pub kv_cache_elector_image: Option<String>,
     /// `model-deployment-kv-cache-dtype-owned`: the Binding's dtype is rendered as
     /// `--kv-cache-dtype`, and users may not set their own.
     #[serde(rename = "model-deployment-kv-cache-dtype-owned")]
@@ -18,10 +24,26 @@ pub struct Settings {
 /// The default of `kv-cache-backend-image`: the project's CPU build of the store.
 pub const DEFAULT_BACKEND_IMAGE: &str = "gpustack/mirrored-mooncake:0.3.13.post1-cpu";
 
+/// The default of `kv-cache-elector-image`. Its tag is `kvcache-elector`'s own crate version
+/// (crates/kvcache-elector/Cargo.toml; a test there keeps the two equal): it moves when the
+/// elector does, never with an operator release alone.
+pub const DEFAULT_ELECTOR_IMAGE: &str = "gpustack/kvcache-elector:0.1.0";
+
+/// The settings' keys, as the ConfigMap and the settings file spell them.
+pub mod keys {
+    /// The store image for backends that name none.
+    pub const BACKEND_IMAGE: &str = "kv-cache-backend-image";
+    /// The image that delivers the elector.
+    pub const ELECTOR_IMAGE: &str = "kv-cache-elector-image";
+    /// Whether the operator owns `--kv-cache-dtype`.
+    pub const DTYPE_OWNED: &str = "model-deployment-kv-cache-dtype-owned";
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Settings {
             kv_cache_backend_image: Some(DEFAULT_BACKEND_IMAGE.to_owned()),
+            kv_cache_elector_image: Some(DEFAULT_ELECTOR_IMAGE.to_owned()),
             kv_cache_dtype_owned: true,
         }
     }
@@ -35,48 +57,104 @@ impl Settings {
             .map(str::trim)
             .filter(|s| !s.is_empty())
     }
+
+    /// The elector image: the setting, or [`DEFAULT_ELECTOR_IMAGE`] when it is absent.
+    pub fn elector_image(&self) -> &str {
+        self.kv_cache_elector_image
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_ELECTOR_IMAGE)
+    }
+
+    /// Refuses values that cannot be used: a blank elector image (store Pods that elect could
+    /// not start) names its key.
+    fn checked(self, source: &str) -> Result<Self, crate::Error> {
+        match &self.kv_cache_elector_image {
+            Some(image) if image.trim().is_empty() => Err(crate::Error::SettingValue {
+                source_name: source.to_owned(),
+                key: keys::ELECTOR_IMAGE,
+                value: image.clone(),
+                problem: "is blank: name the elector image or remove the key for the default",
+            }),
+            _ => Ok(self),
+        }
+    }
+}
+
+/// What the operator renders with after a read of the settings ConfigMap.
+#[derive(Debug)]
+pub struct Chosen {
+    /// The settings to use; `None` when a read was refused and there are no earlier ones to
+    /// keep: then nothing that depends on them is rendered.
+    pub settings: Option<Settings>,
+    /// Why the newest read was refused, naming the key; `None` when it was read.
+    pub refused: Option<crate::Error>,
+}
+
+/// Which settings to use after a read: `read` is `None` when the ConfigMap is absent (the
+/// defaults apply: deleting it is a choice), `Some(Err(_))` when a value is unusable. A refused
+/// read never reverts to the defaults: the last good settings are kept, or none are used.
+pub fn choose(read: Option<Result<Settings, crate::Error>>, last_good: Option<&Settings>) -> Chosen {
+    match read {
+        None => Chosen {
+            settings: Some(Settings::default()),
+            refused: None,
+        },
+        Some(Ok(s)) => Chosen {
+            settings: Some(s),
+            refused: None,
+        },
+        Some(Err(e)) => Chosen {
+            settings: last_good.cloned(),
+            refused: Some(e),
+        },
+    }
 }
 
 /// Where the cluster settings live: a ConfigMap of this name in the operator's namespace.
 pub const SETTINGS_CONFIG_MAP: &str = "gpustack-settings";
 
 impl Settings {
-    /// Reads the settings ConfigMap's data (`kv-cache-backend-image`,
-    /// `model-deployment-kv-cache-dtype-owned`); absent keys keep their defaults, other keys
-    /// are not ours and are ignored. A flag that is neither `true` nor `false` is an error
-    /// naming the key.
+    /// Reads the settings ConfigMap's data ([`keys`]); absent keys keep their defaults, other
+    /// keys are not ours and are ignored. A flag that is neither `true` nor `false`, or a blank
+    /// elector image, is an error naming the key.
     pub fn from_data(
         source: &str,
         data: &std::collections::BTreeMap<String, String>,
     ) -> Result<Self, crate::Error> {
         let mut s = Settings::default();
-        if let Some(image) = data.get("kv-cache-backend-image") {
+        if let Some(image) = data.get(keys::BACKEND_IMAGE) {
             s.kv_cache_backend_image = Some(image.clone());
         }
-        if let Some(flag) = data.get("model-deployment-kv-cache-dtype-owned") {
+        if let Some(image) = data.get(keys::ELECTOR_IMAGE) {
+            s.kv_cache_elector_image = Some(image.clone());
+        }
+        if let Some(flag) = data.get(keys::DTYPE_OWNED) {
             s.kv_cache_dtype_owned = match flag.trim() {
                 "true" => true,
                 "false" => false,
                 other => {
-                    return Err(crate::Error::ManifestSyntax {
+                    return Err(crate::Error::SettingValue {
                         source_name: source.to_owned(),
-                        index: 1,
-                        message: format!(
-                            "model-deployment-kv-cache-dtype-owned: {other:?} is neither true nor false"
-                        ),
+                        key: keys::DTYPE_OWNED,
+                        value: other.to_owned(),
+                        problem: "is neither true nor false",
                     });
                 }
             };
         }
-        Ok(s)
+        s.checked(source)
     }
 
     /// Reads a settings file; absent keys keep their defaults.
     pub fn from_yaml(source: &str, text: &str) -> Result<Self, crate::Error> {
-        serde_yaml::from_str(text).map_err(|e| crate::Error::ManifestSyntax {
-            source_name: source.to_owned(),
-            index: 1,
-            message: e.to_string(),
-        })
+        serde_yaml::from_str::<Settings>(text)
+            .map_err(|e| crate::Error::ManifestSyntax {
+                source_name: source.to_owned(),
+                index: 1,
+                message: e.to_string(),
+            })?
+            .checked(source)
     }
 }

@@ -223,7 +223,7 @@ proptest! {
         let s = Settings::default();
         let _ = new.validate_create(&s);
         let _ = new.validate_update(&old, &s);
-        let _ = new.validate_create(&Settings { kv_cache_backend_image: None, kv_cache_dtype_owned: false });
+        let _ = new.validate_create(&Settings { kv_cache_backend_image: None, kv_cache_dtype_owned: false, ..Settings::default() });
     }
 
     #[test]

@@ -156,3 +156,15 @@ fn the_environment_stands_in_for_flags() {
         String::from_utf8_lossy(&out.stderr).contains("must be shorter than the lease duration")
     );
 }
+
+/// The default elector image the operator renders into store Pods carries this crate's version:
+/// the image moves when the elector does (and only then), never with an operator release alone.
+#[test]
+fn the_default_elector_image_is_tagged_with_this_crates_version() {
+    let image = kvcache_api::settings::DEFAULT_ELECTOR_IMAGE;
+    assert_eq!(
+        image.rsplit_once(':').map(|(_, tag)| tag),
+        Some(env!("CARGO_PKG_VERSION")),
+        "{image}: bump its tag with crates/kvcache-elector's version"
+    );
+}

@@ -50,9 +50,6 @@ pub enum Command {
         /// The operator's namespace (where store workloads run).
         #[arg(long, default_value = kvcache_render::resolve::DEFAULT_NAMESPACE)]
         namespace: String,
-        /// The operator's image (it delivers kvcache-elector into store Pods).
-        #[arg(long, default_value = kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE)]
-        operator_image: String,
     },
 }
 
@@ -97,7 +94,6 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
             files,
             settings,
             namespace,
-            operator_image,
         } => {
             let settings = load_settings(settings.as_deref())?;
             let mut objects = Vec::new();
@@ -106,7 +102,6 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
             }
             let env = kvcache_render::resolve::Environment {
                 namespace: &namespace,
-                operator_image: &operator_image,
                 settings: &settings,
             };
             match kvcache_render::resolve::render_all(&objects, &env) {

@@ -14,6 +14,7 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use kvcache_api::backend::{BackendPhase, Capacity, EndpointName};
 use kvcache_api::model::InstanceType;
+use kvcache_api::settings::Chosen;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment, Settings};
 use kvcache_render::backend::{ADMIN_PORT, leader_name};
 use tracing::{error, warn};
@@ -29,7 +30,6 @@ pub const MANAGER: &str = "kvcache-operator";
 #[derive(Clone, Debug)]
 pub struct Config {
     pub namespace: String,
-    pub operator_image: String,
     /// Store admin addresses by backend name (`--store-address-override`).
     pub overrides: BTreeMap<String, String>,
     /// How soon a store whose figures moved is read again.
@@ -139,6 +139,8 @@ pub struct Context {
     /// Per ModelDeployment (`namespace/name`): its uid and its engines' counter samples
     /// (`status.sharedCache`).
     pub engine_windows: Mutex<EngineWindows>,
+    /// The settings last read without a refusal: kept when a later read is refused.
+    last_good_settings: Mutex<Option<Settings>>,
 }
 
 /// The shared-cache windows of the ModelDeployments, by `namespace/name`, with the uid they
@@ -226,25 +228,43 @@ impl Context {
             models: caches.models,
             polls: Mutex::new(HashMap::new()),
             engine_windows: Mutex::new(HashMap::new()),
+            last_good_settings: Mutex::new(None),
         }
     }
 
-    /// The cluster's settings; an unreadable ConfigMap is logged and the defaults are used.
-    pub fn settings(&self) -> Settings {
-        self.settings
-            .state()
-            .first()
-            .and_then(|cm| {
-                let data = cm.data.clone().unwrap_or_default();
-                match Settings::from_data(kvcache_api::settings::SETTINGS_CONFIG_MAP, &data) {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        warn!(error = %e, "the settings ConfigMap is unreadable; using the defaults");
-                        None
-                    }
-                }
-            })
-            .unwrap_or_default()
+    /// The cluster's settings as the cache holds them, with the last good ones kept when a
+    /// value is refused (`kvcache_api::settings::choose`): never a silent return to the defaults.
+    pub fn settings(&self) -> Chosen {
+        let read = self.settings.state().first().map(|cm| {
+            let data = cm.data.clone().unwrap_or_default();
+            Settings::from_data(kvcache_api::settings::SETTINGS_CONFIG_MAP, &data)
+        });
+        let mut last_good = lock(&self.last_good_settings);
+        let chosen = kvcache_api::settings::choose(read, last_good.as_ref());
+        match &chosen.refused {
+            None => last_good.clone_from(&chosen.settings),
+            Some(e) => warn!(
+                error = %e,
+                kept = chosen.settings.is_some(),
+                "the settings ConfigMap is unreadable; the last good settings are kept where there are any"
+            ),
+        }
+        chosen
+    }
+
+    /// The settings for admission, which answers even when none were read: the last good ones,
+    /// else the defaults; with a warning for the user's `kubectl` when the read was refused.
+    pub fn settings_for_admission(&self) -> (Settings, Option<String>) {
+        let chosen = self.settings();
+        let warning = chosen.refused.as_ref().map(|e| {
+            let used = if chosen.settings.is_some() {
+                "the last good settings were used"
+            } else {
+                "the defaults were used: no settings were read since the operator started"
+            };
+            format!("{e}; {used}")
+        });
+        (chosen.settings.unwrap_or_default(), warning)
     }
 
     /// Where the operator reads a backend's store: the override, the external `Admin` address,

@@ -72,9 +72,6 @@ pub struct RunArgs {
     /// `text` or `json` logs.
     #[arg(long, env = "KVCACHE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
-    /// The operator's image (it delivers `kvcache-elector` into store Pods).
-    #[arg(long, env = "KVCACHE_OPERATOR_IMAGE", default_value = kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE)]
-    pub operator_image: String,
     /// Reconcile only backends matching this label selector (several operators on one cluster:
     /// tests, a staged rollout). Empty: every backend.
     #[arg(long, env = "KVCACHE_BACKEND_SELECTOR", default_value = "")]
@@ -228,7 +225,6 @@ async fn serve_metrics(
 fn config(args: &RunArgs) -> Config {
     Config {
         namespace: args.namespace.clone(),
-        operator_image: args.operator_image.clone(),
         overrides: args
             .store_address_overrides
             .iter()

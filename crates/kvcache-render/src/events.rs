@@ -34,8 +34,9 @@ fn condition<'a>(s: &'a KVCacheBackendStatus, t: &str) -> Option<(&'a str, &'a s
 }
 
 /// The events for the transitions a user wants to see: a new generation rendered, a phase
-/// change, capacity observed or changed, and a member missing, a rollout held or a deletion
-/// held (each once, when the condition turns False or its reason changes).
+/// change, capacity observed or changed, and a member missing, a rollout held, a deletion held
+/// or the settings unreadable (each once, when the condition turns False or its reason
+/// changes).
 pub fn backend_events(before: &KVCacheBackendStatus, after: &KVCacheBackendStatus) -> Vec<Note> {
     let mut out = Vec::new();
     if before.observed_generation != after.observed_generation {
@@ -87,6 +88,11 @@ pub fn backend_events(before: &KVCacheBackendStatus, after: &KVCacheBackendStatu
         (conditions::MEMBERS_MOUNTED, "MemberMissing", Kind::Warning),
         (conditions::ROLLOUT_COMPLETE, "RolloutHeld", Kind::Normal),
         (conditions::DELETABLE, "DeletionHeld", Kind::Normal),
+        (
+            conditions::SETTINGS_READ,
+            "SettingsUnreadable",
+            Kind::Warning,
+        ),
     ] {
         let was = condition(before, t);
         let now = condition(after, t);
@@ -126,6 +132,24 @@ mod tests {
             .map(|n| n.reason)
             .collect();
         assert_eq!(reasons, ["Rendered", "BackendReady", "CapacityObserved"]);
+    }
+
+    #[test]
+    fn unreadable_settings_warn_once_with_the_conditions_message() {
+        let refused = status(serde_json::json!({
+            "conditions": [{"type": conditions::SETTINGS_READ, "status": "False", "reason": "SettingsUnreadable",
+                            "message": "gpustack-settings: kv-cache-elector-image: \"\" is blank",
+                            "lastTransitionTime": "2026-12-01T00:00:00Z"}]
+        }));
+        assert_eq!(
+            backend_events(&Default::default(), &refused),
+            [Note {
+                kind: Kind::Warning,
+                reason: "SettingsUnreadable",
+                message: "gpustack-settings: kv-cache-elector-image: \"\" is blank".into(),
+            }]
+        );
+        assert!(backend_events(&refused, &refused).is_empty());
     }
 
     #[test]

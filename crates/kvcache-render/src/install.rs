@@ -608,7 +608,7 @@ pub fn helm_chart(namespace: &str, image: &str) -> Result<Vec<(String, String)>,
     files.push((
         "values.yaml".to_owned(),
         format!(
-            "{header}# image: the operator image (it also delivers kvcache-elector into store Pods).\n# webhook.enabled: false leaves out the admission webhooks (cross-object rules and Pod injection).\n# serviceMonitor.enabled: a prometheus-operator ServiceMonitor for /metrics.\n{}",
+            "{header}# image: the operator image. Store Pods take the elector from their own image (the kv-cache-elector-image setting), so changing this restarts no store Pod.\n# webhook.enabled: false leaves out the admission webhooks (cross-object rules and Pod injection).\n# serviceMonitor.enabled: a prometheus-operator ServiceMonitor for /metrics.\n{}",
             serde_yaml::to_string(&values).map_err(yaml_err("values"))?
         ),
     ));

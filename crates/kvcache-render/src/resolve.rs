@@ -24,10 +24,8 @@ pub struct Environment<'a> {
     /// The operator's namespace, where managed backends' store objects go (default
     /// `gpustack-system`).
     pub namespace: &'a str,
-    /// The operator's image (carries `kvcache-elector`).
-    pub operator_image: &'a str,
-    /// The cluster settings: the default store image and whether the operator owns
-    /// `--kv-cache-dtype`.
+    /// The cluster settings: the default store image, the elector image and whether the
+    /// operator owns `--kv-cache-dtype`.
     pub settings: &'a Settings,
 }
 
@@ -187,7 +185,7 @@ pub fn render_all(
             backend: b,
             store_image: image,
             namespace: env.namespace,
-            operator_image: env.operator_image,
+            elector_image: env.settings.elector_image(),
             policy: Some(&doc),
         }) {
             Ok(o) => {

@@ -76,7 +76,6 @@ fn decide(p: &Pod, found: Found) -> Result<Pod, (String, String)> {
     let settings = Settings::default();
     let env = Environment {
         namespace: "gpustack-system",
-        operator_image: "gpustack/kvcache-operator:0.1.0",
         settings: &settings,
     };
     let r = References {

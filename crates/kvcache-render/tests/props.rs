@@ -106,7 +106,7 @@ fn inputs(b: &KVCacheBackend) -> BackendInputs<'_> {
         backend: b,
         store_image: "gpustack/mirrored-mooncake:0.3.13.post1-cpu",
         namespace: "gpustack-system",
-        operator_image: "op:1",
+        elector_image: "elector:1",
         policy: None,
     }
 }

@@ -2,7 +2,7 @@
 
 use kvcache_api::Settings;
 use kvcache_api::manifest;
-use kvcache_render::resolve::{DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE, Environment, render_all};
+use kvcache_render::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
 
 #[test]
 fn rendered_object_sets() {
@@ -16,7 +16,6 @@ fn rendered_object_sets() {
         let settings = Settings::default();
         let env = Environment {
             namespace: DEFAULT_NAMESPACE,
-            operator_image: DEFAULT_OPERATOR_IMAGE,
             settings: &settings,
         };
         let docs = render_all(&objects, &env).unwrap_or_else(|e| {

@@ -90,6 +90,7 @@ fn observation(store: Option<StoreReading>, members: Vec<MemberPod>) -> Observat
         standbys_held: false,
         store_version: None,
         render_refused: None,
+        settings_refused: None,
     }
 }
 
@@ -170,6 +171,25 @@ fn a_backend_that_cannot_be_rendered_is_an_error_whatever_runs() {
         (rendered.status, rendered.reason),
         (Status::False, "NoStoreImage")
     );
+}
+
+#[test]
+fn unreadable_settings_name_the_key_and_say_what_is_kept_without_touching_the_phase() {
+    let mut obs = observation(
+        Some(serving(128 * MI, vec![segment("10.0.0.5", "a")])),
+        vec![pod("m-1", "node-1", "10.0.0.5")],
+    );
+    let fine = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    assert!(find(&fine.conditions, conditions::SETTINGS_READ).is_none());
+    let why = "gpustack-settings: model-deployment-kv-cache-dtype-owned: \"yes\" is neither true nor false";
+    for (kept, says) in [(true, "the last good settings are kept"), (false, "left as they are")] {
+        obs.settings_refused = Some((why.into(), kept));
+        let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+        let c = cond(&s.conditions, conditions::SETTINGS_READ);
+        assert_eq!((c.status, c.reason), (Status::False, "SettingsUnreadable"));
+        assert!(c.message.starts_with(why) && c.message.contains(says), "{}", c.message);
+        assert_eq!(s.phase, fine.phase);
+    }
 }
 
 #[test]
@@ -476,7 +496,7 @@ fn standbys_wait_for_election_to_be_enabled_first() {
             backend: &b,
             store_image: "store:1",
             namespace: "ns",
-            operator_image: "op:1",
+            elector_image: "elector:1",
             policy: None,
         })
         .expect("renders")

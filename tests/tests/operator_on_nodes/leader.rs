@@ -15,8 +15,8 @@ use kvcache_e2e::status::{condition, has_condition, phase};
 use kvcache_e2e::walkthrough::backend_pods;
 
 use crate::{
-    FAILOVER, MIB, NAMESPACE, WAIT, apply, backend, capacity, cluster, remove_backend,
-    wait_backend, wait_backend_ready,
+    MIB, NAMESPACE, WAIT, apply, backend, capacity, cluster, remove_backend, wait_backend,
+    wait_backend_ready,
 };
 
 /// The uids of a set of Pods, sorted.
@@ -43,7 +43,6 @@ async fn ready_backend(
 
 #[test]
 fn three_leader_replicas_read_three_desired_one_ready_and_a_failover_keeps_the_phase_honest() {
-    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
     let cluster = cluster();
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {
@@ -203,7 +202,6 @@ fn scaling_the_leader_from_one_to_three_keeps_the_first_leader_pod_and_the_membe
 
 #[test]
 fn changing_the_election_backend_restarts_the_leader_and_lease_addressed_member_templates() {
-    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
     let cluster = cluster();
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {

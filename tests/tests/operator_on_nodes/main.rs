@@ -71,10 +71,6 @@ fn operator() -> &'static Mutex<Operator> {
 /// tests that run it take turns.
 static GPUS: Mutex<()> = Mutex::new(());
 
-/// A failover restarts a master; the tests that cause one take turns (see the store_on_nodes
-/// note on a member seen mounting on another backend's master during a failover).
-static FAILOVER: Mutex<()> = Mutex::new(());
-
 /// The image the tests' backends name themselves, so that only the setting test's backend
 /// follows the cluster setting (the render's default, as a user would write it).
 const PINNED_IMAGE: &str = kvcache_api::settings::DEFAULT_BACKEND_IMAGE;

@@ -16,14 +16,13 @@ use kvcache_e2e::status::{condition, describe, has_condition, phase, wait_condit
 use kvcache_e2e::walkthrough::{self, backend_pods};
 
 use crate::{
-    FAILOVER, GPUS, MIB, NAMESPACE, WAIT, apply, backend, cluster, effective, pool_with_bindings,
+    GPUS, MIB, NAMESPACE, WAIT, apply, backend, cluster, effective, pool_with_bindings,
     remove_model, remove_pool_and_backend, remove_walkthrough, signal, wait_backend_ready,
     wait_granted, walkthrough_as,
 };
 
 #[test]
 fn a_ceiling_edit_reaches_the_running_master_and_a_leader_restart_shows_the_empty_window() {
-    let _turn = FAILOVER.lock().unwrap_or_else(|p| p.into_inner());
     let cluster = cluster();
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {

@@ -300,9 +300,17 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     let mut render_problem = None;
     if let Some(managed) = &b.spec.connection.managed {
         obs.endpoint = Some(client_endpoint(&name, &ns));
-        let settings = ctx.settings();
+        let chosen = ctx.settings();
+        obs.settings_refused = chosen
+            .refused
+            .as_ref()
+            .map(|e| (e.to_string(), chosen.settings.is_some()));
+        let unsettled = chosen.settings.is_none();
+        let settings = chosen.settings.unwrap_or_default();
         let image = store_image(b, &settings);
         match image {
+            // Refused settings and none read before: what runs stays as it is.
+            _ if unsettled => {}
             None => {
                 render_problem = Some(kvcache_render::Error::NoStoreImage {
                     backend: name.clone(),
@@ -322,7 +330,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
                     backend: b,
                     store_image: image,
                     namespace: &ns,
-                    operator_image: &ctx.config.operator_image,
+                    elector_image: settings.elector_image(),
                     policy: doc.as_ref(),
                 })?;
                 obs.rendered_hashes = objects

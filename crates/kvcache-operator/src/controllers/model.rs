@@ -238,16 +238,26 @@ async fn render_and_apply(
     instance_types: &BTreeMap<String, InstanceType>,
 ) -> Result<Applied, Error> {
     let ns = md.namespace().unwrap_or_default();
-    let settings = ctx.settings();
-    let env = Environment {
-        namespace: &ctx.config.namespace,
-        operator_image: &ctx.config.operator_image,
-        settings: &settings,
-    };
     let mut applied = Applied {
         refusal: None,
         held: false,
         rendered: None,
+    };
+    let chosen = ctx.settings();
+    let Some(settings) = chosen.settings else {
+        // Refused settings and none read before: what runs stays as it is.
+        let why = chosen.refused.map(|e| e.to_string()).unwrap_or_default();
+        applied.refusal = Some((
+            "SettingsUnreadable",
+            format!(
+                "{why}; no settings were read since the operator started, so the roles are left as they are until it is fixed"
+            ),
+        ));
+        return Ok(applied);
+    };
+    let env = Environment {
+        namespace: &ctx.config.namespace,
+        settings: &settings,
     };
     let attachment = match resolved {
         Some((b, backend)) => match attachment_on(&b.name_any(), b, backend, &env) {

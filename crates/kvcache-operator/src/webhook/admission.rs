@@ -236,7 +236,6 @@ pub fn validate(
 pub fn mutate_pod(
     req: &AdmissionRequest<DynamicObject>,
     namespace: &str,
-    operator_image: &str,
     settings: &Settings,
     world: &World,
 ) -> AdmissionResponse {
@@ -264,7 +263,6 @@ pub fn mutate_pod(
     let (binding, pool, backend) = world.chain(&pod_ns, &binding_name);
     let env = kvcache_render::resolve::Environment {
         namespace,
-        operator_image,
         settings,
     };
     let refs = kvcache_render::pod::References {

@@ -44,7 +44,7 @@ async fn validate_handler(
     State(hook): State<Arc<Webhook>>,
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
-    let settings = hook.ctx.settings();
+    let (settings, settings_warning) = hook.ctx.settings_for_admission();
     // ModelDeployments: live reads (docs/design.md#live-reads). The other kinds: the caches,
     // fresh enough for the claims they judge (a race past them is what DomainExclusive reports).
     let live = match review.request.as_ref() {
@@ -69,8 +69,16 @@ async fn validate_handler(
         None => hook.world(),
     };
     answer(&hook, "validate", review, |req| {
-        validate(req, &settings, &world)
+        warned(validate(req, &settings, &world), settings_warning)
     })
+}
+
+/// The response with the settings' refusal as a warning `kubectl` prints, when there is one.
+fn warned(mut response: AdmissionResponse, warning: Option<String>) -> AdmissionResponse {
+    if let Some(w) = warning {
+        response.warnings.get_or_insert_with(Vec::new).push(w);
+    }
+    response
 }
 
 /// Decodes a review, answers it with `decide`, records the outcome.
@@ -114,7 +122,7 @@ async fn mutate_pods_handler(
     State(hook): State<Arc<Webhook>>,
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
-    let settings = hook.ctx.settings();
+    let (settings, settings_warning) = hook.ctx.settings_for_admission();
     let mut world = hook.world();
     let mut unreadable = None;
     // The Binding, pool and backend come from the shared caches (fresh within a watch event);
@@ -155,12 +163,9 @@ async fn mutate_pods_handler(
                 "BindingUnreadable: {e}; the Pod is refused until it can be read"
             ));
         }
-        mutate_pod(
-            req,
-            &config.namespace,
-            &config.operator_image,
-            &settings,
-            &world,
+        warned(
+            mutate_pod(req, &config.namespace, &settings, &world),
+            settings_warning,
         )
     })
 }

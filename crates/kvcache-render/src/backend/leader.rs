@@ -72,7 +72,7 @@ pub(super) fn leader_deployment(
     if elects {
         env.extend(elector_env(leader));
         volumes.push(empty_dir("elector"));
-        init.push(elector_install(inputs.operator_image));
+        init.push(elector_install(inputs.elector_image));
         mounts.push(mount("elector", "/kvcache/bin", true));
     }
     env.extend(l.extra_env.iter().map(EnvVar::from));

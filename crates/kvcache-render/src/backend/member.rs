@@ -370,7 +370,7 @@ pub(super) fn member_daemon_set(
             field_env("KVCACHE_ELECTOR_NAMESPACE", "metadata.namespace"),
         ]);
         volumes.push(empty_dir("elector"));
-        init.insert(0, elector_install(inputs.operator_image));
+        init.insert(0, elector_install(inputs.elector_image));
         mounts.push(mount("elector", "/kvcache/bin", true));
         [
             ELECTOR_PATH.to_owned(),

@@ -76,8 +76,9 @@ pub struct BackendInputs<'a> {
     pub store_image: &'a str,
     /// The operator's namespace (default `gpustack-system`).
     pub namespace: &'a str,
-    /// The operator's own image (it carries `kvcache-elector`).
-    pub operator_image: &'a str,
+    /// The image that delivers `kvcache-elector` (the `kv-cache-elector-image` setting):
+    /// apart from the operator's, so that an operator upgrade changes no store template.
+    pub elector_image: &'a str,
     /// The tenant policy from the pools on this backend (empty when there are none yet).
     pub policy: Option<&'a PolicyDocument>,
 }
@@ -197,11 +198,11 @@ fn pull_secrets(b: &KVCacheBackend) -> Option<Vec<LocalObjectReference>> {
     (!b.spec.image_pull_secrets.is_empty()).then(|| b.spec.image_pull_secrets.clone())
 }
 
-/// The container that copies `kvcache-elector` out of the operator image.
-fn elector_install(operator_image: &str) -> Container {
+/// The container that copies `kvcache-elector` out of the elector image.
+fn elector_install(elector_image: &str) -> Container {
     Container {
         name: "elector-install".into(),
-        image: Some(operator_image.into()),
+        image: Some(elector_image.into()),
         command: Some(vec![
             "kvcache-elector".into(),
             "install".into(),

@@ -49,6 +49,9 @@ pub struct Observation {
     /// Why the backend's objects could not be rendered this pass (a condition reason and the
     /// message), e.g. no store image: the phase is then `Error` whatever else was observed.
     pub render_refused: Option<(&'static str, String)>,
+    /// Why the cluster settings could not be read (the refusal naming the key), and whether
+    /// the last good settings were kept (`false`: there were none, nothing was rendered).
+    pub settings_refused: Option<(String, bool)>,
 }
 
 impl Observation {
@@ -67,6 +70,7 @@ impl Observation {
             standbys_held: false,
             store_version: None,
             render_refused: None,
+            settings_refused: None,
         }
     }
 }
@@ -195,6 +199,7 @@ pub fn backend_status(
     conditions.extend(store_version_observed(obs));
     let (phase, phase_message) = phase(b, obs, serving, &conditions, shortfall.or(tier_problem));
     conditions.extend(rendered(obs));
+    conditions.extend(settings_read(obs));
     Computed {
         phase,
         phase_message,
@@ -671,6 +676,22 @@ fn store_version_observed(obs: &Observation) -> Option<Cond> {
 fn rendered(obs: &Observation) -> Option<Cond> {
     let (reason, why) = obs.render_refused.as_ref()?;
     Some(Cond::no(RENDERED, reason, why.clone()))
+}
+
+/// `SettingsRead`, written only while the cluster settings cannot be read: it names the key
+/// and says what the operator renders with meanwhile.
+fn settings_read(obs: &Observation) -> Option<Cond> {
+    let (why, kept) = obs.settings_refused.as_ref()?;
+    let meanwhile = if *kept {
+        "the last good settings are kept until it is fixed"
+    } else {
+        "no settings were read since the operator started, so this backend's objects are left as they are until it is fixed"
+    };
+    Some(Cond::no(
+        SETTINGS_READ,
+        "SettingsUnreadable",
+        format!("{why}; {meanwhile}"),
+    ))
 }
 
 /// The phase and why it is not `Ready` (docs/design.md#backend-phase): a render refusal is an
