@@ -1,5 +1,5 @@
 //! Reading a store's admin surface (`/health`, `/metrics`, `/get_segments_detail`), its tenant
-//! ledger and an engine's `/metrics`: one async HTTP/1 client held in the context (connections
+//! ledger, its drain jobs (a member rollout's) and an engine's `/metrics`: one async HTTP/1 client held in the context (connections
 //! reused across reconciles), a timeout per request, no redirect followed. The answers are parsed
 //! by `kvcache-render::store`; an unreachable store is a value, never a panic.
 
@@ -10,7 +10,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use kvcache_render::store::{Health, Metrics, ReadError, Segment, StoreReading};
+use kvcache_render::store::{
+    DRAIN_JOBS_PATH, DrainJob, DrainRequest, Health, Metrics, ReadError, Segment, StoreReading,
+    drain_cancel_path, drain_query_path,
+};
 
 /// How long one request may take, answer body included.
 const TIMEOUT: Duration = Duration::from_millis(1500);
@@ -126,6 +129,31 @@ impl StoreClient {
         self.send(req.method(), &url, body).await
     }
 
+    /// Asks the master at `admin` to drain a segment: the job's id, or why there is none (a
+    /// plain 404: the master has no drain jobs; the master's JSON error: its refusal).
+    pub async fn create_drain(&self, admin: &str, req: &DrainRequest) -> Result<String, ReadError> {
+        let url = format!("http://{admin}{DRAIN_JOBS_PATH}");
+        let (status, body) = self.send("POST", &url, Some(req.body())).await?;
+        DrainRequest::parse_created(&url, status, &body)
+    }
+
+    /// Where the drain job `job` stands on the master at `admin`.
+    pub async fn drain_job(&self, admin: &str, job: &str) -> Result<DrainJob, ReadError> {
+        let url = format!("http://{admin}{}", drain_query_path(job));
+        let (status, body) = self.send("GET", &url, None).await?;
+        DrainJob::parse(&url, status, &body)
+    }
+
+    /// Cancels the drain job `job` on the master at `admin` (the master refuses while moves are
+    /// in flight or once the job ended).
+    pub async fn cancel_drain(&self, admin: &str, job: &str) -> Result<(), ReadError> {
+        let url = format!("http://{admin}{}", drain_cancel_path(job));
+        match self.send("POST", &url, None).await? {
+            (200, _) => Ok(()),
+            (status, body) => Err(ReadError::from_answer(&url, status, &body)),
+        }
+    }
+
     /// `master_total_capacity_bytes` from the store at `admin`.
     pub async fn capacity(&self, admin: &str) -> Option<u64> {
         let text = self.fetch(&format!("http://{admin}/metrics")).await.ok()?;
@@ -181,6 +209,43 @@ mod tests {
             .ledger(&addr, &kvcache_quota::admin::Request::List)
             .await;
         assert_eq!(answer, Ok((404, r#"{"success":false}"#.to_owned())));
+    }
+
+    #[tokio::test]
+    async fn a_drain_is_created_asked_about_and_cancelled_as_the_master_answers() {
+        let addr = serve(vec![
+            (
+                200,
+                r#"{"success":true,"job_id":"1-2","status":"CREATED","error_code":0,"error_message":""}"#,
+            ),
+            (
+                200,
+                r#"{"success":true,"job_id":"1-2","status_name":"RUNNING","migrated_bytes":1024}"#,
+            ),
+            (
+                409,
+                r#"{"success":false,"error_code":-1010,"error_message":"UNAVAILABLE_IN_CURRENT_STATUS"}"#,
+            ),
+            (404, "404 Not Found"),
+        ])
+        .await;
+        let client = StoreClient::default();
+        let req = DrainRequest::new("10.0.0.1:13360", &[]);
+        assert_eq!(client.create_drain(&addr, &req).await, Ok("1-2".to_owned()));
+        let job = client.drain_job(&addr, "1-2").await.expect("an answer");
+        assert_eq!(
+            (job.status, job.migrated_bytes),
+            (kvcache_render::store::JobStatus::Running, 1024)
+        );
+        assert!(matches!(
+            client.cancel_drain(&addr, "1-2").await,
+            Err(ReadError::Refused { code: -1010, .. })
+        ));
+        let old = client
+            .create_drain(&addr, &req)
+            .await
+            .expect_err("no route");
+        assert!(old.not_served());
     }
 
     #[tokio::test]

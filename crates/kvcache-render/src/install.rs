@@ -230,8 +230,9 @@ fn namespace_role(namespace: &str) -> Role {
         rules: Some(vec![
             rule(&["apps"], &["daemonsets"], WRITE),
             rule(&[""], &["configmaps", "serviceaccounts"], WRITE),
-            // Member Pods whose template changed are deleted (DaemonSets are OnDelete).
-            rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
+            // Member Pods whose template changed are deleted (DaemonSets are OnDelete), a drain
+            // recorded on each first (docs/design.md#member-rollout).
+            rule(&[""], &["pods"], &["get", "list", "watch", "patch", "delete"]),
             // The leader Service's endpoints tell when the serving leader moves.
             rule(&["discovery.k8s.io"], &["endpointslices"], READ),
             // The store Leases and the operator's own.

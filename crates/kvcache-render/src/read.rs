@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 
 use crate::backend::POD_SPEC_HASH;
 
@@ -29,6 +30,26 @@ pub struct MemberPod {
     pub problem: Option<(String, String)>,
     /// The disk-tier survey's termination message (`entries=N path=…`), once it ran.
     pub survey: Option<String>,
+    /// The drain a member rollout started on it (its annotations), if any.
+    pub drain: Option<DrainRecord>,
+}
+
+/// On a member Pod: when the operator started draining its segment, before replacing it (an
+/// RFC 3339 time, written before the master is asked, so a drain is bounded even when the
+/// answer was lost).
+pub const DRAIN_STARTED_ANNOTATION: &str = "kvcache.gpustack.ai/drain-started";
+
+/// On a member Pod: the master's id of the drain job that empties its segment (asked about on
+/// re-entry before another is created).
+pub const DRAIN_JOB_ANNOTATION: &str = "kvcache.gpustack.ai/drain-job";
+
+/// What a member Pod's annotations say of its drain.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainRecord {
+    /// When the drain was started (`None`: the annotation is missing or not a time).
+    pub started: Option<Timestamp>,
+    /// The master's job id, once the master answered the create.
+    pub job: Option<String>,
 }
 
 /// The leader Deployment's replica counts.
@@ -94,6 +115,16 @@ pub fn member_pod(p: &Pod) -> Option<MemberPod> {
             )
         })
     });
+    let annotations = p.metadata.annotations.clone().unwrap_or_default();
+    let started = annotations.get(DRAIN_STARTED_ANNOTATION);
+    let job = annotations
+        .get(DRAIN_JOB_ANNOTATION)
+        .filter(|j| !j.is_empty())
+        .cloned();
+    let drain = (started.is_some() || job.is_some()).then(|| DrainRecord {
+        started: started.and_then(|t| t.parse().ok()),
+        job,
+    });
     let survey = status
         .init_container_statuses
         .iter()
@@ -111,15 +142,10 @@ pub fn member_pod(p: &Pod) -> Option<MemberPod> {
         group,
         ready: pod_ready(p),
         terminating: p.metadata.deletion_timestamp.is_some(),
-        hash: p
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(POD_SPEC_HASH))
-            .cloned()
-            .unwrap_or_default(),
+        hash: annotations.get(POD_SPEC_HASH).cloned().unwrap_or_default(),
         problem: waiting.or(unschedulable),
         survey,
+        drain,
     })
 }
 
@@ -183,6 +209,37 @@ mod tests {
                                               "state": {"waiting": {"reason": "ContainerCreating"}}}]}
         }));
         assert_eq!(member_pod(&creating).and_then(|m| m.problem), None);
+    }
+
+    #[test]
+    fn a_member_pod_says_the_drain_recorded_on_it() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "m-0", "labels": {"app.kubernetes.io/component": "member-0"},
+                         "annotations": {DRAIN_STARTED_ANNOTATION: "2026-12-02T12:00:00Z",
+                                         DRAIN_JOB_ANNOTATION: "1-2"}}
+        }));
+        assert_eq!(
+            member_pod(&p).and_then(|m| m.drain),
+            Some(DrainRecord {
+                started: "2026-12-02T12:00:00Z".parse().ok(),
+                job: Some("1-2".into())
+            })
+        );
+        let unreadable = pod(serde_json::json!({
+            "metadata": {"name": "m-0", "labels": {"app.kubernetes.io/component": "member-0"},
+                         "annotations": {DRAIN_STARTED_ANNOTATION: "yesterday"}}
+        }));
+        assert_eq!(
+            member_pod(&unreadable).and_then(|m| m.drain),
+            Some(DrainRecord {
+                started: None,
+                job: None
+            })
+        );
+        let none = pod(serde_json::json!({
+            "metadata": {"name": "m-0", "labels": {"app.kubernetes.io/component": "member-0"}}
+        }));
+        assert_eq!(member_pod(&none).and_then(|m| m.drain), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use kvcache_api::condition::{Cond, Status, find};
 use kvcache_render::read::{LeaderReplicas, MemberPod};
 use kvcache_render::rollout::stale_member_pods;
 use kvcache_render::status::backend::{Observation, backend_status};
-use kvcache_render::store::{Health, Metrics, ReadError, Segment, StoreReading};
+use kvcache_render::store::{Health, Metrics, ReadError, Segment, SegmentStatus, StoreReading};
 
 const MI: u64 = 1 << 20;
 
@@ -45,6 +45,7 @@ fn segment(ip: &str, id: &str) -> Segment {
         client_id: format!("client-{id}"),
         size_bytes: 64 * MI,
         allocator_used_bytes: 0,
+        status: SegmentStatus::Ok,
     }
 }
 
@@ -59,6 +60,7 @@ fn pod(name: &str, node: &str, ip: &str) -> MemberPod {
         hash: "h1".into(),
         problem: None,
         survey: None,
+        drain: None,
     }
 }
 
@@ -87,6 +89,7 @@ fn observation(store: Option<StoreReading>, members: Vec<MemberPod>) -> Observat
         store,
         members,
         rendered_hashes: vec!["h1".into()],
+        rollout: Vec::new(),
         standbys_held: false,
         store_version: None,
         render_refused: None,
@@ -478,6 +481,73 @@ fn exactly_the_pods_with_another_fingerprint_are_replaced() {
     let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
     assert_eq!(
         cond(&s.conditions, conditions::ROLLOUT_COMPLETE).reason,
+        "RolloutInProgress"
+    );
+}
+
+#[test]
+fn while_members_roll_the_rollout_condition_says_drained_or_not_and_the_rest_is_unchanged() {
+    use kvcache_render::rollout::{RolloutInput, member_rollout};
+    let mut a = pod("m-a", "node-1", "10.0.0.5");
+    a.hash = "h0".into();
+    let mut b = pod("m-b", "node-2", "10.0.0.6");
+    b.hash = "h0".into();
+    let mut held = segment("10.0.0.5", "a");
+    held.allocator_used_bytes = 8 * MI;
+    let store = serving(128 * MI, vec![held, segment("10.0.0.6", "b")]);
+    let decide = |tier: bool, obs: &Observation| {
+        member_rollout(&RolloutInput {
+            members: &obs.members,
+            rendered: &obs.rendered_hashes,
+            groups: &[kvcache_render::rollout::GroupFacts {
+                tier,
+                desired: Some(2),
+            }],
+            store: obs.store.as_ref(),
+            jobs: &Default::default(),
+            refused: &Default::default(),
+            now: "2026-12-02T12:00:00Z".parse().expect("a time"),
+            deadline: std::time::Duration::from_secs(600),
+        })
+    };
+    let plain = observation(Some(store), vec![a, b]);
+    let before = backend_status(&dram(), &plain, &KVCacheBackendStatus::default());
+    let mut drained = plain.clone();
+    drained.rollout = decide(false, &drained);
+    let s = backend_status(&dram(), &drained, &KVCacheBackendStatus::default());
+    let rollout = cond(&s.conditions, conditions::ROLLOUT_COMPLETE);
+    assert_eq!(
+        (rollout.status, rollout.reason),
+        (Status::False, "MembersDraining")
+    );
+    assert_eq!(
+        rollout.message,
+        "leader: 1 of 1 replicas updated (1 Pods in all); member group 0: draining member Pod m-a (node node-1): its segment 10.0.0.5:13360 (8Mi) goes to the other members before the Pod is replaced (2 member Pods to replace)"
+    );
+    let mut tiered = plain.clone();
+    tiered.rollout = decide(true, &tiered);
+    let t = backend_status(&dram(), &tiered, &KVCacheBackendStatus::default());
+    let rollout = cond(&t.conditions, conditions::ROLLOUT_COMPLETE);
+    assert_eq!(rollout.reason, "MembersRolledWithoutDrain");
+    assert!(rollout.message.ends_with(
+        "member Pod m-a (node node-1) replaced without a drain: the group has a disk tier, whose keys the master leaves out of a drain (2 member Pods to replace)"
+    ));
+    // Every other condition, the phase and the rows are as without the rollout's steps.
+    let others = |c: &[Cond]| {
+        c.iter()
+            .filter(|c| c.type_ != conditions::ROLLOUT_COMPLETE)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    for after in [&s, &t] {
+        assert_eq!(others(&after.conditions), others(&before.conditions));
+        assert_eq!(
+            (&after.phase, &after.members),
+            (&before.phase, &before.members)
+        );
+    }
+    assert_eq!(
+        cond(&before.conditions, conditions::ROLLOUT_COMPLETE).reason,
         "RolloutInProgress"
     );
 }

@@ -1,6 +1,7 @@
 //! The KVCacheBackend controller: fetch, call `kvcache-render` (objects, then status from what
 //! was observed), write. Every decision is a pure function in `kvcache-render`; this module only
-//! reads the cluster and the store, applies, prunes, deletes stale member Pods and writes status.
+//! reads the cluster and the store, applies, prunes, carries out the member rollout's step
+//! (drains through the master, annotations and deletions of member Pods) and writes status.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,11 +10,11 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
@@ -31,10 +32,13 @@ use kvcache_render::backend::{
 };
 use kvcache_render::events::{Kind, backend_events};
 use kvcache_render::names::label_value;
-use kvcache_render::read;
+use kvcache_render::read::{self, DRAIN_JOB_ANNOTATION, DRAIN_STARTED_ANNOTATION};
 use kvcache_render::resolve::{ceilings_on, store_image};
-use kvcache_render::rollout::{hold_standbys, stale_member_pods};
+use kvcache_render::rollout::{
+    GroupFacts, GroupStep, RolloutInput, Step, hold_standbys, member_rollout, step_event,
+};
 use kvcache_render::status::backend::{Computed, Observation, backend_status};
+use kvcache_render::store::{DrainRequest, ReadError};
 use serde::de::DeserializeOwned;
 use tracing::{info, instrument, warn};
 
@@ -48,6 +52,15 @@ const CONTROLLER: &str = "kvcachebackend";
 
 /// How long a workload gets to go beyond its Pods' termination grace.
 const TEARDOWN_SLACK: Duration = Duration::from_secs(120);
+
+/// How long a member's drain may run before the member is replaced without it: longer than the
+/// master's read lease (`-default_kv_lease_ttl=5m`, crates/kvcache-render/src/backend/leader.rs),
+/// during which an object read just before the drain cannot move.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(600);
+
+/// How soon the master is asked again while a drain runs or a replacement's mount is awaited
+/// (neither is seen on a watch).
+const DRAIN_POLL: Duration = Duration::from_secs(2);
 
 fn labels_of_backend(name: &str) -> String {
     format!(
@@ -208,14 +221,15 @@ fn consumers(ctx: &Context, backend: &str) -> Vec<Consumer> {
     out
 }
 
-/// Applies every rendered object and prunes the rest. Returns the live leader Deployment and
-/// whether standbys are held back (docs/design.md#two-step-election).
+/// Applies every rendered object and prunes the rest. Returns the live leader Deployment,
+/// whether standbys are held back (docs/design.md#two-step-election), and on how many nodes each
+/// member DaemonSet runs a Pod.
 async fn apply_objects(
     ctx: &Context,
     uid: &str,
     mut objects: BackendObjects,
     write_policy: bool,
-) -> Result<(Option<Deployment>, bool), Error> {
+) -> Result<(Option<Deployment>, bool, Vec<Option<i32>>), Error> {
     let c = ctx.client.clone();
     let ns = &ctx.config.namespace;
     let deployments: Api<Deployment> = Api::namespaced(c.clone(), ns);
@@ -266,8 +280,10 @@ async fn apply_objects(
     if let Some(s) = &objects.service {
         super::apply(&services, s).await?;
     }
+    let mut desired = Vec::new();
     for d in &objects.daemon_sets {
-        super::apply(&daemons, d).await?;
+        let live = super::apply(&daemons, d).await?;
+        desired.push(live.status.map(|s| s.desired_number_scheduled));
     }
     super::prune(&sa, uid, &super::names(&objects.service_accounts)).await?;
     super::prune(&roles, uid, &super::names(&objects.roles)).await?;
@@ -284,7 +300,7 @@ async fn apply_objects(
     .await?;
     super::prune(&services, uid, &super::names(objects.service.as_slice())).await?;
     super::prune(&daemons, uid, &super::names(&objects.daemon_sets)).await?;
-    Ok((live, held))
+    Ok((live, held, desired))
 }
 
 async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
@@ -298,6 +314,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         ..Observation::empty(b.metadata.generation)
     };
     let mut render_problem = None;
+    let mut groups = Vec::new();
     if let Some(managed) = &b.spec.connection.managed {
         obs.endpoint = Some(client_endpoint(&name, &ns));
         let chosen = ctx.settings();
@@ -338,7 +355,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
                     .iter()
                     .map(kvcache_render::backend::pod_spec_hash)
                     .collect();
-                let (live, held) = apply_objects(
+                let (live, held, desired) = apply_objects(
                     ctx,
                     &uid,
                     objects,
@@ -347,6 +364,15 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
                 .await?;
                 obs.standbys_held = held;
                 obs.leader = live.as_ref().map(read::replicas);
+                groups = managed
+                    .members
+                    .iter()
+                    .zip(desired)
+                    .map(|(g, desired)| GroupFacts {
+                        tier: g.tier().is_some(),
+                        desired,
+                    })
+                    .collect();
             }
         }
         if managed.leader.elects() {
@@ -377,13 +403,6 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
             .await
             .map_err(kerr("list", format!("Pods of {name}")))?;
         obs.members = listed.iter().filter_map(read::member_pod).collect();
-        // The rollout: exactly the member Pods whose fingerprint differs.
-        for stale in stale_member_pods(&obs.members, &obs.rendered_hashes) {
-            info!(pod = stale, "replacing a member Pod whose template changed");
-            pods.delete(stale, &DeleteParams::default())
-                .await
-                .map_err(kerr("delete", format!("Pod {stale}")))?;
-        }
     } else if let Some(x) = &b.spec.connection.external {
         obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
     }
@@ -403,6 +422,11 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
             .inc();
         obs.store = Some(reading);
     }
+    // The member rollout, one member at a time per group, each drained first where it can be.
+    if b.spec.connection.managed.is_some() {
+        obs.rollout = roll_members(ctx, b, &obs, &groups).await?;
+    }
+    let soon = obs.rollout.iter().any(|s| s.step.polls_store());
     obs.render_refused = render_problem.map(|p| (p.reason(), p.to_string()));
     let computed = backend_status(b, &obs, &previous);
     let figures = Figures::Backend {
@@ -424,11 +448,168 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         computed.phase == BackendPhase::Degraded,
     );
     write_status(ctx, b, &previous, computed, &obs).await?;
-    Ok(Action::requeue(ctx.next_poll(
-        Polled::Backend(name),
-        figures,
-        ctx.config.poll_stable,
-    )))
+    let next = ctx.next_poll(Polled::Backend(name), figures, ctx.config.poll_stable);
+    Ok(Action::requeue(if soon {
+        next.min(DRAIN_POLL)
+    } else {
+        next
+    }))
+}
+
+/// Decides the member rollout's step per group ([`member_rollout`], docs/design.md#member-rollout)
+/// from what `obs` saw and what the master says of each drain recorded on a member Pod, and
+/// carries it out. Returns the steps for the status.
+async fn roll_members(
+    ctx: &Context,
+    b: &KVCacheBackend,
+    obs: &Observation,
+    groups: &[GroupFacts],
+) -> Result<Vec<GroupStep>, Error> {
+    let admin = ctx.admin_address(b);
+    // On re-entry, the master is asked about each recorded job before another is created.
+    let mut jobs = BTreeMap::new();
+    if let Some(admin) = &admin {
+        for job in obs
+            .members
+            .iter()
+            .filter_map(|p| p.drain.as_ref().and_then(|d| d.job.clone()))
+        {
+            let answer = ctx.store.drain_job(admin, &job).await;
+            jobs.insert(job, answer);
+        }
+    }
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let decide = |refused: &BTreeMap<String, ReadError>| {
+        member_rollout(&RolloutInput {
+            members: &obs.members,
+            rendered: &obs.rendered_hashes,
+            groups,
+            store: obs.store.as_ref(),
+            jobs: &jobs,
+            refused,
+            now,
+            deadline: DRAIN_DEADLINE,
+        })
+    };
+    let mut refused = BTreeMap::new();
+    let mut steps = decide(&refused);
+    for (i, step) in steps.iter_mut().enumerate() {
+        if let Some((pod, refusal)) = carry_out(ctx, b, obs, admin.as_deref(), step).await? {
+            // The master refused the drain: decided again, the member goes without one.
+            refused.insert(pod, refusal);
+            if let Some(again) = decide(&refused).into_iter().nth(i) {
+                carry_out(ctx, b, obs, admin.as_deref(), &again).await?;
+                *step = again;
+            }
+        }
+    }
+    Ok(steps)
+}
+
+/// Carries out one group's step: a drain asked of the master and recorded on the Pod, or the
+/// Pod deleted (a running job cancelled first), each with its event. Returns the master's
+/// refusal of a drain (the Pod's name and the answer), for the step to be decided again.
+async fn carry_out(
+    ctx: &Context,
+    b: &KVCacheBackend,
+    obs: &Observation,
+    admin: Option<&str>,
+    step: &GroupStep,
+) -> Result<Option<(String, ReadError)>, Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    match &step.step {
+        Step::StartDrain {
+            pod,
+            segment,
+            targets,
+            ..
+        } => {
+            let Some(admin) = admin else {
+                return Ok(None);
+            };
+            // The start is written first: the drain is bounded even if the answer is lost.
+            let started = obs
+                .members
+                .iter()
+                .find(|p| p.name == *pod)
+                .and_then(|p| p.drain.as_ref())
+                .and_then(|d| d.started);
+            if started.is_none() {
+                let now = k8s_openapi::jiff::Timestamp::now().to_string();
+                annotate(&pods, pod, DRAIN_STARTED_ANNOTATION, &now).await?;
+            }
+            match ctx
+                .store
+                .create_drain(admin, &DrainRequest::new(segment, targets))
+                .await
+            {
+                Ok(job) => {
+                    info!(pod = %pod, job = %job, "draining a member's segment before replacing it");
+                    annotate(&pods, pod, DRAIN_JOB_ANNOTATION, &job).await?;
+                    publish(ctx, b, pod, step, Some(&job)).await;
+                }
+                Err(e @ (ReadError::Status { .. } | ReadError::Refused { .. })) => {
+                    return Ok(Some((pod.clone(), e)));
+                }
+                // No answer: the next pass finds the start recorded and asks again.
+                Err(e) => warn!(pod = %pod, error = %e, "the master did not answer a drain"),
+            }
+        }
+        Step::Replace { pod, .. } => {
+            if let (Some(admin), Some(job)) = (admin, step.step.cancel())
+                && let Err(e) = ctx.store.cancel_drain(admin, job).await
+            {
+                warn!(pod = %pod, job, error = %e, "could not cancel a drain past its deadline");
+            }
+            info!(pod = %pod, "replacing a member Pod whose template changed");
+            if super::delete(&pods, pod, &DeleteParams::default()).await? {
+                publish(ctx, b, pod, step, None).await;
+            }
+        }
+        Step::UpToDate | Step::Wait { .. } | Step::AwaitDrain { .. } => {}
+    }
+    Ok(None)
+}
+
+/// Sets one annotation on a member Pod.
+async fn annotate(pods: &Api<Pod>, pod: &str, key: &str, value: &str) -> Result<(), Error> {
+    let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
+    pods.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kerr("annotate", format!("Pod {pod}")))?;
+    Ok(())
+}
+
+/// Records the event of a carried-out step on the backend, naming the member Pod.
+async fn publish(
+    ctx: &Context,
+    b: &KVCacheBackend,
+    pod: &str,
+    step: &GroupStep,
+    job: Option<&str>,
+) {
+    let Some(note) = step_event(step, job) else {
+        return;
+    };
+    let event = Event {
+        type_: match note.kind {
+            Kind::Normal => EventType::Normal,
+            Kind::Warning => EventType::Warning,
+        },
+        reason: note.reason.into(),
+        note: Some(note.message.chars().take(1000).collect()),
+        action: "Rollout".into(),
+        secondary: Some(ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.to_owned()),
+            namespace: Some(ctx.config.namespace.clone()),
+            ..Default::default()
+        }),
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &b.object_ref(&())).await {
+        warn!(error = %e, reason = note.reason, "could not record an event");
+    }
 }
 
 async fn write_status(

@@ -16,7 +16,7 @@ use kvcache_api::condition::{Cond, Status};
 use kvcache_api::{KVCacheBackend, Quantity};
 
 use crate::read::{LeaderReplicas, MemberPod};
-use crate::rollout::stale_member_pods;
+use crate::rollout::{GroupStep, member_progress, stale_member_pods};
 use crate::store::{Health, Metrics, ReadError, Segment, StoreReading};
 
 /// Everything one pass observed.
@@ -40,6 +40,8 @@ pub struct Observation {
     pub members: Vec<MemberPod>,
     /// The rendered fingerprint of each group, by index.
     pub rendered_hashes: Vec<String>,
+    /// The member rollout's step of each group this pass ([`crate::rollout::member_rollout`]).
+    pub rollout: Vec<GroupStep>,
     /// The rollout holds standbys back until the electing template is out
     /// (docs/design.md#two-step-election).
     pub standbys_held: bool,
@@ -67,6 +69,7 @@ impl Observation {
             store: None,
             members: Vec::new(),
             rendered_hashes: Vec::new(),
+            rollout: Vec::new(),
             standbys_held: false,
             store_version: None,
             render_refused: None,
@@ -492,7 +495,9 @@ fn writes_from_counters(reading: &StoreReading) -> Cond {
     }
 }
 
-/// `RolloutComplete`: every leader replica and member Pod on the current template.
+/// `RolloutComplete`: every leader replica and member Pod on the current template; while member
+/// Pods are replaced, how: drained first (`MembersDraining`) or not, and why
+/// (`MembersRolledWithoutDrain`).
 fn rollout_complete(b: &KVCacheBackend, obs: &Observation) -> Cond {
     let stale = stale_member_pods(&obs.members, &obs.rendered_hashes);
     match obs.leader {
@@ -510,17 +515,23 @@ fn rollout_complete(b: &KVCacheBackend, obs: &Observation) -> Cond {
                 "every leader replica and member Pod runs the current template",
             )
         }
-        Some(l) => Cond::no(
-            ROLLOUT_COMPLETE,
-            "RolloutInProgress",
-            format!(
-                "leader: {} of {} replicas updated ({} Pods in all); {} member Pods to replace",
-                l.updated,
-                l.desired,
-                l.total,
-                stale.len()
-            ),
-        ),
+        Some(l) => {
+            let leader = format!(
+                "leader: {} of {} replicas updated ({} Pods in all)",
+                l.updated, l.desired, l.total
+            );
+            // While members roll, how (docs/design.md#member-rollout).
+            match member_progress(&obs.rollout).filter(|_| !stale.is_empty()) {
+                Some((reason, members)) => {
+                    Cond::no(ROLLOUT_COMPLETE, reason, format!("{leader}; {members}"))
+                }
+                None => Cond::no(
+                    ROLLOUT_COMPLETE,
+                    "RolloutInProgress",
+                    format!("{leader}; {} member Pods to replace", stale.len()),
+                ),
+            }
+        }
         None if managed(b) => Cond::unknown(
             ROLLOUT_COMPLETE,
             "NotCreated",
