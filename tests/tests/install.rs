@@ -856,7 +856,15 @@ fn an_operator_upgrade_to_a_new_image_tag_restarts_no_store_pod_and_every_key_st
         })
         .await?;
         let store: Api<Pod> = Api::namespaced(client.clone(), NS);
-        pods::wait_ready(&store, &walkthrough::backend_pods(name, "leader"), 2, WAIT).await?;
+        // Under election one leader replica is Ready: the Lease holder.
+        pods::wait_pods(
+            &store,
+            &walkthrough::backend_pods(name, "leader"),
+            "2 leader Pods, 1 Ready (the Lease holder)",
+            WAIT,
+            |p| p.len() == 2 && p.iter().filter(|p| pods::is_ready(p)).count() == 1,
+        )
+        .await?;
         let members = pods::wait_ready(
             &store,
             &walkthrough::backend_pods(name, "member-0"),
@@ -910,6 +918,210 @@ fn an_operator_upgrade_to_a_new_image_tag_restarts_no_store_pod_and_every_key_st
         roll_operator_to(&client, kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE).await?;
         assert_eq!(store_pods(&client).await?.len(), after.len());
         backends.delete(name, &DeleteParams::default()).await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Scales the operator Deployment to `n` replicas and waits until exactly `n` of its Pods run.
+async fn scale_operator(client: &Client, n: i32) -> Result<(), Error> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    deployments
+        .patch(
+            "kvcache-operator",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": n}})),
+        )
+        .await?;
+    if n > 0 {
+        wait_replicas(client, n as usize).await?;
+    } else {
+        let pods_api: Api<Pod> = Api::namespaced(client.clone(), NS);
+        pods::wait_pods(&pods_api, SELECTOR, "no operator Pod", WAIT, |p| {
+            p.is_empty()
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// A Binding in its own namespace on the walkthrough's pool, under domain `domain`; waits until
+/// the operator holds it (its release finalizer) and the store granted it.
+async fn second_binding(client: &Client, ns: &str, domain: &str) -> Result<(), Error> {
+    walkthrough::ensure_namespace(client, ns).await?;
+    let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), ns);
+    let b: KVCachePoolBinding = serde_json::from_value(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+        "metadata": {"name": ns, "namespace": ns},
+        "spec": {"poolRef": {"name": "shared-dram"}, "quota": {"ceiling": "64Mi"},
+                 "domain": {"name": domain, "blockSize": 64, "dtype": "bfloat16"}}
+    }))
+    .expect("a Binding");
+    bindings.create(&PostParams::default(), &b).await?;
+    wait_object(
+        &bindings,
+        ns,
+        "the release finalizer and QuotaGranted=True",
+        WAIT,
+        |b| !b.finalizers().is_empty() && has_condition(b, "QuotaGranted=True"),
+    )
+    .await?;
+    Ok(())
+}
+
+#[test]
+fn with_the_operator_scaled_to_zero_a_stuck_binding_and_its_namespace_can_still_be_removed() {
+    let _turn = installed().lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    block_on(async {
+        let client = cluster.client().await?;
+        wait_replicas(&client, 2).await?;
+        converged(&client).await?;
+        let ns = "team-stuck";
+        second_binding(&client, ns, "stuck").await?;
+        scale_operator(&client, 0).await?;
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), ns);
+
+        // A change the webhook judges still fails closed while no operator answers.
+        let refused = bindings
+            .patch(
+                ns,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"quota": {"ceiling": "32Mi"}}})),
+            )
+            .await;
+        match refused {
+            Err(kube::Error::Api(e)) => assert!(
+                e.message.contains("validate.kvcache.gpustack.ai"),
+                "refused by the unreachable webhook: {}",
+                e.message
+            ),
+            other => panic!("a spec change with no operator running: {other:?}"),
+        }
+        // The namespace is deleted; the Binding waits on its finalizer (nobody releases it).
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .delete(ns, &DeleteParams::default())
+            .await?;
+        wait_object(&bindings, ns, "a deletion timestamp", WAIT, |b| {
+            b.metadata.deletion_timestamp.is_some()
+        })
+        .await?;
+        // The user's way out: the finalizer removed by hand. A finalizer-only update does not
+        // go to the webhook, so the stopped operator does not block it.
+        bindings
+            .patch(
+                ns,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+            )
+            .await?;
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        let deadline = Instant::now() + WAIT;
+        while namespaces.get_opt(ns).await?.is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "namespace {ns} still there {WAIT:?} after its last finalizer was removed"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        scale_operator(&client, 2).await?;
+        converged(&client).await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_deleted_binding_whose_tenant_holds_data_waits_until_asked_to_drop_it_and_other_tenants_keep_theirs()
+ {
+    let _turn = installed().lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    block_on(async {
+        let client = cluster.client().await?;
+        wait_replicas(&client, 2).await?;
+        converged(&client).await?;
+        let ns = "team-drop";
+        let domain = "drop-me";
+        second_binding(&client, ns, domain).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NS);
+        let members = pods::wait_ready(
+            &store,
+            &walkthrough::backend_pods("mooncake-dram", "member-0"),
+            2,
+            WAIT,
+        )
+        .await?;
+        let member = name_of(&members[0]).to_owned();
+        let master = format!("mooncake-dram-leader.{NS}.svc:50051");
+        for i in 0..4 {
+            let code = pods::store_put(
+                &store,
+                &member,
+                &master,
+                &format!("drop-{i}"),
+                Some(domain),
+                64 << 10,
+            )
+            .await?;
+            assert_eq!(code, 0, "put drop-{i} as {domain}");
+        }
+        // team-a's tenant ("default": the walkthrough Binding names no domain) holds a key too.
+        let code = pods::store_put(&store, &member, &master, "kept", Some("default"), 4096).await?;
+        assert_eq!(code, 0, "put kept as default");
+
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), ns);
+        bindings.delete(ns, &DeleteParams::default()).await?;
+        let held =
+            wait_condition(&bindings, ns, "Releasable=False/LedgerNotReleased", WAIT).await?;
+        let message = kvcache_e2e::status::condition(&held, "Releasable")
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        assert!(
+            message.contains(kvcache_api::DROP_CACHED_DATA_ANNOTATION),
+            "the condition names the way out: {message}"
+        );
+        bindings
+            .patch(
+                ns,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                    kvcache_api::DROP_CACHED_DATA_ANNOTATION: "true"
+                }}})),
+            )
+            .await?;
+        let deadline = Instant::now() + WAIT;
+        while bindings.get_opt(ns).await?.is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "Binding {ns}/{ns} still there {WAIT:?} after asking to drop its cached data"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+            .list(&ListParams::default())
+            .await?;
+        assert!(
+            events.items.iter().any(|e| {
+                e.reason.as_deref() == Some("CachedDataDropped")
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("removed 4 objects"))
+            }),
+            "a CachedDataDropped event counting the 4 objects"
+        );
+        for i in 0..4 {
+            let got =
+                pods::store_get(&store, &member, &master, &format!("drop-{i}"), Some(domain)).await;
+            assert!(
+                !matches!(got, Ok(kvcache_e2e::store::Lookup::Hit(_))),
+                "drop-{i} is gone with its tenant: {got:?}"
+            );
+        }
+        match pods::store_get(&store, &member, &master, "kept", Some("default")).await? {
+            kvcache_e2e::store::Lookup::Hit(n) => assert_eq!(n, 4096),
+            miss => panic!("another tenant's key after the drop: {miss:?}"),
+        }
+        walkthrough::delete_namespace(&client, ns).await?;
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));

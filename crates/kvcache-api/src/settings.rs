@@ -95,7 +95,10 @@ pub struct Chosen {
 /// Which settings to use after a read: `read` is `None` when the ConfigMap is absent (the
 /// defaults apply: deleting it is a choice), `Some(Err(_))` when a value is unusable. A refused
 /// read never reverts to the defaults: the last good settings are kept, or none are used.
-pub fn choose(read: Option<Result<Settings, crate::Error>>, last_good: Option<&Settings>) -> Chosen {
+pub fn choose(
+    read: Option<Result<Settings, crate::Error>>,
+    last_good: Option<&Settings>,
+) -> Chosen {
     match read {
         None => Chosen {
             settings: Some(Settings::default()),

@@ -63,12 +63,25 @@ fn a_refused_read_keeps_the_last_good_settings_and_never_the_defaults() {
     let refused = || Settings::from_data("gpustack-settings", &data(&[(keys::DTYPE_OWNED, "yes")]));
     let kept = choose(Some(refused()), Some(&good));
     assert_eq!(kept.settings.as_ref(), Some(&good));
-    assert!(matches!(kept.refused, Some(Error::SettingValue { key: keys::DTYPE_OWNED, .. })));
+    assert!(matches!(
+        kept.refused,
+        Some(Error::SettingValue {
+            key: keys::DTYPE_OWNED,
+            ..
+        })
+    ));
     let none = choose(Some(refused()), None);
-    assert_eq!(none.settings, None, "no earlier settings: none, not the defaults");
+    assert_eq!(
+        none.settings, None,
+        "no earlier settings: none, not the defaults"
+    );
     assert!(none.refused.is_some());
     let absent = choose(None, Some(&good));
-    assert_eq!(absent.settings, Some(Settings::default()), "an absent ConfigMap is the defaults");
+    assert_eq!(
+        absent.settings,
+        Some(Settings::default()),
+        "an absent ConfigMap is the defaults"
+    );
     assert!(absent.refused.is_none());
     let read = choose(Some(Ok(good.clone())), None);
     assert_eq!((read.settings, read.refused.is_none()), (Some(good), true));

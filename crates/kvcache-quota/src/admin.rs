@@ -25,7 +25,13 @@ pub enum Request {
     },
     /// Remove a tenant (refused while it holds data).
     Delete(String),
+    /// Remove every object the tenant holds (`POST /api/v1/remove_all?tenant_id=..&force=true`,
+    /// leased objects too): the tenant's cached data is gone, other tenants' untouched.
+    RemoveObjects(String),
 }
+
+/// The master's route that removes objects, all or one tenant's.
+pub const REMOVE_ALL_ROUTE: &str = "/api/v1/remove_all";
 
 impl Request {
     /// The HTTP method: `GET` to list or get, `PUT` to upsert, `DELETE` to delete.
@@ -34,6 +40,7 @@ impl Request {
             Request::List | Request::Get(_) => "GET",
             Request::Upsert { .. } => "PUT",
             Request::Delete(_) => "DELETE",
+            Request::RemoveObjects(_) => "POST",
         }
     }
 
@@ -43,6 +50,12 @@ impl Request {
             Request::List => ROUTE.to_owned(),
             Request::Get(t) | Request::Upsert { tenant: t, .. } | Request::Delete(t) => {
                 format!("{ROUTE}?tenant_id={}", query_escape(t))
+            }
+            Request::RemoveObjects(t) => {
+                format!(
+                    "{REMOVE_ALL_ROUTE}?tenant_id={}&force=true",
+                    query_escape(t)
+                )
             }
         }
     }
@@ -236,6 +249,23 @@ pub fn decode_ack(status: u16, body: &str) -> Result<(), AdminError> {
     envelope(status, body).map(|_| ())
 }
 
+/// Decodes the answer to [`Request::RemoveObjects`]: how many objects the master removed
+/// (`{"success":true,"removed_count":N}`).
+pub fn decode_removed(status: u16, body: &str) -> Result<u64, AdminError> {
+    envelope(status, body)?;
+    #[derive(Deserialize)]
+    struct Removed {
+        removed_count: u64,
+    }
+    serde_json::from_str::<Removed>(body)
+        .map(|r| r.removed_count)
+        .map_err(|e| AdminError::Other {
+            status,
+            code: 0,
+            message: format!("the removal's answer does not decode: {e}"),
+        })
+}
+
 /// The outcome of a ledger read, as the pool's conditions see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -292,6 +322,35 @@ mod tests {
             "/api/v1/tenant_quotas?tenant_id=a%20b"
         );
         assert_eq!(Request::Delete("x".into()).method(), "DELETE");
+        let remove = Request::RemoveObjects("team-a".into());
+        assert_eq!(
+            (remove.method(), remove.path().as_str(), remove.body()),
+            (
+                "POST",
+                "/api/v1/remove_all?tenant_id=team-a&force=true",
+                None
+            )
+        );
+    }
+
+    #[test]
+    fn a_removal_answers_its_count_or_its_refusal() {
+        // As the 0.3.13.post1 master answered on loopback for one tenant of two.
+        assert_eq!(
+            decode_removed(200, r#"{"success":true,"removed_count":5}"#),
+            Ok(5)
+        );
+        assert_eq!(
+            decode_removed(
+                503,
+                r#"{"success":false,"error_code":-1010,"error_message":"x"}"#
+            ),
+            Err(AdminError::UnavailableInCurrentStatus)
+        );
+        assert!(matches!(
+            decode_removed(200, r#"{"success":true}"#),
+            Err(AdminError::Other { .. })
+        ));
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! one on a backend without a ledger (multi-tenancy off, an external store, no pool or backend
 //! left) goes at once; a tenant another Binding still claims stays on the master and this
 //! Binding goes; otherwise the tenant's entry is read: a tenant holding bytes is held until it
-//! drains, an empty one is deleted on the master, and only a delete the master confirmed (or a
+//! drains, unless the Binding asks for its cached data to be dropped
+//! (`kvcache_api::DROP_CACHED_DATA_ANNOTATION`): then its objects are removed on the master
+//! first. An empty tenant is deleted on the master, and only a delete the master confirmed (or a
 //! tenant already gone) lets the Binding go. A request whose outcome is unknown holds.
 
 use crate::admin::{AdminError, TenantEntry};
@@ -33,6 +35,8 @@ pub enum Step {
     ReadEntry,
     /// Delete the tenant's entry, then call [`after_delete`].
     DeleteEntry,
+    /// Remove every object the tenant holds, then call [`after_removal`].
+    RemoveObjects,
 }
 
 /// The first step, from the workloads attached to the Binding (`namespace/name` of each) and
@@ -51,10 +55,12 @@ pub fn first_step(users: &[String], ledger: &Ledger) -> Step {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unanswered(pub String);
 
-/// After reading the tenant's entry.
+/// After reading the tenant's entry; `drop_cached_data`: the Binding asks for the tenant's
+/// objects to be removed rather than waited out.
 pub fn after_entry(
     tenant: &str,
     read: Result<Result<TenantEntry, AdminError>, Unanswered>,
+    drop_cached_data: bool,
 ) -> Step {
     match read {
         Err(Unanswered(why)) => Step::Done(Release::LedgerRequestFailed(format!(
@@ -66,13 +72,29 @@ pub fn after_entry(
         Ok(Err(e)) => Step::Done(Release::LedgerRequestFailed(format!(
             "reading the ledger of tenant {tenant}: {e}"
         ))),
+        Ok(Ok(entry)) if entry.usage_bytes() > 0 && drop_cached_data => Step::RemoveObjects,
         Ok(Ok(entry)) if entry.usage_bytes() > 0 => {
             Step::Done(Release::LedgerNotReleased(format!(
-                "tenant {tenant} still holds {} on the master: drain the workloads that write it",
-                kvcache_api::Quantity::from_bytes(entry.usage_bytes()).as_str()
+                "tenant {tenant} still holds {} on the master until it is evicted; to drop it now (the domain's cached KV blocks are lost), annotate the Binding {}=true",
+                kvcache_api::Quantity::from_bytes(entry.usage_bytes()).as_str(),
+                kvcache_api::DROP_CACHED_DATA_ANNOTATION
             )))
         }
         Ok(Ok(_)) => Step::DeleteEntry,
+    }
+}
+
+/// After asking the master to remove the tenant's objects: on success its entry is deleted
+/// next.
+pub fn after_removal(tenant: &str, removed: Result<Result<u64, AdminError>, Unanswered>) -> Step {
+    match removed {
+        Ok(Ok(_)) => Step::DeleteEntry,
+        Ok(Err(e)) => Step::Done(Release::LedgerNotReleased(format!(
+            "the master refused to remove the objects of tenant {tenant}: {e}"
+        ))),
+        Err(Unanswered(why)) => Step::Done(Release::LedgerRequestFailed(format!(
+            "removing the objects of tenant {tenant}: {why}"
+        ))),
     }
 }
 
@@ -132,28 +154,60 @@ mod tests {
     #[test]
     fn a_tenant_holding_bytes_is_held_and_an_empty_one_is_deleted() {
         assert!(matches!(
-            after_entry("team-a", Ok(Ok(entry(4096)))),
-            Step::Done(Release::LedgerNotReleased(m)) if m.contains("4Ki")
+            after_entry("team-a", Ok(Ok(entry(4096))), false),
+            Step::Done(Release::LedgerNotReleased(m)) if m.contains("4Ki") && m.contains(kvcache_api::DROP_CACHED_DATA_ANNOTATION)
         ));
-        assert_eq!(after_entry("team-a", Ok(Ok(entry(0)))), Step::DeleteEntry);
         assert_eq!(
-            after_entry("team-a", Ok(Err(AdminError::NotFound))),
+            after_entry("team-a", Ok(Ok(entry(0))), false),
+            Step::DeleteEntry
+        );
+        assert_eq!(
+            after_entry("team-a", Ok(Err(AdminError::NotFound)), false),
             Step::Done(Release::Released)
         );
         assert_eq!(
-            after_entry("team-a", Ok(Err(AdminError::UnavailableInCurrentMode))),
+            after_entry(
+                "team-a",
+                Ok(Err(AdminError::UnavailableInCurrentMode)),
+                false
+            ),
             Step::Done(Release::Released)
         );
     }
 
     #[test]
+    fn a_binding_that_drops_its_cached_data_removes_the_objects_then_the_entry() {
+        assert_eq!(
+            after_entry("team-a", Ok(Ok(entry(4096))), true),
+            Step::RemoveObjects
+        );
+        assert_eq!(
+            after_entry("team-a", Ok(Ok(entry(0))), true),
+            Step::DeleteEntry
+        );
+        assert_eq!(after_removal("team-a", Ok(Ok(5))), Step::DeleteEntry);
+        assert!(matches!(
+            after_removal("team-a", Ok(Err(AdminError::UnavailableInCurrentStatus))),
+            Step::Done(Release::LedgerNotReleased(m)) if m.contains("team-a")
+        ));
+        assert!(matches!(
+            after_removal("team-a", Err(Unanswered("timed out".into()))),
+            Step::Done(Release::LedgerRequestFailed(m)) if m.contains("timed out")
+        ));
+    }
+
+    #[test]
     fn an_unanswered_or_refused_request_holds_and_says_why() {
         assert!(matches!(
-            after_entry("team-a", Err(Unanswered("connection refused".into()))),
+            after_entry("team-a", Err(Unanswered("connection refused".into())), true),
             Step::Done(Release::LedgerRequestFailed(m)) if m.contains("connection refused")
         ));
         assert!(matches!(
-            after_entry("team-a", Ok(Err(AdminError::UnavailableInCurrentStatus))),
+            after_entry(
+                "team-a",
+                Ok(Err(AdminError::UnavailableInCurrentStatus)),
+                true
+            ),
             Step::Done(Release::LedgerRequestFailed(_))
         ));
         assert!(matches!(

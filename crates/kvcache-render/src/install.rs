@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
-    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
+    ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -232,7 +232,11 @@ fn namespace_role(namespace: &str) -> Role {
             rule(&[""], &["configmaps", "serviceaccounts"], WRITE),
             // Member Pods whose template changed are deleted (DaemonSets are OnDelete), a drain
             // recorded on each first (docs/design.md#member-rollout).
-            rule(&[""], &["pods"], &["get", "list", "watch", "patch", "delete"]),
+            rule(
+                &[""],
+                &["pods"],
+                &["get", "list", "watch", "patch", "delete"],
+            ),
             // The leader Service's endpoints tell when the serving leader moves.
             rule(&["discovery.k8s.io"], &["endpointslices"], READ),
             // The store Leases and the operator's own.
@@ -466,6 +470,11 @@ fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
 /// The webhook configurations (the Pod injection, the validation of our kinds, the Pod
 /// annotation freeze), addressed to the operator's Service; the operator writes their
 /// `caBundle`. Until a replica serves, writes of our kinds and of Pods labelled
+/// The validating webhook's match condition: every CREATE, and an UPDATE only when the spec
+/// changes (none of the kinds' rules read metadata).
+pub const SPEC_CHANGES_ONLY: &str =
+    "request.operation != 'UPDATE' || object.spec != oldObject.spec";
+
 /// `kvcache.gpustack.ai/inject: "true"` are refused (they fail closed); nothing else is matched.
 pub fn webhooks(namespace: &str) -> (MutatingWebhookConfiguration, ValidatingWebhookConfiguration) {
     let client = |path: &str| WebhookClientConfig {
@@ -533,6 +542,13 @@ pub fn webhooks(namespace: &str) -> (MutatingWebhookConfiguration, ValidatingWeb
                 // Equivalent: a request through another version of these resources (should
                 // one be served later) is converted and judged all the same.
                 match_policy: Some("Equivalent".into()),
+                // Only what the webhook judges is sent to it: an update that leaves the spec
+                // alone (a finalizer removed, a label or annotation) never waits on a stopped
+                // operator, so a namespace deletion or a stuck object can always finish.
+                match_conditions: Some(vec![MatchCondition {
+                    name: "spec-changes-only".into(),
+                    expression: SPEC_CHANGES_ONLY.into(),
+                }]),
                 failure_policy: Some("Fail".into()),
                 side_effects: "None".into(),
                 admission_review_versions: vec!["v1".into()],

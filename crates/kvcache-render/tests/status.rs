@@ -185,12 +185,19 @@ fn unreadable_settings_name_the_key_and_say_what_is_kept_without_touching_the_ph
     let fine = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
     assert!(find(&fine.conditions, conditions::SETTINGS_READ).is_none());
     let why = "gpustack-settings: model-deployment-kv-cache-dtype-owned: \"yes\" is neither true nor false";
-    for (kept, says) in [(true, "the last good settings are kept"), (false, "left as they are")] {
+    for (kept, says) in [
+        (true, "the last good settings are kept"),
+        (false, "left as they are"),
+    ] {
         obs.settings_refused = Some((why.into(), kept));
         let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
         let c = cond(&s.conditions, conditions::SETTINGS_READ);
         assert_eq!((c.status, c.reason), (Status::False, "SettingsUnreadable"));
-        assert!(c.message.starts_with(why) && c.message.contains(says), "{}", c.message);
+        assert!(
+            c.message.starts_with(why) && c.message.contains(says),
+            "{}",
+            c.message
+        );
         assert_eq!(s.phase, fine.phase);
     }
 }

@@ -1,14 +1,16 @@
 //! What an edit recreates: a member fingerprint change replaces exactly the member Pods it
-//! concerns, and a change of the cluster's store image setting rolls only the backends that
-//! name no image of their own.
+//! concerns, a change of the cluster's store image setting rolls only the backends that name no
+//! image of their own, and an unusable setting rolls nothing and is named.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::BackendPhase;
 use kvcache_e2e::cluster::{block_on, client_from};
 use kvcache_e2e::pods;
-use kvcache_e2e::status::phase;
+use kvcache_e2e::status::{condition, phase, wait_condition};
 use kvcache_e2e::walkthrough::{self, backend_pods};
 
 use crate::{
@@ -108,7 +110,8 @@ fn image_of(p: &Pod) -> Option<String> {
 }
 
 #[test]
-fn a_setting_change_rolls_the_pods_of_backends_without_their_own_image_only() {
+fn a_setting_change_rolls_the_pods_of_backends_without_their_own_image_only_and_an_unusable_one_keeps_the_last_good()
+ {
     let cluster = cluster();
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {
@@ -130,9 +133,12 @@ fn a_setting_change_rolls_the_pods_of_backends_without_their_own_image_only() {
         }
         let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
         let uids = |p: &[Pod]| {
-            p.iter()
+            let mut u = p
+                .iter()
                 .map(|p| p.uid().unwrap_or_default())
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            u.sort();
+            u
         };
         let pinned_before =
             pods::wait_ready(&store, &backend_pods(pinned, "member-0"), 2, WAIT).await?;
@@ -177,6 +183,89 @@ fn a_setting_change_rolls_the_pods_of_backends_without_their_own_image_only() {
                 .iter()
                 .all(|p| image_of(p).as_deref() == Some(PINNED_IMAGE))
         );
+
+        // An unusable value beside another image: the settings are refused as a whole, the last
+        // good ones kept (the unpinned backend rolls nowhere), and the backend names the key.
+        let follows_before =
+            pods::wait_ready(&store, &backend_pods(follows, "member-0"), 2, WAIT).await?;
+        let dtype_key = kvcache_api::settings::keys::DTYPE_OWNED;
+        let refused = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": kvcache_api::settings::SETTINGS_CONFIG_MAP},
+            "data": {"kv-cache-backend-image": PINNED_IMAGE, dtype_key: "yes"},
+        });
+        maps.patch(
+            kvcache_api::settings::SETTINGS_CONFIG_MAP,
+            &PatchParams::apply(walkthrough::MANAGER).force(),
+            &Patch::Apply(&refused),
+        )
+        .await?;
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        let b = wait_condition(
+            &backends,
+            follows,
+            "SettingsRead=False/SettingsUnreadable",
+            WAIT,
+        )
+        .await?;
+        let message = condition(&b, "SettingsRead")
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        assert!(
+            message.contains(dtype_key) && message.contains("last good settings are kept"),
+            "the condition names the key and what is kept: {message}"
+        );
+        let events = Api::<Event>::all(client.clone())
+            .list(&ListParams::default())
+            .await?;
+        assert!(
+            events.items.iter().any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(follows)
+                    && e.reason.as_deref() == Some("SettingsUnreadable")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.note.as_deref().is_some_and(|n| n.contains(dtype_key))
+            }),
+            "a Warning event SettingsUnreadable naming {dtype_key} on {follows}"
+        );
+        // The backend was reconciled under the refusal and rolled nothing back.
+        let follows_now =
+            pods::wait_ready(&store, &backend_pods(follows, "member-0"), 2, WAIT).await?;
+        assert_eq!(uids(&follows_before), uids(&follows_now));
+        assert!(
+            follows_now
+                .iter()
+                .all(|p| image_of(p).as_deref() == Some(OTHER_STORE_IMAGE)),
+            "still on the last good setting's image"
+        );
+
+        // Fixed: the new image is taken and the condition is gone.
+        let fixed = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": kvcache_api::settings::SETTINGS_CONFIG_MAP},
+            "data": {"kv-cache-backend-image": PINNED_IMAGE},
+        });
+        maps.patch(
+            kvcache_api::settings::SETTINGS_CONFIG_MAP,
+            &PatchParams::apply(walkthrough::MANAGER).force(),
+            &Patch::Apply(&fixed),
+        )
+        .await?;
+        pods::wait_pods(
+            &store,
+            &backend_pods(follows, "member-0"),
+            &format!("2 Ready on {PINNED_IMAGE}"),
+            WAIT,
+            |p| {
+                p.len() == 2
+                    && p.iter()
+                        .all(|p| pods::is_ready(p) && image_of(p).as_deref() == Some(PINNED_IMAGE))
+            },
+        )
+        .await?;
+        wait_backend(&client, follows, "no SettingsRead condition", |b| {
+            condition(b, "SettingsRead").is_none()
+        })
+        .await?;
         Ok(())
     })
     .unwrap_or_else(|e| panic!("{e}"));

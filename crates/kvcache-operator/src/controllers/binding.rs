@@ -9,6 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use kube::runtime::watcher;
@@ -22,7 +23,7 @@ use kvcache_quota::release::{self, Ledger, Step, Unanswered};
 use kvcache_quota::status::{
     BackendView, BindingInput, Release, binding_releasable, binding_status,
 };
-use tracing::instrument;
+use tracing::{instrument, warn};
 
 use super::pool::{backend_of, claims_on, id, write_binding_status};
 use crate::context::{Context, MANAGER};
@@ -206,6 +207,10 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
     let mut step = release::first_step(&users, &ledger);
     let admin = admin.unwrap_or_default();
     if step == Step::ReadEntry {
+        let drop_cached_data = b
+            .annotations()
+            .get(kvcache_api::DROP_CACHED_DATA_ANNOTATION)
+            .is_some_and(|v| v.trim() == "true");
         step = release::after_entry(
             &tenant,
             ask(
@@ -215,11 +220,25 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
                 admin::decode_entry,
             )
             .await,
+            drop_cached_data,
         );
+    }
+    if step == Step::RemoveObjects {
+        let removed = ask(
+            &ctx.store,
+            &admin,
+            &Request::RemoveObjects(tenant.clone()),
+            admin::decode_removed,
+        )
+        .await;
+        if let Ok(Ok(count)) = &removed {
+            dropped_event(ctx, b, &tenant, *count).await;
+        }
+        step = release::after_removal(&tenant, removed);
     }
     let release = match step {
         Step::Done(r) => r,
-        Step::ReadEntry | Step::DeleteEntry => release::after_delete(
+        Step::ReadEntry | Step::DeleteEntry | Step::RemoveObjects => release::after_delete(
             &tenant,
             ask(
                 &ctx.store,
@@ -234,6 +253,23 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
     match release {
         Release::Released => Ok(Action::await_change()),
         held => Err(Error::DeletionHeld(binding_releasable(&who, &held).message)),
+    }
+}
+
+/// Records that the tenant's objects were removed on the Binding's request.
+async fn dropped_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str, count: u64) {
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "CachedDataDropped".into(),
+        note: Some(format!(
+            "removed {count} objects of tenant {tenant} from the store, as {}=true asks",
+            kvcache_api::DROP_CACHED_DATA_ANNOTATION
+        )),
+        action: "Release".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &b.object_ref(&())).await {
+        warn!(error = %e, "could not record an event");
     }
 }
 
