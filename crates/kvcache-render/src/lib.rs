@@ -13,6 +13,7 @@ pub mod backend;
 pub mod events;
 pub mod install;
 pub mod model;
+pub mod mounts;
 pub mod monitoring;
 pub mod names;
 pub mod pod;

@@ -94,6 +94,7 @@ fn observation(store: Option<StoreReading>, members: Vec<MemberPod>) -> Observat
         store_version: None,
         render_refused: None,
         settings_refused: None,
+        other_members: Vec::new(),
     }
 }
 
@@ -200,6 +201,30 @@ fn unreadable_settings_name_the_key_and_say_what_is_kept_without_touching_the_ph
         );
         assert_eq!(s.phase, fine.phase);
     }
+}
+
+#[test]
+fn another_backends_member_on_this_master_degrades_and_is_named() {
+    let mut obs = observation(
+        Some(serving(
+            128 * MI,
+            vec![segment("10.0.0.5", "a"), segment("10.0.1.7", "b")],
+        )),
+        vec![pod("m-1", "node-1", "10.0.0.5")],
+    );
+    obs.other_members = vec![kvcache_render::mounts::OtherMember {
+        backend: "mooncake-other".into(),
+        pod: pod("other-m-0", "node-0", "10.0.1.7"),
+    }];
+    let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+    let c = cond(&s.conditions, conditions::MEMBERS_MOUNTED);
+    assert_eq!((c.status, c.reason), (Status::False, "ForeignMember"));
+    assert!(
+        c.message.contains("other-m-0 of backend mooncake-other"),
+        "{}",
+        c.message
+    );
+    assert_eq!(s.phase, BackendPhase::Degraded);
 }
 
 #[test]

@@ -15,6 +15,7 @@ use kvcache_api::backend::{
 use kvcache_api::condition::{Cond, Status};
 use kvcache_api::{KVCacheBackend, Quantity};
 
+use crate::mounts::{OtherMember, foreign_mounts};
 use crate::read::{LeaderReplicas, MemberPod};
 use crate::rollout::{GroupStep, member_progress, stale_member_pods};
 use crate::store::{Health, Metrics, ReadError, Segment, StoreReading};
@@ -54,6 +55,9 @@ pub struct Observation {
     /// Why the cluster settings could not be read (the refusal naming the key), and whether
     /// the last good settings were kept (`false`: there were none, nothing was rendered).
     pub settings_refused: Option<(String, bool)>,
+    /// The member Pods of the other backends (in the same namespace): a segment of one of them
+    /// on this master is a member mounted on the wrong master (`crate::mounts`).
+    pub other_members: Vec<OtherMember>,
 }
 
 impl Observation {
@@ -74,6 +78,7 @@ impl Observation {
             store_version: None,
             render_refused: None,
             settings_refused: None,
+            other_members: Vec::new(),
         }
     }
 }
@@ -320,7 +325,9 @@ fn members_mounted(
     metrics: Option<&Metrics>,
 ) -> (Cond, Option<String>) {
     match (&obs.store, serving) {
-        (Some(reading), true) => members_against_listing(reading, metrics, &obs.members),
+        (Some(reading), true) => {
+            members_against_listing(reading, metrics, &obs.members, &obs.other_members)
+        }
         _ => (
             Cond::unknown(
                 MEMBERS_MOUNTED,
@@ -338,6 +345,7 @@ fn members_against_listing(
     reading: &StoreReading,
     metrics: Option<&Metrics>,
     pods: &[MemberPod],
+    others: &[OtherMember],
 ) -> (Cond, Option<String>) {
     const T: &str = MEMBERS_MOUNTED;
     // A member that cannot start, or cannot be scheduled, degrades the backend with its own
@@ -376,6 +384,26 @@ fn members_against_listing(
             return (Cond::no(T, "ListingFailed", why.clone()), Some(why));
         }
     };
+    let foreign = foreign_mounts(segments, pods, others);
+    if !foreign.is_empty() {
+        let named: Vec<String> = foreign
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} of backend {} ({}, {})",
+                    m.pod.name,
+                    m.backend,
+                    where_(&m.pod),
+                    m.pod.ip
+                )
+            })
+            .collect();
+        let why = format!(
+            "the master lists segments of another backend's members: {}; they are restarted to mount on their own master",
+            named.join(", ")
+        );
+        return (Cond::no(T, "ForeignMember", why.clone()), Some(why));
+    }
     let ready: Vec<&MemberPod> = pods.iter().filter(|p| p.ready && !p.terminating).collect();
     if ready.is_empty() {
         return (
