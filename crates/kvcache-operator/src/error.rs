@@ -3,6 +3,8 @@
 
 use std::net::SocketAddr;
 
+use kvcache_quota::status::{Release, binding_releasable};
+
 /// Why a reconcile or the operator's start failed; [`Error::metric_label`] names the cause.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -18,9 +20,26 @@ pub enum Error {
     /// The backend cannot be rendered (a stored object from before a rule, a missing image).
     #[error("rendering: {0}")]
     Render(#[from] kvcache_render::Error),
-    /// Deletion is held (a pool uses the backend, or workloads are still going).
+    /// A backend's deletion is held (a pool uses the backend, or its workloads are still going).
     #[error("deletion held: {0}")]
     DeletionHeld(String),
+    /// A Binding's deletion is held until its release is decided `Released`: its `Releasable`
+    /// condition (reason and message) is this release's.
+    #[error("deletion held: {}", binding_releasable(binding, release).message)]
+    BindingHeld {
+        /// The Binding, `namespace/name`.
+        binding: String,
+        /// Where its release stands: in use, or the master's refusal or silence.
+        release: Release,
+    },
+    /// A pool's deletion is held while Bindings reference it.
+    #[error("deletion held: {}", pool_held(pool, bindings))]
+    PoolHeld {
+        /// The KVCachePool's name.
+        pool: String,
+        /// The Bindings that reference it, `namespace/name`.
+        bindings: Vec<String>,
+    },
     /// The finalizer helper failed around the reconcile: adding or removing the finalizer, or
     /// an object without a name.
     #[error("finalizer: {0}")]
@@ -65,7 +84,9 @@ impl Error {
         match self {
             Error::Kube { .. } => "kube",
             Error::Render(_) => "render",
-            Error::DeletionHeld(_) => "deletion_held",
+            Error::DeletionHeld(_) | Error::BindingHeld { .. } | Error::PoolHeld { .. } => {
+                "deletion_held"
+            }
             Error::Finalizer(_) => "finalizer",
             Error::Certificate(_) => "certificate",
             Error::Connect(_) => "connect",
@@ -73,6 +94,18 @@ impl Error {
             Error::Election(_) | Error::LeaseLost(_) => "election",
             Error::Signal(_) | Error::Serve { .. } => "start",
             Error::Unjudgeable(_) => "admission",
+        }
+    }
+
+    /// Why a deletion waits, when this is a held deletion rather than a failure.
+    pub fn held(&self) -> Option<String> {
+        match self {
+            Error::DeletionHeld(why) => Some(why.clone()),
+            Error::BindingHeld { binding, release } => {
+                Some(binding_releasable(binding, release).message)
+            }
+            Error::PoolHeld { pool, bindings } => Some(pool_held(pool, bindings)),
+            _ => None,
         }
     }
 
@@ -105,6 +138,14 @@ pub enum Unjudgeable {
     DecodeJson(#[source] serde_json::Error),
 }
 
+/// Why a pool's deletion waits: the Bindings that reference it.
+fn pool_held(pool: &str, bindings: &[String]) -> String {
+    format!(
+        "KVCachePool {pool} is referenced by KVCachePoolBinding {}",
+        bindings.join(", ")
+    )
+}
+
 /// How soon a failed reconcile is retried when nothing more specific applies.
 pub const RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -130,4 +171,50 @@ pub fn from_finalizer(e: kube::runtime::finalizer::Error<Error>) -> Error {
 pub fn kube(verb: &'static str, what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     let what = what.into();
     move |source| Error::Kube { verb, what, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvcache_quota::admin::Unanswered;
+    use kvcache_quota::status::RequestFailed;
+
+    #[test]
+    fn a_held_binding_says_what_its_releasable_condition_says() {
+        let release = Release::LedgerRequestFailed(RequestFailed::DeletingEntry {
+            tenant: "chat".into(),
+            cause: Unanswered("timed out".into()),
+        });
+        let e = Error::BindingHeld {
+            binding: "team-a/chat".into(),
+            release: release.clone(),
+        };
+        let why = binding_releasable("team-a/chat", &release).message;
+        assert_eq!(
+            why,
+            "the ledger request for team-a/chat failed and its outcome is unknown, so it is held: releasing tenant chat: timed out"
+        );
+        assert_eq!(e.to_string(), format!("deletion held: {why}"));
+        assert_eq!(e.held(), Some(why));
+        assert_eq!(e.metric_label(), "deletion_held");
+    }
+
+    #[test]
+    fn a_held_pool_names_its_bindings() {
+        let e = Error::PoolHeld {
+            pool: "shared".into(),
+            bindings: vec!["team-a/chat".into(), "team-b/code".into()],
+        };
+        let why = "KVCachePool shared is referenced by KVCachePoolBinding team-a/chat, team-b/code";
+        assert_eq!(e.to_string(), format!("deletion held: {why}"));
+        assert_eq!(e.held().as_deref(), Some(why));
+        assert_eq!(e.metric_label(), "deletion_held");
+    }
+
+    #[test]
+    fn only_a_held_deletion_is_held() {
+        let e = Error::DeletionHeld("waiting for Deployment x to go".into());
+        assert_eq!(e.held().as_deref(), Some("waiting for Deployment x to go"));
+        assert_eq!(Error::LeaseLost("l".into()).held(), None);
+    }
 }

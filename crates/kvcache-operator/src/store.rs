@@ -10,6 +10,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use kvcache_quota::admin::{AdminError, Request, Unanswered};
 use kvcache_render::store::{
     DRAIN_JOBS_PATH, DrainJob, DrainRequest, Health, Metrics, ReadError, Segment, StoreReading,
     drain_cancel_path, drain_query_path,
@@ -114,19 +115,23 @@ impl StoreClient {
         }
     }
 
-    /// One call to the tenant ledger (`/api/v1/tenant_quotas`) at `admin`: the HTTP status and
-    /// body (an error status is an answer), or why no answer came.
-    pub async fn ledger(
+    /// One call to the tenant ledger (`/api/v1/tenant_quotas`) at `admin`: its answer (an error
+    /// status is one) as `decode` reads it, or why no answer came, in the reader's words.
+    pub async fn ledger<T>(
         &self,
         admin: &str,
-        req: &kvcache_quota::admin::Request,
-    ) -> Result<(u16, String), ReadError> {
+        req: &Request,
+        decode: impl FnOnce(u16, &str) -> Result<T, AdminError>,
+    ) -> Result<Result<T, AdminError>, Unanswered> {
         let url = format!("http://{admin}{}", req.path());
         let body = match req.method() {
             "PUT" => req.body(),
             _ => None,
         };
-        self.send(req.method(), &url, body).await
+        self.send(req.method(), &url, body)
+            .await
+            .map(|(status, body)| decode(status, &body))
+            .map_err(|e| Unanswered(e.to_string()))
     }
 
     /// Asks the master at `admin` to drain a segment: the job's id, or why there is none (a
@@ -206,9 +211,35 @@ mod tests {
         let addr = serve(vec![(404, r#"{"success":false}"#)]).await;
         let client = StoreClient::default();
         let answer = client
-            .ledger(&addr, &kvcache_quota::admin::Request::List)
+            .ledger(&addr, &Request::List, kvcache_quota::admin::decode_list)
             .await;
-        assert_eq!(answer, Ok((404, r#"{"success":false}"#.to_owned())));
+        assert_eq!(
+            answer,
+            Ok(Err(AdminError::Other {
+                status: 404,
+                code: 0,
+                message: String::new()
+            }))
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_ledger_call_says_why_as_the_reader_does() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let addr = listener.local_addr().expect("its address").to_string();
+        drop(listener);
+        let client = StoreClient::default();
+        let Err(Unanswered(why)) = client
+            .ledger(&addr, &Request::List, kvcache_quota::admin::decode_list)
+            .await
+        else {
+            panic!("nothing listens on {addr}");
+        };
+        let read = client
+            .fetch(&format!("http://{addr}/api/v1/tenant_quotas"))
+            .await
+            .expect_err("nothing listens");
+        assert_eq!(why, read.to_string());
     }
 
     #[tokio::test]

@@ -266,6 +266,24 @@ pub fn decode_removed(status: u16, body: &str) -> Result<u64, AdminError> {
         })
 }
 
+/// A ledger request the master did not answer (connection refused, a timeout, a body that
+/// could not be read): the operator's HTTP error in its words. Text, because that error's type
+/// lives in `kvcache-render`, which depends on this crate.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unanswered(pub String);
+
+/// Why a ledger request brought back nothing usable: the master's refusal, or no answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerFailure {
+    /// The master answered with an error code.
+    #[error(transparent)]
+    Refused(#[from] AdminError),
+    /// The master did not answer.
+    #[error(transparent)]
+    Unanswered(#[from] Unanswered),
+}
+
 /// The outcome of a ledger read, as the pool's conditions see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -273,19 +291,20 @@ pub enum Outcome {
     Listed(Vec<TenantEntry>),
     /// The master keeps no ledger (declared or reported).
     NoLedger,
-    /// The request failed; the message says why.
-    Unreachable(String),
+    /// The list failed: refused or unanswered (`QuotaLedgerAvailable=False/LedgerUnreachable`).
+    Unreachable(LedgerFailure),
     /// Not asked yet.
     NotObserved,
 }
 
 impl Outcome {
-    /// The outcome of a list call.
-    pub fn from_list(result: Result<Vec<TenantEntry>, AdminError>) -> Self {
+    /// The outcome of a list call: its decoded answer, or [`Unanswered`].
+    pub fn from_list(result: Result<Result<Vec<TenantEntry>, AdminError>, Unanswered>) -> Self {
         match result {
-            Ok(entries) => Outcome::Listed(entries),
-            Err(AdminError::UnavailableInCurrentMode) => Outcome::NoLedger,
-            Err(e) => Outcome::Unreachable(e.to_string()),
+            Ok(Ok(entries)) => Outcome::Listed(entries),
+            Ok(Err(AdminError::UnavailableInCurrentMode)) => Outcome::NoLedger,
+            Ok(Err(e)) => Outcome::Unreachable(e.into()),
+            Err(e) => Outcome::Unreachable(e.into()),
         }
     }
 }
@@ -426,12 +445,33 @@ mod tests {
     #[test]
     fn outcomes() {
         assert_eq!(
-            Outcome::from_list(Err(AdminError::UnavailableInCurrentMode)),
+            Outcome::from_list(Ok(Err(AdminError::UnavailableInCurrentMode))),
             Outcome::NoLedger
         );
-        assert!(matches!(
-            Outcome::from_list(Err(AdminError::PersistentFail)),
-            Outcome::Unreachable(_)
-        ));
+        assert_eq!(Outcome::from_list(Ok(Ok(vec![]))), Outcome::Listed(vec![]));
+        let refused = Outcome::from_list(Ok(Err(AdminError::PersistentFail)));
+        assert_eq!(
+            refused,
+            Outcome::Unreachable(LedgerFailure::Refused(AdminError::PersistentFail))
+        );
+        let unanswered = Unanswered(
+            "no answer from http://m:9003/api/v1/tenant_quotas: connection refused".into(),
+        );
+        assert_eq!(
+            Outcome::from_list(Err(unanswered.clone())),
+            Outcome::Unreachable(LedgerFailure::Unanswered(unanswered))
+        );
+    }
+
+    #[test]
+    fn a_ledger_failure_reads_as_its_cause() {
+        assert_eq!(
+            LedgerFailure::from(AdminError::PersistentFail).to_string(),
+            AdminError::PersistentFail.to_string()
+        );
+        assert_eq!(
+            LedgerFailure::from(Unanswered("timed out".into())).to_string(),
+            "timed out"
+        );
     }
 }

@@ -12,8 +12,8 @@
 //! first. An empty tenant is deleted on the master, and only a delete the master confirmed (or a
 //! tenant already gone) lets the Binding go. A request whose outcome is unknown holds.
 
-use crate::admin::{AdminError, TenantEntry};
-use crate::status::Release;
+use crate::admin::{AdminError, LedgerFailure, TenantEntry, Unanswered};
+use crate::status::{NotReleased, Release, RequestFailed};
 
 /// Whether the Binding's backend keeps a ledger this release must clear.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,10 +51,6 @@ pub fn first_step(users: &[String], ledger: &Ledger) -> Step {
     }
 }
 
-/// A ledger request that got no answer from the master (connection refused, timeout).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unanswered(pub String);
-
 /// After reading the tenant's entry; `drop_cached_data`: the Binding asks for the tenant's
 /// objects to be removed rather than waited out.
 pub fn after_entry(
@@ -62,23 +58,24 @@ pub fn after_entry(
     read: Result<Result<TenantEntry, AdminError>, Unanswered>,
     drop_cached_data: bool,
 ) -> Step {
+    let failed = |cause: LedgerFailure| {
+        Step::Done(Release::LedgerRequestFailed(RequestFailed::ReadingEntry {
+            tenant: tenant.to_owned(),
+            cause,
+        }))
+    };
     match read {
-        Err(Unanswered(why)) => Step::Done(Release::LedgerRequestFailed(format!(
-            "reading the ledger of tenant {tenant}: {why}"
-        ))),
+        Err(e) => failed(e.into()),
         Ok(Err(AdminError::UnavailableInCurrentMode | AdminError::NotFound)) => {
             Step::Done(Release::Released)
         }
-        Ok(Err(e)) => Step::Done(Release::LedgerRequestFailed(format!(
-            "reading the ledger of tenant {tenant}: {e}"
-        ))),
+        Ok(Err(e)) => failed(e.into()),
         Ok(Ok(entry)) if entry.usage_bytes() > 0 && drop_cached_data => Step::RemoveObjects,
         Ok(Ok(entry)) if entry.usage_bytes() > 0 => {
-            Step::Done(Release::LedgerNotReleased(format!(
-                "tenant {tenant} still holds {} on the master until it is evicted; to drop it now (the domain's cached KV blocks are lost), annotate the Binding {}=true",
-                kvcache_api::Quantity::from_bytes(entry.usage_bytes()).as_str(),
-                kvcache_api::DROP_CACHED_DATA_ANNOTATION
-            )))
+            Step::Done(Release::LedgerNotReleased(NotReleased::HoldsBytes {
+                tenant: tenant.to_owned(),
+                bytes: entry.usage_bytes(),
+            }))
         }
         Ok(Ok(_)) => Step::DeleteEntry,
     }
@@ -87,30 +84,31 @@ pub fn after_entry(
 /// After asking the master to remove the tenant's objects: on success its entry is deleted
 /// next.
 pub fn after_removal(tenant: &str, removed: Result<Result<u64, AdminError>, Unanswered>) -> Step {
+    let tenant = tenant.to_owned();
     match removed {
         Ok(Ok(_)) => Step::DeleteEntry,
-        Ok(Err(e)) => Step::Done(Release::LedgerNotReleased(format!(
-            "the master refused to remove the objects of tenant {tenant}: {e}"
-        ))),
-        Err(Unanswered(why)) => Step::Done(Release::LedgerRequestFailed(format!(
-            "removing the objects of tenant {tenant}: {why}"
-        ))),
+        Ok(Err(refusal)) => Step::Done(Release::LedgerNotReleased(NotReleased::RemovalRefused {
+            tenant,
+            refusal,
+        })),
+        Err(cause) => Step::Done(Release::LedgerRequestFailed(
+            RequestFailed::RemovingObjects { tenant, cause },
+        )),
     }
 }
 
 /// After deleting the tenant's entry.
 pub fn after_delete(tenant: &str, deleted: Result<Result<(), AdminError>, Unanswered>) -> Release {
+    let tenant = tenant.to_owned();
     match deleted {
         Ok(Ok(()) | Err(AdminError::NotFound)) => Release::Released,
-        Ok(Err(AdminError::TenantNotEmpty)) => Release::LedgerNotReleased(format!(
-            "the master refused to release tenant {tenant}: it still holds objects"
-        )),
-        Ok(Err(e)) => Release::LedgerNotReleased(format!(
-            "the master refused to release tenant {tenant}: {e}"
-        )),
-        Err(Unanswered(why)) => {
-            Release::LedgerRequestFailed(format!("releasing tenant {tenant}: {why}"))
+        Ok(Err(AdminError::TenantNotEmpty)) => {
+            Release::LedgerNotReleased(NotReleased::NotEmpty { tenant })
         }
+        Ok(Err(refusal)) => {
+            Release::LedgerNotReleased(NotReleased::DeleteRefused { tenant, refusal })
+        }
+        Err(cause) => Release::LedgerRequestFailed(RequestFailed::DeletingEntry { tenant, cause }),
     }
 }
 
@@ -151,12 +149,19 @@ mod tests {
         assert_eq!(first_step(&[], &Ledger::Own), Step::ReadEntry);
     }
 
+    fn unanswered(why: &str) -> Unanswered {
+        Unanswered(why.to_owned())
+    }
+
     #[test]
     fn a_tenant_holding_bytes_is_held_and_an_empty_one_is_deleted() {
-        assert!(matches!(
+        assert_eq!(
             after_entry("team-a", Ok(Ok(entry(4096))), false),
-            Step::Done(Release::LedgerNotReleased(m)) if m.contains("4Ki") && m.contains(kvcache_api::DROP_CACHED_DATA_ANNOTATION)
-        ));
+            Step::Done(Release::LedgerNotReleased(NotReleased::HoldsBytes {
+                tenant: "team-a".into(),
+                bytes: 4096
+            }))
+        );
         assert_eq!(
             after_entry("team-a", Ok(Ok(entry(0))), false),
             Step::DeleteEntry
@@ -186,42 +191,152 @@ mod tests {
             Step::DeleteEntry
         );
         assert_eq!(after_removal("team-a", Ok(Ok(5))), Step::DeleteEntry);
-        assert!(matches!(
+        assert_eq!(
             after_removal("team-a", Ok(Err(AdminError::UnavailableInCurrentStatus))),
-            Step::Done(Release::LedgerNotReleased(m)) if m.contains("team-a")
-        ));
-        assert!(matches!(
-            after_removal("team-a", Err(Unanswered("timed out".into()))),
-            Step::Done(Release::LedgerRequestFailed(m)) if m.contains("timed out")
-        ));
+            Step::Done(Release::LedgerNotReleased(NotReleased::RemovalRefused {
+                tenant: "team-a".into(),
+                refusal: AdminError::UnavailableInCurrentStatus
+            }))
+        );
+        assert_eq!(
+            after_removal("team-a", Err(unanswered("timed out"))),
+            Step::Done(Release::LedgerRequestFailed(
+                RequestFailed::RemovingObjects {
+                    tenant: "team-a".into(),
+                    cause: unanswered("timed out")
+                }
+            ))
+        );
     }
 
     #[test]
-    fn an_unanswered_or_refused_request_holds_and_says_why() {
-        assert!(matches!(
-            after_entry("team-a", Err(Unanswered("connection refused".into())), true),
-            Step::Done(Release::LedgerRequestFailed(m)) if m.contains("connection refused")
-        ));
-        assert!(matches!(
+    fn an_unanswered_or_refused_request_holds_and_says_which_step_failed() {
+        let reading = |cause: LedgerFailure| {
+            Step::Done(Release::LedgerRequestFailed(RequestFailed::ReadingEntry {
+                tenant: "team-a".into(),
+                cause,
+            }))
+        };
+        assert_eq!(
+            after_entry("team-a", Err(unanswered("connection refused")), true),
+            reading(LedgerFailure::Unanswered(unanswered("connection refused")))
+        );
+        assert_eq!(
             after_entry(
                 "team-a",
                 Ok(Err(AdminError::UnavailableInCurrentStatus)),
                 true
             ),
-            Step::Done(Release::LedgerRequestFailed(_))
-        ));
-        assert!(matches!(
+            reading(LedgerFailure::Refused(
+                AdminError::UnavailableInCurrentStatus
+            ))
+        );
+        assert_eq!(
             after_delete("team-a", Ok(Err(AdminError::TenantNotEmpty))),
-            Release::LedgerNotReleased(_)
-        ));
-        assert!(matches!(
-            after_delete("team-a", Err(Unanswered("timed out".into()))),
-            Release::LedgerRequestFailed(m) if m.contains("timed out")
-        ));
+            Release::LedgerNotReleased(NotReleased::NotEmpty {
+                tenant: "team-a".into()
+            })
+        );
+        assert_eq!(
+            after_delete("team-a", Ok(Err(AdminError::PersistentFail))),
+            Release::LedgerNotReleased(NotReleased::DeleteRefused {
+                tenant: "team-a".into(),
+                refusal: AdminError::PersistentFail
+            })
+        );
+        assert_eq!(
+            after_delete("team-a", Err(unanswered("timed out"))),
+            Release::LedgerRequestFailed(RequestFailed::DeletingEntry {
+                tenant: "team-a".into(),
+                cause: unanswered("timed out")
+            })
+        );
         assert_eq!(after_delete("team-a", Ok(Ok(()))), Release::Released);
         assert_eq!(
             after_delete("team-a", Ok(Err(AdminError::NotFound))),
             Release::Released
         );
+    }
+
+    /// The `Releasable` messages each cause renders, word for word as users and the
+    /// end-to-end tests have read them.
+    #[test]
+    fn each_cause_renders_the_releasable_message_it_always_has() {
+        let message = |release: Release| {
+            let c = crate::status::binding_releasable("team-a/chat", &release);
+            format!("{:?}/{}: {}", c.status, c.reason, c.message)
+        };
+        let not_released = "False/LedgerNotReleased: team-a/chat waits for the master to release its tenant entries (retried every 30s): ";
+        let failed = "False/LedgerRequestFailed: the ledger request for team-a/chat failed and its outcome is unknown, so it is held: ";
+        let cases = [
+            (
+                Release::LedgerNotReleased(NotReleased::HoldsBytes {
+                    tenant: "chat".into(),
+                    bytes: 4096,
+                }),
+                format!(
+                    "{not_released}tenant chat still holds 4Ki on the master until it is evicted; to drop it now (the domain's cached KV blocks are lost), annotate the Binding kvcache.gpustack.ai/drop-cached-data=true"
+                ),
+            ),
+            (
+                Release::LedgerNotReleased(NotReleased::RemovalRefused {
+                    tenant: "chat".into(),
+                    refusal: AdminError::NotFound,
+                }),
+                format!(
+                    "{not_released}the master refused to remove the objects of tenant chat: the tenant is not in the ledger (OBJECT_NOT_FOUND)"
+                ),
+            ),
+            (
+                Release::LedgerNotReleased(NotReleased::NotEmpty {
+                    tenant: "chat".into(),
+                }),
+                format!(
+                    "{not_released}the master refused to release tenant chat: it still holds objects"
+                ),
+            ),
+            (
+                Release::LedgerNotReleased(NotReleased::DeleteRefused {
+                    tenant: "chat".into(),
+                    refusal: AdminError::Invalid("bad id".into()),
+                }),
+                format!(
+                    "{not_released}the master refused to release tenant chat: the master refused the request as invalid: bad id"
+                ),
+            ),
+            (
+                Release::LedgerRequestFailed(RequestFailed::ReadingEntry {
+                    tenant: "chat".into(),
+                    cause: LedgerFailure::Unanswered(unanswered("connection refused")),
+                }),
+                format!("{failed}reading the ledger of tenant chat: connection refused"),
+            ),
+            (
+                Release::LedgerRequestFailed(RequestFailed::ReadingEntry {
+                    tenant: "chat".into(),
+                    cause: LedgerFailure::Refused(AdminError::NotFound),
+                }),
+                format!(
+                    "{failed}reading the ledger of tenant chat: the tenant is not in the ledger (OBJECT_NOT_FOUND)"
+                ),
+            ),
+            (
+                Release::LedgerRequestFailed(RequestFailed::RemovingObjects {
+                    tenant: "chat".into(),
+                    cause: unanswered("timed out"),
+                }),
+                format!("{failed}removing the objects of tenant chat: timed out"),
+            ),
+            (
+                Release::LedgerRequestFailed(RequestFailed::DeletingEntry {
+                    tenant: "chat".into(),
+                    cause: unanswered("timed out"),
+                }),
+                format!("{failed}releasing tenant chat: timed out"),
+            ),
+        ];
+        for (release, want) in cases {
+            assert_eq!(message(release), want);
+        }
     }
 }

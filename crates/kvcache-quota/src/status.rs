@@ -6,7 +6,7 @@ use kvcache_api::condition::{Cond, Status, find};
 use kvcache_api::pool::PoolPhase;
 use kvcache_api::pool::{binding_conditions as b, pool_conditions as p};
 
-use crate::admin::{Outcome, TenantEntry};
+use crate::admin::{AdminError, LedgerFailure, Outcome, TenantEntry, Unanswered};
 
 /// A byte figure as users write it (`16Gi`) when exact, else approximately with the exact count.
 fn bytes(b: u64) -> String {
@@ -62,12 +62,81 @@ pub enum Release {
     NotDeleting,
     /// Still referenced: by Bindings (for a pool) or workloads (for a Binding).
     Held(Vec<String>),
-    /// The master holds data for the tenant(s); drain first.
-    LedgerNotReleased(String),
-    /// The ledger request failed; outcome unknown.
-    LedgerRequestFailed(String),
+    /// The master keeps the tenant: it holds data, or refused to let it go; retried.
+    LedgerNotReleased(NotReleased),
+    /// A ledger request failed and its outcome is unknown; retried.
+    LedgerRequestFailed(RequestFailed),
     /// Released; the finalizer may go.
     Released,
+}
+
+/// Why the master keeps a tenant (`Releasable=False/LedgerNotReleased`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotReleased {
+    /// The tenant still holds bytes and its Binding does not ask for them to be dropped.
+    #[error(
+        "tenant {tenant} still holds {} on the master until it is evicted; to drop it now (the domain's cached KV blocks are lost), annotate the Binding {}=true",
+        kvcache_api::Quantity::from_bytes(*bytes).as_str(),
+        kvcache_api::DROP_CACHED_DATA_ANNOTATION
+    )]
+    HoldsBytes {
+        /// The tenant id.
+        tenant: String,
+        /// The bytes the ledger charges it.
+        bytes: u64,
+    },
+    /// The master refused to remove the tenant's objects.
+    #[error("the master refused to remove the objects of tenant {tenant}: {refusal}")]
+    RemovalRefused {
+        /// The tenant id.
+        tenant: String,
+        /// The master's answer.
+        refusal: AdminError,
+    },
+    /// The master refused to delete the tenant's entry because it still holds objects
+    /// (`TENANT_NOT_EMPTY`).
+    #[error("the master refused to release tenant {tenant}: it still holds objects")]
+    NotEmpty {
+        /// The tenant id.
+        tenant: String,
+    },
+    /// The master refused to delete the tenant's entry for another reason.
+    #[error("the master refused to release tenant {tenant}: {refusal}")]
+    DeleteRefused {
+        /// The tenant id.
+        tenant: String,
+        /// The master's answer.
+        refusal: AdminError,
+    },
+}
+
+/// Which ledger request of a release failed, and why (`Releasable=False/LedgerRequestFailed`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestFailed {
+    /// Reading the tenant's entry: refused or unanswered.
+    #[error("reading the ledger of tenant {tenant}: {cause}")]
+    ReadingEntry {
+        /// The tenant id.
+        tenant: String,
+        /// The master's refusal or the missing answer.
+        cause: LedgerFailure,
+    },
+    /// Removing the tenant's objects: unanswered.
+    #[error("removing the objects of tenant {tenant}: {cause}")]
+    RemovingObjects {
+        /// The tenant id.
+        tenant: String,
+        /// Why no answer came.
+        cause: Unanswered,
+    },
+    /// Deleting the tenant's entry: unanswered.
+    #[error("releasing tenant {tenant}: {cause}")]
+    DeletingEntry {
+        /// The tenant id.
+        tenant: String,
+        /// Why no answer came.
+        cause: Unanswered,
+    },
 }
 
 /// What the operator observed for one pool.

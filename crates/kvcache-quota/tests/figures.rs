@@ -3,7 +3,7 @@
 
 use kvcache_api::condition::{Cond, Status, find};
 use kvcache_api::pool::PoolPhase;
-use kvcache_quota::admin::{Outcome, TenantEntry};
+use kvcache_quota::admin::{LedgerFailure, Outcome, TenantEntry, Unanswered};
 use kvcache_quota::policy::{self, BindingCeiling};
 use kvcache_quota::recut;
 use kvcache_quota::status::*;
@@ -306,7 +306,9 @@ fn nothing_to_allocate_after_a_restart() {
 
 #[test]
 fn failures_and_deletion() {
-    let unreachable = Outcome::Unreachable("connection refused".into());
+    let unreachable = Outcome::Unreachable(LedgerFailure::Unanswered(Unanswered(
+        "connection refused".into(),
+    )));
     let pool = pool_status(&PoolInput {
         pool: "p",
         total_bytes: GI,
@@ -337,9 +339,13 @@ fn failures_and_deletion() {
         (Status::False, "PolicyNotWritable")
     );
     assert!(policy.message.ends_with("gone: team-a/b: PERSISTENT_FAIL"));
+    let ledger = cond(&pool.conditions, "QuotaLedgerAvailable");
     assert_eq!(
-        cond(&pool.conditions, "QuotaLedgerAvailable").reason,
-        "LedgerUnreachable"
+        (ledger.reason, ledger.message.as_str()),
+        (
+            "LedgerUnreachable",
+            "the tenant ledger of KVCacheBackend gone could not be read: connection refused"
+        )
     );
     assert_eq!(
         cond(&pool.conditions, "QuotaPolicyWritable").reason,
@@ -355,7 +361,9 @@ fn failures_and_deletion() {
         capacity_bytes: Some(GI),
         policy_write: Some(PolicyWrite::Written),
         bindings: &[],
-        release: Release::LedgerNotReleased("master did not answer".into()),
+        release: Release::LedgerNotReleased(NotReleased::NotEmpty {
+            tenant: "chat".into(),
+        }),
     });
     assert_eq!(deleting.phase, PoolPhase::Deleting);
     assert_eq!(
@@ -380,11 +388,16 @@ fn failures_and_deletion() {
     assert!(d.message.contains("team-b/other"));
     for (release, reason) in [
         (
-            Release::LedgerNotReleased("TENANT_NOT_EMPTY".into()),
+            Release::LedgerNotReleased(NotReleased::NotEmpty {
+                tenant: "chat".into(),
+            }),
             "LedgerNotReleased",
         ),
         (
-            Release::LedgerRequestFailed("timeout".into()),
+            Release::LedgerRequestFailed(RequestFailed::DeletingEntry {
+                tenant: "chat".into(),
+                cause: Unanswered("timeout".into()),
+            }),
             "LedgerRequestFailed",
         ),
     ] {

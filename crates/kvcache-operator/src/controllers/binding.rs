@@ -19,7 +19,7 @@ use kvcache_api::admission::tenant_of;
 use kvcache_api::backend::ObjectRef as Consumer;
 use kvcache_api::condition::merge;
 use kvcache_quota::admin::{self, Request};
-use kvcache_quota::release::{self, Ledger, Step, Unanswered};
+use kvcache_quota::release::{self, Ledger, Step};
 use kvcache_quota::status::{
     BackendView, BindingInput, Release, binding_releasable, binding_status,
 };
@@ -28,7 +28,6 @@ use tracing::{instrument, warn};
 use super::pool::{backend_of, claims_on, id, write_binding_status};
 use crate::context::{Context, MANAGER};
 use crate::error::Error;
-use crate::store::StoreClient;
 
 /// Held while a Binding's tenant is not released on the master.
 pub const BINDING_FINALIZER: &str = super::RELEASE_FINALIZER;
@@ -182,20 +181,6 @@ fn ledger_of(ctx: &Context, b: &KVCachePoolBinding) -> (Ledger, Option<String>) 
     (Ledger::Own, Some(admin))
 }
 
-/// One ledger request, its answer decoded by `decode`.
-async fn ask<T>(
-    store: &StoreClient,
-    admin: &str,
-    request: &Request,
-    decode: impl FnOnce(u16, &str) -> Result<T, admin::AdminError>,
-) -> Result<Result<T, admin::AdminError>, Unanswered> {
-    store
-        .ledger(admin, request)
-        .await
-        .map(|(status, body)| decode(status, &body))
-        .map_err(|e| Unanswered(e.to_string()))
-}
-
 /// The finalizer's pass: decides with `kvcache_quota::release` whether the Binding may go,
 /// asking the master what it needs to, writes the decision to `Releasable` and the phase, and
 /// holds (an error, retried every 30 s) until it is released.
@@ -213,24 +198,21 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
             .is_some_and(|v| v.trim() == "true");
         step = release::after_entry(
             &tenant,
-            ask(
-                &ctx.store,
-                &admin,
-                &Request::Get(tenant.clone()),
-                admin::decode_entry,
-            )
-            .await,
+            ctx.store
+                .ledger(&admin, &Request::Get(tenant.clone()), admin::decode_entry)
+                .await,
             drop_cached_data,
         );
     }
     if step == Step::RemoveObjects {
-        let removed = ask(
-            &ctx.store,
-            &admin,
-            &Request::RemoveObjects(tenant.clone()),
-            admin::decode_removed,
-        )
-        .await;
+        let removed = ctx
+            .store
+            .ledger(
+                &admin,
+                &Request::RemoveObjects(tenant.clone()),
+                admin::decode_removed,
+            )
+            .await;
         if let Ok(Ok(count)) = &removed {
             dropped_event(ctx, b, &tenant, *count).await;
         }
@@ -240,19 +222,18 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
         Step::Done(r) => r,
         Step::ReadEntry | Step::DeleteEntry | Step::RemoveObjects => release::after_delete(
             &tenant,
-            ask(
-                &ctx.store,
-                &admin,
-                &Request::Delete(tenant.clone()),
-                admin::decode_ack,
-            )
-            .await,
+            ctx.store
+                .ledger(&admin, &Request::Delete(tenant.clone()), admin::decode_ack)
+                .await,
         ),
     };
     write_release(ctx, b, &release).await?;
     match release {
         Release::Released => Ok(Action::await_change()),
-        held => Err(Error::DeletionHeld(binding_releasable(&who, &held).message)),
+        held => Err(Error::BindingHeld {
+            binding: who,
+            release: held,
+        }),
     }
 }
 

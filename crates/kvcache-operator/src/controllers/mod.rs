@@ -184,14 +184,14 @@ pub fn trace_id() -> String {
 /// info: it is waiting, not failing), anything else after [`retry_after`] with a warning. The
 /// failure's duration is recorded by [`traced`].
 fn error_policy<K: Resource>(held: Duration) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
-    move |object, error, _| match error {
-        Error::DeletionHeld(why) => {
+    move |object, error, _| match error.held() {
+        Some(why) => {
             info!(object = %id(&*object), why, "deletion held");
             Action::requeue(held)
         }
-        e => {
-            warn!(object = %id(&*object), error = %e, "reconcile failed");
-            Action::requeue(retry_after(e))
+        None => {
+            warn!(object = %id(&*object), error = %error, "reconcile failed");
+            Action::requeue(retry_after(error))
         }
     }
 }

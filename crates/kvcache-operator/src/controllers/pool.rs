@@ -162,14 +162,12 @@ async fn ledger_pass(
                 tenant: v.tenant.clone(),
                 bytes: v.ceiling_bytes,
             };
-            let answer = match store.ledger(admin, &req).await {
-                Ok((status, body)) => match admin::decode_entry(status, &body) {
-                    Ok(_) => continue,
-                    Err(admin::AdminError::UnavailableInCurrentMode) => {
-                        return (Outcome::NoLedger, None, capacity);
-                    }
-                    Err(e) => e.to_string(),
-                },
+            let answer = match store.ledger(admin, &req, admin::decode_entry).await {
+                Ok(Ok(_)) => continue,
+                Ok(Err(admin::AdminError::UnavailableInCurrentMode)) => {
+                    return (Outcome::NoLedger, None, capacity);
+                }
+                Ok(Err(e)) => e.to_string(),
                 Err(e) => e.to_string(),
             };
             problems.push(RefusedCeiling {
@@ -183,10 +181,11 @@ async fn ledger_pass(
             PolicyWrite::Refused(problems)
         });
     }
-    let listed = match store.ledger(admin, &Request::List).await {
-        Ok((status, body)) => Outcome::from_list(admin::decode_list(status, &body)),
-        Err(e) => Outcome::Unreachable(e.to_string()),
-    };
+    let listed = Outcome::from_list(
+        store
+            .ledger(admin, &Request::List, admin::decode_list)
+            .await,
+    );
     (listed, write, capacity)
 }
 
@@ -305,10 +304,10 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
         write_binding_status(ctx, b, verdict).await?;
     }
     match release {
-        Release::Held(names) => Err(Error::DeletionHeld(format!(
-            "KVCachePool {name} is referenced by KVCachePoolBinding {}",
-            names.join(", ")
-        ))),
+        Release::Held(bindings) => Err(Error::PoolHeld {
+            pool: name,
+            bindings,
+        }),
         Release::Released => Ok(Action::await_change()),
         // The master recuts as members mount and leave, a little after the capacity moves:
         // read again soon while the grants or the capacity move, then back off to the ledger
