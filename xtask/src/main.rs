@@ -7,6 +7,7 @@ mod crds;
 mod demo;
 mod images;
 mod prefix;
+mod rollout;
 mod scale;
 mod setup;
 mod test;
@@ -118,6 +119,14 @@ enum BenchKind {
         #[arg(long, default_value_t = 50)]
         concurrency: usize,
     },
+    /// A member rollout of a memory group on real nodes with the operator: the share of keys
+    /// still read back with their bytes, and the time the rollout takes (figures in
+    /// crates/kvcache-operator/README.md).
+    Rollout {
+        /// Rounds (a backend of its own each).
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+    },
     /// Many objects: cold-start convergence, operator memory at rest, reconciles per edit.
     Scale {
         /// Backends (one real master each) and pools.
@@ -164,6 +173,7 @@ fn main() -> anyhow::Result<()> {
             BenchKind::Failover { runs } => bench::failover(runs),
             BenchKind::Capacity { runs } => bench::capacity(runs),
             BenchKind::Prefix { lengths, prompts } => prefix::prefix(&lengths, prompts),
+            BenchKind::Rollout { runs } => rollout::rollout(runs),
             BenchKind::Admission {
                 creates,
                 concurrency,

@@ -250,8 +250,10 @@ pub struct DrainRequest {
 pub const DRAIN_JOBS_PATH: &str = "/api/v1/drain_jobs";
 
 impl DrainRequest {
-    /// How many objects a rollout's drain moves at a time (the master's own default).
-    pub const CONCURRENCY: u32 = 4;
+    /// How many objects a rollout's drain moves at a time. Measured with the 0.3.13.post1 master
+    /// on loopback (1 MiB objects): 4 (the master's default) moved 3.8 MiB/s, 32 moved 15 MiB/s,
+    /// and 128 no more than 32.
+    pub const CONCURRENCY: u32 = 32;
 
     /// One segment to `targets`.
     pub fn new(segment: &str, targets: &[String]) -> DrainRequest {
@@ -423,7 +425,7 @@ mod tests {
         let r = DrainRequest::new("10.0.0.1:13360", &["10.0.0.2:13360".to_owned()]);
         assert_eq!(
             r.body(),
-            r#"{"segments":["10.0.0.1:13360"],"target_segments":["10.0.0.2:13360"],"max_concurrency":4}"#
+            r#"{"segments":["10.0.0.1:13360"],"target_segments":["10.0.0.2:13360"],"max_concurrency":32}"#
         );
         assert_eq!(
             drain_query_path("7-9"),

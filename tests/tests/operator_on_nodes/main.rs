@@ -4,7 +4,8 @@
 //! One operator and one two-node cluster per test binary; each test has its own backend.
 //!
 //! The tests, by what they show: a backend's status and life ([`backend`]), what an edit
-//! recreates ([`rollout`]), leader replicas and the election ([`leader`]), the walkthrough
+//! recreates ([`rollout`]) and how a member rollout keeps the cache ([`drained_rollout`]), leader
+//! replicas and the election ([`leader`]), the walkthrough
 //! applied in either order ([`apply_order`]), quotas and tenants on the running master
 //! ([`quota`]), the workloads that use the store ([`workloads`]) and the disk tier
 //! ([`disk_tier`]).
@@ -12,6 +13,7 @@
 mod apply_order;
 mod backend;
 mod disk_tier;
+mod drained_rollout;
 mod leader;
 mod quota;
 mod rollout;

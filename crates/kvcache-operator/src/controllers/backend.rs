@@ -88,6 +88,21 @@ fn by_instance_label(
         .collect()
 }
 
+/// The backend a workload's controller owner reference names, keyed as the primary watch keys
+/// it (cluster-scoped: no namespace).
+fn owning_backend(
+    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+) -> Option<ObjectRef<KVCacheBackend>> {
+    owners
+        .iter()
+        .find(|o| {
+            o.kind == "KVCacheBackend"
+                && o.api_version.split('/').next() == Some(kvcache_api::GROUP)
+                && o.controller == Some(true)
+        })
+        .map(|o| ObjectRef::new(&o.name))
+}
+
 /// Runs the controller until shutdown.
 pub async fn run(ctx: Arc<Context>, changes: Option<ReflectHandle<KVCacheBackend>>) {
     let client = ctx.client.clone();
@@ -107,13 +122,19 @@ pub async fn run(ctx: Arc<Context>, changes: Option<ReflectHandle<KVCacheBackend
         (store.clone(), store.clone(), store.clone(), store.clone());
     let binding_ctx = ctx.clone();
     controller
-        .owns(
+        // The leader and member workloads, by their owner reference. Not `owns`: kube-runtime
+        // keys an owner found that way under its child's namespace, and a backend is
+        // cluster-scoped, so `owns` queued a second key for the same backend and two passes
+        // could run at once (two drains of one member were seen asked in the same instant).
+        .watches(
             Api::<Deployment>::namespaced(client.clone(), &ns),
             watcher::Config::default(),
+            |d| owning_backend(d.owner_references()),
         )
-        .owns(
+        .watches(
             Api::<DaemonSet>::namespaced(client.clone(), &ns),
             watcher::Config::default(),
+            |d| owning_backend(d.owner_references()),
         )
         // Member and leader Pods: a change reads the store at once.
         .watches(
@@ -791,4 +812,40 @@ async fn teardown<K: Workload>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    #[test]
+    fn a_workload_maps_to_its_backend_under_the_primary_key() {
+        let owner = |kind: &str, api_version: &str, controller| OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "mooncake-dram".into(),
+            uid: "u".into(),
+            controller: Some(controller),
+            block_owner_deletion: None,
+        };
+        let backend: KVCacheBackend = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend",
+            "metadata": {"name": "mooncake-dram"},
+            "spec": {"connection": {"external": {"endpoints": []}}}
+        }))
+        .expect("a backend");
+        let mapped = owning_backend(&[owner("KVCacheBackend", "worker.gpustack.ai/v1", true)]);
+        // The same key as the backend's own watch: no namespace, so never a second queue entry.
+        assert_eq!(mapped, Some(ObjectRef::from_obj(&backend)));
+        assert_eq!(mapped.and_then(|r| r.namespace), None);
+        assert_eq!(
+            owning_backend(&[owner("KVCacheBackend", "worker.gpustack.ai/v1", false)]),
+            None
+        );
+        assert_eq!(
+            owning_backend(&[owner("ReplicaSet", "apps/v1", true)]),
+            None
+        );
+    }
 }
