@@ -199,3 +199,76 @@ fn an_operator_restarted_mid_way_converges_with_no_duplicate_or_orphan() {
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn a_member_of_another_backend_mounted_on_this_master_is_named_and_restarted() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-foreign";
+        apply(&client, &backend(name, |_| {})).await?;
+        wait_backend_ready(&client, name, 512 * MIB).await?;
+        // A member Pod of backend "dram-elsewhere" (by its labels, as its DaemonSet would make
+        // it) whose client dials this backend's master: what a member redialing a reused
+        // address does.
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let stray = "dram-elsewhere-member-0-stray";
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": stray, "labels": {
+                "app.kubernetes.io/name": "kv-cache-backend",
+                "app.kubernetes.io/instance": "dram-elsewhere",
+                "app.kubernetes.io/component": "member-0"
+            }},
+            "spec": {"containers": [{
+                "name": "member", "image": crate::PINNED_IMAGE,
+                "command": ["mc_store_rest_server"],
+                "env": [
+                    {"name": "MOONCAKE_TE_META_DATA_SERVER", "value": "P2PHANDSHAKE"},
+                    {"name": "MOONCAKE_MASTER", "value": format!("{name}-leader.{NAMESPACE}.svc:50051")},
+                    {"name": "MOONCAKE_PROTOCOL", "value": "tcp"},
+                    {"name": "MOONCAKE_LOCAL_HOSTNAME", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "MOONCAKE_GLOBAL_SEGMENT_SIZE", "value": "33554432"},
+                    {"name": "MOONCAKE_LOCAL_BUFFER_SIZE", "value": "16777216"}
+                ]
+            }]}
+        }))
+        .expect("a Pod");
+        let created = store.create(&Default::default(), &pod).await?;
+        let uid = created.uid().unwrap_or_default();
+        let b = wait_backend(
+            &client,
+            name,
+            "MembersMounted=False/ForeignMember naming the stray member",
+            |b| {
+                condition(b, "MembersMounted").is_some_and(|c| {
+                    c.reason == "ForeignMember" && c.message.contains(stray)
+                })
+            },
+        )
+        .await?;
+        assert_eq!(phase(&b), Some(BackendPhase::Degraded));
+        // Restarted: the stray Pod is deleted (a DaemonSet would make it again, on its own
+        // master), and a Warning event on the backend names it.
+        pods::wait_pods(&store, "app.kubernetes.io/instance=dram-elsewhere", "the stray member deleted", WAIT, |p| {
+            p.iter().all(|p| p.uid().as_deref() != Some(uid.as_str()) || p.metadata.deletion_timestamp.is_some())
+        })
+        .await?;
+        let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+            .list(&ListParams::default())
+            .await?;
+        assert!(
+            events.items.iter().any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.reason.as_deref() == Some("ForeignMemberRestarted")
+                    && e.note.as_deref().is_some_and(|n| n.contains(stray))
+            }),
+            "a ForeignMemberRestarted event on {name} naming {stray}"
+        );
+        // Once its segment is gone the backend is Ready again with its own two members.
+        wait_backend_ready(&client, name, 512 * MIB).await?;
+        crate::remove_backend(&client, name).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}

@@ -31,6 +31,7 @@ use kvcache_render::backend::{
     BackendInputs, BackendObjects, OWNER_LABEL, client_endpoint, leader_name,
 };
 use kvcache_render::events::{Kind, backend_events};
+use kvcache_render::mounts::{OtherMember, foreign_mounts};
 use kvcache_render::names::label_value;
 use kvcache_render::read::{self, DRAIN_JOB_ANNOTATION, DRAIN_STARTED_ANNOTATION};
 use kvcache_render::resolve::{ceilings_on, store_image};
@@ -61,13 +62,6 @@ const DRAIN_DEADLINE: Duration = Duration::from_secs(600);
 /// How soon the master is asked again while a drain runs or a replacement's mount is awaited
 /// (neither is seen on a watch).
 const DRAIN_POLL: Duration = Duration::from_secs(2);
-
-fn labels_of_backend(name: &str) -> String {
-    format!(
-        "app.kubernetes.io/name=kv-cache-backend,app.kubernetes.io/instance={}",
-        label_value(name)
-    )
-}
 
 /// The backends a labelled object (member Pod, Lease) belongs to.
 fn by_instance_label(
@@ -418,12 +412,27 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
                     .filter(|h| !h.is_empty())
             });
         }
+        // Every backend's store Pods: this backend's members, and the others' (a segment of one
+        // of those on this master is a member mounted on the wrong master).
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
         let listed = pods
-            .list(&ListParams::default().labels(&labels_of_backend(&name)))
+            .list(&ListParams::default().labels("app.kubernetes.io/name=kv-cache-backend"))
             .await
-            .map_err(kerr("list", format!("Pods of {name}")))?;
-        obs.members = listed.iter().filter_map(read::member_pod).collect();
+            .map_err(kerr("list", format!("store Pods in {ns}")))?;
+        let own = label_value(&name);
+        for p in listed.iter() {
+            let Some(member) = read::member_pod(p) else {
+                continue;
+            };
+            match p.labels().get("app.kubernetes.io/instance") {
+                Some(instance) if *instance == own => obs.members.push(member),
+                Some(instance) => obs.other_members.push(OtherMember {
+                    backend: instance.clone(),
+                    pod: member,
+                }),
+                None => {}
+            }
+        }
     } else if let Some(x) = &b.spec.connection.external {
         obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
     }
@@ -447,6 +456,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     if b.spec.connection.managed.is_some() {
         obs.rollout = roll_members(ctx, b, &obs, &groups).await?;
     }
+    restart_foreign_members(ctx, b, &obs).await?;
     let soon = obs.rollout.iter().any(|s| s.step.polls_store());
     obs.render_refused = render_problem.map(|p| (p.reason(), p.to_string()));
     let computed = backend_status(b, &obs, &previous);
@@ -475,6 +485,46 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     } else {
         next
     }))
+}
+
+/// Restarts each member of another backend that this backend's master lists
+/// (`kvcache_render::mounts::foreign_mounts`), so that it mounts on its own master again, with
+/// a Warning event on this backend naming it.
+async fn restart_foreign_members(
+    ctx: &Context,
+    b: &KVCacheBackend,
+    obs: &Observation,
+) -> Result<(), Error> {
+    let Some(Ok(segments)) = obs.store.as_ref().map(|s| &s.segments) else {
+        return Ok(());
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    for m in foreign_mounts(segments, &obs.members, &obs.other_members) {
+        warn!(pod = %m.pod.name, of = %m.backend, "a member of another backend is mounted on this master; restarting it");
+        pods.delete(&m.pod.name, &DeleteParams::default())
+            .await
+            .map_err(kerr("delete", format!("Pod {}", m.pod.name)))?;
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "ForeignMemberRestarted".into(),
+            note: Some(format!(
+                "member Pod {} of backend {} ({}) was mounted on this backend's master; it was deleted to mount on its own",
+                m.pod.name, m.backend, m.pod.ip
+            )),
+            action: "Reconcile".into(),
+            secondary: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(m.pod.name.clone()),
+                namespace: Some(ctx.config.namespace.clone()),
+                ..Default::default()
+            }),
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &b.object_ref(&())).await {
+            warn!(error = %e, "could not record an event");
+        }
+    }
+    Ok(())
 }
 
 /// Decides the member rollout's step per group ([`member_rollout`], docs/design.md#member-rollout)
