@@ -20,9 +20,23 @@ pub enum Error {
     /// The backend cannot be rendered (a stored object from before a rule, a missing image).
     #[error("rendering: {0}")]
     Render(#[from] kvcache_render::Error),
-    /// A backend's deletion is held (a pool uses the backend, or its workloads are still going).
-    #[error("deletion held: {0}")]
-    DeletionHeld(String),
+    /// A backend's deletion is held while pools use it.
+    #[error(
+        "deletion held: KVCacheBackend {backend} is used by {}",
+        listed(used_by)
+    )]
+    BackendInUse {
+        /// The KVCacheBackend's name.
+        backend: String,
+        /// The pools that use it.
+        used_by: Vec<kvcache_api::backend::ObjectRef>,
+    },
+    /// A backend's teardown waits for its workloads to go.
+    #[error("deletion held: waiting for {} to go", workloads.join(", "))]
+    TeardownWaiting {
+        /// The leader Deployment and member DaemonSets still there, e.g. `DaemonSet x-member-0`.
+        workloads: Vec<String>,
+    },
     /// A Binding's deletion is held until its release is decided `Released`: its `Releasable`
     /// condition (reason and message) is this release's.
     #[error("deletion held: {}", binding_releasable(binding, release).message)]
@@ -84,9 +98,10 @@ impl Error {
         match self {
             Error::Kube { .. } => "kube",
             Error::Render(_) => "render",
-            Error::DeletionHeld(_) | Error::BindingHeld { .. } | Error::PoolHeld { .. } => {
-                "deletion_held"
-            }
+            Error::BackendInUse { .. }
+            | Error::TeardownWaiting { .. }
+            | Error::BindingHeld { .. }
+            | Error::PoolHeld { .. } => "deletion_held",
             Error::Finalizer(_) => "finalizer",
             Error::Certificate(_) => "certificate",
             Error::Connect(_) => "connect",
@@ -100,7 +115,10 @@ impl Error {
     /// Why a deletion waits, when this is a held deletion rather than a failure.
     pub fn held(&self) -> Option<String> {
         match self {
-            Error::DeletionHeld(why) => Some(why.clone()),
+            Error::BackendInUse { .. } | Error::TeardownWaiting { .. } => self
+                .to_string()
+                .strip_prefix("deletion held: ")
+                .map(str::to_owned),
             Error::BindingHeld { binding, release } => {
                 Some(binding_releasable(binding, release).message)
             }
@@ -144,6 +162,15 @@ fn pool_held(pool: &str, bindings: &[String]) -> String {
         "KVCachePool {pool} is referenced by KVCachePoolBinding {}",
         bindings.join(", ")
     )
+}
+
+/// Objects as a sentence names them, e.g. `KVCachePool a, KVCachePool b`.
+fn listed(objects: &[kvcache_api::backend::ObjectRef]) -> String {
+    objects
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// How soon a failed reconcile is retried when nothing more specific applies.
@@ -213,8 +240,26 @@ mod tests {
 
     #[test]
     fn only_a_held_deletion_is_held() {
-        let e = Error::DeletionHeld("waiting for Deployment x to go".into());
-        assert_eq!(e.held().as_deref(), Some("waiting for Deployment x to go"));
+        let e = Error::TeardownWaiting {
+            workloads: vec!["Deployment x".into(), "DaemonSet x-member-0".into()],
+        };
+        assert_eq!(
+            e.held().as_deref(),
+            Some("waiting for Deployment x, DaemonSet x-member-0 to go")
+        );
+        let e = Error::BackendInUse {
+            backend: "mooncake-dram".into(),
+            used_by: vec![kvcache_api::backend::ObjectRef {
+                kind: "KVCachePool".into(),
+                namespace: None,
+                name: "shared-dram".into(),
+            }],
+        };
+        assert_eq!(
+            e.to_string(),
+            "deletion held: KVCacheBackend mooncake-dram is used by KVCachePool shared-dram"
+        );
+        assert_eq!(e.metric_label(), "deletion_held");
         assert_eq!(Error::LeaseLost("l".into()).held(), None);
     }
 }

@@ -748,14 +748,10 @@ async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         let mut computed = backend_status(b, &obs, &previous);
         computed.capacity = previous.capacity.clone();
         write_status(ctx, b, &previous, computed, &obs).await?;
-        return Err(Error::DeletionHeld(format!(
-            "KVCacheBackend {name} is used by {}",
-            used_by
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
+        return Err(Error::BackendInUse {
+            backend: name,
+            used_by,
+        });
     }
     ctx.metrics.backend_gone(&name);
     let Some(uid) = b.uid() else {
@@ -791,10 +787,7 @@ async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
             .map_err(kerr("delete", format!("Service {}", s.name_any())))?;
     }
     if !waiting.is_empty() {
-        return Err(Error::DeletionHeld(format!(
-            "waiting for {} to go",
-            waiting.join(", ")
-        )));
+        return Err(Error::TeardownWaiting { workloads: waiting });
     }
     // The rest (accounts, Roles, the Lease, the policy seed) go with their owner reference.
     Ok(Action::await_change())
