@@ -21,10 +21,7 @@ pub enum Error {
     #[error("rendering: {0}")]
     Render(#[from] kvcache_render::Error),
     /// A backend's deletion is held while pools use it.
-    #[error(
-        "deletion held: KVCacheBackend {backend} is used by {}",
-        listed(used_by)
-    )]
+    #[error("deletion held: {}", backend_in_use(backend, used_by))]
     BackendInUse {
         /// The KVCacheBackend's name.
         backend: String,
@@ -32,7 +29,7 @@ pub enum Error {
         used_by: Vec<kvcache_api::backend::ObjectRef>,
     },
     /// A backend's teardown waits for its workloads to go.
-    #[error("deletion held: waiting for {} to go", workloads.join(", "))]
+    #[error("deletion held: {}", teardown_waiting(workloads))]
     TeardownWaiting {
         /// The leader Deployment and member DaemonSets still there, e.g. `DaemonSet x-member-0`.
         workloads: Vec<String>,
@@ -115,10 +112,8 @@ impl Error {
     /// Why a deletion waits, when this is a held deletion rather than a failure.
     pub fn held(&self) -> Option<String> {
         match self {
-            Error::BackendInUse { .. } | Error::TeardownWaiting { .. } => self
-                .to_string()
-                .strip_prefix("deletion held: ")
-                .map(str::to_owned),
+            Error::BackendInUse { backend, used_by } => Some(backend_in_use(backend, used_by)),
+            Error::TeardownWaiting { workloads } => Some(teardown_waiting(workloads)),
             Error::BindingHeld { binding, release } => {
                 Some(binding_releasable(binding, release).message)
             }
@@ -164,13 +159,15 @@ fn pool_held(pool: &str, bindings: &[String]) -> String {
     )
 }
 
-/// Objects as a sentence names them, e.g. `KVCachePool a, KVCachePool b`.
-fn listed(objects: &[kvcache_api::backend::ObjectRef]) -> String {
-    objects
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
+/// Why a backend's deletion waits: the pools that use it.
+fn backend_in_use(backend: &str, used_by: &[kvcache_api::backend::ObjectRef]) -> String {
+    let pools: Vec<String> = used_by.iter().map(ToString::to_string).collect();
+    format!("KVCacheBackend {backend} is used by {}", pools.join(", "))
+}
+
+/// Why a backend's teardown waits: the workloads still there.
+fn teardown_waiting(workloads: &[String]) -> String {
+    format!("waiting for {} to go", workloads.join(", "))
 }
 
 /// How soon a failed reconcile is retried when nothing more specific applies.
