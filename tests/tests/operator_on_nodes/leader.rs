@@ -289,3 +289,120 @@ fn changing_the_election_backend_restarts_the_leader_and_lease_addressed_member_
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn a_leader_template_change_under_election_costs_one_failover() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-one-failover";
+        let two = |v: &mut serde_json::Value| {
+            v["spec"]["connection"]["managed"]["leader"]["replicas"] = 2.into();
+        };
+        apply(&client, &backend(name, two)).await?;
+        wait_backend_ready(&client, name, 512 * MIB).await?;
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(client.clone(), NAMESPACE);
+        let lease = kvcache_render::backend::leader_name(name);
+        let holder = |l: &k8s_openapi::api::coordination::v1::Lease| {
+            l.spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.clone())
+                .filter(|h| !h.is_empty())
+        };
+        let first = holder(&leases.get(&lease).await?).expect("a holder before the change");
+        // Every holder the Lease names from now on, in order, as a watch sees them.
+        let watched = {
+            use futures::StreamExt;
+            let stream = kube::runtime::watcher::watcher(
+                leases.clone(),
+                kube::runtime::watcher::Config::default().fields(&format!("metadata.name={lease}")),
+            );
+            let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+            let into = seen.clone();
+            let task = tokio::spawn(async move {
+                let mut stream =
+                    std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(stream));
+                while let Some(Ok(l)) = stream.next().await {
+                    if let Some(h) = holder(&l) {
+                        let mut s = into.lock().unwrap_or_else(|p| p.into_inner());
+                        if s.last() != Some(&h) {
+                            s.push(h);
+                        }
+                    }
+                }
+            });
+            (seen, task)
+        };
+        // A change of the leader's template (its environment): every old replica is replaced.
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+        let before = deployments.get(&format!("{name}-leader")).await?;
+        apply(
+            &client,
+            &backend(name, |v| {
+                two(v);
+                v["spec"]["connection"]["managed"]["leader"]["extraEnv"] =
+                    serde_json::json!([{"name": "GLOG_v", "value": "0"}]);
+            }),
+        )
+        .await?;
+        let generation = before.metadata.generation.unwrap_or_default();
+        kvcache_e2e::cluster::wait_object(
+            &deployments,
+            &format!("{name}-leader"),
+            "the leader Deployment rolled: 2 updated replicas, no old one",
+            WAIT,
+            move |d| {
+                let s = d.status.clone().unwrap_or_default();
+                d.metadata.generation > Some(generation)
+                    && s.observed_generation == d.metadata.generation
+                    && s.updated_replicas == Some(2)
+                    && s.replicas == Some(2)
+            },
+        )
+        .await?;
+        // The old replicas gone (the serving one stops its master first), a new one holds the
+        // Lease, and the backend serves again.
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        pods::wait_pods(
+            &store,
+            &backend_pods(name, "leader"),
+            "2 leader Pods of the new template, 1 Ready",
+            WAIT,
+            |p| {
+                p.len() == 2
+                    && p.iter().filter(|p| pods::is_ready(p)).count() == 1
+                    && p.iter().all(|p| {
+                        p.metadata.deletion_timestamp.is_none()
+                            && p.spec.as_ref().is_some_and(|s| {
+                                s.containers
+                                    .iter()
+                                    .any(|c| c.env.iter().flatten().any(|e| e.name == "GLOG_v"))
+                            })
+                    })
+            },
+        )
+        .await?;
+        let gone = first.clone();
+        kvcache_e2e::cluster::wait_object(&leases, &lease, "a new Lease holder", WAIT, move |l| {
+            holder(l).is_some_and(|h| h != gone)
+        })
+        .await?;
+        wait_backend_ready(&client, name, 512 * MIB).await?;
+        let (seen, task) = watched;
+        task.abort();
+        let mut holders: Vec<String> = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if holders.first() != Some(&first) {
+            holders.insert(0, first.clone());
+        }
+        println!("Lease holders through the rollout: {holders:?}");
+        assert_eq!(
+            holders.len(),
+            2,
+            "one failover: the Lease changed hands exactly once, saw {holders:?}"
+        );
+        remove_backend(&client, name).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
