@@ -1,21 +1,192 @@
 //! `cargo xtask bench failover`: how long the store is without a serving leader, and without its
 //! full capacity, after the leader is lost; measured on loopback against the real API server and
-//! real store processes, several runs, median and spread.
+//! real store processes, several runs, median and spread. Beside it, engines reattaching: an
+//! engine stand-in and Service-addressed members dialling a loopback Service stand-in, from the
+//! new leader serving to the engine's first successful put and to the members mounted, including
+//! a round where the old leader's address vanishes without closing its connections.
 
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kvcache_e2e::cluster::{ControlPlane, Options, block_on, client_from};
 use kvcache_e2e::failover::{LeaseTiming, Rig};
 use kvcache_e2e::paths;
+use kvcache_e2e::process::{Proc, free_port};
 
 use crate::setup;
 
 const SEGMENT: u64 = 64 << 20;
+/// The segment of the Service-addressed member with 1 s RPC timeouts (a size of its own, to tell
+/// it apart in the master's capacity).
+const FAST_SEGMENT: u64 = 32 << 20;
 
 struct Sample {
     serving: Duration,
     full: Duration,
+}
+
+/// Where an engine reaches the store: a stand-in for the leader's Service, a loopback TCP
+/// forwarder that sends each new connection to the current leader's master (as kube-proxy sends a
+/// new connection to a Ready endpoint) and leaves open connections alone.
+struct ServiceStandIn {
+    port: u16,
+    target: Arc<Mutex<String>>,
+    /// When set, a connection whose master went away is not closed towards the client: the
+    /// client's requests go unanswered, as when a leader Pod's address vanishes with its node
+    /// (no FIN, no RST reaches the client).
+    vanish: Arc<AtomicBool>,
+}
+
+impl ServiceStandIn {
+    fn start(target: String) -> anyhow::Result<ServiceStandIn> {
+        let listener = TcpListener::bind("127.0.0.1:0").context("binding the Service stand-in")?;
+        let port = listener.local_addr()?.port();
+        let target = Arc::new(Mutex::new(target));
+        let vanish = Arc::new(AtomicBool::new(false));
+        let (t, v) = (target.clone(), vanish.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let to = t.lock().map(|g| g.clone()).unwrap_or_default();
+                let v = v.clone();
+                std::thread::spawn(move || {
+                    let Ok(upstream) = TcpStream::connect(&to) else {
+                        return;
+                    };
+                    pipe(client, upstream, &v);
+                });
+            }
+        });
+        Ok(ServiceStandIn {
+            port,
+            target,
+            vanish,
+        })
+    }
+
+    /// The endpoint switch: new connections go to `to`.
+    fn point_at(&self, to: String) {
+        if let Ok(mut g) = self.target.lock() {
+            *g = to;
+        }
+    }
+}
+
+/// Copies both ways until either side closes, then closes both; with `vanish` set when the
+/// master's side ends, the client's side is held open and what it sends is dropped until it
+/// gives up.
+fn pipe(client: TcpStream, upstream: TcpStream, vanish: &Arc<AtomicBool>) {
+    let (Ok(c2), Ok(u2)) = (client.try_clone(), upstream.try_clone()) else {
+        return;
+    };
+    let v = vanish.clone();
+    let back = std::thread::spawn(move || {
+        let (mut from, mut to) = (u2, c2);
+        let _ = std::io::copy(&mut from, &mut to);
+        let _ = from.shutdown(Shutdown::Both);
+        if !v.load(Ordering::Relaxed) {
+            let _ = to.shutdown(Shutdown::Both);
+        }
+    });
+    let (mut from, mut to) = (client, upstream);
+    let _ = std::io::copy(&mut from, &mut to);
+    if vanish.load(Ordering::Relaxed) {
+        let _ = std::io::copy(&mut from, &mut std::io::sink());
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = back.join();
+}
+
+/// The engine stand-in (`images/engine/standin.py` as SGLang, the real Mooncake client) dialling
+/// the Service stand-in.
+struct Engine {
+    _proc: Proc,
+    port: u16,
+}
+
+impl Engine {
+    fn start(
+        dir: &std::path::Path,
+        name: &str,
+        master: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Engine> {
+        let port = free_port()?;
+        let standin = paths::workspace_root().join("images/engine");
+        let mut cmd = std::process::Command::new(paths::mooncake_venv()?.join("bin/python"));
+        cmd.current_dir(dir).args([
+            "-c",
+            &format!(
+                "import sys; sys.path.insert(0, {:?}); import standin; standin.main('sglang', ['--hicache-storage-backend', 'mooncake', '--port', '{port}'])",
+                standin.display().to_string()
+            ),
+        ]);
+        kvcache_e2e::store::loopback_env(&mut cmd);
+        cmd.env("MOONCAKE_MASTER", master)
+            .env("STANDIN_BLOCK_BYTES", "4096")
+            .envs(env.iter().copied());
+        let log = dir.join(format!("{name}.log"));
+        let proc = Proc::spawn(name, cmd, &log)?;
+        let engine = Engine { _proc: proc, port };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !engine.put("boot-check") {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "waited 90s for the engine stand-in's first successful /put (log: {})",
+                log.display()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        Ok(engine)
+    }
+
+    /// One 4 KiB put through the store; whether the store took it.
+    fn put(&self, key: &str) -> bool {
+        put_rc(self.port, key) == Some(0)
+    }
+}
+
+/// The store's answer to one 4 KiB put through the engine stand-in on `port` (`None` when the
+/// stand-in did not answer within 5 s).
+fn put_rc(port: u16, key: &str) -> Option<i64> {
+    kvcache_e2e::store::http_get(&format!("http://127.0.0.1:{port}/put?key={key}&size=4096"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["rc"].as_i64())
+}
+
+/// Mooncake's `RPC_FAIL`: the client did not reach a master.
+const RPC_FAIL: i64 = -900;
+
+/// What the engine saw after the leader was lost, each time from the loss.
+struct Reattach {
+    /// The first put a master answered (with anything but `RPC_FAIL`): the client reconnected.
+    answered: Duration,
+    /// The first put the store took.
+    wrote: Duration,
+    /// The member that dials the Service stand-in (`memberAddressing: Service`, the default)
+    /// mounted on the new master.
+    service_member: Duration,
+}
+
+/// Waits until leader `i`'s master reports at least `want` capacity.
+fn wait_capacity_at_least(rig: &Rig, i: usize, want: u64, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    while rig.leaders[i]
+        .as_ref()
+        .and_then(kvcache_e2e::failover::LeaderSlot::capacity)
+        .is_none_or(|c| c < want)
+    {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "waited {within:?} for leader {i}'s master to report at least {want} bytes of capacity"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 fn stats(mut v: Vec<Duration>) -> (Duration, Duration, Duration) {
@@ -28,19 +199,145 @@ fn fmt(d: Duration) -> String {
     format!("{:.2}s", d.as_secs_f64())
 }
 
-fn one(rig: &mut Rig, hard: bool) -> anyhow::Result<Sample> {
+/// Polls the engine's `/put` every 200 ms from the leader's loss `t` until one succeeds.
+fn engine_writes(port: u16, t: Instant, within: Duration) -> anyhow::Result<Reattach> {
+    let mut n = 0u64;
+    let mut answered = None;
+    loop {
+        n += 1;
+        let rc = put_rc(port, &format!("reattach-{}-{n}", t.elapsed().as_millis()));
+        if rc.is_some_and(|rc| rc != RPC_FAIL) && answered.is_none() {
+            answered = Some(t.elapsed());
+        }
+        if rc == Some(0) {
+            let wrote = t.elapsed();
+            return Ok(Reattach {
+                answered: answered.unwrap_or(wrote),
+                wrote,
+                service_member: Duration::ZERO,
+            });
+        }
+        anyhow::ensure!(
+            t.elapsed() < within,
+            "waited {within:?} for the engine stand-in's first successful /put after the leader was lost (last answer {rc:?})"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn one(
+    rig: &mut Rig,
+    hard: bool,
+    service: &ServiceStandIn,
+    engine: &Engine,
+) -> anyhow::Result<(Sample, Reattach)> {
     let leader = rig.wait_leader(None, Duration::from_secs(60))?;
-    rig.wait_capacity(leader, 2 * SEGMENT, Duration::from_secs(60))?;
+    wait_capacity_at_least(rig, leader, 3 * SEGMENT, Duration::from_secs(60))?;
+    anyhow::ensure!(
+        engine.put("before-failover"),
+        "the engine stand-in could not write before the failover"
+    );
     let t = Instant::now();
     rig.stop_leader(leader, hard);
+    let port = engine.port;
+    let poll = std::thread::spawn(move || engine_writes(port, t, Duration::from_secs(120)));
     let next = rig.wait_leader(Some(leader), Duration::from_secs(60))?;
     let serving = t.elapsed();
-    rig.wait_capacity(next, 2 * SEGMENT, Duration::from_secs(60))?;
+    // The endpoint switch, at the moment the new leader answers ready.
+    if let Some(slot) = rig.leaders[next].as_ref() {
+        service.point_at(slot.address());
+    }
+    let seen = poll
+        .join()
+        .map_err(|_| anyhow::anyhow!("the engine poller panicked"))??;
+    wait_capacity_at_least(rig, next, 2 * SEGMENT, Duration::from_secs(60))?;
     let full = t.elapsed();
+    wait_capacity_at_least(rig, next, 3 * SEGMENT, Duration::from_secs(120))?;
+    let reattach = Reattach {
+        answered: seen.answered.saturating_sub(serving),
+        wrote: seen.wrote.saturating_sub(serving),
+        service_member: t.elapsed().saturating_sub(serving),
+    };
     // Bring the lost slot back as a standby for the next round.
     let identity = format!("leader-{leader}-again-{}", t.elapsed().as_millis());
     rig.leaders[leader] = Some(rig.start_leader(&identity, None)?);
-    Ok(Sample { serving, full })
+    Ok((Sample { serving, full }, reattach))
+}
+
+/// kill -9 with the old leader's address vanishing (open connections get no FIN or RST): from
+/// the new leader serving to each engine's first successful put, and to the Service-addressed
+/// member mounted.
+fn vanish_round(
+    rig: &mut Rig,
+    service: &ServiceStandIn,
+    engines: &[&Engine],
+) -> anyhow::Result<(Vec<Duration>, Duration, Duration)> {
+    let leader = rig.wait_leader(None, Duration::from_secs(60))?;
+    wait_capacity_at_least(
+        rig,
+        leader,
+        3 * SEGMENT + FAST_SEGMENT,
+        Duration::from_secs(60),
+    )?;
+    // An engine idle since the last failover holds a pooled connection to the old master: its
+    // first put fails once (RPC_FAIL) and the next dials again.
+    for e in engines {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !e.put("before-vanish") {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "waited 10s for an engine stand-in to write before the failover"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    service.vanish.store(true, Ordering::Relaxed);
+    let t = Instant::now();
+    rig.stop_leader(leader, true);
+    let polls: Vec<_> = engines
+        .iter()
+        .map(|e| {
+            let port = e.port;
+            std::thread::spawn(move || engine_writes(port, t, Duration::from_secs(120)))
+        })
+        .collect();
+    let next = rig.wait_leader(Some(leader), Duration::from_secs(60))?;
+    let serving = t.elapsed();
+    if let Some(slot) = rig.leaders[next].as_ref() {
+        service.point_at(slot.address());
+    }
+    let mut wrote = Vec::new();
+    for p in polls {
+        let seen = p
+            .join()
+            .map_err(|_| anyhow::anyhow!("an engine poller panicked"))??;
+        wrote.push(seen.wrote.saturating_sub(serving));
+    }
+    // The two Service-addressed members told apart by their sizes: the Lease members' 2 x 64 MiB,
+    // the default one's 64 MiB, the 1 s-timeout one's 32 MiB.
+    let (mut member, mut fast) = (None, None);
+    while member.is_none() || fast.is_none() {
+        let cap = rig.leaders[next]
+            .as_ref()
+            .and_then(kvcache_e2e::failover::LeaderSlot::capacity)
+            .unwrap_or(0);
+        if fast.is_none() && cap % SEGMENT == FAST_SEGMENT {
+            fast = Some(t.elapsed().saturating_sub(serving));
+        }
+        if member.is_none() && cap - cap % SEGMENT >= 3 * SEGMENT {
+            member = Some(t.elapsed().saturating_sub(serving));
+        }
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(180),
+            "waited 180s for both Service-addressed members to mount on the new master (capacity {cap})"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (member, fast) = (member.unwrap_or_default(), fast.unwrap_or_default());
+    service.vanish.store(false, Ordering::Relaxed);
+    let identity = format!("leader-{leader}-again-{}", t.elapsed().as_millis());
+    rig.leaders[leader] = Some(rig.start_leader(&identity, None)?);
+    Ok((wrote, member, fast))
 }
 
 pub fn failover(runs: usize) -> anyhow::Result<()> {
@@ -72,17 +369,61 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
     let timing = LeaseTiming::default();
     let mut rig = Rig::start(&kubeconfig, "bench", "bench-leader", 3, 2, SEGMENT, timing)
         .context("starting three electors and two members")?;
+    let first = rig.wait_leader(None, Duration::from_secs(60))?;
+    rig.wait_capacity(first, 2 * SEGMENT, Duration::from_secs(60))?;
+    let address = rig.leaders[first]
+        .as_ref()
+        .map(|s| s.address())
+        .context("the first leader's slot is empty")?;
+    let service = ServiceStandIn::start(address)?;
+    let through_service = format!("127.0.0.1:{}", service.port);
+    // A third member, dialling the Service stand-in as a `memberAddressing: Service` member does.
+    let service_member = kvcache_e2e::store::Member::start(
+        rig.dir(),
+        &kvcache_e2e::store::MemberOptions::new(through_service.clone(), SEGMENT),
+    )?;
+    let mut fast_options =
+        kvcache_e2e::store::MemberOptions::new(through_service.clone(), FAST_SEGMENT);
+    fast_options.env = vec![
+        ("MC_RPC_TIMEOUT_MS".into(), "1000".into()),
+        ("MC_RPC_CONNECT_TIMEOUT_MS".into(), "1000".into()),
+    ];
+    let fast_member = kvcache_e2e::store::Member::start(rig.dir(), &fast_options)?;
+    let engine = Engine::start(rig.dir(), "engine", &through_service, &[])?;
+    // The same engine with the client's RPC timeouts (read by the 0.3.13.post1 client's master
+    // pool; built-in 30 s each) set to 1 s.
+    let engine_fast = Engine::start(
+        rig.dir(),
+        "engine-rpc-timeout-1s",
+        &through_service,
+        &[
+            ("MC_RPC_TIMEOUT_MS", "1000"),
+            ("MC_RPC_CONNECT_TIMEOUT_MS", "1000"),
+        ],
+    )?;
     let mut kill = Vec::new();
     let mut term = Vec::new();
+    let mut kill_reattach = Vec::new();
+    let mut term_reattach = Vec::new();
     for round in 0..runs {
-        kill.push(one(&mut rig, true)?);
-        term.push(one(&mut rig, false)?);
+        let (k, kr) = one(&mut rig, true, &service, &engine)?;
+        kill.push(k);
+        kill_reattach.push(kr);
+        let (s, sr) = one(&mut rig, false, &service, &engine)?;
+        term.push(s);
+        term_reattach.push(sr);
         println!(
-            "round {}/{runs}: kill -9 serving {} full {}; SIGTERM serving {} full {}",
+            "round {}/{runs}: kill -9 serving {} engine answered +{} writes +{} service member +{} full {}; SIGTERM serving {} engine answered +{} writes +{} service member +{} full {}",
             round + 1,
             fmt(kill[round].serving),
+            fmt(kill_reattach[round].answered),
+            fmt(kill_reattach[round].wrote),
+            fmt(kill_reattach[round].service_member),
             fmt(kill[round].full),
             fmt(term[round].serving),
+            fmt(term_reattach[round].answered),
+            fmt(term_reattach[round].wrote),
+            fmt(term_reattach[round].service_member),
             fmt(term[round].full)
         );
     }
@@ -115,6 +456,72 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
             fmt(fhi)
         );
     }
+    println!();
+    println!(
+        "Engine reattach (the SGLang stand-in's real Mooncake client dialling a loopback Service stand-in, /put every 200 ms), from the new leader serving to the first successful put:"
+    );
+    println!(
+        "| leader loss | new leader serving → a master answers the engine: median (min–max) | → engine writes: median (min–max) | → Service-addressed member mounted: median (min–max) |"
+    );
+    println!("|---|---|---|---|");
+    for (name, samples) in [("kill -9", &kill_reattach), ("SIGTERM", &term_reattach)] {
+        let (am, alo, ahi) = stats(samples.iter().map(|r| r.answered).collect());
+        let (wm, wlo, whi) = stats(samples.iter().map(|r| r.wrote).collect());
+        let (sm, slo, shi) = stats(samples.iter().map(|r| r.service_member).collect());
+        println!(
+            "| {name} | {} ({}–{}) | {} ({}–{}) | {} ({}–{}) |",
+            fmt(am),
+            fmt(alo),
+            fmt(ahi),
+            fmt(wm),
+            fmt(wlo),
+            fmt(whi),
+            fmt(sm),
+            fmt(slo),
+            fmt(shi)
+        );
+    }
+    let mut vanish = Vec::new();
+    for round in 0..runs {
+        let (wrote, member, fast) = vanish_round(&mut rig, &service, &[&engine, &engine_fast])?;
+        println!(
+            "vanish round {}/{runs}: engine writes +{} (default RPC timeouts), +{} (MC_RPC_TIMEOUT_MS=1000, MC_RPC_CONNECT_TIMEOUT_MS=1000); Service-addressed member mounted +{} (default), +{} (1 s timeouts)",
+            round + 1,
+            fmt(wrote[0]),
+            fmt(wrote[1]),
+            fmt(member),
+            fmt(fast)
+        );
+        vanish.push((wrote, member, fast));
+    }
+    println!(
+        "| kill -9, old leader's address vanishes | new leader serving → engine writes, default RPC timeouts | → engine writes, MC_RPC_TIMEOUT_MS=MC_RPC_CONNECT_TIMEOUT_MS=1000 | → Service-addressed member mounted, default timeouts | → Service-addressed member mounted, 1 s timeouts |"
+    );
+    println!("|---|---|---|---|---|");
+    let (dm, dlo, dhi) = stats(vanish.iter().map(|v| v.0[0]).collect());
+    let (fm, flo, fhi) = stats(vanish.iter().map(|v| v.0[1]).collect());
+    let (mm, mlo, mhi) = stats(vanish.iter().map(|v| v.1).collect());
+    let (qm, qlo, qhi) = stats(vanish.iter().map(|v| v.2).collect());
+    println!(
+        "| median (min–max) | {} ({}–{}) | {} ({}–{}) | {} ({}–{}) | {} ({}–{}) |",
+        fmt(dm),
+        fmt(dlo),
+        fmt(dhi),
+        fmt(fm),
+        fmt(flo),
+        fmt(fhi),
+        fmt(mm),
+        fmt(mlo),
+        fmt(mhi),
+        fmt(qm),
+        fmt(qlo),
+        fmt(qhi)
+    );
+    println!("engine logs: {}", rig.dir().display());
+    drop(engine_fast);
+    drop(fast_member);
+    drop(engine);
+    drop(service_member);
     drop(rig);
     drop(cp);
 
@@ -184,7 +591,6 @@ fn wait_serving(
 /// Leader loss under Mooncake's own HA: kill -9 and SIGTERM rounds, to a standby serving and to
 /// full capacity on it.
 fn etcd_ha(runs: usize) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
-    use kvcache_e2e::process::free_port;
     use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
     let dir = paths::scratch("bench-etcd-ha")?;
     let (etcd, client) = kvcache_e2e::cluster::start_etcd(&paths::k8s_bin()?, &dir)?;
