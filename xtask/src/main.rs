@@ -10,6 +10,7 @@ mod prefix;
 mod rollout;
 mod scale;
 mod setup;
+mod soak;
 mod test;
 
 use clap::{Parser, Subcommand};
@@ -127,6 +128,14 @@ enum BenchKind {
         #[arg(long, default_value_t = 1)]
         runs: usize,
     },
+    /// Two backends failing over together, again and again, on real nodes with the operator:
+    /// moments with two serving masters and members mounted on the other backend's master
+    /// (figures in crates/kvcache-operator/README.md).
+    Soak {
+        /// Rounds (both backends' serving leader Pods deleted at once each).
+        #[arg(long, default_value_t = 50)]
+        failovers: usize,
+    },
     /// Many objects: cold-start convergence, operator memory at rest, reconciles per edit.
     Scale {
         /// Backends (one real master each) and pools.
@@ -174,6 +183,7 @@ fn main() -> anyhow::Result<()> {
             BenchKind::Capacity { runs } => bench::capacity(runs),
             BenchKind::Prefix { lengths, prompts } => prefix::prefix(&lengths, prompts),
             BenchKind::Rollout { runs } => rollout::rollout(runs),
+            BenchKind::Soak { failovers } => soak::soak(failovers),
             BenchKind::Admission {
                 creates,
                 concurrency,
