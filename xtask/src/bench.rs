@@ -669,6 +669,38 @@ fn etcd_ha(runs: usize) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
     Ok((kill, term))
 }
 
+/// A bench's cluster: two real nodes with the CRDs, the store namespace and one operator (as
+/// from a Pod). The operator stops first when it is dropped, then the nodes.
+pub struct WithOperator {
+    /// The operator process, held for its `Drop` (which stops it).
+    _operator: kvcache_e2e::operator::Operator,
+    /// The nodes and their control plane.
+    pub nodes: kvcache_e2e::nodes::NodeCluster,
+}
+
+/// Sets up what the benches need, then starts [`WithOperator`] in the scratch folder `name`,
+/// the operator's store namespace `namespace`.
+pub fn with_operator(name: &str, namespace: &str) -> anyhow::Result<WithOperator> {
+    use kvcache_e2e::{cluster, images, walkthrough};
+    setup::all()?;
+    let dir = paths::scratch(name)?;
+    let nodes = kvcache_e2e::nodes::NodeCluster::start(&dir, 2, images::NODE_DEFAULT)?;
+    let kc = nodes.control_plane.kubeconfig.clone();
+    let ns = namespace.to_owned();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        cluster::install_crds(&client, &cluster::crds_dir()).await?;
+        walkthrough::ensure_namespace(&client, &ns).await
+    })?;
+    let operator = kvcache_e2e::operator::Operator::builder(&nodes.nodes.kubeconfig, namespace)
+        .on_nodes(&nodes.nodes)
+        .start(&dir)?;
+    Ok(WithOperator {
+        _operator: operator,
+        nodes,
+    })
+}
+
 /// `cargo xtask bench capacity`: on two real nodes with the operator (as from a Pod), a
 /// demo-size backend (2 members of 256 MiB); each round deletes one member Pod, its DaemonSet
 /// starts another, and the time is taken from the moment the master's own `/metrics` (read
@@ -678,26 +710,13 @@ pub fn capacity(runs: usize) -> anyhow::Result<()> {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
     use kvcache_api::KVCacheBackend;
-    use kvcache_e2e::nodes::NodeCluster;
-    use kvcache_e2e::operator::Operator;
-    use kvcache_e2e::{cluster, images, pods, store, walkthrough};
+    use kvcache_e2e::{cluster, pods, store, walkthrough};
 
     const FULL: u64 = 512 << 20;
     const NS: &str = "gpustack-system";
     const NAME: &str = "bench-capacity";
-    setup::all()?;
-    let dir = paths::scratch("bench-capacity")?;
-    let nodes = NodeCluster::start(&dir, 2, images::NODE_DEFAULT)?;
-    let kc = nodes.control_plane.kubeconfig.clone();
-    block_on(async move {
-        let client = client_from(&kc).await?;
-        cluster::install_crds(&client, &cluster::crds_dir()).await?;
-        walkthrough::ensure_namespace(&client, NS).await
-    })?;
-    let _operator = Operator::builder(&nodes.nodes.kubeconfig, NS)
-        .on_nodes(&nodes.nodes)
-        .start(&dir)?;
-    let kc = nodes.control_plane.kubeconfig.clone();
+    let bench = with_operator("bench-capacity", NS)?;
+    let kc = bench.nodes.control_plane.kubeconfig.clone();
     let samples = block_on(async move {
         let client = client_from(&kc).await?;
         let backend: KVCacheBackend = serde_yaml::from_str(&format!(
@@ -814,6 +833,6 @@ pub fn capacity(runs: usize) -> anyhow::Result<()> {
         fmt(min),
         fmt(max)
     );
-    drop(nodes);
+    drop(bench);
     Ok(())
 }

@@ -14,13 +14,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use kvcache_api::KVCacheBackend;
 use kvcache_e2e::cluster::{self, block_on, client_from};
-use kvcache_e2e::nodes::NodeCluster;
-use kvcache_e2e::operator::Operator;
 use kvcache_e2e::rollout::{KeyCount, MemberWatch, keys};
-use kvcache_e2e::{Error, images, paths, pods, walkthrough};
+use kvcache_e2e::{Error, pods, walkthrough};
 use kvcache_render::backend::{RPC_PORT, leader_name};
-
-use crate::setup;
 
 const NS: &str = "gpustack-system";
 const KEYS: usize = 160;
@@ -185,19 +181,8 @@ async fn round(client: &Client, name: &str) -> Result<Round, Error> {
 
 /// `cargo xtask bench rollout`.
 pub fn rollout(runs: usize) -> anyhow::Result<()> {
-    setup::all()?;
-    let dir = paths::scratch("bench-rollout")?;
-    let nodes = NodeCluster::start(&dir, 2, images::NODE_DEFAULT)?;
-    let kc = nodes.control_plane.kubeconfig.clone();
-    block_on(async move {
-        let client = client_from(&kc).await?;
-        cluster::install_crds(&client, &cluster::crds_dir()).await?;
-        walkthrough::ensure_namespace(&client, NS).await
-    })?;
-    let _operator = Operator::builder(&nodes.nodes.kubeconfig, NS)
-        .on_nodes(&nodes.nodes)
-        .start(&dir)?;
-    let kc = nodes.control_plane.kubeconfig.clone();
+    let bench = crate::bench::with_operator("bench-rollout", NS)?;
+    let kc = bench.nodes.control_plane.kubeconfig.clone();
     let rounds = block_on(async move {
         let client = client_from(&kc).await?;
         let mut rounds = Vec::new();
@@ -225,6 +210,6 @@ pub fn rollout(runs: usize) -> anyhow::Result<()> {
             r.rolled_without
         );
     }
-    drop(nodes);
+    drop(bench);
     Ok(())
 }

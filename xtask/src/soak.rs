@@ -17,12 +17,8 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kvcache_api::KVCacheBackend;
 use kvcache_e2e::cluster::{self, block_on, client_from};
-use kvcache_e2e::nodes::NodeCluster;
-use kvcache_e2e::operator::Operator;
-use kvcache_e2e::{Error, images, paths, pods, walkthrough};
+use kvcache_e2e::{Error, pods, walkthrough};
 use kvcache_render::backend::{ADMIN_PORT, leader_name};
-
-use crate::setup;
 
 const NS: &str = "gpustack-system";
 const BACKENDS: [&str; 2] = ["soak-a", "soak-b"];
@@ -143,19 +139,8 @@ async fn sample(client: &Client, store: &Api<Pod>) -> Result<(Vec<usize>, Vec<St
 
 /// `cargo xtask bench soak`.
 pub fn soak(failovers: usize) -> anyhow::Result<()> {
-    setup::all()?;
-    let dir = paths::scratch("bench-soak")?;
-    let nodes = NodeCluster::start(&dir, 2, images::NODE_DEFAULT)?;
-    let kc = nodes.control_plane.kubeconfig.clone();
-    block_on(async move {
-        let client = client_from(&kc).await?;
-        cluster::install_crds(&client, &cluster::crds_dir()).await?;
-        walkthrough::ensure_namespace(&client, NS).await
-    })?;
-    let _operator = Operator::builder(&nodes.nodes.kubeconfig, NS)
-        .on_nodes(&nodes.nodes)
-        .start(&dir)?;
-    let kc = nodes.control_plane.kubeconfig.clone();
+    let bench = crate::bench::with_operator("bench-soak", NS)?;
+    let kc = bench.nodes.control_plane.kubeconfig.clone();
     let (rounds, two_serving, foreign, restarted, samples) = block_on(async move {
         let client = client_from(&kc).await?;
         let backends: Api<KVCacheBackend> = Api::all(client.clone());
@@ -257,6 +242,6 @@ pub fn soak(failovers: usize) -> anyhow::Result<()> {
         pick(0.5),
         pick(1.0)
     );
-    drop(nodes);
+    drop(bench);
     Ok(())
 }
