@@ -15,7 +15,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use kvcache_api::backend::BackendPhase;
 use kvcache_api::quantity::parse_bytes;
-use kvcache_api::{KVCacheBackend, KVCachePoolBinding, ModelDeployment};
+use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
 use kvcache_e2e::cluster::{block_on, wait_object};
 use kvcache_e2e::nodes::{self, NodeCluster};
 use kvcache_e2e::pods::{self, name_of};
@@ -1026,6 +1026,23 @@ fn with_the_operator_scaled_to_zero_a_stuck_binding_and_its_namespace_can_still_
         }
         scale_operator(&client, 2).await?;
         converged(&client).await?;
+        // Nothing released the stuck Binding's tenant on the master. It held nothing, so the
+        // next pool pass removes it (an event says so) and the pool names no unclaimed tenant;
+        // team-a is granted the whole capacity again (the stuck ceiling took a share of it).
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        wait_condition(&pools, "shared-dram", "TenantsClaimed=True/AllClaimed", WAIT).await?;
+        let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+            .list(&ListParams::default())
+            .await?;
+        assert!(
+            events.items.iter().any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("shared-dram")
+                    && e.reason.as_deref() == Some("UnclaimedTenantRemoved")
+                    && e.note.as_deref().is_some_and(|n| n.contains("tenant stuck "))
+            }),
+            "an UnclaimedTenantRemoved event on shared-dram naming tenant stuck"
+        );
+        grant(&client, "8Gi", 512 * MIB).await?;
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));

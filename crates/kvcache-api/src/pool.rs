@@ -88,7 +88,7 @@ pub struct KVCachePoolStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub used_by: Vec<ObjectRef>,
     /// `BackendResolved`, `CapacityAllocatable`, `QuotaLedgerAvailable`, `QuotaWithinTotal`,
-    /// `QuotaPolicyWritable`, `Releasable`.
+    /// `QuotaPolicyWritable`, `TenantsClaimed`, `Releasable`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -105,6 +105,8 @@ pub mod pool_conditions {
     pub const QUOTA_WITHIN_TOTAL: &str = "QuotaWithinTotal";
     /// Ceilings reach the master.
     pub const QUOTA_POLICY_WRITABLE: &str = "QuotaPolicyWritable";
+    /// Every tenant with a ceiling on the master's ledger belongs to a Binding.
+    pub const TENANTS_CLAIMED: &str = "TenantsClaimed";
     /// The pool can be released.
     pub const RELEASABLE: &str = "Releasable";
 }

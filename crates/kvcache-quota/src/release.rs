@@ -12,6 +12,8 @@
 //! first. An empty tenant is deleted on the master, and only a delete the master confirmed (or a
 //! tenant already gone) lets the Binding go. A request whose outcome is unknown holds.
 
+use std::collections::BTreeSet;
+
 use crate::admin::{AdminError, LedgerFailure, TenantEntry, Unanswered};
 use crate::status::{NotReleased, Release, RequestFailed};
 
@@ -110,6 +112,42 @@ pub fn after_delete(tenant: &str, deleted: Result<Result<(), AdminError>, Unansw
         }
         Err(cause) => Release::LedgerRequestFailed(RequestFailed::DeletingEntry { tenant, cause }),
     }
+}
+
+/// A tenant with a ceiling of its own on the master's ledger that no Binding on the backend
+/// claims: its Binding went while no operator ran (its finalizer removed by hand), so nothing
+/// released it, and its ceiling still takes a share whenever the master recuts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unclaimed {
+    /// The tenant id.
+    pub tenant: String,
+    /// Bytes it still holds: while any, its entry is kept (the master refuses the delete and
+    /// its objects are nobody's to drop), else the pool pass deletes it.
+    pub bytes: u64,
+}
+
+impl Unclaimed {
+    /// Whether the pool pass deletes the entry now: it holds nothing.
+    pub fn deletable(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
+/// The ledger's tenants that no Binding claims, sorted by tenant. `claimed`: the tenant of
+/// every Binding on the backend, read after the ledger was listed (a tenant on the ledger was
+/// put there by a pass that saw its Binding, so a Binding created since cannot be missed).
+/// Entries without a policy of their own are the master's, never the operator's, and stay.
+pub fn unclaimed(entries: &[TenantEntry], claimed: &BTreeSet<String>) -> Vec<Unclaimed> {
+    let mut out: Vec<Unclaimed> = entries
+        .iter()
+        .filter(|e| e.has_explicit_policy && !claimed.contains(&e.tenant_id))
+        .map(|e| Unclaimed {
+            tenant: e.tenant_id.clone(),
+            bytes: e.usage_bytes(),
+        })
+        .collect();
+    out.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+    out
 }
 
 #[cfg(test)]
@@ -338,5 +376,33 @@ mod tests {
         for (release, want) in cases {
             assert_eq!(message(release), want);
         }
+    }
+
+    #[test]
+    fn a_tenant_no_binding_claims_is_found_and_only_an_empty_one_is_deletable() {
+        let mut held = entry(4096);
+        held.tenant_id = "gone-with-data".into();
+        let mut empty = entry(0);
+        empty.tenant_id = "gone".into();
+        let mut masters = entry(0);
+        masters.tenant_id = "default".into();
+        masters.has_explicit_policy = false;
+        let claimed: BTreeSet<String> = ["team-a".to_owned()].into();
+        let found = unclaimed(&[entry(10), held, empty, masters], &claimed);
+        assert_eq!(
+            found,
+            vec![
+                Unclaimed {
+                    tenant: "gone".into(),
+                    bytes: 0
+                },
+                Unclaimed {
+                    tenant: "gone-with-data".into(),
+                    bytes: 4096
+                },
+            ]
+        );
+        assert!(found[0].deletable());
+        assert!(!found[1].deletable());
     }
 }

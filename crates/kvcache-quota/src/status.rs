@@ -7,6 +7,7 @@ use kvcache_api::pool::PoolPhase;
 use kvcache_api::pool::{binding_conditions as b, pool_conditions as p};
 
 use crate::admin::{AdminError, LedgerFailure, Outcome, TenantEntry, Unanswered};
+use crate::release::Unclaimed;
 
 /// A byte figure as users write it (`16Gi`) when exact, else approximately with the exact count.
 fn bytes(b: u64) -> String {
@@ -156,6 +157,9 @@ pub struct PoolInput<'a> {
     pub policy_write: Option<PolicyWrite>,
     /// The Bindings whose `spec.poolRef` names this pool, in every namespace.
     pub bindings: &'a [BindingView],
+    /// The tenants still on the ledger that no Binding claims, after this pass removed the
+    /// empty ones ([`crate::release::unclaimed`]).
+    pub unclaimed: &'a [Unclaimed],
     /// Deletion state.
     pub release: Release,
 }
@@ -208,6 +212,7 @@ pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
         ledger_cond,
         quota_within_total(input.bindings, input.total_bytes),
         quota_policy_writable(backend_name, ledger, &input.policy_write),
+        tenants_claimed(backend_name, input.ledger, input.unclaimed),
         release_cond(
             p::RELEASABLE,
             &input.release,
@@ -407,6 +412,43 @@ fn quota_policy_writable(
             p::QUOTA_POLICY_WRITABLE,
             "NotAttempted",
             "no ceiling has been pushed yet",
+        ),
+    }
+}
+
+/// `TenantsClaimed`: whether the ledger holds tenants no Binding claims (reported, never a
+/// reason to stop serving).
+fn tenants_claimed(backend_name: &str, ledger: &Outcome, unclaimed: &[Unclaimed]) -> Cond {
+    match ledger {
+        Outcome::Listed(_) if unclaimed.is_empty() => Cond::yes(
+            p::TENANTS_CLAIMED,
+            "AllClaimed",
+            format!(
+                "every tenant with a ceiling on the master of {backend_name} belongs to a Binding"
+            ),
+        ),
+        Outcome::Listed(_) => Cond::no(
+            p::TENANTS_CLAIMED,
+            "UnclaimedTenants",
+            format!(
+                "the master of {backend_name} keeps tenants that no Binding claims (their Binding went while no operator released it): {}. Their ceilings still take a share of the capacity the master recuts; an empty one is removed by the next pass. To drop the data of one, create a Binding on this pool whose domain.name is that tenant and delete it with the annotation {}=true",
+                unclaimed
+                    .iter()
+                    .map(|u| format!("{} holds {}", u.tenant, bytes(u.bytes)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                kvcache_api::DROP_CACHED_DATA_ANNOTATION
+            ),
+        ),
+        Outcome::NoLedger => Cond::yes(
+            p::TENANTS_CLAIMED,
+            "NoLedger",
+            "the master keeps no ledger, so no tenant can be left on it",
+        ),
+        Outcome::NotObserved | Outcome::Unreachable(_) => Cond::unknown(
+            p::TENANTS_CLAIMED,
+            "LedgerNotObserved",
+            format!("the tenant ledger of KVCacheBackend {backend_name} has not been read"),
         ),
     }
 }

@@ -67,6 +67,7 @@ fn the_walkthrough() {
         capacity_bytes: Some(16 * GI),
         policy_write: Some(PolicyWrite::Written),
         bindings: &bindings,
+        unclaimed: &[],
         release: Release::NotDeleting,
     });
     assert_eq!(pool.phase, PoolPhase::Ready, "{:#?}", pool.conditions);
@@ -142,6 +143,7 @@ fn three_namespaces_oversubscribe_a_pool() {
         capacity_bytes: Some(16 * GI),
         policy_write: Some(PolicyWrite::Written),
         bindings: &bindings,
+        unclaimed: &[],
         release: Release::NotDeleting,
     });
     let within = cond(&pool.conditions, "QuotaWithinTotal");
@@ -212,6 +214,7 @@ fn without_multi_tenancy_nothing_is_enforced() {
         capacity_bytes: Some(16 * GI),
         policy_write: None,
         bindings: &bindings,
+        unclaimed: &[],
         release: Release::NotDeleting,
     });
     let ledger = cond(&pool.conditions, "QuotaLedgerAvailable");
@@ -254,6 +257,7 @@ fn without_multi_tenancy_nothing_is_enforced() {
         capacity_bytes: Some(GI),
         policy_write: None,
         bindings: &[],
+        unclaimed: &[],
         release: Release::NotDeleting,
     });
     assert_eq!(
@@ -278,6 +282,7 @@ fn nothing_to_allocate_after_a_restart() {
         capacity_bytes: Some(0),
         policy_write: Some(PolicyWrite::Written),
         bindings: &bindings,
+        unclaimed: &[],
         release: Release::NotDeleting,
     });
     let c = cond(&pool.conditions, "CapacityAllocatable");
@@ -322,6 +327,7 @@ fn failures_and_deletion() {
             answer: "PERSISTENT_FAIL".into(),
         }])),
         bindings: &[],
+        unclaimed: &[],
         release: Release::NotDeleting,
     });
     assert_eq!(
@@ -361,6 +367,7 @@ fn failures_and_deletion() {
         capacity_bytes: Some(GI),
         policy_write: Some(PolicyWrite::Written),
         bindings: &[],
+        unclaimed: &[],
         release: Release::LedgerNotReleased(NotReleased::NotEmpty {
             tenant: "chat".into(),
         }),
@@ -441,4 +448,45 @@ fn admission_helpers() {
         second_domain("b", Some(false), &tenants, "default"),
         Ok(None)
     );
+}
+
+#[test]
+fn a_tenant_no_binding_claims_is_named_on_the_pool_and_the_pool_keeps_serving() {
+    let bindings = [BindingView {
+        binding: "team-a/team-a".into(),
+        tenant: "default".into(),
+        ceiling_bytes: 8 * GI,
+    }];
+    let ledger = ledger_for(16 * GI, &bindings);
+    let input = |unclaimed| PoolInput {
+        pool: "shared-dram",
+        total_bytes: 16 * GI,
+        backend: managed(true),
+        ledger: &ledger,
+        capacity_bytes: Some(16 * GI),
+        policy_write: Some(PolicyWrite::Written),
+        bindings: &bindings,
+        unclaimed,
+        release: Release::NotDeleting,
+    };
+    let clean = pool_status(&input(&[]));
+    assert_eq!(
+        cond(&clean.conditions, "TenantsClaimed").reason,
+        "AllClaimed"
+    );
+    let left = [kvcache_quota::release::Unclaimed {
+        tenant: "stuck".into(),
+        bytes: 3 << 20,
+    }];
+    let pool = pool_status(&input(&left));
+    let c = cond(&pool.conditions, "TenantsClaimed");
+    assert_eq!((c.status, c.reason), (Status::False, "UnclaimedTenants"));
+    assert!(c.message.contains("stuck holds 3Mi"), "{}", c.message);
+    assert!(
+        c.message
+            .contains("kvcache.gpustack.ai/drop-cached-data=true"),
+        "{}",
+        c.message
+    );
+    assert_eq!(pool.phase, PoolPhase::Ready, "reported, never blocking");
 }

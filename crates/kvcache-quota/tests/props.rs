@@ -50,7 +50,7 @@ proptest! {
         let views: Vec<BindingView> = ceilings.iter().map(|c| BindingView { binding: c.binding.clone(), tenant: c.tenant.clone(), ceiling_bytes: c.ceiling_bytes }).collect();
         let entries: Vec<TenantEntry> = views.iter().map(|v| TenantEntry { tenant_id: v.tenant.clone(), effective_quota_bytes: v.ceiling_bytes / 2, ..Default::default() }).collect();
         let ledger = Outcome::Listed(entries.clone());
-        let pool = pool_status(&PoolInput { pool: "p", total_bytes: total, backend: BackendView::External { name: "e".into(), client_endpoint: "m:1".into() }, ledger: &ledger, capacity_bytes: capacity, policy_write: None, bindings: &views, release: Release::NotDeleting });
+        let pool = pool_status(&PoolInput { pool: "p", total_bytes: total, backend: BackendView::External { name: "e".into(), client_endpoint: "m:1".into() }, ledger: &ledger, capacity_bytes: capacity, policy_write: None, bindings: &views, unclaimed: &[], release: Release::NotDeleting });
         for (v, e) in views.iter().zip(&entries) {
             let _ = binding_status(&BindingInput { binding: &v.binding, tenant: &v.tenant, ceiling_bytes: v.ceiling_bytes, pool: Some(("p", &pool)), entry: Some(e), contested_with: &[], release: Release::NotDeleting });
         }

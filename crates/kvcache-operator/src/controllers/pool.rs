@@ -13,6 +13,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use kube::runtime::watcher;
@@ -22,6 +23,7 @@ use kvcache_api::backend::EndpointName;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_quota::admin::{self, Outcome, Request, TenantEntry};
 use kvcache_quota::claims::{Claim, contested};
+use kvcache_quota::release::{self, Unclaimed};
 use kvcache_quota::status::{
     BackendView, BindingInput, BindingView, PolicyWrite, PoolInput, PoolVerdict, RefusedCeiling,
     Release, binding_status, binding_status_document, pool_status, pool_status_document,
@@ -242,13 +244,17 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
             ..
         }
     );
-    let (ledger, policy_write, capacity) = match backend
-        .as_deref()
-        .and_then(|b| ctx.admin_address(b))
-    {
-        Some(admin) if !declared_off => ledger_pass(&ctx.store, &admin, &pushed, !deleting).await,
-        Some(admin) => (Outcome::NoLedger, None, ctx.store.capacity(&admin).await),
+    let admin = backend.as_deref().and_then(|b| ctx.admin_address(b));
+    let (ledger, policy_write, capacity) = match &admin {
+        Some(admin) if !declared_off => ledger_pass(&ctx.store, admin, &pushed, !deleting).await,
+        Some(admin) => (Outcome::NoLedger, None, ctx.store.capacity(admin).await),
         None => (Outcome::NotObserved, None, None),
+    };
+    let (ledger, unclaimed) = match (ledger, &admin) {
+        (Outcome::Listed(entries), Some(admin)) => {
+            remove_unclaimed(ctx, p, admin, entries).await
+        }
+        (other, _) => (other, Vec::new()),
     };
     let release = if !deleting {
         Release::NotDeleting
@@ -266,6 +272,7 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
         capacity_bytes: capacity,
         policy_write,
         bindings: &views,
+        unclaimed: &unclaimed,
         release: release.clone(),
     });
     write_pool_status(ctx, p, &verdict, &views).await?;
@@ -317,6 +324,80 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
             grants,
             ctx.config.ledger_interval,
         ))),
+    }
+}
+
+/// Deletes the ledger's tenants that no Binding on the backend claims and that hold nothing
+/// (`kvcache_quota::release::unclaimed`), each with an event on the pool; returns the ledger as
+/// listed after the deletions and the unclaimed tenants still on it.
+async fn remove_unclaimed(
+    ctx: &Context,
+    p: &KVCachePool,
+    admin: &str,
+    entries: Vec<TenantEntry>,
+) -> (Outcome, Vec<Unclaimed>) {
+    let backend = p.spec.backend().unwrap_or_default();
+    // Read after the listing: a tenant on it was upserted by a pass that saw its Binding.
+    let claimed: BTreeSet<String> = claims_on(ctx, backend)
+        .into_iter()
+        .map(|c| c.tenant)
+        .collect();
+    let found = release::unclaimed(&entries, &claimed);
+    let mut kept = Vec::new();
+    let mut removed = false;
+    for tenant in found {
+        if !tenant.deletable() {
+            kept.push(tenant);
+            continue;
+        }
+        let answer = ctx
+            .store
+            .ledger(
+                admin,
+                &Request::Delete(tenant.tenant.clone()),
+                admin::decode_ack,
+            )
+            .await;
+        match answer {
+            Ok(Ok(())) => {
+                removed = true;
+                unclaimed_removed_event(ctx, p, backend, &tenant.tenant).await;
+            }
+            // Another pool of the same backend removed it first.
+            Ok(Err(admin::AdminError::NotFound)) => removed = true,
+            Ok(Err(e)) => {
+                warn!(tenant = %tenant.tenant, error = %e, "an unclaimed tenant was not removed");
+                kept.push(tenant);
+            }
+            Err(e) => {
+                warn!(tenant = %tenant.tenant, error = %e, "an unclaimed tenant was not removed");
+                kept.push(tenant);
+            }
+        }
+    }
+    if !removed {
+        return (Outcome::Listed(entries), kept);
+    }
+    let listed = Outcome::from_list(
+        ctx.store
+            .ledger(admin, &Request::List, admin::decode_list)
+            .await,
+    );
+    (listed, kept)
+}
+
+async fn unclaimed_removed_event(ctx: &Context, p: &KVCachePool, backend: &str, tenant: &str) {
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "UnclaimedTenantRemoved".into(),
+        note: Some(format!(
+            "removed tenant {tenant} from the ledger of KVCacheBackend {backend}: no Binding claims it (its Binding went while no operator released it) and it held nothing, but its ceiling still took a share of the capacity"
+        )),
+        action: "Release".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &p.object_ref(&())).await {
+        warn!(error = %e, "could not record an event");
     }
 }
 
