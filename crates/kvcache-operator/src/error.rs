@@ -200,14 +200,18 @@ pub fn kube(verb: &'static str, what: impl Into<String>) -> impl FnOnce(kube::Er
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvcache_quota::admin::Unanswered;
+    use kvcache_quota::admin::{NoAnswer, Unanswered};
     use kvcache_quota::status::RequestFailed;
 
     #[test]
     fn a_held_binding_says_what_its_releasable_condition_says() {
         let release = Release::LedgerRequestFailed(RequestFailed::DeletingEntry {
             tenant: "chat".into(),
-            cause: Unanswered("timed out".into()),
+            cause: Unanswered {
+                method: "DELETE",
+                url: "http://m:9003/api/v1/tenant_quotas?tenant_id=chat".into(),
+                cause: NoAnswer::TimedOut { after_ms: 1500 },
+            },
         });
         let e = Error::BindingHeld {
             binding: "team-a/chat".into(),
@@ -216,7 +220,7 @@ mod tests {
         let why = binding_releasable("team-a/chat", &release).message;
         assert_eq!(
             why,
-            "the ledger request for team-a/chat failed and its outcome is unknown, so it is held: releasing tenant chat: timed out"
+            "the ledger request for team-a/chat failed and its outcome is unknown, so it is held: releasing tenant chat: no answer to DELETE http://m:9003/api/v1/tenant_quotas?tenant_id=chat: timed out after 1500 ms"
         );
         assert_eq!(e.to_string(), format!("deletion held: {why}"));
         assert_eq!(e.held(), Some(why));

@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use kvcache_quota::admin::{AdminError, Request, Unanswered};
+use kvcache_quota::admin::{AdminError, NoAnswer, Request, Unanswered};
 use kvcache_render::store::{
     DRAIN_JOBS_PATH, DrainJob, DrainRequest, Health, Metrics, ReadError, Segment, StoreReading,
     drain_cancel_path, drain_query_path,
@@ -48,48 +48,48 @@ impl StoreClient {
         method: &str,
         url: &str,
         body: Option<String>,
-    ) -> Result<(u16, String), ReadError> {
-        let unreachable = |message: String| ReadError::Unreachable {
-            url: url.to_owned(),
-            message,
-        };
+    ) -> Result<(u16, String), NoAnswer> {
         let mut request = hyper::Request::builder().method(method).uri(url);
         if body.is_some() {
             request = request.header("Content-Type", "application/json");
         }
         let request = request
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|_| NoAnswer::InvalidUrl)?;
         let answer = async {
-            let response = self
-                .http
-                .request(request)
-                .await
-                .map_err(|e| unreachable(e.to_string()))?;
+            let response = self.http.request(request).await.map_err(|e| unsent(&e))?;
             let status = response.status().as_u16();
             let bytes = response
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| ReadError::Unreadable {
-                    url: url.to_owned(),
-                    message: e.to_string(),
-                })?
+                .map_err(|e| cut(&e))?
                 .to_bytes();
-            let text = String::from_utf8(bytes.to_vec()).map_err(|e| ReadError::Unreadable {
-                url: url.to_owned(),
-                message: e.to_string(),
+            let text = String::from_utf8(bytes.to_vec()).map_err(|e| NoAnswer::NotText {
+                at: e.utf8_error().valid_up_to(),
             })?;
             Ok((status, text))
         };
         tokio::time::timeout(TIMEOUT, answer)
             .await
-            .unwrap_or_else(|_| Err(unreachable(format!("no answer within {TIMEOUT:?}"))))
+            .unwrap_or_else(|_| Err(timed_out()))
+    }
+
+    /// [`send`](Self::send), with no answer as the reader's error for `url`.
+    async fn send_read(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<String>,
+    ) -> Result<(u16, String), ReadError> {
+        self.send(method, url, body)
+            .await
+            .map_err(|cause| read_error(url, cause))
     }
 
     /// A GET of `url`: the body of a 200 answer, or why there is none.
     pub async fn fetch(&self, url: &str) -> Result<String, ReadError> {
-        match self.send("GET", url, None).await? {
+        match self.send_read("GET", url, None).await? {
             (200, body) => Ok(body),
             (status, _) => Err(ReadError::Status {
                 url: url.to_owned(),
@@ -116,7 +116,7 @@ impl StoreClient {
     }
 
     /// One call to the tenant ledger (`/api/v1/tenant_quotas`) at `admin`: its answer (an error
-    /// status is one) as `decode` reads it, or why no answer came, in the reader's words.
+    /// status is one) as `decode` reads it, or which request got no answer and why.
     pub async fn ledger<T>(
         &self,
         admin: &str,
@@ -131,21 +131,25 @@ impl StoreClient {
         self.send(req.method(), &url, body)
             .await
             .map(|(status, body)| decode(status, &body))
-            .map_err(|e| Unanswered(e.to_string()))
+            .map_err(|cause| Unanswered {
+                method: req.method(),
+                url,
+                cause,
+            })
     }
 
     /// Asks the master at `admin` to drain a segment: the job's id, or why there is none (a
     /// plain 404: the master has no drain jobs; the master's JSON error: its refusal).
     pub async fn create_drain(&self, admin: &str, req: &DrainRequest) -> Result<String, ReadError> {
         let url = format!("http://{admin}{DRAIN_JOBS_PATH}");
-        let (status, body) = self.send("POST", &url, Some(req.body())).await?;
+        let (status, body) = self.send_read("POST", &url, Some(req.body())).await?;
         DrainRequest::parse_created(&url, status, &body)
     }
 
     /// Where the drain job `job` stands on the master at `admin`.
     pub async fn drain_job(&self, admin: &str, job: &str) -> Result<DrainJob, ReadError> {
         let url = format!("http://{admin}{}", drain_query_path(job));
-        let (status, body) = self.send("GET", &url, None).await?;
+        let (status, body) = self.send_read("GET", &url, None).await?;
         DrainJob::parse(&url, status, &body)
     }
 
@@ -153,7 +157,7 @@ impl StoreClient {
     /// in flight or once the job ended).
     pub async fn cancel_drain(&self, admin: &str, job: &str) -> Result<(), ReadError> {
         let url = format!("http://{admin}{}", drain_cancel_path(job));
-        match self.send("POST", &url, None).await? {
+        match self.send_read("POST", &url, None).await? {
             (200, _) => Ok(()),
             (status, body) => Err(ReadError::from_answer(&url, status, &body)),
         }
@@ -163,6 +167,73 @@ impl StoreClient {
     pub async fn capacity(&self, admin: &str) -> Option<u64> {
         let text = self.fetch(&format!("http://{admin}/metrics")).await.ok()?;
         Metrics::parse(&text).memory_bytes
+    }
+}
+
+fn timed_out() -> NoAnswer {
+    NoAnswer::TimedOut {
+        after_ms: u64::try_from(TIMEOUT.as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
+/// Why the client got no answer at all, from its error's causes: the connector's own I/O error
+/// when there is one (refused, timed out, no route), a name that did not resolve (the connector
+/// calls that cause "dns error"), else the client's words.
+fn unsent(e: &hyper_util::client::legacy::Error) -> NoAnswer {
+    if e.is_connect() {
+        let connect = std::error::Error::source(e);
+        if connect.is_some_and(|c| c.to_string() == "dns error") {
+            return NoAnswer::UnknownHost;
+        }
+        match io_kind(e) {
+            Some(std::io::ErrorKind::ConnectionRefused) => return NoAnswer::Refused,
+            Some(std::io::ErrorKind::TimedOut) => return timed_out(),
+            Some(std::io::ErrorKind::HostUnreachable | std::io::ErrorKind::NetworkUnreachable) => {
+                return NoAnswer::NoRoute;
+            }
+            _ => {}
+        }
+    }
+    match std::iter::successors(std::error::Error::source(e), |c| c.source())
+        .find_map(|c| c.downcast_ref::<hyper::Error>())
+    {
+        Some(h) if h.is_incomplete_message() => NoAnswer::Cut,
+        _ => NoAnswer::Transport(chain(e)),
+    }
+}
+
+/// Why an answer's body could not be read to its end.
+fn cut(e: &hyper::Error) -> NoAnswer {
+    if e.is_incomplete_message() || e.is_closed() || io_kind(e).is_some() {
+        NoAnswer::Cut
+    } else {
+        NoAnswer::Transport(chain(e))
+    }
+}
+
+/// The kind of the first I/O error among `e`'s causes.
+fn io_kind(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    std::iter::successors(Some(e), |c| c.source())
+        .find_map(|c| c.downcast_ref::<std::io::Error>())
+        .map(std::io::Error::kind)
+}
+
+/// `e` and each of its causes, joined by ": ".
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    std::iter::successors(Some(e), |c| c.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// No answer from `url`, as the reader of a store's or engine's surface reports it: a body cut
+/// short or not text is unreadable, anything else unreachable.
+fn read_error(url: &str, cause: NoAnswer) -> ReadError {
+    let url = url.to_owned();
+    let message = cause.to_string();
+    match cause {
+        NoAnswer::Cut | NoAnswer::NotText { .. } => ReadError::Unreadable { url, message },
+        _ => ReadError::Unreachable { url, message },
     }
 }
 
@@ -224,22 +295,90 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_unanswered_ledger_call_says_why_as_the_reader_does() {
+    async fn an_unanswered_ledger_call_names_its_request_and_why() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
         let addr = listener.local_addr().expect("its address").to_string();
         drop(listener);
         let client = StoreClient::default();
-        let Err(Unanswered(why)) = client
+        let unanswered = client
             .ledger(&addr, &Request::List, kvcache_quota::admin::decode_list)
             .await
-        else {
-            panic!("nothing listens on {addr}");
-        };
-        let read = client
-            .fetch(&format!("http://{addr}/api/v1/tenant_quotas"))
-            .await
             .expect_err("nothing listens");
-        assert_eq!(why, read.to_string());
+        let url = format!("http://{addr}/api/v1/tenant_quotas");
+        assert_eq!(
+            unanswered,
+            Unanswered {
+                method: "GET",
+                url: url.clone(),
+                cause: NoAnswer::Refused
+            }
+        );
+        assert_eq!(
+            unanswered.to_string(),
+            format!("no answer to GET {url}: connection refused")
+        );
+        assert_eq!(
+            client.fetch(&url).await.expect_err("nothing listens"),
+            ReadError::Unreachable {
+                url,
+                message: "connection refused".into()
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_cut_short_or_not_text_is_unreadable() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        tokio::spawn(async move {
+            for reply in [
+                &b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\nConnection: close\r\n\r\nabc"[..],
+                &b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\na\xffb"[..],
+            ] {
+                let (mut s, _) = listener.accept().await.expect("a connection");
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(reply).await;
+            }
+        });
+        let client = StoreClient::default();
+        let url = format!("http://{addr}/metrics");
+        assert_eq!(client.send("GET", &url, None).await, Err(NoAnswer::Cut));
+        assert_eq!(
+            client.send("GET", &url, None).await,
+            Err(NoAnswer::NotText { at: 1 })
+        );
+        assert!(matches!(
+            read_error(&url, NoAnswer::Cut),
+            ReadError::Unreadable { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_address_that_is_no_url_is_said_so() {
+        let client = StoreClient::default();
+        assert_eq!(
+            client.send("GET", "http://a b:1/", None).await,
+            Err(NoAnswer::InvalidUrl)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_an_unknown_host() {
+        let client = StoreClient::default();
+        assert_eq!(
+            client
+                .send(
+                    "GET",
+                    "http://kvcache-no-such-host.invalid:9003/health",
+                    None
+                )
+                .await,
+            Err(NoAnswer::UnknownHost)
+        );
     }
 
     #[tokio::test]

@@ -266,12 +266,52 @@ pub fn decode_removed(status: u16, body: &str) -> Result<u64, AdminError> {
         })
 }
 
-/// A ledger request the master did not answer (connection refused, a timeout, a body that
-/// could not be read): the operator's HTTP error in its words. Text, because that error's type
-/// lives in `kvcache-render`, which depends on this crate.
+/// A ledger request the master did not answer: which request, and why no answer came.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct Unanswered(pub String);
+#[error("no answer to {method} {url}: {cause}")]
+pub struct Unanswered {
+    /// The request's HTTP method, as [`Request::method`] gives it.
+    pub method: &'static str,
+    /// The URL called, e.g. `http://kv-leader.kvcache-system:9003/api/v1/tenant_quotas`.
+    pub url: String,
+    /// Why no answer came.
+    pub cause: NoAnswer,
+}
+
+/// Why a request to a store brought back no answer the operator could read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoAnswer {
+    /// The URL cannot be sent: an external store's address that is not `host:port`.
+    #[error("the URL is not valid")]
+    InvalidUrl,
+    /// The host name does not resolve: the master's Service is gone, or cluster DNS is down.
+    #[error("its host name does not resolve")]
+    UnknownHost,
+    /// Nothing listens on the port: the master is down, restarting or not serving yet.
+    #[error("connection refused")]
+    Refused,
+    /// No route to the host or its network.
+    #[error("no route to the host")]
+    NoRoute,
+    /// The connection, or the whole answer, did not come within the client's timeout.
+    #[error("timed out after {after_ms} ms")]
+    TimedOut {
+        /// The client's timeout, milliseconds.
+        after_ms: u64,
+    },
+    /// The connection closed before the answer was complete.
+    #[error("the connection closed before the answer was complete")]
+    Cut,
+    /// The answer's body is not UTF-8 text.
+    #[error("the answer is not UTF-8 text (an invalid byte at offset {at})")]
+    NotText {
+        /// The offset of the first invalid byte in the body.
+        at: usize,
+    },
+    /// Any other transport failure, in the HTTP client's words (its error and each cause).
+    #[error("{0}")]
+    Transport(String),
+}
 
 /// Why a ledger request brought back nothing usable: the master's refusal, or no answer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -454,9 +494,11 @@ mod tests {
             refused,
             Outcome::Unreachable(LedgerFailure::Refused(AdminError::PersistentFail))
         );
-        let unanswered = Unanswered(
-            "no answer from http://m:9003/api/v1/tenant_quotas: connection refused".into(),
-        );
+        let unanswered = Unanswered {
+            method: "GET",
+            url: "http://m:9003/api/v1/tenant_quotas".into(),
+            cause: NoAnswer::Refused,
+        };
         assert_eq!(
             Outcome::from_list(Err(unanswered.clone())),
             Outcome::Unreachable(LedgerFailure::Unanswered(unanswered))
@@ -469,9 +511,14 @@ mod tests {
             LedgerFailure::from(AdminError::PersistentFail).to_string(),
             AdminError::PersistentFail.to_string()
         );
+        let unanswered = Unanswered {
+            method: "DELETE",
+            url: "http://m:9003/api/v1/tenant_quotas?tenant_id=chat".into(),
+            cause: NoAnswer::TimedOut { after_ms: 1500 },
+        };
         assert_eq!(
-            LedgerFailure::from(Unanswered("timed out".into())).to_string(),
-            "timed out"
+            LedgerFailure::from(unanswered).to_string(),
+            "no answer to DELETE http://m:9003/api/v1/tenant_quotas?tenant_id=chat: timed out after 1500 ms"
         );
     }
 }

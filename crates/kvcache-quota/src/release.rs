@@ -153,6 +153,7 @@ pub fn unclaimed(entries: &[TenantEntry], claimed: &BTreeSet<String>) -> Vec<Unc
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admin::NoAnswer;
 
     fn entry(charged: u64) -> TenantEntry {
         serde_json::from_value(serde_json::json!({
@@ -187,8 +188,17 @@ mod tests {
         assert_eq!(first_step(&[], &Ledger::Own), Step::ReadEntry);
     }
 
-    fn unanswered(why: &str) -> Unanswered {
-        Unanswered(why.to_owned())
+    /// The ledger request `method` to the master `m` got no answer, for `cause`.
+    fn unanswered(method: &'static str, cause: NoAnswer) -> Unanswered {
+        Unanswered {
+            method,
+            url: "http://m:9003/api/v1/tenant_quotas?tenant_id=chat".into(),
+            cause,
+        }
+    }
+
+    fn timed_out() -> NoAnswer {
+        NoAnswer::TimedOut { after_ms: 1500 }
     }
 
     #[test]
@@ -237,11 +247,11 @@ mod tests {
             }))
         );
         assert_eq!(
-            after_removal("team-a", Err(unanswered("timed out"))),
+            after_removal("team-a", Err(unanswered("POST", timed_out()))),
             Step::Done(Release::LedgerRequestFailed(
                 RequestFailed::RemovingObjects {
                     tenant: "team-a".into(),
-                    cause: unanswered("timed out")
+                    cause: unanswered("POST", timed_out())
                 }
             ))
         );
@@ -256,8 +266,11 @@ mod tests {
             }))
         };
         assert_eq!(
-            after_entry("team-a", Err(unanswered("connection refused")), true),
-            reading(LedgerFailure::Unanswered(unanswered("connection refused")))
+            after_entry("team-a", Err(unanswered("GET", NoAnswer::Refused)), true),
+            reading(LedgerFailure::Unanswered(unanswered(
+                "GET",
+                NoAnswer::Refused
+            )))
         );
         assert_eq!(
             after_entry(
@@ -283,10 +296,10 @@ mod tests {
             })
         );
         assert_eq!(
-            after_delete("team-a", Err(unanswered("timed out"))),
+            after_delete("team-a", Err(unanswered("DELETE", timed_out()))),
             Release::LedgerRequestFailed(RequestFailed::DeletingEntry {
                 tenant: "team-a".into(),
-                cause: unanswered("timed out")
+                cause: unanswered("DELETE", timed_out())
             })
         );
         assert_eq!(after_delete("team-a", Ok(Ok(()))), Release::Released);
@@ -345,9 +358,11 @@ mod tests {
             (
                 Release::LedgerRequestFailed(RequestFailed::ReadingEntry {
                     tenant: "chat".into(),
-                    cause: LedgerFailure::Unanswered(unanswered("connection refused")),
+                    cause: LedgerFailure::Unanswered(unanswered("GET", NoAnswer::Refused)),
                 }),
-                format!("{failed}reading the ledger of tenant chat: connection refused"),
+                format!(
+                    "{failed}reading the ledger of tenant chat: no answer to GET http://m:9003/api/v1/tenant_quotas?tenant_id=chat: connection refused"
+                ),
             ),
             (
                 Release::LedgerRequestFailed(RequestFailed::ReadingEntry {
@@ -361,16 +376,20 @@ mod tests {
             (
                 Release::LedgerRequestFailed(RequestFailed::RemovingObjects {
                     tenant: "chat".into(),
-                    cause: unanswered("timed out"),
+                    cause: unanswered("POST", timed_out()),
                 }),
-                format!("{failed}removing the objects of tenant chat: timed out"),
+                format!(
+                    "{failed}removing the objects of tenant chat: no answer to POST http://m:9003/api/v1/tenant_quotas?tenant_id=chat: timed out after 1500 ms"
+                ),
             ),
             (
                 Release::LedgerRequestFailed(RequestFailed::DeletingEntry {
                     tenant: "chat".into(),
-                    cause: unanswered("timed out"),
+                    cause: unanswered("DELETE", timed_out()),
                 }),
-                format!("{failed}releasing tenant chat: timed out"),
+                format!(
+                    "{failed}releasing tenant chat: no answer to DELETE http://m:9003/api/v1/tenant_quotas?tenant_id=chat: timed out after 1500 ms"
+                ),
             ),
         ];
         for (release, want) in cases {

@@ -3,7 +3,7 @@
 
 use kvcache_api::condition::{Cond, Status, find};
 use kvcache_api::pool::PoolPhase;
-use kvcache_quota::admin::{LedgerFailure, Outcome, TenantEntry, Unanswered};
+use kvcache_quota::admin::{LedgerFailure, NoAnswer, Outcome, TenantEntry, Unanswered};
 use kvcache_quota::policy::{self, BindingCeiling};
 use kvcache_quota::recut;
 use kvcache_quota::status::*;
@@ -311,9 +311,11 @@ fn nothing_to_allocate_after_a_restart() {
 
 #[test]
 fn failures_and_deletion() {
-    let unreachable = Outcome::Unreachable(LedgerFailure::Unanswered(Unanswered(
-        "connection refused".into(),
-    )));
+    let unreachable = Outcome::Unreachable(LedgerFailure::Unanswered(Unanswered {
+        method: "GET",
+        url: "http://gone-leader.kvcache-system:9003/api/v1/tenant_quotas".into(),
+        cause: NoAnswer::Refused,
+    }));
     let pool = pool_status(&PoolInput {
         pool: "p",
         total_bytes: GI,
@@ -350,7 +352,7 @@ fn failures_and_deletion() {
         (ledger.reason, ledger.message.as_str()),
         (
             "LedgerUnreachable",
-            "the tenant ledger of KVCacheBackend gone could not be read: connection refused"
+            "the tenant ledger of KVCacheBackend gone could not be read: no answer to GET http://gone-leader.kvcache-system:9003/api/v1/tenant_quotas: connection refused"
         )
     );
     assert_eq!(
@@ -403,7 +405,11 @@ fn failures_and_deletion() {
         (
             Release::LedgerRequestFailed(RequestFailed::DeletingEntry {
                 tenant: "chat".into(),
-                cause: Unanswered("timeout".into()),
+                cause: Unanswered {
+                    method: "DELETE",
+                    url: "http://m:9003/api/v1/tenant_quotas?tenant_id=chat".into(),
+                    cause: NoAnswer::TimedOut { after_ms: 1500 },
+                },
             }),
             "LedgerRequestFailed",
         ),
