@@ -94,7 +94,7 @@ impl NodeNetwork {
     }
 }
 
-/// One node.
+/// A node the harness brought up: its name, addresses, folders and kubelet log.
 pub struct NodeInfo {
     /// Where the node's own host folders live (its view of `PRIVATE_PATHS`).
     pub host_root: PathBuf,

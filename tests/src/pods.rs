@@ -275,9 +275,7 @@ pub async fn wait_log(
 /// What a command run in a Pod printed, and whether it succeeded.
 #[derive(Clone, Debug)]
 pub struct Output {
-    /// Standard output.
     pub stdout: String,
-    /// Standard error.
     pub stderr: String,
     /// Exit status 0.
     pub success: bool,

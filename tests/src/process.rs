@@ -63,7 +63,8 @@ impl Proc {
         self.child.as_ref().map_or(0, Child::id)
     }
 
-    /// Whether the process has exited.
+    /// Whether the process has exited (reaped without waiting; true once it was stopped,
+    /// killed or detached).
     pub fn exited(&mut self) -> bool {
         match self.child.as_mut() {
             Some(c) => !matches!(c.try_wait(), Ok(None)),

@@ -141,7 +141,7 @@ enum BenchKind {
         /// Backends (one real master each) and pools.
         #[arg(long, default_value_t = 10)]
         backends: usize,
-        /// Namespaces.
+        /// Namespaces (`team-000`, …) the Bindings and ModelDeployments are spread over.
         #[arg(long, default_value_t = 100)]
         namespaces: usize,
         /// Bindings and ModelDeployments per namespace.

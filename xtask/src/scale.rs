@@ -25,7 +25,7 @@ use crate::setup;
 pub struct Shape {
     /// Backends (one master each) and as many pools.
     pub backends: usize,
-    /// Namespaces.
+    /// Namespaces (`team-000`, …) the Bindings and ModelDeployments are spread over.
     pub namespaces: usize,
     /// Bindings (and as many ModelDeployments) per namespace.
     pub per_namespace: usize,

@@ -300,10 +300,10 @@ fn default_true() -> bool {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExtraEnv {
-    /// Variable name.
+    /// The variable's name as the container sees it.
     #[schemars(length(min = 1, max = 128))]
     pub name: String,
-    /// Literal value.
+    /// The value as written (`$(VAR)` expanded as on a Pod); set this or `valueFrom`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32768))]
     pub value: Option<String>,
@@ -685,7 +685,7 @@ pub mod conditions {
     pub const SETTINGS_READ: &str = "SettingsRead";
 }
 
-/// Backend phase.
+/// A KVCacheBackend's `status.phase`: whether its leader serves and its members are mounted.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum BackendPhase {
     /// The leader has no ready replica yet.
@@ -746,7 +746,7 @@ pub struct ObjectRef {
     /// Namespace, for namespaced kinds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
-    /// Name.
+    /// The object's `metadata.name`.
     pub name: String,
 }
 

@@ -7,11 +7,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 /// tell yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Status {
-    /// `True`.
+    /// `True`: the condition holds.
     True,
-    /// `False`.
+    /// `False`: the condition does not hold; its reason and message say why.
     False,
-    /// `Unknown`.
+    /// `Unknown`: not observed yet, or what it depends on could not be read.
     Unknown,
 }
 

@@ -76,7 +76,7 @@ impl std::fmt::Display for ObjectRef {
 }
 
 impl Object {
-    /// Which object this is.
+    /// Its kind, namespace and name: how refusals and messages name it.
     pub fn object_ref(&self) -> ObjectRef {
         ObjectRef::new(self.kind(), self.metadata())
     }

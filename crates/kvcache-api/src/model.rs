@@ -302,7 +302,7 @@ pub mod conditions {
     pub const SHARED_CACHE_OBSERVED: &str = "SharedCacheObserved";
 }
 
-/// ModelDeployment phase.
+/// A ModelDeployment's `status.phase`: where its replicas stand.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum ModelDeploymentPhase {
     /// Replicas are starting.
@@ -336,15 +336,15 @@ pub struct KvCacheStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RoleStatus {
-    /// Role name.
+    /// The role's `name` in `spec.roles`.
     pub name: String,
-    /// Role kind.
+    /// The role's `kind` in `spec.roles`.
     #[serde(default)]
     pub kind: RoleKind,
-    /// Desired replicas.
+    /// The role's `spec.roles[].replicas`.
     #[serde(default)]
     pub desired: i32,
-    /// Ready replicas.
+    /// Ready replicas of the role's Deployment (its `status.readyReplicas`).
     #[serde(default)]
     pub ready: i32,
     /// True for a take-over (`command`) role: no engine arguments, no cache settings.

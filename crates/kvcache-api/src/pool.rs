@@ -123,7 +123,7 @@ pub mod binding_conditions {
     pub const RELEASABLE: &str = "Releasable";
 }
 
-/// Pool or Binding phase.
+/// The `status.phase` of a KVCachePool or a KVCachePoolBinding; the conditions say why.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum PoolPhase {
     /// Usable.

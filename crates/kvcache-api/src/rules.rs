@@ -25,7 +25,8 @@ pub struct RefusedFlags {
     pub reason: &'static str,
 }
 
-/// The refused leader flags.
+/// Every family of refused leader flags: the CRD's CEL rules and the validator both read this
+/// one table, so the two layers refuse the same arguments with the same reason.
 pub const REFUSED_LEADER_FLAGS: &[RefusedFlags] = &[
     RefusedFlags {
         keys: &[

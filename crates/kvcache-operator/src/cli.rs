@@ -61,7 +61,6 @@ pub enum CliError {
     Read {
         /// A `-f`, `--old` or `--settings` argument, or a file in a directory given to one.
         path: PathBuf,
-        /// The I/O error.
         source: std::io::Error,
     },
     /// A manifest that cannot be parsed.

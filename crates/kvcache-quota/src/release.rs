@@ -119,7 +119,7 @@ pub fn after_delete(tenant: &str, deleted: Result<Result<(), AdminError>, Unansw
 /// released it, and its ceiling still takes a share whenever the master recuts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unclaimed {
-    /// The tenant id.
+    /// The tenant id on the master's ledger: the domain name of the Binding that made it.
     pub tenant: String,
     /// Bytes it still holds: while any, its entry is kept (the master refuses the delete and
     /// its objects are nobody's to drop), else the pool pass deletes it.

@@ -81,7 +81,7 @@ pub enum NotReleased {
         kvcache_api::DROP_CACHED_DATA_ANNOTATION
     )]
     HoldsBytes {
-        /// The tenant id.
+        /// The tenant id on the master's ledger: the Binding's domain name.
         tenant: String,
         /// The bytes the ledger charges it.
         bytes: u64,
@@ -89,7 +89,7 @@ pub enum NotReleased {
     /// The master refused to remove the tenant's objects.
     #[error("the master refused to remove the objects of tenant {tenant}: {refusal}")]
     RemovalRefused {
-        /// The tenant id.
+        /// The tenant id on the master's ledger: the Binding's domain name.
         tenant: String,
         /// The master's answer.
         refusal: AdminError,
@@ -98,13 +98,13 @@ pub enum NotReleased {
     /// (`TENANT_NOT_EMPTY`).
     #[error("the master refused to release tenant {tenant}: it still holds objects")]
     NotEmpty {
-        /// The tenant id.
+        /// The tenant id on the master's ledger: the Binding's domain name.
         tenant: String,
     },
     /// The master refused to delete the tenant's entry for another reason.
     #[error("the master refused to release tenant {tenant}: {refusal}")]
     DeleteRefused {
-        /// The tenant id.
+        /// The tenant id on the master's ledger: the Binding's domain name.
         tenant: String,
         /// The master's answer.
         refusal: AdminError,
@@ -117,7 +117,7 @@ pub enum RequestFailed {
     /// Reading the tenant's entry: refused or unanswered.
     #[error("reading the ledger of tenant {tenant}: {cause}")]
     ReadingEntry {
-        /// The tenant id.
+        /// The tenant id on the master's ledger: the Binding's domain name.
         tenant: String,
         /// The master's refusal or the missing answer.
         cause: LedgerFailure,
@@ -125,7 +125,7 @@ pub enum RequestFailed {
     /// Removing the tenant's objects: unanswered.
     #[error("removing the objects of tenant {tenant}: {cause}")]
     RemovingObjects {
-        /// The tenant id.
+        /// The tenant id on the master's ledger: the Binding's domain name.
         tenant: String,
         /// Why no answer came.
         cause: Unanswered,
@@ -133,7 +133,7 @@ pub enum RequestFailed {
     /// Deleting the tenant's entry: unanswered.
     #[error("releasing tenant {tenant}: {cause}")]
     DeletingEntry {
-        /// The tenant id.
+        /// The tenant id on the master's ledger: the Binding's domain name.
         tenant: String,
         /// Why no answer came.
         cause: Unanswered,
@@ -160,7 +160,7 @@ pub struct PoolInput<'a> {
     /// The tenants still on the ledger that no Binding claims, after this pass removed the
     /// empty ones ([`crate::release::unclaimed`]).
     pub unclaimed: &'a [Unclaimed],
-    /// Deletion state.
+    /// Where its deletion stands: [`Release::NotDeleting`] until it has a deletion timestamp.
     pub release: Release,
 }
 
@@ -531,7 +531,7 @@ pub struct BindingInput<'a> {
     pub entry: Option<&'a TenantEntry>,
     /// Other Bindings claiming the same tenant on the same backend.
     pub contested_with: &'a [String],
-    /// Deletion state.
+    /// Where its deletion stands: [`Release::NotDeleting`] until it has a deletion timestamp.
     pub release: Release,
 }
 

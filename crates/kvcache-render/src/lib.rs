@@ -83,7 +83,7 @@ pub enum Error {
         instance_type: String,
         /// The value as written.
         value: String,
-        /// Why.
+        /// What is wrong with it (no number, an unknown suffix, a fraction, …).
         source: kvcache_api::quantity::QuantityError,
     },
     /// The backend's tenant policy document was refused.

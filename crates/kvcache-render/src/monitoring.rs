@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-/// One alert.
+/// One alerting rule of the PrometheusRule the installation ships.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Alert {
     /// The rule's `alert:` name, CamelCase (`KVCacheBackendDegraded`).
@@ -16,7 +16,7 @@ pub struct Alert {
     pub for_: &'static str,
     /// `warning` or `critical`.
     pub severity: &'static str,
-    /// One line.
+    /// The `summary` annotation: one line, for alert lists.
     pub summary: &'static str,
     /// What it means and what to look at.
     pub description: &'static str,

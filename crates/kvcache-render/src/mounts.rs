@@ -15,7 +15,7 @@ use crate::store::Segment;
 pub struct OtherMember {
     /// The backend whose member it is (its `app.kubernetes.io/instance` label).
     pub backend: String,
-    /// The Pod.
+    /// The member Pod: its name, node and address.
     pub pod: MemberPod,
 }
 

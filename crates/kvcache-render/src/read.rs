@@ -19,9 +19,9 @@ pub struct MemberPod {
     pub ip: String,
     /// The member group index (from `app.kubernetes.io/component: member-<i>`).
     pub group: usize,
-    /// Ready condition.
+    /// Its `Ready` condition is `True`.
     pub ready: bool,
-    /// Being deleted.
+    /// It has a deletion timestamp: it is terminating.
     pub terminating: bool,
     /// Its `pod-spec-hash` annotation.
     pub hash: String,

@@ -29,9 +29,9 @@ pub struct Environment<'a> {
     pub settings: &'a Settings,
 }
 
-/// The default operator namespace.
+/// The namespace the operator is installed into when `--namespace` is not given.
 pub const DEFAULT_NAMESPACE: &str = "gpustack-system";
-/// The default operator image.
+/// The operator image `cargo xtask manifests` writes into `deploy/operator.yaml` and the chart.
 pub const DEFAULT_OPERATOR_IMAGE: &str = "gpustack/kvcache-operator:0.1.0";
 
 struct Index<'a> {

@@ -119,9 +119,9 @@ pub enum Step {
     },
     /// Ask the master to drain the Pod's segment onto `targets`.
     StartDrain {
-        /// The member Pod.
+        /// The member Pod's name.
         pod: String,
-        /// Its node.
+        /// Its node's name (empty while it is not scheduled).
         node: String,
         /// Its segment's name on the master.
         segment: String,
@@ -132,9 +132,9 @@ pub enum Step {
     },
     /// The Pod's drain runs: ask again shortly.
     AwaitDrain {
-        /// The member Pod.
+        /// The member Pod's name.
         pod: String,
-        /// Its node.
+        /// Its node's name (empty while it is not scheduled).
         node: String,
         /// The master's job id (`None`: started, no id recorded; the segment's status says).
         job: Option<String>,
@@ -143,9 +143,9 @@ pub enum Step {
     },
     /// Delete the Pod (its DaemonSet creates the replacement).
     Replace {
-        /// The member Pod.
+        /// The member Pod's name.
         pod: String,
-        /// Its node.
+        /// Its node's name (empty while it is not scheduled).
         node: String,
         /// Drained first, or why not.
         drain: Drain,
@@ -178,9 +178,9 @@ impl Progress {
 pub enum Until {
     /// A member Pod of the group is terminating.
     Gone {
-        /// The Pod.
+        /// The member Pod's name.
         pod: String,
-        /// Its node.
+        /// Its node's name (empty while it is not scheduled).
         node: String,
     },
     /// The DaemonSet has not created every Pod yet (a replacement is missing).
@@ -192,16 +192,16 @@ pub enum Until {
     },
     /// A member Pod on the current template is not Ready.
     Ready {
-        /// The Pod.
+        /// The member Pod's name.
         pod: String,
-        /// Its node.
+        /// Its node's name (empty while it is not scheduled).
         node: String,
     },
     /// A member Pod on the current template is Ready but its segment is not mounted.
     Mounted {
-        /// The Pod.
+        /// The member Pod's name.
         pod: String,
-        /// Its node.
+        /// Its node's name (empty while it is not scheduled).
         node: String,
     },
 }
@@ -209,9 +209,9 @@ pub enum Until {
 /// The member Pod that comes after a wait.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Next {
-    /// The Pod.
+    /// The member Pod's name.
     pub pod: String,
-    /// Its node.
+    /// Its node's name (empty while it is not scheduled).
     pub node: String,
     /// `Ok`: it will be drained first; `Err`: why it will be replaced without a drain.
     pub drained: Result<(), NoDrain>,
@@ -229,7 +229,7 @@ pub enum Drain {
     },
     /// Replaced without a drain: what it held is lost.
     Skipped {
-        /// Why.
+        /// Why the segment was not drained first.
         why: NoDrain,
         /// A job still running to cancel first (best effort).
         cancel: Option<String>,
@@ -269,7 +269,7 @@ pub enum NoDrain {
     Refused(ReadError),
     /// The job ended without emptying the segment.
     Failed {
-        /// The job.
+        /// The master's drain job id.
         job: String,
         /// How it ended.
         status: JobStatus,

@@ -387,11 +387,11 @@ impl DrainJob {
 /// The store's answers in one pass (each read on its own).
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoreReading {
-    /// `/health`.
+    /// The master's `/health` answer, or why it could not be read.
     pub health: Result<Health, ReadError>,
-    /// `/metrics`.
+    /// The master's `/metrics` figures, or why they could not be read.
     pub metrics: Result<Metrics, ReadError>,
-    /// `/get_segments_detail`.
+    /// The segments `/get_segments_detail` lists, or why they could not be read.
     pub segments: Result<Vec<Segment>, ReadError>,
 }
 

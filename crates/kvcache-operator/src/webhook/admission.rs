@@ -27,11 +27,11 @@ use crate::error::Unjudgeable;
 /// The objects the cross-object rules read.
 #[derive(Clone, Debug, Default)]
 pub struct World {
-    /// Every backend.
+    /// Every backend in the operator's cache when the request came.
     pub backends: Vec<Arc<KVCacheBackend>>,
-    /// Every pool.
+    /// Every pool in the operator's cache when the request came.
     pub pools: Vec<Arc<KVCachePool>>,
-    /// Every Binding.
+    /// Every Binding, in every namespace, in the operator's cache when the request came.
     pub bindings: Vec<Arc<KVCachePoolBinding>>,
     /// Every InstanceType (a role's accelerator maker picks vLLM-Ascend).
     pub instance_types: Vec<Arc<kvcache_api::model::InstanceType>>,

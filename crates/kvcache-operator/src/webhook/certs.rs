@@ -48,15 +48,15 @@ pub const RENEW_BEFORE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The PEM texts of a pair as stored.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stored {
-    /// CA certificate.
+    /// [`CA_CERT`]: the CA certificate, PEM.
     pub ca_cert: String,
-    /// CA key.
+    /// [`CA_KEY`]: the CA's private key, PEM.
     pub ca_key: String,
-    /// Serving certificate.
+    /// [`TLS_CERT`]: the webhook's serving certificate, PEM, signed by the CA.
     pub tls_cert: String,
-    /// Serving key.
+    /// [`TLS_KEY`]: the serving certificate's private key, PEM.
     pub tls_key: String,
-    /// Earlier CAs.
+    /// [`CA_PREVIOUS`]: earlier CA certificates, PEM, still trusted after a rotation.
     pub ca_previous: String,
 }
 

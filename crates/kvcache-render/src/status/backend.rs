@@ -86,7 +86,7 @@ impl Observation {
 /// What to write.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Computed {
-    /// Phase.
+    /// The phase to write to `status.phase`.
     pub phase: BackendPhase,
     /// Why not `Ready`.
     pub phase_message: Option<String>,

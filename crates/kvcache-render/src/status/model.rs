@@ -28,7 +28,7 @@ pub enum Resolution {
     BindingNotReady {
         /// The Binding, as `namespace/name`.
         binding: String,
-        /// Why.
+        /// Which of its pool and backend is missing, e.g. `its KVCachePool p does not exist`.
         why: String,
     },
     /// Binding, pool and domain.
