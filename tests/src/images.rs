@@ -54,7 +54,7 @@ pub const OPERATOR_NEXT: &str = "docker.io/gpustack/kvcache-operator:0.1.1-next"
 /// which store Pods that elect or find their leader through the Lease copy it from.
 pub const ELECTOR: Image = Image {
     archive: "elector.tar",
-    name: "docker.io/gpustack/kvcache-elector:0.1.0",
+    name: "docker.io/gpustack/kvcache-elector:0.2.0",
     also: &[],
 };
 

@@ -1030,7 +1030,13 @@ fn with_the_operator_scaled_to_zero_a_stuck_binding_and_its_namespace_can_still_
         // next pool pass removes it (an event says so) and the pool names no unclaimed tenant;
         // team-a is granted the whole capacity again (the stuck ceiling took a share of it).
         let pools: Api<KVCachePool> = Api::all(client.clone());
-        wait_condition(&pools, "shared-dram", "TenantsClaimed=True/AllClaimed", WAIT).await?;
+        wait_condition(
+            &pools,
+            "shared-dram",
+            "TenantsClaimed=True/AllClaimed",
+            WAIT,
+        )
+        .await?;
         let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
             .list(&ListParams::default())
             .await?;
@@ -1038,7 +1044,9 @@ fn with_the_operator_scaled_to_zero_a_stuck_binding_and_its_namespace_can_still_
             events.items.iter().any(|e| {
                 e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("shared-dram")
                     && e.reason.as_deref() == Some("UnclaimedTenantRemoved")
-                    && e.note.as_deref().is_some_and(|n| n.contains("tenant stuck "))
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("tenant stuck "))
             }),
             "an UnclaimedTenantRemoved event on shared-dram naming tenant stuck"
         );

@@ -1,6 +1,7 @@
 //! `cargo xtask bench soak --failovers N`: two backends failing over at the same moment, N
 //! times, on two real nodes with the operator (as from a Pod). Each backend runs two electing
-//! leader replicas and a member on each node; each round deletes both serving leader Pods at
+//! leader replicas and a member on each node (`soak-a`'s members dial the leader Service,
+//! `soak-b`'s follow the Lease, checking who answers at its address); each round deletes both serving leader Pods at
 //! once and samples, until both serve again with every member remounted: how many leader Pods
 //! of one backend report `service_ready` at once (goal: never two), and whether a master lists a
 //! segment of the other backend's member (goal: never; the harness's per-node address books and
@@ -28,9 +29,15 @@ const WAIT: Duration = Duration::from_secs(180);
 /// otherwise holds the proxied request for minutes): no answer is not serving.
 const ASK: Duration = Duration::from_secs(2);
 
+/// The soak backend `name`; the second one's members find the master through the Lease.
 fn manifest(name: &str) -> Result<KVCacheBackend, Error> {
+    let addressing = if name == BACKENDS[1] {
+        "Lease"
+    } else {
+        "Service"
+    };
     serde_yaml::from_str(&format!(
-        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {name}}}\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {{replicas: 2, multiTenancy: false}}\n      members:\n        - nodeSelector: {{kubernetes.io/os: linux}}\n          medium: DRAM\n          capacityPerMember: 64Mi\n"
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {name}}}\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {{replicas: 2, multiTenancy: false, memberAddressing: {addressing}}}\n      members:\n        - nodeSelector: {{kubernetes.io/os: linux}}\n          medium: DRAM\n          capacityPerMember: 64Mi\n"
     ))
     .map_err(|e| Error::Invalid {
         path: name.into(),

@@ -27,7 +27,7 @@ pub const DEFAULT_BACKEND_IMAGE: &str = "gpustack/mirrored-mooncake:0.3.13.post1
 /// The default of `kv-cache-elector-image`. Its tag is `kvcache-elector`'s own crate version
 /// (crates/kvcache-elector/Cargo.toml; a test there keeps the two equal): it moves when the
 /// elector does, never with an operator release alone.
-pub const DEFAULT_ELECTOR_IMAGE: &str = "gpustack/kvcache-elector:0.1.0";
+pub const DEFAULT_ELECTOR_IMAGE: &str = "gpustack/kvcache-elector:0.2.0";
 
 /// The settings' keys, as the ConfigMap and the settings file spell them.
 pub mod keys {

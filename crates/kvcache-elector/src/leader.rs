@@ -11,8 +11,9 @@ use tracing::{error, info, warn};
 use crate::Error;
 use crate::child::StoreProcess;
 use crate::election::{Election, Plan, Timing};
+use crate::identity::LeaderIdentity;
 use crate::lease::{LeaseClient, LeaseError};
-use crate::ready::{self, Readiness};
+use crate::ready::{self, Named, Readiness};
 
 /// How a leader elector is configured.
 #[derive(Clone, Debug)]
@@ -84,10 +85,22 @@ struct Campaign {
     election: Election,
     child: Option<StoreProcess>,
     ready: watch::Sender<Readiness>,
+    /// What `/identity` says of leading.
+    leading: watch::Sender<bool>,
     last_error: Option<String>,
 }
 
 impl Campaign {
+    /// `/identity` follows the election.
+    fn publish_leading(&self) {
+        let now = self.election.leading();
+        self.leading.send_if_modified(|old| {
+            let changed = *old != now;
+            *old = now;
+            changed
+        });
+    }
+
     fn set_ready(&self, r: Readiness) {
         self.ready.send_if_modified(|old| {
             let changed = *old != r;
@@ -256,14 +269,25 @@ pub async fn run(config: LeaderConfig) -> Result<(), Error> {
     let lease =
         LeaseClient::new(client, &config.namespace, &config.lease).with_store_version(version);
     let (tx, rx) = watch::channel(Readiness::not("starting"));
+    let (leading, leading_rx) = watch::channel(false);
     let addr = config.ready_addr;
-    let server = tokio::spawn(ready::serve(addr, rx));
+    let named = Named {
+        who: LeaderIdentity {
+            lease: config.lease.clone(),
+            namespace: config.namespace.clone(),
+            identity: config.identity.clone(),
+            leading: false,
+        },
+        leading: leading_rx,
+    };
+    let server = tokio::spawn(ready::serve(addr, rx, Some(named)));
     let mut campaign = Campaign {
         election: Election::new(config.identity.clone(), config.timing),
         config,
         lease,
         child: None,
         ready: tx,
+        leading,
         last_error: None,
     };
     let mut term = signal(SignalKind::terminate()).map_err(Error::Signal)?;
@@ -285,7 +309,9 @@ pub async fn run(config: LeaderConfig) -> Result<(), Error> {
                 if server.is_finished() {
                     break Err(Error::Serve { addr: addr.to_string(), source: std::io::Error::other("the readiness server stopped") });
                 }
-                if let Err(e) = campaign.step().await {
+                let stepped = campaign.step().await;
+                campaign.publish_leading();
+                if let Err(e) = stepped {
                     break Err(e);
                 }
             }
@@ -296,6 +322,7 @@ pub async fn run(config: LeaderConfig) -> Result<(), Error> {
         child.stop(campaign.config.stop_grace).await;
     }
     campaign.release().await;
+    campaign.publish_leading();
     server.abort();
     result
 }

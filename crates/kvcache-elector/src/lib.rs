@@ -6,12 +6,14 @@
 //!   data and answers not ready. It stops the master at once when it loses the Lease or cannot
 //!   renew it in time, releases the Lease on SIGTERM, and exits non-zero if the master exits.
 //! - `member` mode follows the Lease holder's published address and (re)starts the member
-//!   (the command after `--`) pointed at it, for `memberAddressing: Lease`.
+//!   (the command after `--`) pointed at it, for `memberAddressing: Lease`, once the elector at
+//!   that address names itself as the holder of this backend's Lease ([`identity`]).
 
 #![warn(missing_docs)]
 
 pub mod child;
 pub mod election;
+pub mod identity;
 pub mod leader;
 pub mod lease;
 pub mod member;

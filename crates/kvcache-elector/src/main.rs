@@ -106,6 +106,14 @@ struct MemberArgs {
         default_value = "MOONCAKE_MASTER"
     )]
     master_env: String,
+    /// The port where the leader elector answers `/identity` (its `--ready-addr` port): a
+    /// member mounts only on a master whose elector names this backend's Lease and holder.
+    #[arg(
+        long,
+        env = "KVCACHE_ELECTOR_LEADER_IDENTITY_PORT",
+        default_value_t = 8090
+    )]
+    leader_identity_port: u16,
     /// The member's command line.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -119,7 +127,7 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .json()
         .init();
     let result = match Cli::parse().mode {
         Mode::Install { dir } => {
@@ -157,6 +165,7 @@ async fn main() -> ExitCode {
                 master_env: a.master_env,
                 stop_grace: a.common.stop_grace,
                 command: a.command,
+                leader_identity_port: a.leader_identity_port,
             })
             .await
         }

@@ -26,7 +26,7 @@ fn bench(c: &mut Criterion) {
                     backend: &b,
                     store_image: "gpustack/mirrored-mooncake:0.3.13.post1-cpu",
                     namespace: "gpustack-system",
-                    elector_image: "gpustack/kvcache-elector:0.1.0",
+                    elector_image: "gpustack/kvcache-elector:0.2.0",
                     policy: None,
                 })
                 .expect("renders")

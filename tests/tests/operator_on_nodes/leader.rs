@@ -1,6 +1,7 @@
 //! Leader replicas and the election: three replicas read three desired and one ready and a
 //! failover keeps the phase honest, scaling from one to three keeps the serving Pod and the
-//! member templates, and changing the election backend restarts what it must.
+//! member templates, changing the election backend restarts what it must, and a Lease-addressed
+//! member never mounts on another backend's master.
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::Pod;
@@ -403,6 +404,139 @@ fn a_leader_template_change_under_election_costs_one_failover() {
             "one failover: the Lease changed hands exactly once, saw {holders:?}"
         );
         remove_backend(&client, name).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The JSON log lines of a Pod's container (lines the store prints itself are skipped).
+async fn json_log(
+    store: &Api<Pod>,
+    pod: &str,
+    container: &str,
+) -> Result<Vec<serde_json::Value>, Error> {
+    Ok(pods::logs(store, pod, Some(container))
+        .await?
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .collect())
+}
+
+/// Whether a member elector's log line says `message` (its start) about master `address`.
+fn says(line: &serde_json::Value, message: &str, address: &str) -> bool {
+    line["fields"]["message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with(message))
+        && line["fields"]["master"] == address
+}
+
+#[test]
+fn a_lease_addressed_member_never_mounts_on_another_backends_master_published_at_its_leader_address()
+ {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let lease_addressed = |v: &mut serde_json::Value| {
+            v["spec"]["connection"]["managed"]["leader"]["memberAddressing"] = "Lease".into();
+        };
+        let (own, other) = ("dram-own-master", "dram-other-master");
+        let (_, members) = ready_backend(&client, own, lease_addressed).await?;
+        ready_backend(&client, other, lease_addressed).await?;
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(client.clone(), NAMESPACE);
+        let published = |l: &k8s_openapi::api::coordination::v1::Lease| {
+            l.annotations()
+                .get(kvcache_elector::lease::ADDRESS_ANNOTATION)
+                .cloned()
+        };
+        let own_lease = kvcache_render::backend::leader_name(own);
+        let own_address = published(&leases.get(&own_lease).await?).expect("own address");
+        let foreign = published(
+            &leases
+                .get(&kvcache_render::backend::leader_name(other))
+                .await?,
+        )
+        .expect("the other backend's address");
+
+        // The other backend's master published on this backend's Lease, as a stale address
+        // reused by another backend's new leader would be. Its own leader puts its address
+        // back at its next renewal; the members see both, in order.
+        leases
+            .patch(
+                &own_lease,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                    kvcache_elector::lease::ADDRESS_ANNOTATION: foreign
+                }}})),
+            )
+            .await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        for m in &members {
+            let deadline = std::time::Instant::now() + WAIT;
+            loop {
+                let log = json_log(&store, name_of(m), "member").await?;
+                if log.iter().any(|l| says(l, "not mounting", &foreign)) {
+                    assert!(
+                        !log.iter().any(|l| says(l, "member started", &foreign)),
+                        "{}: a member started toward {foreign}: {log:#?}",
+                        name_of(m)
+                    );
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{}: no refusal to mount on {foreign} within {WAIT:?}: {log:#?}",
+                    name_of(m)
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        }
+        // Both backends serve with their own members only: the same member Pods, never
+        // restarted, on their own master's address.
+        let gone = foreign.clone();
+        kvcache_e2e::cluster::wait_object(
+            &leases,
+            &own_lease,
+            "the own leader's address back on its Lease",
+            WAIT,
+            move |l| published(l).is_some_and(|a| a != gone),
+        )
+        .await?;
+        wait_backend_ready(&client, own, 512 * MIB).await?;
+        wait_backend_ready(&client, other, 512 * MIB).await?;
+        let now = pods::wait_ready(&store, &backend_pods(own, "member-0"), 2, WAIT).await?;
+        assert_eq!(uids(&now), uids(&members), "the same member Pods");
+        for m in &now {
+            let restarts: i32 = m
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map(|c| c.iter().map(|c| c.restart_count).sum())
+                .unwrap_or_default();
+            assert_eq!(restarts, 0, "{}: no container restarted", name_of(m));
+            let log = json_log(&store, name_of(m), "member").await?;
+            let started: Vec<&serde_json::Value> = log
+                .iter()
+                .filter(|l| l["fields"]["message"] == "member started")
+                .collect();
+            assert!(
+                started.len() == 1 && started[0]["fields"]["master"] == own_address.as_str(),
+                "{}: one member start, toward {own_address}: {started:#?}",
+                name_of(m)
+            );
+        }
+        for backend in [own, other] {
+            let b = Api::<KVCacheBackend>::all(client.clone())
+                .get(backend)
+                .await?;
+            assert!(
+                has_condition(&b, "MembersMounted=True"),
+                "{backend}: its own members mounted, nothing foreign: {:?}",
+                b.status.map(|s| s.conditions)
+            );
+        }
+        remove_backend(&client, own).await?;
+        remove_backend(&client, other).await
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }

@@ -251,9 +251,7 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
         None => (Outcome::NotObserved, None, None),
     };
     let (ledger, unclaimed) = match (ledger, &admin) {
-        (Outcome::Listed(entries), Some(admin)) => {
-            remove_unclaimed(ctx, p, admin, entries).await
-        }
+        (Outcome::Listed(entries), Some(admin)) => remove_unclaimed(ctx, p, admin, entries).await,
         (other, _) => (other, Vec::new()),
     };
     let release = if !deleting {
