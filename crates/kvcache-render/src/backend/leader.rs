@@ -184,7 +184,7 @@ fn master_container(
     } else {
         master
     };
-    let (ready, live) = if elects {
+    let (mut ready, live) = if elects {
         (
             probe_http("/readyz", ELECTOR_PORT),
             probe_http("/healthz", ELECTOR_PORT),
@@ -195,6 +195,9 @@ fn master_container(
             probe_http("/health", ADMIN_PORT),
         )
     };
+    // The leader Service sends clients to a new leader only once its Pod is Ready: probed
+    // every second, a handover is not padded by up to a probe period.
+    ready.period_seconds = Some(1);
     let mut ports = vec![port("rpc", RPC_PORT), port("admin", ADMIN_PORT)];
     if elects {
         ports.push(port("elector", ELECTOR_PORT));

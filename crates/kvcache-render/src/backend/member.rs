@@ -82,6 +82,11 @@ impl<'a> Group<'a> {
 }
 
 /// The store client's environment: where the master is, the transport, the segment.
+/// The member's bound on one request to the master and on connecting to it, milliseconds: a
+/// member's requests are metadata (mount, ping, remount, its REST puts' and gets' replica
+/// lists), far under it; a group's `extraEnv` can set either variable otherwise.
+pub const MEMBER_RPC_TIMEOUT_MS: u32 = 2000;
+
 fn store_env(g: &Group<'_>) -> Vec<EnvVar> {
     let mut env = vec![env_value("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE")];
     if !g.lease_members {
@@ -97,6 +102,14 @@ fn store_env(g: &Group<'_>) -> Vec<EnvVar> {
         env_value("MOONCAKE_GLOBAL_SEGMENT_SIZE", g.segment.to_string()),
         env_value("MOONCAKE_LOCAL_BUFFER_SIZE", g.buffer.to_string()),
         env_value("MC_TE_METRIC", "1"),
+        // A ping already sent to a leader whose address vanished otherwise blocks for the
+        // client's 30 s default before the member looks for the new master
+        // (crates/kvcache-elector/README.md, "Engine reattach after a failover").
+        env_value("MC_RPC_TIMEOUT_MS", MEMBER_RPC_TIMEOUT_MS.to_string()),
+        env_value(
+            "MC_RPC_CONNECT_TIMEOUT_MS",
+            MEMBER_RPC_TIMEOUT_MS.to_string(),
+        ),
     ]);
     if g.group.medium == Medium::Dram {
         env.extend(

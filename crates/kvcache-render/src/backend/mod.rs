@@ -23,6 +23,7 @@ pub(crate) use member::fabric_device;
 
 use leader::leader_deployment;
 pub use leader::master_flags;
+pub use member::MEMBER_RPC_TIMEOUT_MS;
 use member::member_daemon_set;
 
 use crate::Error;
