@@ -231,220 +231,43 @@ impl Nodes {
         down: &mut String,
         procs: &mut Vec<Proc>,
     ) -> Result<Vec<NodeInfo>> {
-        let port = cp
-            .server
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse::<u16>().ok())
-            .ok_or_else(|| Error::NodeSetup {
-                step: "reading the API server port".into(),
-                message: cp.server.clone(),
-            })?;
-        let (tag, octet) = (net.tag, net.octet);
-        let (bridge, host_ip) = (net.bridge.clone(), net.host_ip.clone());
+        let port = api_port(cp)?;
         let images = paths::images_dir()?;
         let bin = paths::k8s_bin()?;
         let mut imports = Vec::new();
         let mut nodes = Vec::new();
 
-        // A private mount to keep the nodes' mount namespace files in.
-        sh(&format!(
-            "mkdir -p {RUN_DIR}\nmountpoint -q {RUN_DIR} || mount --bind {RUN_DIR} {RUN_DIR}\nmount --make-private {RUN_DIR}"
-        ))?;
-        // The bridge; the API server listens on its host address too.
-        sh(&format!(
-            "ip link add {bridge} type bridge\nip addr add {host_ip}/24 dev {bridge}\nip link set {bridge} up"
-        ))?;
-        let kubeconfig = std::fs::read_to_string(&cp.kubeconfig)
-            .map_err(crate::io("reading the admin kubeconfig"))?
-            .replace(
-                &format!("    server: {}", cp.server),
-                &format!("    server: https://{host_ip}:{port}"),
-            );
-        let cluster_cidr = format!("10.{}.0.0/16", 100 + tag % 100);
-        // Cluster DNS: CoreDNS on the bridge's host address, answering for cluster.local from
-        // the API server; every node's kubelet hands that address to its Pods.
-        std::fs::write(
-            dir.join("Corefile"),
-            format!(
-                ".:53 {{\n    bind {host_ip}\n    errors\n    cache 5\n    kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        kubeconfig {kc} kvcache-e2e\n        fallthrough in-addr.arpa ip6.arpa\n    }}\n}}\n",
-                kc = cp.kubeconfig.display()
-            ),
-        )
-        .map_err(crate::io("writing the Corefile"))?;
-        let mut dns = Command::new(bin.join("coredns"));
-        dns.arg("-conf").arg(dir.join("Corefile"));
-        let dns = Proc::spawn("coredns", dns, &dir.join("coredns.log"))?;
-        let _ = writeln!(down, "pkill -9 -f '{}/Corefile'", dir.display());
-        procs.push(dns);
+        prepare_host(&net.bridge, &net.host_ip)?;
+        let shared = Shared {
+            bin: &bin,
+            host_ip: &net.host_ip,
+            kubeconfig: node_kubeconfig(cp, &net.host_ip, port)?,
+            cluster_cidr: format!("10.{}.0.0/16", 100 + net.tag % 100),
+            ca: &cp.pki.ca_cert,
+            memory,
+        };
+        procs.push(start_dns(cp, dir, &shared, down)?);
 
         for i in 0..count {
-            let name = format!("kvc{tag}n{i}");
-            let ip = format!("10.220.{octet}.{}", 10 + i);
-            let pod_cidr = format!("10.{}.{i}.0/24", 100 + tag % 100);
-            let ndir = dir.join(&name);
-            let run = PathBuf::from(RUN_DIR).join(&name);
-            let sock = run.join("containerd.sock");
-            std::fs::create_dir_all(ndir.join("cni")).map_err(crate::io("node directories"))?;
-            std::fs::create_dir_all(&run).map_err(crate::io("node run directory"))?;
-            // Its own view of host paths, as on a separate machine: a private mount namespace
-            // (kept in a file) in which each of PRIVATE_PATHS is the node's own folder.
-            let mnt = run.join("mnt");
-            std::fs::write(&mnt, "").map_err(crate::io("the mount namespace file"))?;
-            let mut binds = String::new();
-            for p in PRIVATE_PATHS {
-                let own = ndir.join("host").join(p.trim_start_matches('/'));
-                std::fs::create_dir_all(&own).map_err(crate::io("a node's own folder"))?;
-                let _ = write!(
-                    binds,
-                    "mkdir -p {p} && mount --bind {} {p} && ",
-                    own.display()
-                );
-            }
-            sh(&format!(
-                "unshare --mount={m} --propagation private sh -c '{binds}true'",
-                m = mnt.display()
-            ))?;
-            let _ = writeln!(
-                down,
-                "pkill -9 -f '{d}/kubelet.yaml'\npkill -9 -f '{d}/kube-proxy.yaml'\npkill -9 -f '{d}/containerd.toml'\nfor p in $(pgrep -f '{sock}'); do kill -9 $p; done\nfor f in $(find /sys/fs/cgroup/pids/{name} -name cgroup.procs 2>/dev/null); do for p in $(cat $f); do kill -9 $p 2>/dev/null; done; done\ngrep -E ' ({d}|{r})' /proc/mounts | awk '{{print $2}}' | sort -r | xargs -r -n1 umount -l 2>/dev/null\numount {r}/mnt 2>/dev/null\nip netns del {name} 2>/dev/null\nfor h in /sys/fs/cgroup/*/{name}; do [ -d $h ] && find $h -depth -type d -exec rmdir {{}} \\; 2>/dev/null; done\nip route del {pod_cidr} 2>/dev/null\nrm -rf {r}\n# The node's images and Pod data (about 1 GiB a node), once nothing is mounted there.\ngrep -qE ' {d}/' /proc/mounts || rm -rf {d}/containerd {d}/kubelet",
-                d = ndir.display(),
-                r = run.display(),
-                sock = sock.display(),
-            );
-            let veth = format!("kvcv{tag}{i}");
-            sh(&format!(
-                "ip netns add {name}\nip link add {veth} type veth peer name eth0 netns {name}\nip link set {veth} master {bridge} up\nip -n {name} addr add {ip}/24 dev eth0\nip -n {name} link set eth0 up\nip -n {name} link set lo up\nip -n {name} route add default via {host_ip}\nip netns exec {name} sysctl -qw net.ipv4.ip_forward=1\nip route add {pod_cidr} via {ip}"
-            ))?;
-            for h in hierarchies() {
-                let cg = h.join(&name);
-                std::fs::create_dir_all(&cg)
-                    .map_err(crate::io(format!("creating {}", cg.display())))?;
-                if h.ends_with("cpuset") {
-                    for f in ["cpuset.cpus", "cpuset.mems"] {
-                        let v = std::fs::read_to_string(h.join(f)).unwrap_or_default();
-                        std::fs::write(cg.join(f), v).map_err(crate::io(format!("writing {f}")))?;
-                    }
-                }
-            }
-            std::fs::write(
-                ndir.join("containerd.toml"),
-                format!(
-                    "version = 2\nroot = \"{d}/containerd\"\nstate = \"{r}/containerd\"\n[grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n[debug]\n  address = \"\"\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{PAUSE_IMAGE}\"\n  restrict_oom_score_adj = true\n  [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    bin_dir = \"/usr/lib/cni\"\n    conf_dir = \"{d}/cni\"\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n    snapshotter = \"overlayfs\"\n    default_runtime_name = \"runc\"\n    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n      runtime_type = \"io.containerd.runc.v2\"\n",
-                    d = ndir.display(),
-                    r = run.display(),
-                    sock = sock.display(),
-                ),
-            )
-            .map_err(crate::io("writing the containerd config"))?;
-            // The address book of `host-local` is the node's own (`dataDir` in its run folder,
-            // removed with it), as on a separate machine. In the default /var/lib/cni/networks
-            // every node of every cluster shared one `last_reserved_ip.0`, always another
-            // node's address, so each node handed out its lowest free address: an address freed
-            // by a deleted leader Pod went at once to the next Pod on that node, and a member
-            // whose client redialed the old leader's address (through a Service rule kube-proxy
-            // had not yet dropped) mounted on another backend's new master (store_on_nodes in
-            // CI: one master listed three segments, the restarted backend's one).
-            let ipam_dir = run.join("ipam");
-            std::fs::write(
-                ndir.join("cni/10-bridge.conflist"),
-                format!(
-                    "{{\"cniVersion\":\"0.4.0\",\"name\":\"kvc\",\"plugins\":[{{\"type\":\"bridge\",\"bridge\":\"cni0\",\"isGateway\":true,\"ipMasq\":false,\"ipam\":{{\"type\":\"host-local\",\"dataDir\":\"{ipam}\",\"ranges\":[[{{\"subnet\":\"{pod_cidr}\"}}]],\"routes\":[{{\"dst\":\"0.0.0.0/0\"}}]}}}},{{\"type\":\"portmap\",\"capabilities\":{{\"portMappings\":true}}}}]}}\n",
-                    ipam = ipam_dir.display(),
-                ),
-            )
-            .map_err(crate::io("writing the CNI config"))?;
-            let mut cmd = Command::new("nsenter");
-            cmd.arg(format!("--mount={}", mnt.display()))
-                .arg(format!("--net=/var/run/netns/{name}"))
-                .arg("containerd")
-                .arg("--config")
-                .arg(ndir.join("containerd.toml"));
-            let mut containerd = Proc::spawn(
-                &format!("containerd {name}"),
-                cmd,
-                &ndir.join("containerd.log"),
-            )?;
-            wait_for(&mut containerd, Duration::from_secs(30), || sock.exists())?;
+            let node = NodePlan::new(net, dir, i);
+            node.private_mounts()?;
+            node.note_teardown(down);
+            node.join_network(&net.bridge, &net.host_ip)?;
+            node.make_cgroups()?;
+            node.write_runtime_configs()?;
+            let containerd = node.start_containerd()?;
             // The images load while the kubelet starts; `start` waits for them before the
             // nodes count as up.
-            imports.push(Import::spawn(&name, &sock, &images, wanted)?);
+            imports.push(Import::spawn(&node.name, &node.sock, &images, wanted)?);
             procs.push(containerd);
-            std::fs::write(ndir.join("kubeconfig"), &kubeconfig)
-                .map_err(crate::io("writing the node kubeconfig"))?;
-            // runtimeRequestTimeout: the first container of an image is unpacked inside its
-            // CreateContainer call; the engine image's 5 GB took longer than the default 2
-            // minutes on two nodes at once, and each cancelled unpack started again from zero.
-            // imageGCHighThresholdPercent 100: no image garbage collection. The kubelet measures
-            // the machine's disk, which all nodes share; with the engine's layers unpacked it
-            // passed the default 85% and removed the sandbox image, which no registry can bring
-            // back (every new Pod on that node then failed `failed to get sandbox image`).
-            std::fs::write(
-                ndir.join("kubelet.yaml"),
-                format!(
-                    "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\ncgroupRoot: /{name}\nfailCgroupV1: false\nfailSwapOn: false\ncontainerRuntimeEndpoint: unix://{sock}\nreadOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nenforceNodeAllocatable: []\nevictionHard: {{}}\nauthentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\n  x509: {{clientCAFile: {ca}}}\nauthorization: {{mode: AlwaysAllow}}\nregisterNode: true\nresolvConf: /etc/resolv.conf\nclusterDNS: [{host_ip}]\nclusterDomain: cluster.local\nruntimeRequestTimeout: 15m\nimageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\nsystemReserved:\n  memory: \"{reserved}\"\n",
-                    sock = sock.display(),
-                    ca = cp.pki.ca_cert.display(),
-                    reserved = machine_memory().saturating_sub(memory),
-                ),
-            )
-            .map_err(crate::io("writing the kubelet config"))?;
-            let mut cmd = Command::new("nsenter");
-            cmd.arg(format!("--mount={}", mnt.display()))
-                .arg(format!("--mount={}", mnt.display()))
-                .arg(format!("--net=/var/run/netns/{name}"))
-                .arg(bin.join("kubelet"))
-                .arg("--config")
-                .arg(ndir.join("kubelet.yaml"))
-                .arg("--kubeconfig")
-                .arg(ndir.join("kubeconfig"))
-                .arg("--root-dir")
-                .arg(ndir.join("kubelet"))
-                .args(["--hostname-override", &name, "--node-ip", &ip])
-                .arg(format!("--node-labels={NODE_LABELS}"));
-            let kubelet_log = ndir.join("kubelet.log");
-            procs.push(Proc::spawn(&format!("kubelet {name}"), cmd, &kubelet_log)?);
-            // kube-proxy (iptables) in the node's namespace: ClusterIP Services work from its
-            // Pods. Conntrack limits are the host's (not per namespace): left alone.
-            std::fs::write(
-                ndir.join("kube-proxy.yaml"),
-                format!(
-                    "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclientConnection:\n  kubeconfig: {d}/kubeconfig\nhostnameOverride: {name}\nmode: iptables\nclusterCIDR: {cluster_cidr}\nbindAddress: {ip}\nhealthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\nconntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n",
-                    d = ndir.display(),
-                ),
-            )
-            .map_err(crate::io("writing the kube-proxy config"))?;
-            let mut cmd = Command::new("nsenter");
-            cmd.arg(format!("--mount={}", mnt.display()))
-                .arg(format!("--net=/var/run/netns/{name}"))
-                .arg(bin.join("kube-proxy"))
-                .arg("--config")
-                .arg(ndir.join("kube-proxy.yaml"));
-            procs.push(Proc::spawn(
-                &format!("kube-proxy {name}"),
-                cmd,
-                &ndir.join("kube-proxy.log"),
-            )?);
-            nodes.push(NodeInfo {
-                host_root: ndir.join("host"),
-                name,
-                ip,
-                pod_cidr,
-                kubelet_log,
-            });
+            procs.push(node.start_kubelet(&shared)?);
+            procs.push(node.start_kube_proxy(&shared)?);
+            nodes.push(node.info());
         }
         for import in imports {
             import.finish()?;
         }
-        // Pod ranges across nodes: each node routes the others' ranges to their address.
-        for n in &nodes {
-            for other in nodes.iter().filter(|o| o.name != n.name) {
-                sh(&format!(
-                    "ip -n {} route add {} via {}",
-                    n.name, other.pod_cidr, other.ip
-                ))?;
-            }
-        }
+        route_pod_ranges(&nodes)?;
         Ok(nodes)
     }
 
@@ -543,6 +366,325 @@ impl Drop for Nodes {
         if let Some(mut w) = self.watchdog.take() {
             let _ = w.kill();
             let _ = w.wait();
+        }
+    }
+}
+
+/// The API server's port, from its `https://host:port` address.
+fn api_port(cp: &ControlPlane) -> Result<u16> {
+    cp.server
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse::<u16>().ok())
+        .ok_or_else(|| Error::NodeSetup {
+            step: "reading the API server port".into(),
+            message: cp.server.clone(),
+        })
+}
+
+/// A private mount to keep the nodes' mount namespace files in, and the bridge the nodes join;
+/// the API server listens on the bridge's host address too.
+fn prepare_host(bridge: &str, host_ip: &str) -> Result<()> {
+    sh(&format!(
+        "mkdir -p {RUN_DIR}\nmountpoint -q {RUN_DIR} || mount --bind {RUN_DIR} {RUN_DIR}\nmount --make-private {RUN_DIR}"
+    ))?;
+    sh(&format!(
+        "ip link add {bridge} type bridge\nip addr add {host_ip}/24 dev {bridge}\nip link set {bridge} up"
+    ))
+}
+
+/// The admin kubeconfig, pointed at the API server's address on the bridge (what the nodes
+/// reach).
+fn node_kubeconfig(cp: &ControlPlane, host_ip: &str, port: u16) -> Result<String> {
+    Ok(std::fs::read_to_string(&cp.kubeconfig)
+        .map_err(crate::io("reading the admin kubeconfig"))?
+        .replace(
+            &format!("    server: {}", cp.server),
+            &format!("    server: https://{host_ip}:{port}"),
+        ))
+}
+
+/// Cluster DNS: CoreDNS on the bridge's host address, answering for cluster.local from the API
+/// server; every node's kubelet hands that address to its Pods.
+fn start_dns(
+    cp: &ControlPlane,
+    dir: &Path,
+    shared: &Shared<'_>,
+    down: &mut String,
+) -> Result<Proc> {
+    let host_ip = shared.host_ip;
+    std::fs::write(
+        dir.join("Corefile"),
+        format!(
+            ".:53 {{\n    bind {host_ip}\n    errors\n    cache 5\n    kubernetes cluster.local in-addr.arpa ip6.arpa {{\n        kubeconfig {kc} kvcache-e2e\n        fallthrough in-addr.arpa ip6.arpa\n    }}\n}}\n",
+            kc = cp.kubeconfig.display()
+        ),
+    )
+    .map_err(crate::io("writing the Corefile"))?;
+    let mut dns = Command::new(shared.bin.join("coredns"));
+    dns.arg("-conf").arg(dir.join("Corefile"));
+    let dns = Proc::spawn("coredns", dns, &dir.join("coredns.log"))?;
+    let _ = writeln!(down, "pkill -9 -f '{}/Corefile'", dir.display());
+    Ok(dns)
+}
+
+/// Pod ranges across nodes: each node routes the others' ranges to their address.
+fn route_pod_ranges(nodes: &[NodeInfo]) -> Result<()> {
+    for n in nodes {
+        for other in nodes.iter().filter(|o| o.name != n.name) {
+            sh(&format!(
+                "ip -n {} route add {} via {}",
+                n.name, other.pod_cidr, other.ip
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+/// What every node of one bring-up shares.
+struct Shared<'a> {
+    /// The folder of the Kubernetes binaries and CoreDNS.
+    bin: &'a Path,
+    /// The bridge's host address: the API server's and cluster DNS's address for the nodes.
+    host_ip: &'a str,
+    /// The admin kubeconfig, pointed at `host_ip`.
+    kubeconfig: String,
+    /// Every node's Pod ranges together (a /16), kube-proxy's `clusterCIDR`.
+    cluster_cidr: String,
+    /// The CA the kubelets trust client certificates of (the API server's).
+    ca: &'a Path,
+    /// Memory each node offers Pods, bytes.
+    memory: u64,
+}
+
+/// One node's names, addresses and paths, fixed before anything of it is made.
+struct NodePlan {
+    name: String,
+    ip: String,
+    pod_cidr: String,
+    /// The host end of its veth pair on the bridge.
+    veth: String,
+    /// Its folder under the cluster's: configs, logs, images, Pod data, its own host folders.
+    dir: PathBuf,
+    /// Its folder under [`RUN_DIR`]: containerd's socket and state, its mount namespace file,
+    /// its `host-local` address book.
+    run: PathBuf,
+    sock: PathBuf,
+    /// The file its private mount namespace is kept in.
+    mnt: PathBuf,
+}
+
+impl NodePlan {
+    fn new(net: &NodeNetwork, dir: &Path, i: usize) -> NodePlan {
+        let (tag, octet) = (net.tag, net.octet);
+        let name = format!("kvc{tag}n{i}");
+        let run = PathBuf::from(RUN_DIR).join(&name);
+        NodePlan {
+            ip: format!("10.220.{octet}.{}", 10 + i),
+            pod_cidr: format!("10.{}.{i}.0/24", 100 + tag % 100),
+            veth: format!("kvcv{tag}{i}"),
+            dir: dir.join(&name),
+            sock: run.join("containerd.sock"),
+            mnt: run.join("mnt"),
+            run,
+            name,
+        }
+    }
+
+    /// Its folders, and its own view of host paths, as on a separate machine: a private mount
+    /// namespace (kept in a file) in which each of PRIVATE_PATHS is the node's own folder.
+    fn private_mounts(&self) -> Result<()> {
+        std::fs::create_dir_all(self.dir.join("cni")).map_err(crate::io("node directories"))?;
+        std::fs::create_dir_all(&self.run).map_err(crate::io("node run directory"))?;
+        std::fs::write(&self.mnt, "").map_err(crate::io("the mount namespace file"))?;
+        let mut binds = String::new();
+        for p in PRIVATE_PATHS {
+            let own = self.dir.join("host").join(p.trim_start_matches('/'));
+            std::fs::create_dir_all(&own).map_err(crate::io("a node's own folder"))?;
+            let _ = write!(
+                binds,
+                "mkdir -p {p} && mount --bind {} {p} && ",
+                own.display()
+            );
+        }
+        sh(&format!(
+            "unshare --mount={m} --propagation private sh -c '{binds}true'",
+            m = self.mnt.display()
+        ))
+    }
+
+    /// Notes in `down` how to undo the node: its processes, mounts, namespace, cgroups, route
+    /// and folders.
+    fn note_teardown(&self, down: &mut String) {
+        let NodePlan { name, pod_cidr, .. } = self;
+        let _ = writeln!(
+            down,
+            "pkill -9 -f '{d}/kubelet.yaml'\npkill -9 -f '{d}/kube-proxy.yaml'\npkill -9 -f '{d}/containerd.toml'\nfor p in $(pgrep -f '{sock}'); do kill -9 $p; done\nfor f in $(find /sys/fs/cgroup/pids/{name} -name cgroup.procs 2>/dev/null); do for p in $(cat $f); do kill -9 $p 2>/dev/null; done; done\ngrep -E ' ({d}|{r})' /proc/mounts | awk '{{print $2}}' | sort -r | xargs -r -n1 umount -l 2>/dev/null\numount {r}/mnt 2>/dev/null\nip netns del {name} 2>/dev/null\nfor h in /sys/fs/cgroup/*/{name}; do [ -d $h ] && find $h -depth -type d -exec rmdir {{}} \\; 2>/dev/null; done\nip route del {pod_cidr} 2>/dev/null\nrm -rf {r}\n# The node's images and Pod data (about 1 GiB a node), once nothing is mounted there.\ngrep -qE ' {d}/' /proc/mounts || rm -rf {d}/containerd {d}/kubelet",
+            d = self.dir.display(),
+            r = self.run.display(),
+            sock = self.sock.display(),
+        );
+    }
+
+    /// Its network namespace with its address on the bridge, a default route through the host,
+    /// and the host's route to its Pod range.
+    fn join_network(&self, bridge: &str, host_ip: &str) -> Result<()> {
+        let NodePlan {
+            name,
+            ip,
+            pod_cidr,
+            veth,
+            ..
+        } = self;
+        sh(&format!(
+            "ip netns add {name}\nip link add {veth} type veth peer name eth0 netns {name}\nip link set {veth} master {bridge} up\nip -n {name} addr add {ip}/24 dev eth0\nip -n {name} link set eth0 up\nip -n {name} link set lo up\nip -n {name} route add default via {host_ip}\nip netns exec {name} sysctl -qw net.ipv4.ip_forward=1\nip route add {pod_cidr} via {ip}"
+        ))
+    }
+
+    /// Its cgroup root in every v1 hierarchy (cpuset's seeded from the parent's).
+    fn make_cgroups(&self) -> Result<()> {
+        for h in hierarchies() {
+            let cg = h.join(&self.name);
+            std::fs::create_dir_all(&cg)
+                .map_err(crate::io(format!("creating {}", cg.display())))?;
+            if h.ends_with("cpuset") {
+                for f in ["cpuset.cpus", "cpuset.mems"] {
+                    let v = std::fs::read_to_string(h.join(f)).unwrap_or_default();
+                    std::fs::write(cg.join(f), v).map_err(crate::io(format!("writing {f}")))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// containerd's config and the CNI config it hands Pods.
+    fn write_runtime_configs(&self) -> Result<()> {
+        std::fs::write(
+            self.dir.join("containerd.toml"),
+            format!(
+                "version = 2\nroot = \"{d}/containerd\"\nstate = \"{r}/containerd\"\n[grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n[debug]\n  address = \"\"\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{PAUSE_IMAGE}\"\n  restrict_oom_score_adj = true\n  [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    bin_dir = \"/usr/lib/cni\"\n    conf_dir = \"{d}/cni\"\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n    snapshotter = \"overlayfs\"\n    default_runtime_name = \"runc\"\n    [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n      runtime_type = \"io.containerd.runc.v2\"\n",
+                d = self.dir.display(),
+                r = self.run.display(),
+                sock = self.sock.display(),
+            ),
+        )
+        .map_err(crate::io("writing the containerd config"))?;
+        // The address book of `host-local` is the node's own (`dataDir` in its run folder,
+        // removed with it), as on a separate machine. In the default /var/lib/cni/networks
+        // every node of every cluster shared one `last_reserved_ip.0`, always another
+        // node's address, so each node handed out its lowest free address: an address freed
+        // by a deleted leader Pod went at once to the next Pod on that node, and a member
+        // whose client redialed the old leader's address (through a Service rule kube-proxy
+        // had not yet dropped) mounted on another backend's new master (store_on_nodes in
+        // CI: one master listed three segments, the restarted backend's one).
+        let ipam_dir = self.run.join("ipam");
+        let pod_cidr = &self.pod_cidr;
+        std::fs::write(
+            self.dir.join("cni/10-bridge.conflist"),
+            format!(
+                "{{\"cniVersion\":\"0.4.0\",\"name\":\"kvc\",\"plugins\":[{{\"type\":\"bridge\",\"bridge\":\"cni0\",\"isGateway\":true,\"ipMasq\":false,\"ipam\":{{\"type\":\"host-local\",\"dataDir\":\"{ipam}\",\"ranges\":[[{{\"subnet\":\"{pod_cidr}\"}}]],\"routes\":[{{\"dst\":\"0.0.0.0/0\"}}]}}}},{{\"type\":\"portmap\",\"capabilities\":{{\"portMappings\":true}}}}]}}\n",
+                ipam = ipam_dir.display(),
+            ),
+        )
+        .map_err(crate::io("writing the CNI config"))
+    }
+
+    /// containerd in the node's mount and network namespaces, once its socket is there.
+    fn start_containerd(&self) -> Result<Proc> {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount={}", self.mnt.display()))
+            .arg(format!("--net=/var/run/netns/{}", self.name))
+            .arg("containerd")
+            .arg("--config")
+            .arg(self.dir.join("containerd.toml"));
+        let mut containerd = Proc::spawn(
+            &format!("containerd {}", self.name),
+            cmd,
+            &self.dir.join("containerd.log"),
+        )?;
+        wait_for(&mut containerd, Duration::from_secs(30), || {
+            self.sock.exists()
+        })?;
+        Ok(containerd)
+    }
+
+    /// The kubelet, with its kubeconfig and config, in the node's namespaces.
+    fn start_kubelet(&self, shared: &Shared<'_>) -> Result<Proc> {
+        let NodePlan { name, ip, .. } = self;
+        std::fs::write(self.dir.join("kubeconfig"), &shared.kubeconfig)
+            .map_err(crate::io("writing the node kubeconfig"))?;
+        // runtimeRequestTimeout: the first container of an image is unpacked inside its
+        // CreateContainer call; the engine image's 5 GB took longer than the default 2
+        // minutes on two nodes at once, and each cancelled unpack started again from zero.
+        // imageGCHighThresholdPercent 100: no image garbage collection. The kubelet measures
+        // the machine's disk, which all nodes share; with the engine's layers unpacked it
+        // passed the default 85% and removed the sandbox image, which no registry can bring
+        // back (every new Pod on that node then failed `failed to get sandbox image`).
+        let host_ip = shared.host_ip;
+        std::fs::write(
+            self.dir.join("kubelet.yaml"),
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\ncgroupRoot: /{name}\nfailCgroupV1: false\nfailSwapOn: false\ncontainerRuntimeEndpoint: unix://{sock}\nreadOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nenforceNodeAllocatable: []\nevictionHard: {{}}\nauthentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\n  x509: {{clientCAFile: {ca}}}\nauthorization: {{mode: AlwaysAllow}}\nregisterNode: true\nresolvConf: /etc/resolv.conf\nclusterDNS: [{host_ip}]\nclusterDomain: cluster.local\nruntimeRequestTimeout: 15m\nimageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\nsystemReserved:\n  memory: \"{reserved}\"\n",
+                sock = self.sock.display(),
+                ca = shared.ca.display(),
+                reserved = machine_memory().saturating_sub(shared.memory),
+            ),
+        )
+        .map_err(crate::io("writing the kubelet config"))?;
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount={}", self.mnt.display()))
+            .arg(format!("--mount={}", self.mnt.display()))
+            .arg(format!("--net=/var/run/netns/{name}"))
+            .arg(shared.bin.join("kubelet"))
+            .arg("--config")
+            .arg(self.dir.join("kubelet.yaml"))
+            .arg("--kubeconfig")
+            .arg(self.dir.join("kubeconfig"))
+            .arg("--root-dir")
+            .arg(self.dir.join("kubelet"))
+            .args(["--hostname-override", name, "--node-ip", ip])
+            .arg(format!("--node-labels={NODE_LABELS}"));
+        Proc::spawn(&format!("kubelet {name}"), cmd, &self.kubelet_log())
+    }
+
+    /// kube-proxy (iptables) in the node's namespace: ClusterIP Services work from its Pods.
+    /// Conntrack limits are the host's (not per namespace): left alone.
+    fn start_kube_proxy(&self, shared: &Shared<'_>) -> Result<Proc> {
+        let NodePlan { name, ip, .. } = self;
+        let cluster_cidr = &shared.cluster_cidr;
+        std::fs::write(
+            self.dir.join("kube-proxy.yaml"),
+            format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclientConnection:\n  kubeconfig: {d}/kubeconfig\nhostnameOverride: {name}\nmode: iptables\nclusterCIDR: {cluster_cidr}\nbindAddress: {ip}\nhealthzBindAddress: 127.0.0.1:10256\nmetricsBindAddress: 127.0.0.1:10249\nconntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  tcpCloseWaitTimeout: 0s\n",
+                d = self.dir.display(),
+            ),
+        )
+        .map_err(crate::io("writing the kube-proxy config"))?;
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount={}", self.mnt.display()))
+            .arg(format!("--net=/var/run/netns/{name}"))
+            .arg(shared.bin.join("kube-proxy"))
+            .arg("--config")
+            .arg(self.dir.join("kube-proxy.yaml"));
+        Proc::spawn(
+            &format!("kube-proxy {name}"),
+            cmd,
+            &self.dir.join("kube-proxy.log"),
+        )
+    }
+
+    fn kubelet_log(&self) -> PathBuf {
+        self.dir.join("kubelet.log")
+    }
+
+    /// What the tests read of the node once it is up.
+    fn info(self) -> NodeInfo {
+        NodeInfo {
+            host_root: self.dir.join("host"),
+            kubelet_log: self.kubelet_log(),
+            name: self.name,
+            ip: self.ip,
+            pod_cidr: self.pod_cidr,
         }
     }
 }
