@@ -340,19 +340,80 @@ fn vanish_round(
     Ok((wrote, member, fast))
 }
 
-pub fn failover(runs: usize) -> anyhow::Result<()> {
-    setup::all()?;
-    let dir = paths::scratch("bench-cluster")?;
-    let cp = ControlPlane::start(
-        &dir,
-        &Options {
-            controllers: false,
-            reaper: true,
-            advertise: None,
-        },
-    )?;
-    let kubeconfig = cp.kubeconfig.clone();
-    let kc = kubeconfig.clone();
+/// The elector rig of `bench failover` and what dials its leader through the Service stand-in:
+/// two Service-addressed members (default and 1 s RPC timeouts) and two engines (likewise).
+/// Fields drop in declaration order: the engines and the extra members before the rig.
+struct Stage {
+    engine_fast: Engine,
+    /// The Service-addressed member with 1 s RPC timeouts, held for its `Drop` (which stops it).
+    _fast_member: kvcache_e2e::store::Member,
+    engine: Engine,
+    /// The Service-addressed member with default timeouts, held for its `Drop`.
+    _service_member: kvcache_e2e::store::Member,
+    rig: Rig,
+    service: ServiceStandIn,
+}
+
+impl Stage {
+    /// Three leader electors and two Lease-addressed members in namespace `bench`, the Service
+    /// stand-in pointed at the first leader, then the Service-addressed members and engines.
+    fn start(kubeconfig: &std::path::Path, timing: LeaseTiming) -> anyhow::Result<Stage> {
+        let rig = Rig::start(kubeconfig, "bench", "bench-leader", 3, 2, SEGMENT, timing)
+            .context("starting three electors and two members")?;
+        let first = rig.wait_leader(None, Duration::from_secs(60))?;
+        rig.wait_capacity(first, 2 * SEGMENT, Duration::from_secs(60))?;
+        let address = rig.leaders[first]
+            .as_ref()
+            .map(|s| s.address())
+            .context("the first leader's slot is empty")?;
+        let service = ServiceStandIn::start(address)?;
+        let through_service = format!("127.0.0.1:{}", service.port);
+        // A third member, dialling the Service stand-in as a `memberAddressing: Service` member does.
+        let service_member = kvcache_e2e::store::Member::start(
+            rig.dir(),
+            &kvcache_e2e::store::MemberOptions::new(through_service.clone(), SEGMENT),
+        )?;
+        let mut fast_options =
+            kvcache_e2e::store::MemberOptions::new(through_service.clone(), FAST_SEGMENT);
+        fast_options.env = vec![
+            ("MC_RPC_TIMEOUT_MS".into(), "1000".into()),
+            ("MC_RPC_CONNECT_TIMEOUT_MS".into(), "1000".into()),
+        ];
+        let fast_member = kvcache_e2e::store::Member::start(rig.dir(), &fast_options)?;
+        let engine = Engine::start(rig.dir(), "engine", &through_service, &[])?;
+        // The same engine with the client's RPC timeouts (read by the 0.3.13.post1 client's master
+        // pool; built-in 30 s each) set to 1 s.
+        let engine_fast = Engine::start(
+            rig.dir(),
+            "engine-rpc-timeout-1s",
+            &through_service,
+            &[
+                ("MC_RPC_TIMEOUT_MS", "1000"),
+                ("MC_RPC_CONNECT_TIMEOUT_MS", "1000"),
+            ],
+        )?;
+        Ok(Stage {
+            engine_fast,
+            _fast_member: fast_member,
+            engine,
+            _service_member: service_member,
+            rig,
+            service,
+        })
+    }
+}
+
+/// The leader-loss rounds of `bench failover`: each round a kill -9, then a SIGTERM.
+struct Losses {
+    kill: Vec<Sample>,
+    term: Vec<Sample>,
+    kill_reattach: Vec<Reattach>,
+    term_reattach: Vec<Reattach>,
+}
+
+/// Creates the namespace `bench` on the control plane behind `kubeconfig`.
+fn create_bench_namespace(kubeconfig: &std::path::Path) -> anyhow::Result<()> {
+    let kc = kubeconfig.to_path_buf();
     block_on(async move {
         let client = client_from(&kc).await?;
         let api: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client);
@@ -366,67 +427,44 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
         api.create(&Default::default(), &ns).await?;
         Ok(())
     })?;
-    let timing = LeaseTiming::default();
-    let mut rig = Rig::start(&kubeconfig, "bench", "bench-leader", 3, 2, SEGMENT, timing)
-        .context("starting three electors and two members")?;
-    let first = rig.wait_leader(None, Duration::from_secs(60))?;
-    rig.wait_capacity(first, 2 * SEGMENT, Duration::from_secs(60))?;
-    let address = rig.leaders[first]
-        .as_ref()
-        .map(|s| s.address())
-        .context("the first leader's slot is empty")?;
-    let service = ServiceStandIn::start(address)?;
-    let through_service = format!("127.0.0.1:{}", service.port);
-    // A third member, dialling the Service stand-in as a `memberAddressing: Service` member does.
-    let service_member = kvcache_e2e::store::Member::start(
-        rig.dir(),
-        &kvcache_e2e::store::MemberOptions::new(through_service.clone(), SEGMENT),
-    )?;
-    let mut fast_options =
-        kvcache_e2e::store::MemberOptions::new(through_service.clone(), FAST_SEGMENT);
-    fast_options.env = vec![
-        ("MC_RPC_TIMEOUT_MS".into(), "1000".into()),
-        ("MC_RPC_CONNECT_TIMEOUT_MS".into(), "1000".into()),
-    ];
-    let fast_member = kvcache_e2e::store::Member::start(rig.dir(), &fast_options)?;
-    let engine = Engine::start(rig.dir(), "engine", &through_service, &[])?;
-    // The same engine with the client's RPC timeouts (read by the 0.3.13.post1 client's master
-    // pool; built-in 30 s each) set to 1 s.
-    let engine_fast = Engine::start(
-        rig.dir(),
-        "engine-rpc-timeout-1s",
-        &through_service,
-        &[
-            ("MC_RPC_TIMEOUT_MS", "1000"),
-            ("MC_RPC_CONNECT_TIMEOUT_MS", "1000"),
-        ],
-    )?;
-    let mut kill = Vec::new();
-    let mut term = Vec::new();
-    let mut kill_reattach = Vec::new();
-    let mut term_reattach = Vec::new();
+    Ok(())
+}
+
+/// `runs` rounds of a kill -9 then a SIGTERM of the leader, each printed as it ends.
+fn leader_loss_rounds(stage: &mut Stage, runs: usize) -> anyhow::Result<Losses> {
+    let mut l = Losses {
+        kill: Vec::new(),
+        term: Vec::new(),
+        kill_reattach: Vec::new(),
+        term_reattach: Vec::new(),
+    };
     for round in 0..runs {
-        let (k, kr) = one(&mut rig, true, &service, &engine)?;
-        kill.push(k);
-        kill_reattach.push(kr);
-        let (s, sr) = one(&mut rig, false, &service, &engine)?;
-        term.push(s);
-        term_reattach.push(sr);
+        let (k, kr) = one(&mut stage.rig, true, &stage.service, &stage.engine)?;
+        l.kill.push(k);
+        l.kill_reattach.push(kr);
+        let (s, sr) = one(&mut stage.rig, false, &stage.service, &stage.engine)?;
+        l.term.push(s);
+        l.term_reattach.push(sr);
         println!(
             "round {}/{runs}: kill -9 serving {} engine answered +{} writes +{} service member +{} full {}; SIGTERM serving {} engine answered +{} writes +{} service member +{} full {}",
             round + 1,
-            fmt(kill[round].serving),
-            fmt(kill_reattach[round].answered),
-            fmt(kill_reattach[round].wrote),
-            fmt(kill_reattach[round].service_member),
-            fmt(kill[round].full),
-            fmt(term[round].serving),
-            fmt(term_reattach[round].answered),
-            fmt(term_reattach[round].wrote),
-            fmt(term_reattach[round].service_member),
-            fmt(term[round].full)
+            fmt(l.kill[round].serving),
+            fmt(l.kill_reattach[round].answered),
+            fmt(l.kill_reattach[round].wrote),
+            fmt(l.kill_reattach[round].service_member),
+            fmt(l.kill[round].full),
+            fmt(l.term[round].serving),
+            fmt(l.term_reattach[round].answered),
+            fmt(l.term_reattach[round].wrote),
+            fmt(l.term_reattach[round].service_member),
+            fmt(l.term[round].full)
         );
     }
+    Ok(l)
+}
+
+/// The table of time to serving and to full capacity per kind of leader loss.
+fn print_leader_loss(l: &Losses, timing: LeaseTiming, runs: usize) {
     println!();
     println!(
         "Lease: duration {}, renew deadline {}, retry period {}; {} leader electors, 2 members of {} MiB, {runs} runs",
@@ -441,8 +479,8 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
     );
     println!("|---|---|---|---|");
     for (name, samples, reference) in [
-        ("kill -9", &kill, "~16 s failover"),
-        ("SIGTERM", &term, "~30 s single-leader restart"),
+        ("kill -9", &l.kill, "~16 s failover"),
+        ("SIGTERM", &l.term, "~30 s single-leader restart"),
     ] {
         let (sm, slo, shi) = stats(samples.iter().map(|s| s.serving).collect());
         let (fm, flo, fhi) = stats(samples.iter().map(|s| s.full).collect());
@@ -456,6 +494,10 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
             fmt(fhi)
         );
     }
+}
+
+/// The table of the engine's reattach per kind of leader loss.
+fn print_reattach(l: &Losses) {
     println!();
     println!(
         "Engine reattach (the SGLang stand-in's real Mooncake client dialling a loopback Service stand-in, /put every 200 ms), from the new leader serving to the first successful put:"
@@ -464,7 +506,7 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
         "| leader loss | new leader serving → a master answers the engine: median (min–max) | → engine writes: median (min–max) | → Service-addressed member mounted: median (min–max) |"
     );
     println!("|---|---|---|---|");
-    for (name, samples) in [("kill -9", &kill_reattach), ("SIGTERM", &term_reattach)] {
+    for (name, samples) in [("kill -9", &l.kill_reattach), ("SIGTERM", &l.term_reattach)] {
         let (am, alo, ahi) = stats(samples.iter().map(|r| r.answered).collect());
         let (wm, wlo, whi) = stats(samples.iter().map(|r| r.wrote).collect());
         let (sm, slo, shi) = stats(samples.iter().map(|r| r.service_member).collect());
@@ -481,9 +523,21 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
             fmt(shi)
         );
     }
+}
+
+/// One [`vanish_round`]: each engine's time to write (default, then 1 s RPC timeouts), the
+/// default and the 1 s-timeout Service-addressed member's time to mount.
+type Vanish = (Vec<Duration>, Duration, Duration);
+
+/// `runs` [`vanish_round`]s with both engines, each printed as it ends.
+fn vanish_rounds(stage: &mut Stage, runs: usize) -> anyhow::Result<Vec<Vanish>> {
     let mut vanish = Vec::new();
     for round in 0..runs {
-        let (wrote, member, fast) = vanish_round(&mut rig, &service, &[&engine, &engine_fast])?;
+        let (wrote, member, fast) = vanish_round(
+            &mut stage.rig,
+            &stage.service,
+            &[&stage.engine, &stage.engine_fast],
+        )?;
         println!(
             "vanish round {}/{runs}: engine writes +{} (default RPC timeouts), +{} (MC_RPC_TIMEOUT_MS=1000, MC_RPC_CONNECT_TIMEOUT_MS=1000); Service-addressed member mounted +{} (default), +{} (1 s timeouts)",
             round + 1,
@@ -494,6 +548,11 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
         );
         vanish.push((wrote, member, fast));
     }
+    Ok(vanish)
+}
+
+/// The one-row table of the vanish rounds.
+fn print_vanish(vanish: &[Vanish]) {
     println!(
         "| kill -9, old leader's address vanishes | new leader serving → engine writes, default RPC timeouts | → engine writes, MC_RPC_TIMEOUT_MS=MC_RPC_CONNECT_TIMEOUT_MS=1000 | → Service-addressed member mounted, default timeouts | → Service-addressed member mounted, 1 s timeouts |"
     );
@@ -517,17 +576,11 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
         fmt(qlo),
         fmt(qhi)
     );
-    println!("engine logs: {}", rig.dir().display());
-    drop(engine_fast);
-    drop(fast_member);
-    drop(engine);
-    drop(service_member);
-    drop(rig);
-    drop(cp);
+}
 
-    // The peer on the same rig: Mooncake's own etcd-backed HA (three masters electing through
-    // etcd, members dialling `etcd://`), the same two members, the same rounds.
-    let (etcd_kill, etcd_term) = etcd_ha(runs)?;
+/// The table of Mooncake's own etcd-backed HA (`etcd_kill`, `etcd_term`) beside the elector's
+/// rounds `ours`.
+fn print_etcd_ha(ours: &Losses, etcd_kill: &[Sample], etcd_term: &[Sample], runs: usize) {
     println!();
     println!(
         "Mooncake's own HA (--enable_ha=true --ha_backend_type=etcd), 3 masters, 2 members of {} MiB, {runs} runs, beside the elector:",
@@ -538,8 +591,8 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
     );
     println!("|---|---|---|---|---|");
     for (name, ours, theirs) in [
-        ("kill -9", &kill, &etcd_kill),
-        ("SIGTERM", &term, &etcd_term),
+        ("kill -9", &ours.kill, etcd_kill),
+        ("SIGTERM", &ours.term, etcd_term),
     ] {
         let (om, _, _) = stats(ours.iter().map(|s| s.serving).collect());
         let (sm, slo, shi) = stats(theirs.iter().map(|s| s.serving).collect());
@@ -556,6 +609,38 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
             sm.as_secs_f64() / om.as_secs_f64().max(f64::EPSILON)
         );
     }
+}
+
+/// `cargo xtask bench failover`: leader loss (kill -9 and SIGTERM) under the elector on a bare
+/// control plane, the engine's and the Service-addressed members' reattach, the old leader's
+/// address vanishing, then Mooncake's own etcd-backed HA on the same rounds as a peer.
+pub fn failover(runs: usize) -> anyhow::Result<()> {
+    setup::all()?;
+    let dir = paths::scratch("bench-cluster")?;
+    let cp = ControlPlane::start(
+        &dir,
+        &Options {
+            controllers: false,
+            reaper: true,
+            advertise: None,
+        },
+    )?;
+    create_bench_namespace(&cp.kubeconfig)?;
+    let timing = LeaseTiming::default();
+    let mut stage = Stage::start(&cp.kubeconfig, timing)?;
+    let losses = leader_loss_rounds(&mut stage, runs)?;
+    print_leader_loss(&losses, timing, runs);
+    print_reattach(&losses);
+    let vanish = vanish_rounds(&mut stage, runs)?;
+    print_vanish(&vanish);
+    println!("engine logs: {}", stage.rig.dir().display());
+    drop(stage);
+    drop(cp);
+
+    // The peer on the same rig: Mooncake's own etcd-backed HA (three masters electing through
+    // etcd, members dialling `etcd://`), the same two members, the same rounds.
+    let (etcd_kill, etcd_term) = etcd_ha(runs)?;
+    print_etcd_ha(&losses, &etcd_kill, &etcd_term, runs);
     Ok(())
 }
 
