@@ -22,8 +22,9 @@ use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::backend::{
-    BackendPhase, EndpointName, KVCacheBackendStatus, ObjectRef as Consumer,
+    BackendPhase, EndpointName, KVCacheBackendStatus, Managed, ObjectRef as Consumer,
 };
+use kvcache_api::settings::Settings;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
@@ -318,10 +319,10 @@ async fn apply_objects(
     Ok((live, held, desired))
 }
 
+/// The backend's apply pass: observes (and, for a managed backend, renders and applies its
+/// objects), reads the store, carries out the member rollout, then writes status and metrics.
 async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     let name = b.name_any();
-    let uid = b.uid().unwrap_or_default();
-    let ns = ctx.config.namespace.clone();
     let previous = b.status.clone().unwrap_or_default();
     let used_by = consumers(ctx, &name);
     let mut obs = Observation {
@@ -331,127 +332,11 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     let mut render_problem = None;
     let mut groups = Vec::new();
     if let Some(managed) = &b.spec.connection.managed {
-        obs.endpoint = Some(client_endpoint(&name, &ns));
-        let chosen = ctx.settings();
-        obs.settings_refused = chosen
-            .refused
-            .as_ref()
-            .map(|e| (e.to_string(), chosen.settings.is_some()));
-        let unsettled = chosen.settings.is_none();
-        let settings = chosen.settings.unwrap_or_default();
-        let image = store_image(b, &settings);
-        match image {
-            // Refused settings and none read before: what runs stays as it is.
-            _ if unsettled => {}
-            None => {
-                render_problem = Some(kvcache_render::Error::NoStoreImage {
-                    backend: name.clone(),
-                })
-            }
-            Some(image) => {
-                let pools = ctx.pools.state();
-                let bindings = ctx.bindings.state();
-                let (ceilings, _) = ceilings_on(
-                    &name,
-                    pools.iter().map(|p| &**p),
-                    bindings.iter().map(|b| &**b),
-                );
-                // A refused policy keeps the document already written (never a partial one).
-                let doc = policy::render(&name, &ceilings).ok();
-                let objects = kvcache_render::backend::render(&BackendInputs {
-                    backend: b,
-                    store_image: image,
-                    namespace: &ns,
-                    elector_image: settings.elector_image(),
-                    policy: doc.as_ref(),
-                })?;
-                obs.rendered_hashes = objects
-                    .daemon_sets
-                    .iter()
-                    .map(kvcache_render::backend::pod_spec_hash)
-                    .collect();
-                let (live, held, desired) = apply_objects(
-                    ctx,
-                    &uid,
-                    objects,
-                    doc.is_some() || !managed.leader.multi_tenancy,
-                )
-                .await?;
-                obs.standbys_held = held;
-                obs.leader = live.as_ref().map(read::replicas);
-                groups = managed
-                    .members
-                    .iter()
-                    .zip(desired)
-                    .map(|(g, desired)| GroupFacts {
-                        tier: g.tier().is_some(),
-                        desired,
-                    })
-                    .collect();
-            }
-        }
-        if managed.leader.elects() {
-            let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
-            let lease = leases
-                .get_opt(&leader_name(&name))
-                .await
-                .map_err(kerr("get", format!("Lease {}", leader_name(&name))))?;
-            // What the running master says it is, published by the elector.
-            let tagged = image.and_then(store_version_of_image);
-            obs.store_version = lease
-                .as_ref()
-                .and_then(|l| {
-                    l.annotations()
-                        .get(kvcache_api::STORE_VERSION_ANNOTATION)
-                        .cloned()
-                })
-                .map(|running| (running, tagged));
-            obs.lease_holder = lease.map(|l| {
-                l.spec
-                    .and_then(|s| s.holder_identity)
-                    .filter(|h| !h.is_empty())
-            });
-        }
-        // Every backend's store Pods: this backend's members, and the others' (a segment of one
-        // of those on this master is a member mounted on the wrong master).
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-        let listed = pods
-            .list(&ListParams::default().labels("app.kubernetes.io/name=kv-cache-backend"))
-            .await
-            .map_err(kerr("list", format!("store Pods in {ns}")))?;
-        let own = label_value(&name);
-        for p in listed.iter() {
-            let Some(member) = read::member_pod(p) else {
-                continue;
-            };
-            match p.labels().get("app.kubernetes.io/instance") {
-                Some(instance) if *instance == own => obs.members.push(member),
-                Some(instance) => obs.other_members.push(OtherMember {
-                    backend: instance.clone(),
-                    pod: member,
-                }),
-                None => {}
-            }
-        }
+        (render_problem, groups) = observe_managed(ctx, b, managed, &mut obs).await?;
     } else if let Some(x) = &b.spec.connection.external {
         obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
     }
-    if let Some(admin) = ctx.admin_address(b) {
-        let reading = ctx.store.read(&admin).await;
-        let result = if reading.health.is_ok() {
-            "ok"
-        } else {
-            "error"
-        };
-        ctx.metrics
-            .store_reads
-            .get_or_create(&crate::telemetry::StoreLabels {
-                backend: name.clone(),
-                result: result.into(),
-            })
-            .inc();
-        obs.store = Some(reading);
-    }
+    read_store(ctx, b, &mut obs).await;
     // The member rollout, one member at a time per group, each drained first where it can be.
     if b.spec.connection.managed.is_some() {
         obs.rollout = roll_members(ctx, b, &obs, &groups).await?;
@@ -459,7 +344,189 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     restart_foreign_members(ctx, b, &obs).await?;
     let soon = obs.rollout.iter().any(|s| s.step.polls_store());
     obs.render_refused = render_problem.map(|p| (p.reason(), p.to_string()));
-    let computed = backend_status(b, &obs, &previous);
+    conclude(ctx, b, &previous, &obs, soon).await
+}
+
+/// A managed backend's part of the pass: its endpoint and settings, its objects rendered and
+/// applied (when the settings and the store image allow), its Lease and the store Pods. Returns
+/// why nothing was rendered (no store image) and each member group's facts for the rollout.
+async fn observe_managed(
+    ctx: &Context,
+    b: &KVCacheBackend,
+    managed: &Managed,
+    obs: &mut Observation,
+) -> Result<(Option<kvcache_render::Error>, Vec<GroupFacts>), Error> {
+    let name = b.name_any();
+    obs.endpoint = Some(client_endpoint(&name, &ctx.config.namespace));
+    let chosen = ctx.settings();
+    obs.settings_refused = chosen
+        .refused
+        .as_ref()
+        .map(|e| (e.to_string(), chosen.settings.is_some()));
+    let unsettled = chosen.settings.is_none();
+    let settings = chosen.settings.unwrap_or_default();
+    let image = store_image(b, &settings);
+    let mut render_problem = None;
+    let mut groups = Vec::new();
+    match image {
+        // Refused settings and none read before: what runs stays as it is.
+        _ if unsettled => {}
+        None => {
+            render_problem = Some(kvcache_render::Error::NoStoreImage {
+                backend: name.clone(),
+            })
+        }
+        Some(image) => groups = render_and_apply(ctx, b, managed, image, &settings, obs).await?,
+    }
+    if managed.leader.elects() {
+        observe_lease(ctx, &name, image, obs).await?;
+    }
+    observe_store_pods(ctx, &name, obs).await?;
+    Ok((render_problem, groups))
+}
+
+/// Renders the managed backend's objects with the store image `image` and the tenant policy of
+/// the pools on it, and applies them ([`apply_objects`]). Returns each member group's facts.
+async fn render_and_apply(
+    ctx: &Context,
+    b: &KVCacheBackend,
+    managed: &Managed,
+    image: &str,
+    settings: &Settings,
+    obs: &mut Observation,
+) -> Result<Vec<GroupFacts>, Error> {
+    let name = b.name_any();
+    let uid = b.uid().unwrap_or_default();
+    let pools = ctx.pools.state();
+    let bindings = ctx.bindings.state();
+    let (ceilings, _) = ceilings_on(
+        &name,
+        pools.iter().map(|p| &**p),
+        bindings.iter().map(|b| &**b),
+    );
+    // A refused policy keeps the document already written (never a partial one).
+    let doc = policy::render(&name, &ceilings).ok();
+    let objects = kvcache_render::backend::render(&BackendInputs {
+        backend: b,
+        store_image: image,
+        namespace: &ctx.config.namespace,
+        elector_image: settings.elector_image(),
+        policy: doc.as_ref(),
+    })?;
+    obs.rendered_hashes = objects
+        .daemon_sets
+        .iter()
+        .map(kvcache_render::backend::pod_spec_hash)
+        .collect();
+    let (live, held, desired) = apply_objects(
+        ctx,
+        &uid,
+        objects,
+        doc.is_some() || !managed.leader.multi_tenancy,
+    )
+    .await?;
+    obs.standbys_held = held;
+    obs.leader = live.as_ref().map(read::replicas);
+    Ok(managed
+        .members
+        .iter()
+        .zip(desired)
+        .map(|(g, desired)| GroupFacts {
+            tier: g.tier().is_some(),
+            desired,
+        })
+        .collect())
+}
+
+/// Reads the backend's leader Lease: its holder, and the store version the running master
+/// published on it beside the one the store image `image` names.
+async fn observe_lease(
+    ctx: &Context,
+    name: &str,
+    image: Option<&str>,
+    obs: &mut Observation,
+) -> Result<(), Error> {
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    let lease = leases
+        .get_opt(&leader_name(name))
+        .await
+        .map_err(kerr("get", format!("Lease {}", leader_name(name))))?;
+    // What the running master says it is, published by the elector.
+    let tagged = image.and_then(store_version_of_image);
+    obs.store_version = lease
+        .as_ref()
+        .and_then(|l| {
+            l.annotations()
+                .get(kvcache_api::STORE_VERSION_ANNOTATION)
+                .cloned()
+        })
+        .map(|running| (running, tagged));
+    obs.lease_holder = lease.map(|l| {
+        l.spec
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty())
+    });
+    Ok(())
+}
+
+/// Every backend's store Pods: this backend's members, and the others' (a segment of one of
+/// those on this master is a member mounted on the wrong master).
+async fn observe_store_pods(ctx: &Context, name: &str, obs: &mut Observation) -> Result<(), Error> {
+    let ns = &ctx.config.namespace;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let listed = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=kv-cache-backend"))
+        .await
+        .map_err(kerr("list", format!("store Pods in {ns}")))?;
+    let own = label_value(name);
+    for p in listed.iter() {
+        let Some(member) = read::member_pod(p) else {
+            continue;
+        };
+        match p.labels().get("app.kubernetes.io/instance") {
+            Some(instance) if *instance == own => obs.members.push(member),
+            Some(instance) => obs.other_members.push(OtherMember {
+                backend: instance.clone(),
+                pod: member,
+            }),
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// Reads the store through the backend's admin address, when it has one, and counts the read.
+async fn read_store(ctx: &Context, b: &KVCacheBackend, obs: &mut Observation) {
+    let Some(admin) = ctx.admin_address(b) else {
+        return;
+    };
+    let reading = ctx.store.read(&admin).await;
+    let result = if reading.health.is_ok() {
+        "ok"
+    } else {
+        "error"
+    };
+    ctx.metrics
+        .store_reads
+        .get_or_create(&crate::telemetry::StoreLabels {
+            backend: b.name_any(),
+            result: result.into(),
+        })
+        .inc();
+    obs.store = Some(reading);
+}
+
+/// Computes the status from `obs`, records the backend's metrics, writes the status, and says
+/// when to come back (within [`DRAIN_POLL`] while the rollout polls the store: `soon`).
+async fn conclude(
+    ctx: &Context,
+    b: &KVCacheBackend,
+    previous: &KVCacheBackendStatus,
+    obs: &Observation,
+    soon: bool,
+) -> Result<Action, Error> {
+    let name = b.name_any();
+    let computed = backend_status(b, obs, previous);
     let figures = Figures::Backend {
         capacity: computed.capacity.clone(),
         phase: computed.phase,
@@ -478,7 +545,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         computed.members.len(),
         computed.phase == BackendPhase::Degraded,
     );
-    write_status(ctx, b, &previous, computed, &obs).await?;
+    write_status(ctx, b, previous, computed, obs).await?;
     let next = ctx.next_poll(Polled::Backend(name), figures, ctx.config.poll_stable);
     Ok(Action::requeue(if soon {
         next.min(DRAIN_POLL)
