@@ -12,8 +12,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use kvcache_quota::admin::{AdminError, NoAnswer, Request, Unanswered};
 use kvcache_render::store::{
-    DRAIN_JOBS_PATH, DrainJob, DrainRequest, Health, Metrics, ReadError, Segment, StoreReading,
-    drain_cancel_path, drain_query_path,
+    BadAnswer, DRAIN_JOBS_PATH, DrainJob, DrainRequest, Health, Metrics, ReadError, Segment,
+    StoreReading, drain_cancel_path, drain_query_path,
 };
 
 /// How long one request may take, answer body included.
@@ -230,10 +230,12 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// short or not text is unreadable, anything else unreachable.
 fn read_error(url: &str, cause: NoAnswer) -> ReadError {
     let url = url.to_owned();
-    let message = cause.to_string();
     match cause {
-        NoAnswer::Cut | NoAnswer::NotText { .. } => ReadError::Unreadable { url, message },
-        _ => ReadError::Unreachable { url, message },
+        NoAnswer::Cut | NoAnswer::NotText { .. } => ReadError::Unreadable {
+            url,
+            cause: BadAnswer::Body(cause),
+        },
+        cause => ReadError::Unreachable { url, cause },
     }
 }
 
@@ -321,7 +323,7 @@ mod tests {
             client.fetch(&url).await.expect_err("nothing listens"),
             ReadError::Unreachable {
                 url,
-                message: "connection refused".into()
+                cause: NoAnswer::Refused
             }
         );
     }
@@ -351,10 +353,19 @@ mod tests {
             client.send("GET", &url, None).await,
             Err(NoAnswer::NotText { at: 1 })
         );
-        assert!(matches!(
+        assert_eq!(
             read_error(&url, NoAnswer::Cut),
-            ReadError::Unreadable { .. }
-        ));
+            ReadError::Unreadable {
+                url: url.clone(),
+                cause: BadAnswer::Body(NoAnswer::Cut)
+            }
+        );
+        assert_eq!(
+            read_error(&url, NoAnswer::NotText { at: 1 }).to_string(),
+            format!(
+                "{url} answered something unreadable: the answer is not UTF-8 text (an invalid byte at offset 1)"
+            )
+        );
     }
 
     #[tokio::test]

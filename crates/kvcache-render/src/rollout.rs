@@ -1306,7 +1306,7 @@ mod tests {
             "7-9".into(),
             Err(ReadError::Unreachable {
                 url: "q".into(),
-                message: "timeout".into(),
+                cause: kvcache_quota::admin::NoAnswer::TimedOut { after_ms: 1500 },
             }),
         );
         assert_eq!(

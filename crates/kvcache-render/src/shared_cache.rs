@@ -19,7 +19,7 @@ use kvcache_api::model::conditions::SHARED_CACHE_OBSERVED;
 use kvcache_api::model::{EngineName, SharedCacheStatus};
 
 use crate::status::model::{Resolution, RoleObservation};
-use crate::store::ReadError;
+use crate::store::{BadAnswer, ReadError};
 
 /// vLLM's counter of prompt tokens looked up in the store.
 pub const VLLM_QUERIES: &str = "vllm:external_prefix_cache_queries_total";
@@ -105,7 +105,7 @@ pub fn parse_engine_metrics(
     if engine != EngineName::Vllm {
         return Err(ReadError::Unreadable {
             url: url.to_owned(),
-            message: "only vLLM counts shared-cache hits per engine".into(),
+            cause: BadAnswer::EngineUncounted,
         });
     }
     let (mut queries, mut hits, mut from_store) = (None::<u64>, None::<u64>, 0u64);
@@ -132,9 +132,10 @@ pub fn parse_engine_metrics(
         }),
         _ => Err(ReadError::Unreadable {
             url: url.to_owned(),
-            message: format!(
-                "no {VLLM_QUERIES} and {VLLM_HITS} series: the engine runs without the store's connector or does not count external prefix hits"
-            ),
+            cause: BadAnswer::NoHitSeries {
+                queries: VLLM_QUERIES,
+                hits: VLLM_HITS,
+            },
         }),
     }
 }
@@ -358,7 +359,17 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="a \"quoted\" , name}",
         assert!(
             matches!(e, ReadError::Unreadable { ref url, .. } if url == "http://p:8000/metrics")
         );
-        assert!(parse_engine_metrics(EngineName::Sglang, "u", SCRAPE).is_err());
+        assert_eq!(
+            e.to_string(),
+            "http://p:8000/metrics answered something unreadable: no vllm:external_prefix_cache_queries_total and vllm:external_prefix_cache_hits_total series: the engine runs without the store's connector or does not count external prefix hits"
+        );
+        assert_eq!(
+            parse_engine_metrics(EngineName::Sglang, "u", SCRAPE),
+            Err(ReadError::Unreadable {
+                url: "u".into(),
+                cause: BadAnswer::EngineUncounted
+            })
+        );
     }
 
     #[test]
@@ -480,7 +491,7 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="a \"quoted\" , name}",
             "b",
             Err(ReadError::Unreachable {
                 url: "http://10.0.0.2:8000/metrics".into(),
-                message: "timed out".into(),
+                cause: kvcache_quota::admin::NoAnswer::TimedOut { after_ms: 1500 },
             }),
         );
         let c = condition(Engines::Counted { ready: 2 }, &[ok.clone(), bad]);

@@ -7,18 +7,19 @@
 
 use std::collections::BTreeMap;
 
+use kvcache_quota::admin::NoAnswer;
 use serde::Deserialize;
 
 /// Why a read of the store failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ReadError {
     /// No answer (connection refused, timeout, DNS).
-    #[error("no answer from {url}: {message}")]
+    #[error("no answer from {url}: {cause}")]
     Unreachable {
         /// The URL read: a master's admin route or an engine's `/metrics`.
         url: String,
-        /// The HTTP client's error, e.g. connection refused or a timeout.
-        message: String,
+        /// Why no answer came, e.g. connection refused or a timeout.
+        cause: NoAnswer,
     },
     /// An HTTP error status.
     #[error("{url} answered HTTP {status}")]
@@ -29,12 +30,12 @@ pub enum ReadError {
         status: u16,
     },
     /// An answer that does not parse.
-    #[error("{url} answered something unreadable: {message}")]
+    #[error("{url} answered something unreadable: {cause}")]
     Unreadable {
         /// The URL read: a master's admin route or an engine's `/metrics`.
         url: String,
-        /// What in the body could not be read, in the parser's words.
-        message: String,
+        /// What in the answer could not be read.
+        cause: BadAnswer,
     },
     /// The master's own refusal: an error status with its JSON error (`error_code`, e.g.
     /// -1402 `JOB_NOT_FOUND`, -101 `SEGMENT_NOT_FOUND`, -1010 `UNAVAILABLE_IN_CURRENT_STATUS`).
@@ -49,6 +50,43 @@ pub enum ReadError {
         /// The master's `error_message`.
         message: String,
     },
+}
+
+/// Why an answer could not be read ([`ReadError::Unreadable`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadAnswer {
+    /// The body was cut short or is not text ([`NoAnswer::Cut`], [`NoAnswer::NotText`]).
+    #[error(transparent)]
+    Body(NoAnswer),
+    /// The body is not the JSON expected.
+    #[error("{message}")]
+    Json {
+        /// What in the body could not be read, in the JSON decoder's words.
+        message: String,
+    },
+    /// An engine other than vLLM: none other counts shared-cache hits per engine.
+    #[error("only vLLM counts shared-cache hits per engine")]
+    EngineUncounted,
+    /// An engine scrape without the hit and query series: the engine runs without the store's
+    /// connector or does not count external prefix hits.
+    #[error(
+        "no {queries} and {hits} series: the engine runs without the store's connector or does not count external prefix hits"
+    )]
+    NoHitSeries {
+        /// The query counter's series name.
+        queries: &'static str,
+        /// The hit counter's series name.
+        hits: &'static str,
+    },
+}
+
+impl BadAnswer {
+    /// A JSON decoder's error.
+    pub fn json(e: &serde_json::Error) -> BadAnswer {
+        BadAnswer::Json {
+            message: e.to_string(),
+        }
+    }
 }
 
 /// The master's `error_code` for a drain job it does not know (a new leader forgets jobs).
@@ -109,7 +147,7 @@ impl Health {
     pub fn parse(url: &str, body: &str) -> Result<Health, ReadError> {
         serde_json::from_str(body).map_err(|e| ReadError::Unreadable {
             url: url.to_owned(),
-            message: e.to_string(),
+            cause: BadAnswer::json(&e),
         })
     }
 }
@@ -229,7 +267,7 @@ impl Segment {
             .map(|l| l.segments)
             .map_err(|e| ReadError::Unreadable {
                 url: url.to_owned(),
-                message: e.to_string(),
+                cause: BadAnswer::json(&e),
             })
     }
 }
@@ -287,7 +325,7 @@ impl DrainRequest {
             Ok(_) => Err(ReadError::from_answer(url, status, body)),
             Err(e) => Err(ReadError::Unreadable {
                 url: url.to_owned(),
-                message: e.to_string(),
+                cause: BadAnswer::json(&e),
             }),
         }
     }
@@ -379,7 +417,7 @@ impl DrainJob {
         }
         serde_json::from_str(body).map_err(|e| ReadError::Unreadable {
             url: url.to_owned(),
-            message: e.to_string(),
+            cause: BadAnswer::json(&e),
         })
     }
 }

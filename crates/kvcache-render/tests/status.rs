@@ -272,7 +272,7 @@ fn no_ready_leader_is_provisioning_with_no_capacity() {
 fn an_unreachable_leader_is_an_error_and_clears_capacity() {
     let unreachable = ReadError::Unreachable {
         url: "http://x:9003/health".into(),
-        message: "connection refused".into(),
+        cause: kvcache_quota::admin::NoAnswer::Refused,
     };
     let obs = observation(
         Some(StoreReading {
