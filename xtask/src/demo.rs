@@ -611,6 +611,7 @@ fn high_availability(d: &mut Demo) -> anyhow::Result<()> {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    let serving = Instant::now();
     println!(
         "a new leader serves {:.1}s after the delete",
         t.elapsed().as_secs_f64()
@@ -645,8 +646,36 @@ fn high_availability(d: &mut Demo) -> anyhow::Result<()> {
         after.queried_tokens - before.queried_tokens,
         after.hit_tokens - before.hit_tokens
     );
+    writes_again(d, b, serving)?;
     d.show(&["get", "kvcb"])?;
     d.show(&["-n", NS, "get", "pods", "-o", "wide"])?;
+    Ok(())
+}
+
+/// Replica B writes to the new master: fresh prompts until the master's key count is above
+/// zero; prints how long after the new leader served that was seen.
+fn writes_again(d: &Demo, b: &str, serving: Instant) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for seed in 100u32.. {
+        let keys = master_keys(d)?;
+        let count = keys
+            .split_whitespace()
+            .last()
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if count > 0.0 {
+            println!(
+                "replica B writes to the new master: {keys}, seen {:.1}s after the new leader served",
+                serving.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "waited 120s for replica B to write to the new master (its key count: {keys})"
+        );
+        ask(d, b, seed)?;
+    }
     Ok(())
 }
 
