@@ -670,7 +670,8 @@ mod model_deployment {
     use kvcache_api::condition::{Cond, Status};
     use kvcache_api::model::ModelDeploymentPhase;
     use kvcache_render::status::model::{
-        ModelObservation, Resolution, RoleObservation, model_deployment_status, model_status,
+        ModelObservation, Resolution, RoleObservation, Unresolved, model_deployment_status,
+        model_status,
     };
 
     fn role(ready: i32) -> RoleObservation {
@@ -811,6 +812,35 @@ spec:
             "{}",
             c.message
         );
+    }
+
+    #[test]
+    fn a_binding_whose_pool_or_backend_is_missing_names_the_missing_one() {
+        for (why, message) in [
+            (
+                Unresolved::NoPool {
+                    pool: "shared-dram".into(),
+                },
+                "KVCachePoolBinding team-a/team-a: its KVCachePool shared-dram does not exist",
+            ),
+            (
+                Unresolved::NoBackend {
+                    backend: "dram".into(),
+                },
+                "KVCachePoolBinding team-a/team-a: its pool's KVCacheBackend dram does not exist",
+            ),
+        ] {
+            let mut obs = attached();
+            obs.resolution = Resolution::BindingNotReady {
+                binding: "team-a/team-a".into(),
+                why,
+            };
+            obs.tenant_charged = None;
+            let (_, _, conds) = model_status(&obs);
+            let c = find(&conds, "DomainRegistered");
+            assert_eq!((c.status, c.reason), (Status::False, "BindingNotReady"));
+            assert_eq!(c.message, message);
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use kvcache_render::model::{ModelInputs, SERVING_PORT, render};
 use kvcache_render::resolve::{Environment, attachment_on};
 use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
 use kvcache_render::status::model::{
-    ModelObservation, Resolution, RoleObservation, model_deployment_status,
+    ModelObservation, Resolution, RoleObservation, Unresolved, model_deployment_status,
 };
 use tracing::instrument;
 
@@ -128,7 +128,9 @@ fn resolve(ctx: &Context, md: &ModelDeployment) -> (Resolution, Option<Reached>)
         return (
             Resolution::BindingNotReady {
                 binding: who,
-                why: format!("its KVCachePool {} does not exist", b.spec.pool_ref.name),
+                why: Unresolved::NoPool {
+                    pool: b.spec.pool_ref.name.clone(),
+                },
             },
             None,
         );
@@ -138,7 +140,9 @@ fn resolve(ctx: &Context, md: &ModelDeployment) -> (Resolution, Option<Reached>)
         return (
             Resolution::BindingNotReady {
                 binding: who,
-                why: format!("its pool's KVCacheBackend {backend_name} does not exist"),
+                why: Unresolved::NoBackend {
+                    backend: backend_name.to_owned(),
+                },
             },
             None,
         );

@@ -28,8 +28,8 @@ pub enum Resolution {
     BindingNotReady {
         /// The Binding, as `namespace/name`.
         binding: String,
-        /// Which of its pool and backend is missing, e.g. `its KVCachePool p does not exist`.
-        why: String,
+        /// Which of its pool and backend is missing.
+        why: Unresolved,
     },
     /// Binding, pool and domain.
     Resolved {
@@ -40,6 +40,32 @@ pub enum Resolution {
         /// The tenant id: the Binding's `spec.domain.name`, `default` when empty.
         tenant: String,
     },
+}
+
+/// Which link of a Binding's chain (Binding, pool, backend) is missing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unresolved {
+    /// The KVCachePool the Binding's `spec.poolRef` names does not exist.
+    NoPool {
+        /// The pool's name.
+        pool: String,
+    },
+    /// The KVCacheBackend the Binding's pool draws on does not exist.
+    NoBackend {
+        /// The backend's name (empty when the pool names none).
+        backend: String,
+    },
+}
+
+impl std::fmt::Display for Unresolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unresolved::NoPool { pool } => write!(f, "its KVCachePool {pool} does not exist"),
+            Unresolved::NoBackend { backend } => {
+                write!(f, "its pool's KVCacheBackend {backend} does not exist")
+            }
+        }
+    }
 }
 
 /// One role's Deployment as observed.
