@@ -212,6 +212,13 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
     );
     let rss = resident_kib(operator.proc.pid())?;
     println!("operator RSS at rest: {:.1} MiB", rss as f64 / 1024.0);
+    for (kind, count, bytes) in block_on(cached_bytes(kc.clone()))?? {
+        println!(
+            "cached {kind}: {count} objects, {:.1} MiB as JSON without managedFields ({} B each on average)",
+            bytes as f64 / 1048576.0,
+            bytes / count.max(1) as u64
+        );
+    }
 
     // A quiet window of the same length as the edit's, to tell periodic work from the edit's.
     let window = Duration::from_secs(20);
@@ -245,6 +252,32 @@ pub fn scale(shape: Shape) -> anyhow::Result<()> {
     drop(stores);
     drop(cp);
     Ok(())
+}
+
+/// What the operator's caches hold, kind by kind (the kinds `kvcache-operator`'s context
+/// reflects): how many objects and their JSON bytes as cached (`managedFields` dropped). A
+/// measure of the data behind the resting RSS, not of its in-memory form.
+async fn cached_bytes(kc: PathBuf) -> anyhow::Result<Vec<(&'static str, usize, u64)>> {
+    async fn kind<K: Watched + serde::Serialize>(
+        api: Api<K>,
+        name: &'static str,
+    ) -> anyhow::Result<(&'static str, usize, u64)> {
+        let mut listed = api.list(&Default::default()).await?.items;
+        let mut bytes = 0u64;
+        for o in &mut listed {
+            o.meta_mut().managed_fields = None;
+            bytes += serde_json::to_vec(o)?.len() as u64;
+        }
+        Ok((name, listed.len(), bytes))
+    }
+    let client = client_from(&kc).await?;
+    Ok(vec![
+        kind(Api::<KVCachePoolBinding>::all(client.clone()), "KVCachePoolBinding").await?,
+        kind(Api::<ModelDeployment>::all(client.clone()), "ModelDeployment").await?,
+        kind(Api::<KVCachePool>::all(client.clone()), "KVCachePool").await?,
+        kind(Api::<KVCacheBackend>::all(client.clone()), "KVCacheBackend").await?,
+        kind(Api::<InstanceType>::all(client.clone()), "InstanceType").await?,
+    ])
 }
 
 /// The stores: one multi-tenant master with one member each, starting with no tenant, each
