@@ -151,6 +151,24 @@ where
     .await
 }
 
+/// Whether an event in any namespace regards an object named `regarding`, with `reason` and a
+/// note holding `note_part` (events of a cluster-scoped object land in `default`).
+pub async fn event_seen(
+    client: &kube::Client,
+    regarding: &str,
+    reason: &str,
+    note_part: &str,
+) -> Result<bool> {
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+        .list(&Default::default())
+        .await?;
+    Ok(events.items.iter().any(|e| {
+        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(regarding)
+            && e.reason.as_deref() == Some(reason)
+            && e.note.as_deref().is_some_and(|n| n.contains(note_part))
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,7 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployme
 use kvcache_e2e::cluster::{block_on, wait_object};
 use kvcache_e2e::nodes::{self, NodeCluster};
 use kvcache_e2e::pods::{self, name_of};
-use kvcache_e2e::status::{has_condition, phase, wait_condition};
+use kvcache_e2e::status::{event_seen, has_condition, phase, wait_condition};
 use kvcache_e2e::{Error, paths, walkthrough};
 
 const NS: &str = "gpustack-system";
@@ -1037,17 +1037,14 @@ fn with_the_operator_scaled_to_zero_a_stuck_binding_and_its_namespace_can_still_
             WAIT,
         )
         .await?;
-        let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
-            .list(&ListParams::default())
-            .await?;
         assert!(
-            events.items.iter().any(|e| {
-                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("shared-dram")
-                    && e.reason.as_deref() == Some("UnclaimedTenantRemoved")
-                    && e.note
-                        .as_deref()
-                        .is_some_and(|n| n.contains("tenant stuck "))
-            }),
+            event_seen(
+                &client,
+                "shared-dram",
+                "UnclaimedTenantRemoved",
+                "tenant stuck "
+            )
+            .await?,
             "an UnclaimedTenantRemoved event on shared-dram naming tenant stuck"
         );
         grant(&client, "8Gi", 512 * MIB).await?;

@@ -255,15 +255,8 @@ fn a_member_of_another_backend_mounted_on_this_master_is_named_and_restarted() {
             p.iter().all(|p| p.uid().as_deref() != Some(uid.as_str()) || p.metadata.deletion_timestamp.is_some())
         })
         .await?;
-        let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
-            .list(&ListParams::default())
-            .await?;
         assert!(
-            events.items.iter().any(|e| {
-                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                    && e.reason.as_deref() == Some("ForeignMemberRestarted")
-                    && e.note.as_deref().is_some_and(|n| n.contains(stray))
-            }),
+            kvcache_e2e::status::event_seen(&client, name, "ForeignMemberRestarted", stray).await?,
             "a ForeignMemberRestarted event on {name} naming {stray}"
         );
         // Once its segment is gone the backend is Ready again with its own two members.
