@@ -151,22 +151,39 @@ where
     .await
 }
 
-/// Whether an event in any namespace regards an object named `regarding`, with `reason` and a
-/// note holding `note_part` (events of a cluster-scoped object land in `default`).
-pub async fn event_seen(
+/// Waits until an event in any namespace regards an object named `regarding`, with `reason`
+/// and a note holding `note_part` (events of a cluster-scoped object land in `default`).
+pub async fn wait_event(
     client: &kube::Client,
     regarding: &str,
     reason: &str,
     note_part: &str,
-) -> Result<bool> {
-    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
-        .list(&Default::default())
-        .await?;
-    Ok(events.items.iter().any(|e| {
-        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(regarding)
-            && e.reason.as_deref() == Some(reason)
-            && e.note.as_deref().is_some_and(|n| n.contains(note_part))
-    }))
+    within: Duration,
+) -> Result<()> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let seen = events
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(regarding)
+                    && e.reason.as_deref() == Some(reason)
+                    && e.note.as_deref().is_some_and(|n| n.contains(note_part))
+            });
+        if seen {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Wait {
+                what: format!("a {reason} event on {regarding} naming {note_part:?}"),
+                reason: format!("none within {within:?}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 #[cfg(test)]

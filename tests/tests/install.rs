@@ -19,7 +19,7 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployme
 use kvcache_e2e::cluster::{block_on, wait_object};
 use kvcache_e2e::nodes::{self, NodeCluster};
 use kvcache_e2e::pods::{self, name_of};
-use kvcache_e2e::status::{event_seen, has_condition, phase, wait_condition};
+use kvcache_e2e::status::{has_condition, phase, wait_condition, wait_event};
 use kvcache_e2e::{Error, paths, walkthrough};
 
 const NS: &str = "gpustack-system";
@@ -1027,8 +1027,18 @@ fn with_the_operator_scaled_to_zero_a_stuck_binding_and_its_namespace_can_still_
         scale_operator(&client, 2).await?;
         converged(&client).await?;
         // Nothing released the stuck Binding's tenant on the master. It held nothing, so the
-        // next pool pass removes it (an event says so) and the pool names no unclaimed tenant;
-        // team-a is granted the whole capacity again (the stuck ceiling took a share of it).
+        // next pool pass removes it: team-a is granted the whole capacity again (the stuck
+        // ceiling took a share of it), an event says why, and the pool names no unclaimed
+        // tenant.
+        grant(&client, "8Gi", 512 * MIB).await?;
+        wait_event(
+            &client,
+            "shared-dram",
+            "UnclaimedTenantRemoved",
+            "tenant stuck ",
+            WAIT,
+        )
+        .await?;
         let pools: Api<KVCachePool> = Api::all(client.clone());
         wait_condition(
             &pools,
@@ -1037,17 +1047,6 @@ fn with_the_operator_scaled_to_zero_a_stuck_binding_and_its_namespace_can_still_
             WAIT,
         )
         .await?;
-        assert!(
-            event_seen(
-                &client,
-                "shared-dram",
-                "UnclaimedTenantRemoved",
-                "tenant stuck "
-            )
-            .await?,
-            "an UnclaimedTenantRemoved event on shared-dram naming tenant stuck"
-        );
-        grant(&client, "8Gi", 512 * MIB).await?;
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));

@@ -272,8 +272,16 @@ async fn cached_bytes(kc: PathBuf) -> anyhow::Result<Vec<(&'static str, usize, u
     }
     let client = client_from(&kc).await?;
     Ok(vec![
-        kind(Api::<KVCachePoolBinding>::all(client.clone()), "KVCachePoolBinding").await?,
-        kind(Api::<ModelDeployment>::all(client.clone()), "ModelDeployment").await?,
+        kind(
+            Api::<KVCachePoolBinding>::all(client.clone()),
+            "KVCachePoolBinding",
+        )
+        .await?,
+        kind(
+            Api::<ModelDeployment>::all(client.clone()),
+            "ModelDeployment",
+        )
+        .await?,
         kind(Api::<KVCachePool>::all(client.clone()), "KVCachePool").await?,
         kind(Api::<KVCacheBackend>::all(client.clone()), "KVCacheBackend").await?,
         kind(Api::<InstanceType>::all(client.clone()), "InstanceType").await?,

@@ -84,6 +84,11 @@ pub struct KVCachePoolStatus {
     /// The reuse domains registered by this pool's Bindings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub domains: Vec<String>,
+    /// Tenants this pool registered on a managed backend's ledger that no Binding claims any
+    /// more (their Binding went while no operator released it) and that still hold data, so
+    /// their entries stay until it drains or is dropped (`TenantsClaimed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unclaimed_tenants: Vec<String>,
     /// Bindings holding this pool; deletion waits for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub used_by: Vec<ObjectRef>,

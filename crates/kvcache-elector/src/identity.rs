@@ -72,10 +72,19 @@ pub fn judge(lease: &str, namespace: &str, holder: &str, answer: &Answer) -> Ver
 }
 
 /// The identity URL of the elector beside the master at `address` (`host:port` as the Lease
-/// publishes it), whose readiness server listens on `port`; `None` when the address has no port.
+/// publishes it: the render writes `$(POD_IP):50051`, so an IPv6 host comes unbracketed),
+/// whose readiness server listens on `port`; `None` when the address has no port.
 pub fn url(address: &str, port: u16) -> Option<String> {
     let (host, _) = address.rsplit_once(':')?;
-    (!host.is_empty()).then(|| format!("http://{host}:{port}{PATH}"))
+    if host.is_empty() {
+        return None;
+    }
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    };
+    Some(format!("http://{host}:{port}{PATH}"))
 }
 
 #[cfg(test)]
@@ -177,6 +186,11 @@ mod tests {
         assert_eq!(
             url("[fd00::7]:50051", 8090).as_deref(),
             Some("http://[fd00::7]:8090/identity")
+        );
+        assert_eq!(
+            url("fd00::7:50051", 8090).as_deref(),
+            Some("http://[fd00::7]:8090/identity"),
+            "the rendered form, unbracketed"
         );
         assert_eq!(url("10.1.0.7", 8090), None);
         assert_eq!(url(":50051", 8090), None);

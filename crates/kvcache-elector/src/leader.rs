@@ -129,6 +129,7 @@ impl Campaign {
             child.kill().await;
         }
         self.election.stand_by();
+        self.publish_leading();
         self.set_ready(Readiness::not(format!("standby: {why}")));
     }
 
@@ -159,6 +160,7 @@ impl Campaign {
             }
         }
         self.election.stand_by();
+        self.publish_leading();
     }
 
     /// One pass: read, decide, write. Returns an error only when the elector must exit.
@@ -204,6 +206,8 @@ impl Campaign {
                     Ok(written) => {
                         self.last_error = None;
                         self.election.wrote(written, now);
+                        // Members ask `/identity` as soon as they see the write.
+                        self.publish_leading();
                         if acquire {
                             info!(identity = self.election.identity(), "acquired the Lease");
                         }

@@ -170,7 +170,16 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
         }
         // A member stays only on its own backend's master: an address freed by a failover and
         // given to another backend's leader is left at once.
-        if ticked && let Some((target, _)) = current.as_ref() {
+        // (Not while the Lease names another address: the member moves there below anyway,
+        // and the old address, often gone, would only cost the check's timeout.)
+        let moving = match (&wanted, &current) {
+            (Some(w), Some((c, _))) => w.address != c.address,
+            _ => false,
+        };
+        if ticked
+            && !moving
+            && let Some((target, _)) = current.as_ref()
+        {
             let verdict = verify(&config, target).await;
             if let Verdict::Foreign(who) = &verdict
                 && let Some((target, child)) = current.take()
@@ -180,7 +189,9 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
                     answered_lease = %format!("{}/{}", who.namespace, who.lease),
                     "stopping the member: the master at its address now belongs to another backend"
                 );
-                child.kill().await;
+                // That master is alive: the member unmounts from it rather than leave a dead
+                // segment in its metadata.
+                child.stop(config.stop_grace).await;
                 refused = Some((target, verdict));
             }
         }

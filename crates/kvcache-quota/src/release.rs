@@ -114,12 +114,12 @@ pub fn after_delete(tenant: &str, deleted: Result<Result<(), AdminError>, Unansw
     }
 }
 
-/// A tenant with a ceiling of its own on the master's ledger that no Binding on the backend
-/// claims: its Binding went while no operator ran (its finalizer removed by hand), so nothing
-/// released it, and its ceiling still takes a share whenever the master recuts.
+/// A tenant this pool registered on the master's ledger that no Binding claims any more: its
+/// Binding went while no operator ran (its finalizer removed by hand), so nothing released it,
+/// and its ceiling still takes a share whenever the master recuts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unclaimed {
-    /// The tenant id on the master's ledger: the domain name of the Binding that made it.
+    /// The tenant id.
     pub tenant: String,
     /// Bytes it still holds: while any, its entry is kept (the master refuses the delete and
     /// its objects are nobody's to drop), else the pool pass deletes it.
@@ -127,27 +127,51 @@ pub struct Unclaimed {
 }
 
 impl Unclaimed {
-    /// Whether the pool pass deletes the entry now: it holds nothing.
+    /// Whether the pool pass may delete the entry: it holds nothing, in either entry
+    /// generation's figures (bytes charged, used or reserved, objects committed or listed).
     pub fn deletable(&self) -> bool {
         self.bytes == 0
     }
 }
 
-/// The ledger's tenants that no Binding claims, sorted by tenant. `claimed`: the tenant of
-/// every Binding on the backend, read after the ledger was listed (a tenant on the ledger was
-/// put there by a pass that saw its Binding, so a Binding created since cannot be missed).
-/// Entries without a policy of their own are the master's, never the operator's, and stay.
-pub fn unclaimed(entries: &[TenantEntry], claimed: &BTreeSet<String>) -> Vec<Unclaimed> {
+/// The tenants this pool registered (`registered`: its last `status.domains` and
+/// `status.unclaimedTenants`) that are on the ledger with a policy of their own and that no
+/// Binding claims (`claimed`: every Binding's tenant), sorted. Only what the pool itself
+/// registered is ever a candidate: another cluster's or an administrator's tenants on the same
+/// master are not this operator's to remove. A candidate is removed only after `claimed` was
+/// read from the API server itself (the operator's cache can lag a Binding just created).
+pub fn unclaimed(
+    entries: &[TenantEntry],
+    registered: &BTreeSet<String>,
+    claimed: &BTreeSet<String>,
+) -> Vec<Unclaimed> {
     let mut out: Vec<Unclaimed> = entries
         .iter()
-        .filter(|e| e.has_explicit_policy && !claimed.contains(&e.tenant_id))
+        .filter(|e| {
+            e.has_explicit_policy
+                && registered.contains(&e.tenant_id)
+                && !claimed.contains(&e.tenant_id)
+        })
         .map(|e| Unclaimed {
             tenant: e.tenant_id.clone(),
-            bytes: e.usage_bytes(),
+            bytes: held(e),
         })
         .collect();
     out.sort_by(|a, b| a.tenant.cmp(&b.tenant));
     out
+}
+
+/// What an entry holds, whichever generation answered: bytes, or failing those, objects (an
+/// entry with objects but no byte figure counts as holding one byte, so it is never deleted).
+fn held(e: &TenantEntry) -> u64 {
+    let bytes = e
+        .usage_bytes()
+        .saturating_add(e.reserved_bytes.unwrap_or(0));
+    let objects = e
+        .committed_count
+        .unwrap_or(0)
+        .max(e.metadata_object_count.unwrap_or(0));
+    if bytes == 0 && objects > 0 { 1 } else { bytes }
 }
 
 #[cfg(test)]
@@ -403,25 +427,42 @@ mod tests {
         held.tenant_id = "gone-with-data".into();
         let mut empty = entry(0);
         empty.tenant_id = "gone".into();
+        let mut counted = entry(0);
+        counted.tenant_id = "gone-counted".into();
+        counted.charged_bytes = None;
+        counted.committed_count = Some(3);
         let mut masters = entry(0);
         masters.tenant_id = "default".into();
         masters.has_explicit_policy = false;
+        let mut others = entry(0);
+        others.tenant_id = "another-clusters".into();
+        let registered: BTreeSet<String> = [
+            "team-a",
+            "gone",
+            "gone-with-data",
+            "gone-counted",
+            "default",
+        ]
+        .map(str::to_owned)
+        .into();
         let claimed: BTreeSet<String> = ["team-a".to_owned()].into();
-        let found = unclaimed(&[entry(10), held, empty, masters], &claimed);
-        assert_eq!(
-            found,
-            vec![
-                Unclaimed {
-                    tenant: "gone".into(),
-                    bytes: 0
-                },
-                Unclaimed {
-                    tenant: "gone-with-data".into(),
-                    bytes: 4096
-                },
-            ]
+        let found = unclaimed(
+            &[entry(10), held, empty, counted, masters, others],
+            &registered,
+            &claimed,
         );
-        assert!(found[0].deletable());
-        assert!(!found[1].deletable());
+        let tenants: Vec<(&str, bool)> = found
+            .iter()
+            .map(|u| (u.tenant.as_str(), u.deletable()))
+            .collect();
+        assert_eq!(
+            tenants,
+            vec![
+                ("gone", true),
+                ("gone-counted", false),
+                ("gone-with-data", false)
+            ],
+            "claimed, the master's own and tenants this pool never registered are left alone"
+        );
     }
 }

@@ -196,6 +196,8 @@ pub struct PoolVerdict {
     pub domains: Vec<String>,
     /// Whether the master enforces ceilings (it keeps a ledger).
     pub ledger: Option<bool>,
+    /// The unclaimed tenants kept on the ledger, sorted (`status.unclaimedTenants`).
+    pub unclaimed_tenants: Vec<String>,
     /// Every condition, in a fixed order.
     pub conditions: Vec<Cond>,
 }
@@ -212,7 +214,7 @@ pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
         ledger_cond,
         quota_within_total(input.bindings, input.total_bytes),
         quota_policy_writable(backend_name, ledger, &input.policy_write),
-        tenants_claimed(backend_name, input.ledger, input.unclaimed),
+        tenants_claimed(&input.backend, input.ledger, input.unclaimed),
         release_cond(
             p::RELEASABLE,
             &input.release,
@@ -230,6 +232,7 @@ pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
         client_endpoint,
         domains,
         ledger,
+        unclaimed_tenants: input.unclaimed.iter().map(|u| u.tenant.clone()).collect(),
         conditions: conds,
     }
 }
@@ -418,20 +421,32 @@ fn quota_policy_writable(
 
 /// `TenantsClaimed`: whether the ledger holds tenants no Binding claims (reported, never a
 /// reason to stop serving).
-fn tenants_claimed(backend_name: &str, ledger: &Outcome, unclaimed: &[Unclaimed]) -> Cond {
+fn tenants_claimed(backend: &BackendView, ledger: &Outcome, unclaimed: &[Unclaimed]) -> Cond {
+    let backend_name = match backend {
+        BackendView::External { name, .. } => {
+            return Cond::yes(
+                p::TENANTS_CLAIMED,
+                "ExternalStore",
+                format!(
+                    "KVCacheBackend {name} is an external store: its ledger's other tenants are not the operator's to judge"
+                ),
+            );
+        }
+        BackendView::Managed { name, .. } | BackendView::Missing { name } => name.as_str(),
+    };
     match ledger {
         Outcome::Listed(_) if unclaimed.is_empty() => Cond::yes(
             p::TENANTS_CLAIMED,
             "AllClaimed",
             format!(
-                "every tenant with a ceiling on the master of {backend_name} belongs to a Binding"
+                "every tenant this pool registered on the master of {backend_name} belongs to a Binding"
             ),
         ),
         Outcome::Listed(_) => Cond::no(
             p::TENANTS_CLAIMED,
             "UnclaimedTenants",
             format!(
-                "the master of {backend_name} keeps tenants that no Binding claims (their Binding went while no operator released it): {}. Their ceilings still take a share of the capacity the master recuts; an empty one is removed by the next pass. To drop the data of one, create a Binding on this pool whose domain.name is that tenant and delete it with the annotation {}=true",
+                "the master of {backend_name} keeps tenants this pool registered that no Binding claims (their Binding went while no operator released it): {}. Their ceilings still take a share of the capacity the master recuts; an empty one is removed by the next pass. To drop the data of one, create a Binding on this pool whose domain.name is that tenant and delete it with the annotation {}=true",
                 unclaimed
                     .iter()
                     .map(|u| format!("{} holds {}", u.tenant, bytes(u.bytes)))
@@ -707,6 +722,7 @@ pub fn pool_status_document(
         phase_message: verdict.phase_message.clone(),
         client_endpoint: verdict.client_endpoint.clone(),
         domains: verdict.domains.clone(),
+        unclaimed_tenants: verdict.unclaimed_tenants.clone(),
         used_by: bindings
             .iter()
             .map(|b| {

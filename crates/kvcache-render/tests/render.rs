@@ -32,3 +32,38 @@ fn rendered_object_sets() {
         insta::assert_snapshot!(yaml.join("---\n"));
     });
 }
+
+#[test]
+fn a_groups_extra_env_replaces_the_rendered_rpc_timeout_and_is_listed_once() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/inputs/two-groups.yaml");
+    let text = std::fs::read_to_string(path).expect("input");
+    let objects: Vec<_> = manifest::parse(path, &text)
+        .expect("input parses")
+        .into_iter()
+        .map(|m| m.object)
+        .collect();
+    let settings = Settings::default();
+    let env = Environment {
+        namespace: DEFAULT_NAMESPACE,
+        settings: &settings,
+    };
+    let docs = render_all(&objects, &env).expect("renders");
+    let timeouts = |component: &str| -> Vec<String> {
+        let set = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == "DaemonSet"
+                    && d["metadata"]["labels"]["app.kubernetes.io/component"] == component
+            })
+            .unwrap_or_else(|| panic!("the {component} DaemonSet"));
+        set["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_sequence()
+            .expect("env")
+            .iter()
+            .filter(|e| e["name"] == "MC_RPC_TIMEOUT_MS")
+            .map(|e| e["value"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(timeouts("member-0"), vec!["2000".to_owned()]);
+    assert_eq!(timeouts("member-1"), vec!["5000".to_owned()]);
+}

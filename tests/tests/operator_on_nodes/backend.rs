@@ -255,10 +255,7 @@ fn a_member_of_another_backend_mounted_on_this_master_is_named_and_restarted() {
             p.iter().all(|p| p.uid().as_deref() != Some(uid.as_str()) || p.metadata.deletion_timestamp.is_some())
         })
         .await?;
-        assert!(
-            kvcache_e2e::status::event_seen(&client, name, "ForeignMemberRestarted", stray).await?,
-            "a ForeignMemberRestarted event on {name} naming {stray}"
-        );
+        kvcache_e2e::status::wait_event(&client, name, "ForeignMemberRestarted", stray, WAIT).await?;
         // Once its segment is gone the backend is Ready again with its own two members.
         wait_backend_ready(&client, name, 512 * MIB).await?;
         crate::remove_backend(&client, name).await

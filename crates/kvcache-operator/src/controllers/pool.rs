@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
@@ -250,9 +250,12 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
         Some(admin) => (Outcome::NoLedger, None, ctx.store.capacity(admin).await),
         None => (Outcome::NotObserved, None, None),
     };
-    let (ledger, unclaimed) = match (ledger, &admin) {
-        (Outcome::Listed(entries), Some(admin)) => remove_unclaimed(ctx, p, admin, entries).await,
-        (other, _) => (other, Vec::new()),
+    // Only on a store the operator runs: an external master's other tenants are not its own.
+    let (ledger, unclaimed) = match (ledger, &admin, &view) {
+        (Outcome::Listed(entries), Some(admin), BackendView::Managed { .. }) => {
+            remove_unclaimed(ctx, p, admin, entries).await
+        }
+        (other, _, _) => (other, Vec::new()),
     };
     let release = if !deleting {
         Release::NotDeleting
@@ -325,22 +328,43 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
     }
 }
 
-/// Deletes the ledger's tenants that no Binding on the backend claims and that hold nothing
-/// (`kvcache_quota::release::unclaimed`), each with an event on the pool; returns the ledger as
-/// listed after the deletions and the unclaimed tenants still on it.
+/// Deletes the tenants this pool registered that no Binding claims any more and that hold
+/// nothing (`kvcache_quota::release::unclaimed`), each with an event on the pool; returns the
+/// ledger as listed after the deletions and the unclaimed tenants still on it.
 async fn remove_unclaimed(
     ctx: &Context,
     p: &KVCachePool,
     admin: &str,
     entries: Vec<TenantEntry>,
 ) -> (Outcome, Vec<Unclaimed>) {
-    let backend = p.spec.backend().unwrap_or_default();
-    // Read after the listing: a tenant on it was upserted by a pass that saw its Binding.
-    let claimed: BTreeSet<String> = claims_on(ctx, backend)
-        .into_iter()
-        .map(|c| c.tenant)
+    let registered: BTreeSet<String> = p
+        .status
+        .iter()
+        .flat_map(|s| s.domains.iter().chain(&s.unclaimed_tenants))
+        .cloned()
         .collect();
-    let found = release::unclaimed(&entries, &claimed);
+    // Any Binding's tenant, on any backend, counts as claimed: only a tenant nobody names goes.
+    let claimed = |bindings: &[Arc<KVCachePoolBinding>]| -> BTreeSet<String> {
+        bindings.iter().map(|b| tenant_of(b).to_owned()).collect()
+    };
+    let found = release::unclaimed(&entries, &registered, &claimed(&ctx.bindings.state()));
+    if !found.iter().any(Unclaimed::deletable) {
+        return (Outcome::Listed(entries), found);
+    }
+    // The cache can lag a Binding just created (after a handover, its tenant may already be on
+    // the ledger): a deletion is decided on the API server's own list.
+    let live = match Api::<KVCachePoolBinding>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => list.items.into_iter().map(Arc::new).collect::<Vec<_>>(),
+        Err(e) => {
+            warn!(error = %e, "could not list the Bindings to confirm unclaimed tenants; none removed");
+            return (Outcome::Listed(entries), found);
+        }
+    };
+    let found = release::unclaimed(&entries, &registered, &claimed(&live));
+    let backend = p.spec.backend().unwrap_or_default();
     let mut kept = Vec::new();
     let mut removed = false;
     for tenant in found {
@@ -356,19 +380,20 @@ async fn remove_unclaimed(
                 admin::decode_ack,
             )
             .await;
-        match answer {
+        let refused = match answer {
             Ok(Ok(())) => {
-                removed = true;
                 unclaimed_removed_event(ctx, p, backend, &tenant.tenant).await;
+                None
             }
             // Another pool of the same backend removed it first.
-            Ok(Err(admin::AdminError::NotFound)) => removed = true,
-            Ok(Err(e)) => {
-                warn!(tenant = %tenant.tenant, error = %e, "an unclaimed tenant was not removed");
-                kept.push(tenant);
-            }
-            Err(e) => {
-                warn!(tenant = %tenant.tenant, error = %e, "an unclaimed tenant was not removed");
+            Ok(Err(admin::AdminError::NotFound)) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        match refused {
+            None => removed = true,
+            Some(why) => {
+                warn!(tenant = %tenant.tenant, error = %why, "an unclaimed tenant was not removed");
                 kept.push(tenant);
             }
         }
@@ -389,7 +414,7 @@ async fn unclaimed_removed_event(ctx: &Context, p: &KVCachePool, backend: &str, 
         type_: EventType::Normal,
         reason: "UnclaimedTenantRemoved".into(),
         note: Some(format!(
-            "removed tenant {tenant} from the ledger of KVCacheBackend {backend}: no Binding claims it (its Binding went while no operator released it) and it held nothing, but its ceiling still took a share of the capacity"
+            "removed tenant {tenant} from the ledger of KVCacheBackend {backend}: this pool registered it, no Binding claims it any more (its Binding went while no operator released it) and it held nothing, but its ceiling still took a share of the capacity"
         )),
         action: "Release".into(),
         secondary: None,

@@ -196,8 +196,11 @@ fn master_container(
         )
     };
     // The leader Service sends clients to a new leader only once its Pod is Ready: probed
-    // every second, a handover is not padded by up to a probe period.
+    // every second, a handover is not padded by up to a probe period. Falling out of the
+    // Service still takes 10 failed probes (the elector answers 503 at once on losing the
+    // Lease; a slow master is not dropped for a 3 s stall).
     ready.period_seconds = Some(1);
+    ready.failure_threshold = Some(10);
     let mut ports = vec![port("rpc", RPC_PORT), port("admin", ADMIN_PORT)];
     if elects {
         ports.push(port("elector", ELECTOR_PORT));

@@ -81,12 +81,17 @@ impl<'a> Group<'a> {
     }
 }
 
-/// The store client's environment: where the master is, the transport, the segment.
 /// The member's bound on one request to the master and on connecting to it, milliseconds: a
 /// member's requests are metadata (mount, ping, remount, its REST puts' and gets' replica
-/// lists), far under it; a group's `extraEnv` can set either variable otherwise.
+/// lists), far under it; a group's `extraEnv` naming either variable replaces it
+/// ([`RPC_TIMEOUT_ENV`]).
 pub const MEMBER_RPC_TIMEOUT_MS: u32 = 2000;
 
+/// The variables that carry [`MEMBER_RPC_TIMEOUT_MS`]: rendered unless the group's `extraEnv`
+/// names them (one entry per name: with two the runtime picks the winner).
+pub const RPC_TIMEOUT_ENV: [&str; 2] = ["MC_RPC_TIMEOUT_MS", "MC_RPC_CONNECT_TIMEOUT_MS"];
+
+/// The store client's environment: where the master is, the transport, the segment.
 fn store_env(g: &Group<'_>) -> Vec<EnvVar> {
     let mut env = vec![env_value("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE")];
     if !g.lease_members {
@@ -102,15 +107,16 @@ fn store_env(g: &Group<'_>) -> Vec<EnvVar> {
         env_value("MOONCAKE_GLOBAL_SEGMENT_SIZE", g.segment.to_string()),
         env_value("MOONCAKE_LOCAL_BUFFER_SIZE", g.buffer.to_string()),
         env_value("MC_TE_METRIC", "1"),
-        // A ping already sent to a leader whose address vanished otherwise blocks for the
-        // client's 30 s default before the member looks for the new master
-        // (crates/kvcache-elector/README.md, "Engine reattach after a failover").
-        env_value("MC_RPC_TIMEOUT_MS", MEMBER_RPC_TIMEOUT_MS.to_string()),
-        env_value(
-            "MC_RPC_CONNECT_TIMEOUT_MS",
-            MEMBER_RPC_TIMEOUT_MS.to_string(),
-        ),
     ]);
+    // A ping already sent to a leader whose address vanished otherwise blocks for the client's
+    // 30 s default before the member looks for the new master
+    // (crates/kvcache-elector/README.md, "Engine reattach after a failover").
+    env.extend(
+        RPC_TIMEOUT_ENV
+            .iter()
+            .filter(|name| !g.group.extra_env.iter().any(|e| e.name == **name))
+            .map(|name| env_value(name, MEMBER_RPC_TIMEOUT_MS.to_string())),
+    );
     if g.group.medium == Medium::Dram {
         env.extend(
             DRAM_DEVICE_VISIBILITY_ENV
@@ -381,6 +387,11 @@ pub(super) fn member_daemon_set(
         env.extend([
             env_value("KVCACHE_ELECTOR_LEASE", leader_name(name)),
             field_env("KVCACHE_ELECTOR_NAMESPACE", "metadata.namespace"),
+            // Where the leader elector answers `/identity` (its readiness port).
+            env_value(
+                "KVCACHE_ELECTOR_LEADER_IDENTITY_PORT",
+                super::ELECTOR_PORT.to_string(),
+            ),
         ]);
         volumes.push(empty_dir("elector"));
         init.insert(0, elector_install(inputs.elector_image));

@@ -23,8 +23,8 @@ pub(crate) use member::fabric_device;
 
 use leader::leader_deployment;
 pub use leader::master_flags;
-pub use member::MEMBER_RPC_TIMEOUT_MS;
 use member::member_daemon_set;
+pub use member::{MEMBER_RPC_TIMEOUT_MS, RPC_TIMEOUT_ENV};
 
 use crate::Error;
 use crate::names::{self, backend_labels, backend_selector};
