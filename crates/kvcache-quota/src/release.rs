@@ -15,6 +15,7 @@
 use std::collections::BTreeSet;
 
 use crate::admin::{AdminError, LedgerFailure, TenantEntry, Unanswered};
+pub use crate::status::Unclaimed;
 use crate::status::{NotReleased, Release, RequestFailed};
 
 /// Whether the Binding's backend keeps a ledger this release must clear.
@@ -111,26 +112,6 @@ pub fn after_delete(tenant: &str, deleted: Result<Result<(), AdminError>, Unansw
             Release::LedgerNotReleased(NotReleased::DeleteRefused { tenant, refusal })
         }
         Err(cause) => Release::LedgerRequestFailed(RequestFailed::DeletingEntry { tenant, cause }),
-    }
-}
-
-/// A tenant this pool registered on the master's ledger that no Binding claims any more: its
-/// Binding went while no operator ran (its finalizer removed by hand), so nothing released it,
-/// and its ceiling still takes a share whenever the master recuts.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unclaimed {
-    /// The tenant id.
-    pub tenant: String,
-    /// Bytes it still holds: while any, its entry is kept (the master refuses the delete and
-    /// its objects are nobody's to drop), else the pool pass deletes it.
-    pub bytes: u64,
-}
-
-impl Unclaimed {
-    /// Whether the pool pass may delete the entry: it holds nothing, in either entry
-    /// generation's figures (bytes charged, used or reserved, objects committed or listed).
-    pub fn deletable(&self) -> bool {
-        self.bytes == 0
     }
 }
 

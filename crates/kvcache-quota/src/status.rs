@@ -7,7 +7,6 @@ use kvcache_api::pool::PoolPhase;
 use kvcache_api::pool::{binding_conditions as b, pool_conditions as p};
 
 use crate::admin::{AdminError, LedgerFailure, Outcome, TenantEntry, Unanswered};
-use crate::release::Unclaimed;
 
 /// A byte figure as users write it (`16Gi`) when exact, else approximately with the exact count.
 fn bytes(b: u64) -> String {
@@ -138,6 +137,26 @@ pub enum RequestFailed {
         /// Why no answer came.
         cause: Unanswered,
     },
+}
+
+/// A tenant this pool registered on the master's ledger that no Binding claims any more: its
+/// Binding went while no operator ran (its finalizer removed by hand), so nothing released it,
+/// and its ceiling still takes a share whenever the master recuts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unclaimed {
+    /// The tenant id.
+    pub tenant: String,
+    /// Bytes it still holds: while any, its entry is kept (the master refuses the delete and
+    /// its objects are nobody's to drop), else the pool pass deletes it.
+    pub bytes: u64,
+}
+
+impl Unclaimed {
+    /// Whether the pool pass may delete the entry: it holds nothing, in either entry
+    /// generation's figures (bytes charged, used or reserved, objects committed or listed).
+    pub fn deletable(&self) -> bool {
+        self.bytes == 0
+    }
 }
 
 /// What the operator observed for one pool.
