@@ -50,15 +50,21 @@ fn managed(multi_tenancy: bool) -> BackendView {
     }
 }
 
-#[test]
-fn the_walkthrough() {
-    // Pool 16Gi over two 8Gi members, one Binding at 8Gi, the default tenant.
+/// The walkthrough's one Binding (8Gi, the default tenant) and its ledger on 16Gi.
+fn walkthrough() -> ([BindingView; 1], Outcome) {
     let bindings = [BindingView {
         binding: "team-a/team-a".into(),
         tenant: "default".into(),
         ceiling_bytes: 8 * GI,
     }];
     let ledger = ledger_for(16 * GI, &bindings);
+    (bindings, ledger)
+}
+
+#[test]
+fn the_walkthrough() {
+    // Pool 16Gi over two 8Gi members, one Binding at 8Gi, the default tenant.
+    let (bindings, ledger) = walkthrough();
     let pool = pool_status(&PoolInput {
         pool: "shared-dram",
         total_bytes: 16 * GI,
@@ -458,12 +464,7 @@ fn admission_helpers() {
 
 #[test]
 fn a_tenant_no_binding_claims_is_named_on_the_pool_and_the_pool_keeps_serving() {
-    let bindings = [BindingView {
-        binding: "team-a/team-a".into(),
-        tenant: "default".into(),
-        ceiling_bytes: 8 * GI,
-    }];
-    let ledger = ledger_for(16 * GI, &bindings);
+    let (bindings, ledger) = walkthrough();
     let input = |unclaimed| PoolInput {
         pool: "shared-dram",
         total_bytes: 16 * GI,
@@ -480,7 +481,7 @@ fn a_tenant_no_binding_claims_is_named_on_the_pool_and_the_pool_keeps_serving() 
         cond(&clean.conditions, "TenantsClaimed").reason,
         "AllClaimed"
     );
-    let left = [kvcache_quota::release::Unclaimed {
+    let left = [Unclaimed {
         tenant: "stuck".into(),
         bytes: 3 << 20,
     }];

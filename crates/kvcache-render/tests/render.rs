@@ -4,27 +4,33 @@ use kvcache_api::Settings;
 use kvcache_api::manifest;
 use kvcache_render::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
 
+/// The objects the operator would create from the manifest at `path`, as the API server's
+/// YAML documents.
+fn render_file(path: &std::path::Path) -> Vec<serde_yaml::Value> {
+    let text = std::fs::read_to_string(path).expect("input");
+    let objects: Vec<_> = manifest::parse(&path.display().to_string(), &text)
+        .expect("input parses")
+        .into_iter()
+        .map(|m| m.object)
+        .collect();
+    let settings = Settings::default();
+    let env = Environment {
+        namespace: DEFAULT_NAMESPACE,
+        settings: &settings,
+    };
+    render_all(&objects, &env).unwrap_or_else(|e| {
+        panic!(
+            "{}: {:?}",
+            path.display(),
+            e.iter().map(ToString::to_string).collect::<Vec<_>>()
+        )
+    })
+}
+
 #[test]
 fn rendered_object_sets() {
     insta::glob!("inputs/*.yaml", |path| {
-        let text = std::fs::read_to_string(path).expect("input");
-        let objects: Vec<_> = manifest::parse(&path.display().to_string(), &text)
-            .expect("input parses")
-            .into_iter()
-            .map(|m| m.object)
-            .collect();
-        let settings = Settings::default();
-        let env = Environment {
-            namespace: DEFAULT_NAMESPACE,
-            settings: &settings,
-        };
-        let docs = render_all(&objects, &env).unwrap_or_else(|e| {
-            panic!(
-                "{}: {:?}",
-                path.display(),
-                e.iter().map(ToString::to_string).collect::<Vec<_>>()
-            )
-        });
+        let docs = render_file(path);
         let yaml: Vec<String> = docs
             .iter()
             .map(|d| serde_yaml::to_string(d).expect("yaml"))
@@ -35,19 +41,10 @@ fn rendered_object_sets() {
 
 #[test]
 fn a_groups_extra_env_replaces_the_rendered_rpc_timeout_and_is_listed_once() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/inputs/two-groups.yaml");
-    let text = std::fs::read_to_string(path).expect("input");
-    let objects: Vec<_> = manifest::parse(path, &text)
-        .expect("input parses")
-        .into_iter()
-        .map(|m| m.object)
-        .collect();
-    let settings = Settings::default();
-    let env = Environment {
-        namespace: DEFAULT_NAMESPACE,
-        settings: &settings,
-    };
-    let docs = render_all(&objects, &env).expect("renders");
+    let docs = render_file(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/inputs/two-groups.yaml"
+    )));
     let timeouts = |component: &str| -> Vec<String> {
         let set = docs
             .iter()
