@@ -195,10 +195,22 @@ async fn without_lease_rights_the_elector_says_so_and_stays_not_ready() {
         let slot = rig.leaders[0].as_mut().expect("slot");
         slot.proc
             .wait_log(
-                "permission denied: this Pod's ServiceAccount may not get leases.coordination.k8s.io \"store-leader\"",
+                "permission denied: this Pod's ServiceAccount may not get leases.coordination.k8s.io",
                 Duration::from_secs(20),
             )
-            .expect("the elector names the refused verb and Lease");
+            .expect("the elector names the refused verb");
+        // The line, read as the JSON object it is, names the Lease and its namespace.
+        let text = std::fs::read_to_string(&slot.proc.log).expect("the elector's log");
+        let refusal = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|l| l["fields"]["error"].as_str().map(str::to_owned))
+            .find(|e| e.contains("may not get leases.coordination.k8s.io"))
+            .expect("a refusal in a JSON log line");
+        assert!(
+            refusal.contains("\"store-leader\" in namespace norbac"),
+            "names the Lease and its namespace: {refusal}"
+        );
         // Its /readyz answers, and answers not ready.
         let url = format!("http://127.0.0.1:{}/readyz", slot.ready_port);
         let answer = ureq::get(&url)
