@@ -197,7 +197,8 @@ fn unsent(e: &hyper_util::client::legacy::Error) -> NoAnswer {
     match std::iter::successors(std::error::Error::source(e), |c| c.source())
         .find_map(|c| c.downcast_ref::<hyper::Error>())
     {
-        Some(h) if h.is_incomplete_message() => NoAnswer::Cut,
+        // Nothing of an answer came: the request was not answered (unlike a body cut short).
+        Some(h) if h.is_incomplete_message() => NoAnswer::Closed,
         _ => NoAnswer::Transport(chain(e)),
     }
 }
@@ -324,6 +325,32 @@ mod tests {
             ReadError::Unreachable {
                 url,
                 cause: NoAnswer::Refused
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_before_any_answer_is_no_answer_not_an_unreadable_one() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("a connection");
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            // Closed with the request read and nothing answered.
+        });
+        let client = StoreClient::default();
+        let url = format!("http://{addr}/metrics");
+        let cause = client.send("GET", &url, None).await.expect_err("no answer");
+        assert_eq!(cause, NoAnswer::Closed);
+        assert_eq!(
+            read_error(&url, cause),
+            ReadError::Unreachable {
+                url: url.clone(),
+                cause: NoAnswer::Closed
             }
         );
     }

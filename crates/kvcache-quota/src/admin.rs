@@ -299,6 +299,10 @@ pub enum NoAnswer {
         /// The client's timeout, milliseconds.
         after_ms: u64,
     },
+    /// The connection closed before any answer came (a master stopping, a stale kept-alive
+    /// connection): no answer, as a refused one.
+    #[error("the connection closed before any answer")]
+    Closed,
     /// The connection closed before the answer was complete.
     #[error("the connection closed before the answer was complete")]
     Cut,
