@@ -57,12 +57,7 @@ async fn master_version(program: &str) -> Option<String> {
 }
 
 /// Whether the master answers as a serving leader whose segments can be listed.
-fn master_serves(health_url: &str) -> bool {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_millis(800)))
-        .max_redirects(0)
-        .build()
-        .into();
+fn master_serves(agent: &ureq::Agent, health_url: &str) -> bool {
     let Ok(mut response) = agent.get(health_url).call() else {
         return false;
     };
@@ -85,13 +80,17 @@ struct Campaign {
     election: Election,
     child: Option<StoreProcess>,
     ready: watch::Sender<Readiness>,
+    /// Asks the master's `/health` (every 100 ms while a new master comes up): one client, its
+    /// connections kept.
+    health: ureq::Agent,
     /// What `/identity` says of leading.
     leading: watch::Sender<bool>,
     last_error: Option<String>,
 }
 
 impl Campaign {
-    /// `/identity` follows the election.
+    /// `/identity` follows the election: called wherever the role changes (`wrote`,
+    /// `stand_by`).
     fn publish_leading(&self) {
         let now = self.election.leading();
         self.leading.send_if_modified(|old| {
@@ -242,7 +241,8 @@ impl Campaign {
             return;
         }
         let url = self.config.child_health_url.clone();
-        let serving = tokio::task::spawn_blocking(move || master_serves(&url))
+        let agent = self.health.clone();
+        let serving = tokio::task::spawn_blocking(move || master_serves(&agent, &url))
             .await
             .unwrap_or(false);
         self.set_ready(if serving {
@@ -291,6 +291,11 @@ pub async fn run(config: LeaderConfig) -> Result<(), Error> {
         lease,
         child: None,
         ready: tx,
+        health: ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_millis(800)))
+            .max_redirects(0)
+            .build()
+            .into(),
         leading,
         last_error: None,
     };
@@ -313,9 +318,7 @@ pub async fn run(config: LeaderConfig) -> Result<(), Error> {
                 if server.is_finished() {
                     break Err(Error::Serve { addr: addr.to_string(), source: std::io::Error::other("the readiness server stopped") });
                 }
-                let stepped = campaign.step().await;
-                campaign.publish_leading();
-                if let Err(e) = stepped {
+                if let Err(e) = campaign.step().await {
                     break Err(e);
                 }
             }
@@ -326,7 +329,6 @@ pub async fn run(config: LeaderConfig) -> Result<(), Error> {
         child.stop(campaign.config.stop_grace).await;
     }
     campaign.release().await;
-    campaign.publish_leading();
     server.abort();
     result
 }

@@ -56,35 +56,30 @@ fn holder_target(lease: &Lease) -> Option<Target> {
     })
 }
 
-/// Asks the elector beside the master at `address` who it is (1 s to connect and to answer).
-async fn ask(address: &str, port: u16) -> Answer {
+/// Asks the elector beside the master at `address` who it is, with `agent` (1 s to connect
+/// and to answer).
+async fn ask(agent: &ureq::Agent, address: &str, port: u16) -> Answer {
     let Some(url) = identity::url(address, port) else {
         return Answer::Nothing;
     };
-    tokio::task::spawn_blocking(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_secs(1)))
-            .http_status_as_error(false)
-            .build()
-            .into();
-        match agent.get(&url).call() {
-            Ok(r) if r.status() == 404 => Answer::NoRoute,
-            Ok(mut r) if r.status().is_success() => r
-                .body_mut()
-                .read_to_string()
-                .ok()
-                .and_then(|text| serde_json::from_str::<LeaderIdentity>(&text).ok())
-                .map_or(Answer::Nothing, Answer::Named),
-            _ => Answer::Nothing,
-        }
+    let agent = agent.clone();
+    tokio::task::spawn_blocking(move || match agent.get(&url).call() {
+        Ok(r) if r.status() == 404 => Answer::NoRoute,
+        Ok(mut r) if r.status().is_success() => r
+            .body_mut()
+            .read_to_string()
+            .ok()
+            .and_then(|text| serde_json::from_str::<LeaderIdentity>(&text).ok())
+            .map_or(Answer::Nothing, Answer::Named),
+        _ => Answer::Nothing,
     })
     .await
     .unwrap_or(Answer::Nothing)
 }
 
 /// Whether the master at `target` is this backend's holder's.
-async fn verify(config: &MemberConfig, target: &Target) -> Verdict {
-    let answer = ask(&target.address, config.leader_identity_port).await;
+async fn verify(agent: &ureq::Agent, config: &MemberConfig, target: &Target) -> Verdict {
+    let answer = ask(agent, &target.address, config.leader_identity_port).await;
     identity::judge(&config.lease, &config.namespace, &target.holder, &answer)
 }
 
@@ -134,6 +129,12 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
     let mut current: Option<(Target, StoreProcess)> = None;
     let mut last_error: Option<String> = None;
     let mut refused: Option<(Target, Verdict)> = None;
+    // One client for every `/identity` question (one a retry period while mounted).
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(1)))
+        .http_status_as_error(false)
+        .build()
+        .into();
     let result = loop {
         let ticked = tokio::select! {
             _ = term.recv() => break Ok(()),
@@ -180,7 +181,7 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
             && !moving
             && let Some((target, _)) = current.as_ref()
         {
-            let verdict = verify(&config, target).await;
+            let verdict = verify(&agent, &config, target).await;
             if let Verdict::Foreign(who) = &verdict
                 && let Some((target, child)) = current.take()
             {
@@ -204,7 +205,7 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
         {
             continue;
         }
-        let verdict = verify(&config, &target).await;
+        let verdict = verify(&agent, &config, &target).await;
         if !verdict.may_mount() {
             refuse(&target, &verdict, &mut refused);
             continue;
