@@ -135,24 +135,17 @@ pub fn unclaimed(
         })
         .map(|e| Unclaimed {
             tenant: e.tenant_id.clone(),
-            bytes: held(e),
+            bytes: e
+                .usage_bytes()
+                .saturating_add(e.reserved_bytes.unwrap_or(0)),
+            objects: e
+                .committed_count
+                .unwrap_or(0)
+                .max(e.metadata_object_count.unwrap_or(0)),
         })
         .collect();
     out.sort_by(|a, b| a.tenant.cmp(&b.tenant));
     out
-}
-
-/// What an entry holds, whichever generation answered: bytes, or failing those, objects (an
-/// entry with objects but no byte figure counts as holding one byte, so it is never deleted).
-fn held(e: &TenantEntry) -> u64 {
-    let bytes = e
-        .usage_bytes()
-        .saturating_add(e.reserved_bytes.unwrap_or(0));
-    let objects = e
-        .committed_count
-        .unwrap_or(0)
-        .max(e.metadata_object_count.unwrap_or(0));
-    if bytes == 0 && objects > 0 { 1 } else { bytes }
 }
 
 #[cfg(test)]

@@ -146,16 +146,20 @@ pub enum RequestFailed {
 pub struct Unclaimed {
     /// The tenant id.
     pub tenant: String,
-    /// Bytes it still holds: while any, its entry is kept (the master refuses the delete and
-    /// its objects are nobody's to drop), else the pool pass deletes it.
+    /// Bytes it still holds (charged, used or reserved, whichever the entry reports).
     pub bytes: u64,
+    /// Objects it still holds, where the entry counts them (0.3.12's committed or listed
+    /// objects).
+    pub objects: u64,
 }
 
 impl Unclaimed {
     /// Whether the pool pass may delete the entry: it holds nothing, in either entry
     /// generation's figures (bytes charged, used or reserved, objects committed or listed).
+    /// While it holds anything its entry is kept: the master refuses the delete and its
+    /// objects are nobody's to drop.
     pub fn deletable(&self) -> bool {
-        self.bytes == 0
+        self.bytes == 0 && self.objects == 0
     }
 }
 
@@ -468,7 +472,10 @@ fn tenants_claimed(backend: &BackendView, ledger: &Outcome, unclaimed: &[Unclaim
                 "the master of {backend_name} keeps tenants this pool registered that no Binding claims (their Binding went while no operator released it): {}. Their ceilings still take a share of the capacity the master recuts; an empty one is removed by the next pass. To drop the data of one, create a Binding on this pool whose domain.name is that tenant and delete it with the annotation {}=true",
                 unclaimed
                     .iter()
-                    .map(|u| format!("{} holds {}", u.tenant, bytes(u.bytes)))
+                    .map(|u| match u.objects {
+                        0 => format!("{} holds {}", u.tenant, bytes(u.bytes)),
+                        n => format!("{} holds {} in {n} objects", u.tenant, bytes(u.bytes)),
+                    })
                     .collect::<Vec<_>>()
                     .join(", "),
                 kvcache_api::DROP_CACHED_DATA_ANNOTATION

@@ -484,6 +484,7 @@ fn a_tenant_no_binding_claims_is_named_on_the_pool_and_the_pool_keeps_serving() 
     let left = [Unclaimed {
         tenant: "stuck".into(),
         bytes: 3 << 20,
+        objects: 0,
     }];
     let pool = pool_status(&input(&left));
     let c = cond(&pool.conditions, "TenantsClaimed");

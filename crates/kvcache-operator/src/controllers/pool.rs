@@ -380,20 +380,18 @@ async fn remove_unclaimed(
                 admin::decode_ack,
             )
             .await;
-        let refused = match answer {
-            Ok(Ok(())) => {
-                unclaimed_removed_event(ctx, p, backend, &tenant.tenant).await;
-                None
+        // Not found: another pool of the same backend removed it first (no second event).
+        let confirmed = matches!(answer, Ok(Ok(())));
+        // What a delete's answer means is the Binding release's decision too.
+        match release::after_delete(&tenant.tenant, answer) {
+            Release::Released => {
+                removed = true;
+                if confirmed {
+                    unclaimed_removed_event(ctx, p, backend, &tenant.tenant).await;
+                }
             }
-            // Another pool of the same backend removed it first.
-            Ok(Err(admin::AdminError::NotFound)) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(e) => Some(e.to_string()),
-        };
-        match refused {
-            None => removed = true,
-            Some(why) => {
-                warn!(tenant = %tenant.tenant, error = %why, "an unclaimed tenant was not removed");
+            held => {
+                warn!(tenant = %tenant.tenant, release = ?held, "an unclaimed tenant was not removed");
                 kept.push(tenant);
             }
         }
