@@ -656,13 +656,15 @@ fn high_availability(d: &mut Demo) -> anyhow::Result<()> {
 /// zero; prints how long after the new leader served that was seen.
 fn writes_again(d: &Demo, b: &str, serving: Instant) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
-    for seed in 100u32.. {
+    let mut seed = 100u32;
+    loop {
         let keys = master_keys(d)?;
-        let count = keys
+        // An unreadable figure is an error, not zero keys.
+        let count: f64 = keys
             .split_whitespace()
             .last()
-            .and_then(|n| n.parse::<f64>().ok())
-            .unwrap_or(0.0);
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("the master's key count is unreadable: {keys:?}"))?;
         if count > 0.0 {
             println!(
                 "replica B writes to the new master: {keys}, seen {:.1}s after the new leader served",
@@ -675,8 +677,8 @@ fn writes_again(d: &Demo, b: &str, serving: Instant) -> anyhow::Result<()> {
             "waited 120s for replica B to write to the new master (its key count: {keys})"
         );
         ask(d, b, seed)?;
+        seed += 1;
     }
-    Ok(())
 }
 
 /// The disk-heavy example at demo size, filled through a store client until the store's tier
