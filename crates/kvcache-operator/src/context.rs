@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ReflectHandle, Store};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use kvcache_api::backend::{BackendPhase, Capacity, EndpointName};
@@ -21,7 +21,7 @@ use tracing::{error, warn};
 
 use crate::store::StoreClient;
 use crate::telemetry::Metrics;
-use crate::watch::{reflect, reflect_shared};
+use crate::watch::{Subscription, reflect, reflect_shared};
 
 /// The one field manager of every write.
 pub const MANAGER: &str = "kvcache-operator";
@@ -59,10 +59,10 @@ pub struct Caches {
 /// The changes of the shared caches, one subscription per controller that reads its kind's
 /// cache as its primary watch.
 pub struct Changes {
-    pub backends: Option<ReflectHandle<KVCacheBackend>>,
-    pub pools: Option<ReflectHandle<KVCachePool>>,
-    pub bindings: Option<ReflectHandle<KVCachePoolBinding>>,
-    pub models: Option<ReflectHandle<ModelDeployment>>,
+    pub backends: Option<Subscription<KVCacheBackend>>,
+    pub pools: Option<Subscription<KVCachePool>>,
+    pub bindings: Option<Subscription<KVCachePoolBinding>>,
+    pub models: Option<Subscription<ModelDeployment>>,
 }
 
 impl Caches {
@@ -72,12 +72,10 @@ impl Caches {
     /// cache; with a selector only the backends' controller runs, on a watch of its own.
     pub async fn fill(client: &Client, namespace: &str, every_kind: bool) -> (Caches, Changes) {
         let all = watcher::Config::default;
-        let (pools, pool_changes) = reflect_shared(Api::all(client.clone()), all(), every_kind);
-        let (bindings, binding_changes) =
-            reflect_shared(Api::all(client.clone()), all(), every_kind);
-        let (backends, backend_changes) =
-            reflect_shared(Api::all(client.clone()), all(), every_kind);
-        let (models, model_changes) = reflect_shared(Api::all(client.clone()), all(), every_kind);
+        let (pools, pool_changes) = reflect_shared(Api::all(client.clone()), all());
+        let (bindings, binding_changes) = reflect_shared(Api::all(client.clone()), all());
+        let (backends, backend_changes) = reflect_shared(Api::all(client.clone()), all());
+        let (models, model_changes) = reflect_shared(Api::all(client.clone()), all());
         let caches = Caches {
             settings: reflect(
                 Api::namespaced(client.clone(), namespace),
@@ -111,10 +109,10 @@ impl Caches {
             }
         }
         let changes = Changes {
-            backends: backend_changes,
-            pools: pool_changes,
-            bindings: binding_changes,
-            models: model_changes,
+            backends: every_kind.then_some(backend_changes),
+            pools: every_kind.then_some(pool_changes),
+            bindings: every_kind.then_some(binding_changes),
+            models: every_kind.then_some(model_changes),
         };
         (caches, changes)
     }

@@ -3,10 +3,12 @@
 //! only.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use kube::api::Api;
-use kube::runtime::reflector::{self, ReflectHandle, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
 /// A kind the operator watches: a static, cloneable, decodable resource.
@@ -64,33 +66,107 @@ where
     reader
 }
 
-/// How many changes a shared cache holds for a subscriber that has not read them yet; past it
-/// the cache waits for the subscriber (a controller reads them into its queue at once).
-const SHARED_BUFFER: usize = 256;
+/// The changes of one shared cache, for the controller that reads the cache as its primary
+/// watch. Lazy: nothing is kept for a controller that has not subscribed (a standby operator
+/// never does), so an unread subscription never holds the cache back.
+///
+/// Written here instead of kube-runtime's `ReflectHandle` (`Writer::subscribe`), which this
+/// replaces for two faults seen in this operator: (1) when a change it was told of names an
+/// object deleted from the cache before it was read, its `poll_next` answers `Pending` without
+/// arranging a wake-up, so the controller's trigger stream sleeps until an unrelated event
+/// wakes the task (CI saw a new ModelDeployment get no status for two minutes after another
+/// one was deleted); (2) its bounded broadcast waits for every subscriber, so a subscription
+/// held by a replica that is not leading stopped that replica's cache, the one its webhook
+/// reads, after 256 changes.
+pub struct Subscription<K: Watched> {
+    cache: Store<K>,
+    reader: Arc<Mutex<Option<UnboundedSender<Arc<K>>>>>,
+}
 
-/// A reflector store kept up to date by its own task, whose changes `subscribe` controller
-/// reads as its primary watch (kube-runtime's shared streams): one cache of the kind for the
-/// controller, the mappers and the webhook. Without a subscriber it is a plain cache (an
-/// unread subscription would hold the cache back).
-pub fn reflect_shared<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    subscribe: bool,
-) -> (Store<K>, Option<ReflectHandle<K>>)
+impl<K: Watched> Clone for Subscription<K> {
+    fn clone(&self) -> Self {
+        Subscription {
+            cache: self.cache.clone(),
+            reader: self.reader.clone(),
+        }
+    }
+}
+
+impl<K: Watched> Subscription<K> {
+    fn new(cache: Store<K>) -> Self {
+        Subscription {
+            cache,
+            reader: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Every object the cache holds now, then each one it applies from here on (a later
+    /// subscription replaces this one). An object deleted before it is read is still handed
+    /// over (the controller finds it gone from the cache and skips it) and the stream goes on.
+    pub fn subscribe(&self) -> UnboundedReceiver<Arc<K>> {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        // Under the lock the dispatch takes: no change falls between the snapshot and the
+        // first one forwarded (one may come twice, which a controller's queue merges).
+        let mut reader = self.reader.lock().unwrap_or_else(PoisonError::into_inner);
+        for o in self.cache.state() {
+            let _ = tx.unbounded_send(o);
+        }
+        *reader = Some(tx);
+        rx
+    }
+
+    /// Hands the subscriber what one event, already applied to the cache, changed: an
+    /// object applied, or at the end of a (re)list every object (as kube-runtime's shared
+    /// streams do). A deletion is not handed over (the kinds that need to see one hold a
+    /// finalizer). A subscriber that has gone is dropped.
+    fn dispatch(&self, event: &watcher::Event<K>) {
+        let mut reader = self.reader.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(tx) = reader.as_ref() else {
+            return;
+        };
+        let changed = match event {
+            watcher::Event::Apply(o) => self
+                .cache
+                .get(&ObjectRef::from_obj(o))
+                .into_iter()
+                .collect(),
+            watcher::Event::InitDone => self.cache.state(),
+            _ => Vec::new(),
+        };
+        if changed.into_iter().any(|o| tx.unbounded_send(o).is_err()) {
+            *reader = None;
+        }
+    }
+}
+
+/// A reflector store kept up to date by its own task, whose changes one controller reads as
+/// its primary watch through [`Subscription::subscribe`]: one cache of the kind for the
+/// controller, the mappers and the webhook.
+pub fn reflect_shared<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, Subscription<K>)
 where
     K: Watched,
 {
-    if !subscribe {
-        return (reflect(api, config), None);
-    }
-    let (reader, writer) = reflector::store_shared(SHARED_BUFFER);
-    let handle = writer.subscribe();
-    let stream = watcher(api, config)
-        .modify(|o: &mut K| o.meta_mut().managed_fields = None)
-        .default_backoff()
-        .reflect_shared(writer);
-    tokio::spawn(stream.for_each(|_| futures::future::ready(())));
-    (reader, handle)
+    let (reader, stream) = stripped_reflector(api, config);
+    let changes = Subscription::new(reader.clone());
+    tokio::spawn(drive(stream, changes.clone()));
+    (reader, changes)
+}
+
+/// Drives a reflector's events (each applied to the cache before it comes out) and hands
+/// each to the subscriber.
+async fn drive<K, S>(stream: S, changes: Subscription<K>)
+where
+    K: Watched,
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    stream
+        .for_each(|event| {
+            if let Ok(event) = &event {
+                changes.dispatch(event);
+            }
+            futures::future::ready(())
+        })
+        .await;
 }
 
 /// How many reconciles of one controller run at once. Unbounded, 2,000 ModelDeployments
@@ -111,13 +187,13 @@ where
 /// A controller whose primary watch is a subscription to a shared cache ([`reflect_shared`]),
 /// with bounded concurrency.
 pub fn shared_controller<K>(
-    changes: ReflectHandle<K>,
+    changes: &Subscription<K>,
     cache: Store<K>,
 ) -> kube::runtime::Controller<K>
 where
     K: Watched,
 {
-    kube::runtime::Controller::for_shared_stream(changes, cache)
+    kube::runtime::Controller::for_shared_stream(changes.subscribe(), cache)
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
 }
 
@@ -174,7 +250,138 @@ impl SpecKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
     use kvcache_api::KVCachePoolBinding;
+
+    fn config_map(name: &str) -> k8s_openapi::api::core::v1::ConfigMap {
+        k8s_openapi::api::core::v1::ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("team-a".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// The names a subscription hands over within `within` (fails naming what came if fewer).
+    async fn next_names(
+        rx: &mut UnboundedReceiver<Arc<k8s_openapi::api::core::v1::ConfigMap>>,
+        n: usize,
+    ) -> Vec<String> {
+        let mut names = Vec::new();
+        while names.len() < n {
+            match tokio::time::timeout(std::time::Duration::from_secs(5), rx.next()).await {
+                Ok(Some(o)) => names.push(o.metadata.name.clone().unwrap_or_default()),
+                other => panic!("waited 5s for {n} changes, got {names:?} then {other:?}"),
+            }
+        }
+        names
+    }
+
+    /// Waits (5 s at most) until the names the cache holds, sorted, satisfy `done`.
+    async fn wait_until(
+        cache: &Store<k8s_openapi::api::core::v1::ConfigMap>,
+        done: impl Fn(&[String]) -> bool,
+    ) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let mut names: Vec<String> = cache
+                .state()
+                .iter()
+                .filter_map(|o| o.metadata.name.clone())
+                .collect();
+            names.sort();
+            if done(&names) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "waited 5s for the cache, which holds {} objects",
+                names.len()
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn an_object_deleted_before_its_change_is_read_does_not_stall_the_next_one() {
+        use kube::runtime::watcher::Event;
+        let (cache, writer) = reflector::store();
+        let changes = Subscription::new(cache.clone());
+        let mut rx = changes.subscribe();
+        // What the CI run saw: a ModelDeployment changed, then deleted before the controller
+        // read the change, then a new one created.
+        let (tx, events) = futures::channel::mpsc::unbounded();
+        let driven = tokio::spawn(drive(reflector::reflector(writer, events), changes.clone()));
+        for e in [
+            Event::Apply(config_map("qwen-chat")),
+            Event::Delete(config_map("qwen-chat")),
+            Event::Apply(config_map("qwen-by-pool")),
+        ] {
+            tx.unbounded_send(Ok(e)).expect("the driver reads");
+        }
+        wait_until(&cache, |names| names == ["qwen-by-pool"]).await;
+        // Both changes are there to be read at once, without another wake-up.
+        let ready: Vec<Option<String>> = (0..2)
+            .map(|_| {
+                rx.next()
+                    .now_or_never()
+                    .flatten()
+                    .and_then(|o| o.metadata.name.clone())
+            })
+            .collect();
+        assert_eq!(
+            ready,
+            [
+                Some("qwen-chat".to_owned()),
+                Some("qwen-by-pool".to_owned())
+            ]
+        );
+        // Read while nothing is pending, then woken by the next change.
+        let later =
+            tokio::spawn(async move { rx.next().await.and_then(|o| o.metadata.name.clone()) });
+        tokio::task::yield_now().await;
+        tx.unbounded_send(Ok(Event::Apply(config_map("qwen-coder"))))
+            .expect("the driver reads");
+        let woken = tokio::time::timeout(std::time::Duration::from_secs(5), later)
+            .await
+            .unwrap_or_else(|_| panic!("waited 5s for the reader to be woken by qwen-coder"));
+        assert_eq!(woken.expect("the reader").as_deref(), Some("qwen-coder"));
+        drop(tx);
+        driven.await.expect("the driver ends with its events");
+    }
+
+    #[tokio::test]
+    async fn a_late_subscriber_gets_what_the_cache_holds_and_an_absent_one_holds_nothing_back() {
+        use kube::runtime::watcher::Event;
+        let (cache, writer) = reflector::store();
+        let changes = Subscription::new(cache.clone());
+        let (tx, events) = futures::channel::mpsc::unbounded();
+        let driven = tokio::spawn(drive(reflector::reflector(writer, events), changes.clone()));
+        // No subscriber (a standby): far more changes than any buffer, all applied.
+        for i in 0..1000 {
+            tx.unbounded_send(Ok(Event::Apply(config_map(&format!("cm-{i}")))))
+                .expect("the driver reads");
+        }
+        tx.unbounded_send(Ok(Event::Delete(config_map("cm-0"))))
+            .expect("the driver reads");
+        wait_until(&cache, |names| names.len() == 999).await;
+        // Elected: the controller starts from everything the cache holds, then the changes.
+        let mut rx = changes.subscribe();
+        assert_eq!(next_names(&mut rx, 999).await.len(), 999);
+        tx.unbounded_send(Ok(Event::Apply(config_map("cm-0"))))
+            .expect("the driver reads");
+        assert_eq!(next_names(&mut rx, 1).await, ["cm-0"]);
+        // A subscriber that went away is dropped; the cache goes on.
+        drop(rx);
+        tx.unbounded_send(Ok(Event::Apply(config_map("cm-1000"))))
+            .expect("the driver reads");
+        drop(tx);
+        driven.await.expect("the driver ends with its events");
+        assert_eq!(cache.state().len(), 1001);
+        assert!(changes.reader.lock().expect("unpoisoned").is_none());
+    }
 
     #[test]
     fn a_status_write_is_not_a_spec_change_and_a_ceiling_or_deletion_is() {

@@ -18,7 +18,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
-use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::backend::{
@@ -99,7 +99,7 @@ fn owning_backend(
 }
 
 /// Runs the controller until shutdown.
-pub async fn run(ctx: Arc<Context>, changes: Option<ReflectHandle<KVCacheBackend>>) {
+pub async fn run(ctx: Arc<Context>, changes: Option<crate::watch::Subscription<KVCacheBackend>>) {
     let client = ctx.client.clone();
     let ns = ctx.config.namespace.clone();
     let backends: Api<KVCacheBackend> = Api::all(client.clone());
@@ -108,7 +108,7 @@ pub async fn run(ctx: Arc<Context>, changes: Option<ReflectHandle<KVCacheBackend
         selected = selected.labels(&ctx.config.backend_selector);
     }
     let controller = match changes {
-        Some(changes) => crate::watch::shared_controller(changes, ctx.backends.clone()),
+        Some(changes) => crate::watch::shared_controller(&changes, ctx.backends.clone()),
         // Scoped by a label selector: a watch of its own, filtered by the API server.
         None => crate::watch::controller(backends, selected),
     };

@@ -11,7 +11,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
-use kube::runtime::reflector::{ObjectRef, ReflectHandle};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::KVCachePoolBinding;
@@ -41,11 +41,14 @@ const BINDING: &str = "kvcachepoolbinding";
 const RELEASE_RETRY: Duration = Duration::from_secs(30);
 
 /// Runs the Binding controller (its finalizer: releasing the tenant) until shutdown.
-pub async fn run(ctx: Arc<Context>, changes: Option<ReflectHandle<KVCachePoolBinding>>) {
+pub async fn run(
+    ctx: Arc<Context>,
+    changes: Option<crate::watch::Subscription<KVCachePoolBinding>>,
+) {
     let client = ctx.client.clone();
     let bindings: Api<KVCachePoolBinding> = Api::all(client.clone());
     match changes {
-        Some(changes) => crate::watch::shared_controller(changes, ctx.bindings.clone()),
+        Some(changes) => crate::watch::shared_controller(&changes, ctx.bindings.clone()),
         None => crate::watch::controller(bindings, watcher::Config::default()),
     }
     // A ModelDeployment attaching or leaving changes its Binding's usedBy.

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, ReflectHandle};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::admission::tenant_of;
@@ -38,10 +38,10 @@ fn id(md: &ModelDeployment) -> String {
 }
 
 /// Runs the controller until shutdown.
-pub async fn run(ctx: Arc<Context>, changes: Option<ReflectHandle<ModelDeployment>>) {
+pub async fn run(ctx: Arc<Context>, changes: Option<crate::watch::Subscription<ModelDeployment>>) {
     let client = ctx.client.clone();
     let controller = match changes {
-        Some(changes) => crate::watch::shared_controller(changes, ctx.models.clone()),
+        Some(changes) => crate::watch::shared_controller(&changes, ctx.models.clone()),
         None => crate::watch::controller(
             Api::<ModelDeployment>::all(client.clone()),
             watcher::Config::default(),

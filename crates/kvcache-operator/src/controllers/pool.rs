@@ -15,7 +15,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
-use kube::runtime::reflector::{ObjectRef, ReflectHandle};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::admission::tenant_of;
@@ -45,11 +45,11 @@ pub(super) fn id(b: &KVCachePoolBinding) -> String {
 }
 
 /// Runs the pool controller until shutdown.
-pub async fn run(ctx: Arc<Context>, changes: Option<ReflectHandle<KVCachePool>>) {
+pub async fn run(ctx: Arc<Context>, changes: Option<crate::watch::Subscription<KVCachePool>>) {
     let client = ctx.client.clone();
     let pools: Api<KVCachePool> = Api::all(client.clone());
     let controller = match changes {
-        Some(changes) => crate::watch::shared_controller(changes, ctx.pools.clone()),
+        Some(changes) => crate::watch::shared_controller(&changes, ctx.pools.clone()),
         None => crate::watch::controller(pools, watcher::Config::default()),
     };
     let by_backend = controller.store();
