@@ -83,10 +83,41 @@ async fn verify(agent: &ureq::Agent, config: &MemberConfig, target: &Target) -> 
     identity::judge(&config.lease, &config.namespace, &target.holder, &answer)
 }
 
+/// Whether this turn asks the elector at the mounted master who it is: on the retry tick while
+/// the member stays mounted. Not while the Lease names another address: the member moves
+/// there this turn anyway, and the old address, often gone, would only cost the question's
+/// timeout.
+fn recheck_due(wanted: Option<&Target>, current: Option<&Target>, ticked: bool) -> bool {
+    let moving = matches!((wanted, current), (Some(w), Some(c)) if w.address != c.address);
+    ticked && !moving && current.is_some()
+}
+
+/// Who stops the mounted member, by a recheck's verdict: only a master that answers as another
+/// backend's leader (an address freed by a failover and given to another backend). One that
+/// does not answer, or answers as this backend's standby, is left to the Lease.
+fn stopped_by(verdict: &Verdict) -> Option<&LeaderIdentity> {
+    match verdict {
+        Verdict::Foreign(who) => Some(who),
+        Verdict::NotHolder(_) | Verdict::Ours | Verdict::Unverified => None,
+    }
+}
+
+/// Where the member mounts this turn: the address the Lease publishes, when the member is not
+/// mounted there (none mounted, or mounted at an old address). A released Lease (no holder)
+/// publishes nothing and keeps the member where it is.
+fn mount_toward<'a>(wanted: Option<&'a Target>, current: Option<&Target>) -> Option<&'a Target> {
+    wanted.filter(|w| current.is_none_or(|c| c.address != w.address))
+}
+
+/// Whether a refusal to mount at `target` is news: each target and verdict is logged once,
+/// and only the two refusals (a mount allowed is logged as the member starting).
+fn newly_refused(target: &Target, verdict: &Verdict, logged: Option<&(Target, Verdict)>) -> bool {
+    !verdict.may_mount() && logged != Some(&(target.clone(), verdict.clone()))
+}
+
 /// Logs a refusal to mount at `target` once per target and verdict.
 fn refuse(target: &Target, verdict: &Verdict, logged: &mut Option<(Target, Verdict)>) {
-    let now = Some((target.clone(), verdict.clone()));
-    if *logged == now {
+    if !newly_refused(target, verdict, logged.as_ref()) {
         return;
     }
     match verdict {
@@ -105,7 +136,7 @@ fn refuse(target: &Target, verdict: &Verdict, logged: &mut Option<(Target, Verdi
         ),
         Verdict::Ours | Verdict::Unverified => return,
     }
-    *logged = now;
+    *logged = Some((target.clone(), verdict.clone()));
 }
 
 /// Runs a member elector until SIGTERM.
@@ -169,20 +200,12 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
             warn!(%status, "the member exited; restarting it");
             current = None;
         }
-        // A member stays only on its own backend's master: an address freed by a failover and
-        // given to another backend's leader is left at once.
-        // (Not while the Lease names another address: the member moves there below anyway,
-        // and the old address, often gone, would only cost the check's timeout.)
-        let moving = match (&wanted, &current) {
-            (Some(w), Some((c, _))) => w.address != c.address,
-            _ => false,
-        };
-        if ticked
-            && !moving
+        // A member stays only on its own backend's master.
+        if recheck_due(wanted.as_ref(), current.as_ref().map(|(t, _)| t), ticked)
             && let Some((target, _)) = current.as_ref()
         {
             let verdict = verify(&agent, &config, target).await;
-            if let Verdict::Foreign(who) = &verdict
+            if let Some(who) = stopped_by(&verdict)
                 && let Some((target, child)) = current.take()
             {
                 warn!(
@@ -196,15 +219,10 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
                 refused = Some((target, verdict));
             }
         }
-        let Some(target) = wanted.clone() else {
+        let Some(target) = mount_toward(wanted.as_ref(), current.as_ref().map(|(t, _)| t)).cloned()
+        else {
             continue;
         };
-        if current
-            .as_ref()
-            .is_some_and(|(t, _)| t.address == target.address)
-        {
-            continue;
-        }
         let verdict = verify(&agent, &config, &target).await;
         if !verdict.may_mount() {
             refuse(&target, &verdict, &mut refused);
@@ -233,4 +251,105 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
         child.stop(config.stop_grace).await;
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(address: &str, holder: &str) -> Target {
+        Target {
+            address: address.into(),
+            holder: holder.into(),
+        }
+    }
+
+    fn who(lease: &str, identity: &str, leading: bool) -> LeaderIdentity {
+        LeaderIdentity {
+            lease: lease.into(),
+            namespace: "gpustack-system".into(),
+            identity: identity.into(),
+            leading,
+        }
+    }
+
+    #[test]
+    fn the_mounted_master_is_asked_each_tick_while_the_member_stays_and_never_while_it_moves() {
+        let a = at("10.0.0.5:50051", "leader-a");
+        let b = at("10.0.0.9:50051", "leader-b");
+        assert!(recheck_due(Some(&a), Some(&a), true), "staying: asked");
+        assert!(
+            !recheck_due(Some(&a), Some(&a), false),
+            "not on a Lease event"
+        );
+        assert!(
+            !recheck_due(Some(&b), Some(&a), true),
+            "moving to b: not asked"
+        );
+        assert!(
+            recheck_due(None, Some(&a), true),
+            "a released Lease: still asked"
+        );
+        assert!(
+            !recheck_due(Some(&a), None, true),
+            "nothing mounted: nothing to ask"
+        );
+    }
+
+    #[test]
+    fn only_another_backends_leader_stops_a_mounted_member() {
+        let other = who("other-leader", "x", true);
+        assert_eq!(stopped_by(&Verdict::Foreign(other.clone())), Some(&other));
+        assert_eq!(
+            stopped_by(&Verdict::NotHolder(who("ours-leader", "y", false))),
+            None
+        );
+        assert_eq!(stopped_by(&Verdict::Unverified), None);
+        assert_eq!(stopped_by(&Verdict::Ours), None);
+    }
+
+    #[test]
+    fn the_member_mounts_where_the_lease_points_unless_it_is_there() {
+        let a = at("10.0.0.5:50051", "leader-a");
+        let b = at("10.0.0.9:50051", "leader-b");
+        assert_eq!(mount_toward(Some(&a), None), Some(&a));
+        assert_eq!(mount_toward(Some(&b), Some(&a)), Some(&b));
+        assert_eq!(mount_toward(Some(&a), Some(&a)), None);
+        // A new holder at the same address (a restart in place) keeps the member.
+        assert_eq!(
+            mount_toward(Some(&at("10.0.0.5:50051", "leader-a2")), Some(&a)),
+            None
+        );
+        assert_eq!(mount_toward(None, Some(&a)), None, "a released Lease");
+        assert_eq!(mount_toward(None, None), None);
+    }
+
+    #[test]
+    fn each_refusal_is_logged_once_per_target_and_verdict() {
+        let a = at("10.0.0.5:50051", "leader-a");
+        let foreign = Verdict::Foreign(who("other-leader", "x", true));
+        let standby = Verdict::NotHolder(who("ours-leader", "y", false));
+        assert!(newly_refused(&a, &foreign, None));
+        assert!(!newly_refused(
+            &a,
+            &foreign,
+            Some(&(a.clone(), foreign.clone()))
+        ));
+        assert!(newly_refused(
+            &a,
+            &standby,
+            Some(&(a.clone(), foreign.clone()))
+        ));
+        let b = at("10.0.0.9:50051", "leader-b");
+        assert!(newly_refused(
+            &b,
+            &foreign,
+            Some(&(a.clone(), foreign.clone()))
+        ));
+        assert!(
+            !newly_refused(&a, &Verdict::Ours, None),
+            "a mount is no refusal"
+        );
+        assert!(!newly_refused(&a, &Verdict::Unverified, None));
+    }
 }
