@@ -119,6 +119,16 @@ pub enum Error {
         "the store process exited ({0}) while leading; the Lease was released so a standby takes over"
     )]
     ChildExited(String),
+    /// `install` could not deliver this binary.
+    #[error("cannot {step} {}: {source}", path.display())]
+    Install {
+        /// What failed: `read` (this binary), `create`, `copy this binary to`, `make executable`.
+        step: &'static str,
+        /// The path it failed on.
+        path: std::path::PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The readiness server failed.
     #[error("cannot serve readiness on {addr}: {source}")]
     Serve {

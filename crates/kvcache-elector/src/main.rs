@@ -31,15 +31,18 @@ enum Mode {
 }
 
 /// Copies the running binary to `dir/kvcache-elector`, executable.
-fn install(dir: &std::path::Path) -> Result<(), String> {
+fn install(dir: &std::path::Path) -> Result<(), kvcache_elector::Error> {
     use std::os::unix::fs::PermissionsExt;
-    let me = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let failed = |step, path: &std::path::Path| {
+        let path = path.to_owned();
+        move |source| kvcache_elector::Error::Install { step, path, source }
+    };
+    let me = std::env::current_exe().map_err(failed("read", "/proc/self/exe".as_ref()))?;
+    std::fs::create_dir_all(dir).map_err(failed("create", dir))?;
     let target = dir.join("kvcache-elector");
-    std::fs::copy(&me, &target)
-        .map_err(|e| format!("cannot copy {} to {}: {e}", me.display(), target.display()))?;
+    std::fs::copy(&me, &target).map_err(failed("copy this binary to", &target))?;
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| format!("cannot make {} executable: {e}", target.display()))?;
+        .map_err(failed("make executable", &target))?;
     Ok(())
 }
 

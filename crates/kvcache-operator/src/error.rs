@@ -75,6 +75,9 @@ pub enum Error {
     /// The Lease was lost while leading: the process exits so that it restarts as a standby.
     #[error("lost the operator's Lease {0} while leading; exiting to restart as a standby")]
     LeaseLost(String),
+    /// A `--store-address-override` entry that is not `BACKEND=HOST:PORT` (the entry).
+    #[error("{0:?} is not BACKEND=HOST:PORT")]
+    NotAnOverride(String),
     /// SIGTERM could not be listened for.
     #[error("cannot listen for SIGTERM: {0}")]
     Signal(#[source] std::io::Error),
@@ -104,7 +107,7 @@ impl Error {
             Error::Connect(_) => "connect",
             Error::CrdMissing { .. } => "crd_missing",
             Error::Election(_) | Error::LeaseLost(_) => "election",
-            Error::Signal(_) | Error::Serve { .. } => "start",
+            Error::Signal(_) | Error::Serve { .. } | Error::NotAnOverride(_) => "start",
             Error::Unjudgeable(_) => "admission",
         }
     }

@@ -115,14 +115,15 @@ pub struct RunArgs {
     pub webhook_configuration: String,
 }
 
-fn parse_override(text: &str) -> Result<(String, String), String> {
-    let (backend, address) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?} is not BACKEND=HOST:PORT"))?;
-    if backend.is_empty() || !kvcache_api::admission::is_host_port(address) {
-        return Err(format!("{text:?} is not BACKEND=HOST:PORT"));
+fn parse_override(text: &str) -> Result<(String, String), Error> {
+    match text.split_once('=') {
+        Some((backend, address))
+            if !backend.is_empty() && kvcache_api::admission::is_host_port(address) =>
+        {
+            Ok((backend.to_owned(), address.to_owned()))
+        }
+        _ => Err(Error::NotAnOverride(text.to_owned())),
     }
-    Ok((backend.to_owned(), address.to_owned()))
 }
 
 /// Runs the operator until SIGTERM or Ctrl-C.
@@ -335,8 +336,8 @@ mod tests {
     #[test]
     fn overrides_and_durations() {
         assert_eq!(
-            parse_override("mooncake-dram=127.0.0.1:9003"),
-            Ok(("mooncake-dram".into(), "127.0.0.1:9003".into()))
+            parse_override("mooncake-dram=127.0.0.1:9003").ok(),
+            Some(("mooncake-dram".into(), "127.0.0.1:9003".into()))
         );
         assert!(parse_override("mooncake-dram").is_err());
         assert!(parse_override("=127.0.0.1:9003").is_err());
