@@ -2,7 +2,10 @@
 //! injected Pods are created at a fixed concurrency twice in one run, once with the webhook
 //! configurations registered and once without (the same operator runs both times, so only the
 //! admission call differs); reported: the end-to-end create latencies of both and their ratio,
-//! and the handler's own p50/p99 from the operator's histogram.
+//! and the handler's own p50/p99 from the operator's histogram; then where the added time goes,
+//! in means: the API server's own timing of its calls to the webhooks
+//! (`apiserver_admission_webhook_admission_duration_seconds`), the handler's share of a call,
+//! and the rest of what a create with the webhook adds.
 //!
 //! The order is Bindings without, Bindings with, Pods without, Pods with: each pair runs
 //! back to back on a store (etcd) of the same size within a few percent.
@@ -107,6 +110,71 @@ fn minus(after: &[(f64, f64)], before: &[(f64, f64)]) -> Vec<(f64, f64)> {
             (*le, n - was)
         })
         .collect()
+}
+
+/// The `_sum` and `_count` of the histogram `metric` in Prometheus text, added over the series
+/// whose labels hold every `(name, value)` of `with`.
+fn sum_count(text: &str, metric: &str, with: &[(&str, &str)]) -> (f64, f64) {
+    let mut out = (0.0, 0.0);
+    for line in text.lines() {
+        let (slot, rest) = if let Some(r) = line.strip_prefix(&format!("{metric}_sum{{")) {
+            (&mut out.0, r)
+        } else if let Some(r) = line.strip_prefix(&format!("{metric}_count{{")) {
+            (&mut out.1, r)
+        } else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let matches = with
+            .iter()
+            .all(|(name, want)| labels.split(',').any(|l| l == format!("{name}=\"{want}\"")));
+        if matches && let Ok(v) = value.trim().parse::<f64>() {
+            *slot += v;
+        }
+    }
+    out
+}
+
+/// The mean of the samples added between two `(sum, count)` readings, in seconds.
+fn mean_between(after: (f64, f64), before: (f64, f64)) -> Option<f64> {
+    let n = after.1 - before.1;
+    (n > 0.0).then(|| (after.0 - before.0) / n)
+}
+
+/// The API server's `/metrics` (its own timing of admission webhook calls).
+async fn apiserver_metrics(client: &kube::Client) -> anyhow::Result<String> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    Ok(client.request_text(request).await?)
+}
+
+/// The API server's timing of its webhook calls on create, and the handler's own, read before
+/// and after the creates with the webhook.
+struct Calls {
+    apiserver: (f64, f64),
+    handler: (f64, f64),
+}
+
+impl Calls {
+    async fn read(
+        client: &kube::Client,
+        operator: &Operator,
+        webhook: &str,
+    ) -> anyhow::Result<Self> {
+        Ok(Calls {
+            apiserver: sum_count(
+                &apiserver_metrics(client).await?,
+                "apiserver_admission_webhook_admission_duration_seconds",
+                &[("operation", "CREATE")],
+            ),
+            handler: sum_count(
+                &operator.metrics()?,
+                "kvcache_operator_webhook_request_duration_seconds",
+                &[("webhook", webhook)],
+            ),
+        })
+    }
 }
 
 /// A quantile from cumulative buckets, interpolated linearly inside the bucket it falls in
@@ -261,6 +329,8 @@ struct Round {
     with: Vec<Duration>,
     /// The handler's histogram buckets over the creates with the webhook.
     handler: Vec<(f64, f64)>,
+    /// The API server's and the handler's timings before and after the creates with it.
+    calls: (Calls, Calls),
 }
 
 pub fn admission(shape: Shape) -> anyhow::Result<()> {
@@ -419,15 +489,21 @@ async fn binding_round(
     .await?;
     register(client, base).await?;
     let before = buckets(&operator.metrics()?, "validate");
+    let calls_before = Calls::read(client, operator, "validate").await?;
     let with = timed(&apis(client, "with"), n, c, |i| {
         binding(&ns("with", i), &format!("b-{:04}", i / NAMESPACES + 1))
     })
     .await?;
     let handler = minus(&buckets(&operator.metrics()?, "validate"), &before);
+    let calls = (
+        calls_before,
+        Calls::read(client, operator, "validate").await?,
+    );
     Ok(Round {
         without,
         with,
         handler,
+        calls,
     })
 }
 
@@ -447,11 +523,13 @@ async fn pod_round(
     .await?;
     register(client, base).await?;
     let before = buckets(&operator.metrics()?, "inject");
+    let calls_before = Calls::read(client, operator, "inject").await?;
     let with = timed(&apis::<Pod>(client, "pods-with"), n, c, |i| {
         engine_pod(&ns("pods-with", i), &format!("engine-{i:05}"))
     })
     .await?;
     let handler = minus(&buckets(&operator.metrics()?, "inject"), &before);
+    let calls = (calls_before, Calls::read(client, operator, "inject").await?);
     // Each Pod was injected (the annotation the webhook writes), else the round measured
     // nothing.
     let sample = Api::<Pod>::namespaced(client.clone(), &ns("pods-with", 0))
@@ -470,6 +548,7 @@ async fn pod_round(
         without,
         with,
         handler,
+        calls,
     })
 }
 
@@ -502,11 +581,57 @@ fn print_rounds(shape: &Shape, rounds: &[(&str, Round)]) {
             h(0.99),
         );
     }
+    println!();
+    println!(
+        "| {n} creates at {c} concurrent, means | added per create | the API server's webhook calls per create | the handler's share | the calls' transport and encoding | the rest of the added time |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (what, r) in rounds {
+        let mean = |d: &[Duration]| {
+            d.iter().map(Duration::as_secs_f64).sum::<f64>() / d.len().max(1) as f64
+        };
+        let added = mean(&r.with) - mean(&r.without);
+        let (before, after) = &r.calls;
+        // The API server calls each matching webhook once per create: its calls per create.
+        let calls = (after.apiserver.0 - before.apiserver.0) / r.with.len().max(1) as f64;
+        let handler = mean_between(after.handler, before.handler).unwrap_or(0.0);
+        let text = |v: f64| format!("{:.1} ms", v * 1000.0);
+        println!(
+            "| {what} | {} | {} | {} | {} | {} |",
+            text(added),
+            text(calls),
+            text(handler),
+            text(calls - handler),
+            text(added - calls),
+        );
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sums_and_counts_are_read_per_series_and_added_over_the_matching_ones() {
+        let text = "\
+# TYPE apiserver_admission_webhook_admission_duration_seconds histogram
+apiserver_admission_webhook_admission_duration_seconds_bucket{name=\"inject.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"admit\",le=\"0.005\"} 3
+apiserver_admission_webhook_admission_duration_seconds_sum{name=\"inject.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"admit\"} 0.5
+apiserver_admission_webhook_admission_duration_seconds_count{name=\"inject.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"admit\"} 10
+apiserver_admission_webhook_admission_duration_seconds_sum{name=\"validate.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"validating\"} 0.25
+apiserver_admission_webhook_admission_duration_seconds_count{name=\"validate.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"validating\"} 10
+apiserver_admission_webhook_admission_duration_seconds_sum{name=\"validate.kvcache\",operation=\"UPDATE\",rejected=\"false\",type=\"validating\"} 9
+";
+        let metric = "apiserver_admission_webhook_admission_duration_seconds";
+        assert_eq!(
+            sum_count(text, metric, &[("operation", "CREATE")]),
+            (0.75, 20.0)
+        );
+        assert_eq!(sum_count(text, metric, &[("type", "admit")]), (0.5, 10.0));
+        assert_eq!(sum_count(text, metric, &[("name", "nothing")]), (0.0, 0.0));
+        assert_eq!(mean_between((0.75, 20.0), (0.25, 10.0)), Some(0.05));
+        assert_eq!(mean_between((0.75, 20.0), (0.75, 20.0)), None);
+    }
 
     #[test]
     fn a_quantile_from_buckets_interpolates_inside_its_bucket() {
