@@ -81,17 +81,31 @@ pub fn prefix(lengths: &[usize], prompts: usize) -> anyhow::Result<()> {
     for model in [TINY_MODEL, BENCH_MODEL] {
         let kc = nodes.control_plane.kubeconfig.clone();
         let lengths = lengths.to_vec();
-        rows.extend(block_on(async move {
+        let measured = block_on(async move {
             let client = client_from(&kc).await?;
             measure(&client, model, &lengths, prompts).await
-        })?);
+        });
+        match measured {
+            Ok(r) => rows.extend(r),
+            // What the models before this one measured is still a result.
+            Err(e) => {
+                print_rows(&rows);
+                return Err(anyhow::Error::from(e).context(format!("measuring {model}")));
+            }
+        }
     }
+    print_rows(&rows);
+    Ok(())
+}
+
+/// The measured rows as the README's table.
+fn print_rows(rows: &[Row]) {
     println!();
     println!(
         "| model | prompt tokens | TTFT none | TTFT cold | TTFT hit | none/hit | cold/none | 32 tokens none | 32 tokens hit | none/hit |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for r in &rows {
+    for r in rows {
         let [n, c, h] = r.ttft;
         let [tn, _, th] = r.total;
         println!(
@@ -108,7 +122,6 @@ pub fn prefix(lengths: &[usize], prompts: usize) -> anyhow::Result<()> {
             tn / th
         );
     }
-    Ok(())
 }
 
 /// Runs the three deployments of `model`, times every length, removes them.
