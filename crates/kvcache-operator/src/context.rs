@@ -56,21 +56,19 @@ pub struct Caches {
     pub models: Store<ModelDeployment>,
 }
 
-/// The changes of the shared caches, one subscription per controller that reads its kind's
-/// cache as its primary watch.
+/// The changes of the shared caches, for the controller of each kind to subscribe to when it
+/// starts (one that never runs costs nothing).
 pub struct Changes {
-    pub backends: Option<Subscription<KVCacheBackend>>,
-    pub pools: Option<Subscription<KVCachePool>>,
-    pub bindings: Option<Subscription<KVCachePoolBinding>>,
-    pub models: Option<Subscription<ModelDeployment>>,
+    pub backends: Subscription<KVCacheBackend>,
+    pub pools: Subscription<KVCachePool>,
+    pub bindings: Subscription<KVCachePoolBinding>,
+    pub models: Subscription<ModelDeployment>,
 }
 
 impl Caches {
     /// Starts a reflector per kind and waits until each has listed (a cache that never fills
-    /// is logged; the controllers then start on what it holds). `every_kind`: this operator
-    /// runs every controller (no backend selector), so each kind's controller subscribes to its
-    /// cache; with a selector only the backends' controller runs, on a watch of its own.
-    pub async fn fill(client: &Client, namespace: &str, every_kind: bool) -> (Caches, Changes) {
+    /// is logged; the controllers then start on what it holds).
+    pub async fn fill(client: &Client, namespace: &str) -> (Caches, Changes) {
         let all = watcher::Config::default;
         let (pools, pool_changes) = reflect_shared(Api::all(client.clone()), all());
         let (bindings, binding_changes) = reflect_shared(Api::all(client.clone()), all());
@@ -109,10 +107,10 @@ impl Caches {
             }
         }
         let changes = Changes {
-            backends: every_kind.then_some(backend_changes),
-            pools: every_kind.then_some(pool_changes),
-            bindings: every_kind.then_some(binding_changes),
-            models: every_kind.then_some(model_changes),
+            backends: backend_changes,
+            pools: pool_changes,
+            bindings: binding_changes,
+            models: model_changes,
         };
         (caches, changes)
     }

@@ -137,8 +137,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         .webhook
         .store(args.webhook_addr.is_none(), Ordering::Relaxed);
     let server = serve_metrics(args.metrics_addr, metrics.clone(), ready.clone()).await?;
-    let (caches, changes) =
-        Caches::fill(&client, &args.namespace, args.backend_selector.is_empty()).await;
+    let (caches, changes) = Caches::fill(&client, &args.namespace).await;
     // The per-Binding and per-deployment series are read from these caches at each scrape.
     let _ = metrics.bindings.set(caches.bindings.clone());
     let _ = metrics.models.set(caches.models.clone());

@@ -264,7 +264,8 @@ mod tests {
         }
     }
 
-    /// The names a subscription hands over within `within` (fails naming what came if fewer).
+    /// The names of the next `n` objects a subscription hands over, each within 5 s (fails
+    /// naming what came if fewer).
     async fn next_names(
         rx: &mut UnboundedReceiver<Arc<k8s_openapi::api::core::v1::ConfigMap>>,
         n: usize,

@@ -99,18 +99,18 @@ fn owning_backend(
 }
 
 /// Runs the controller until shutdown.
-pub async fn run(ctx: Arc<Context>, changes: Option<crate::watch::Subscription<KVCacheBackend>>) {
+pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheBackend>) {
     let client = ctx.client.clone();
     let ns = ctx.config.namespace.clone();
     let backends: Api<KVCacheBackend> = Api::all(client.clone());
-    let mut selected = watcher::Config::default();
-    if !ctx.config.backend_selector.is_empty() {
-        selected = selected.labels(&ctx.config.backend_selector);
-    }
-    let controller = match changes {
-        Some(changes) => crate::watch::shared_controller(&changes, ctx.backends.clone()),
+    let controller = if ctx.config.backend_selector.is_empty() {
+        crate::watch::shared_controller(&changes, ctx.backends.clone())
+    } else {
         // Scoped by a label selector: a watch of its own, filtered by the API server.
-        None => crate::watch::controller(backends, selected),
+        crate::watch::controller(
+            backends,
+            watcher::Config::default().labels(&ctx.config.backend_selector),
+        )
     };
     let store = controller.store();
     let (pod_store, lease_store, settings_store, slice_store) =

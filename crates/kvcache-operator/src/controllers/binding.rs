@@ -12,7 +12,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::KVCachePoolBinding;
 use kvcache_api::admission::tenant_of;
@@ -41,35 +40,28 @@ const BINDING: &str = "kvcachepoolbinding";
 const RELEASE_RETRY: Duration = Duration::from_secs(30);
 
 /// Runs the Binding controller (its finalizer: releasing the tenant) until shutdown.
-pub async fn run(
-    ctx: Arc<Context>,
-    changes: Option<crate::watch::Subscription<KVCachePoolBinding>>,
-) {
+pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCachePoolBinding>) {
     let client = ctx.client.clone();
-    let bindings: Api<KVCachePoolBinding> = Api::all(client.clone());
-    match changes {
-        Some(changes) => crate::watch::shared_controller(&changes, ctx.bindings.clone()),
-        None => crate::watch::controller(bindings, watcher::Config::default()),
-    }
-    // A ModelDeployment attaching or leaving changes its Binding's usedBy.
-    .watches_stream(
-        crate::watch::spec_changes(Api::<kvcache_api::ModelDeployment>::all(client.clone())),
-        |md| {
-            let ns = md.namespace()?;
-            md.spec
-                .kv_cache
-                .as_ref()
-                .map(|k| ObjectRef::new(&k.pool_ref.name).within(&ns))
-        },
-    )
-    .shutdown_on_signal()
-    .run(
-        super::traced(BINDING, reconcile_binding),
-        super::error_policy(RELEASE_RETRY),
-        ctx,
-    )
-    .for_each(|_| futures::future::ready(()))
-    .await;
+    crate::watch::shared_controller(&changes, ctx.bindings.clone())
+        // A ModelDeployment attaching or leaving changes its Binding's usedBy.
+        .watches_stream(
+            crate::watch::spec_changes(Api::<kvcache_api::ModelDeployment>::all(client.clone())),
+            |md| {
+                let ns = md.namespace()?;
+                md.spec
+                    .kv_cache
+                    .as_ref()
+                    .map(|k| ObjectRef::new(&k.pool_ref.name).within(&ns))
+            },
+        )
+        .shutdown_on_signal()
+        .run(
+            super::traced(BINDING, reconcile_binding),
+            super::error_policy(RELEASE_RETRY),
+            ctx,
+        )
+        .for_each(|_| futures::future::ready(()))
+        .await;
 }
 
 #[instrument(skip(b, ctx), fields(binding = %id(&b)))]

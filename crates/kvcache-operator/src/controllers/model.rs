@@ -38,15 +38,9 @@ fn id(md: &ModelDeployment) -> String {
 }
 
 /// Runs the controller until shutdown.
-pub async fn run(ctx: Arc<Context>, changes: Option<crate::watch::Subscription<ModelDeployment>>) {
+pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<ModelDeployment>) {
     let client = ctx.client.clone();
-    let controller = match changes {
-        Some(changes) => crate::watch::shared_controller(&changes, ctx.models.clone()),
-        None => crate::watch::controller(
-            Api::<ModelDeployment>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    };
+    let controller = crate::watch::shared_controller(&changes, ctx.models.clone());
     let store = controller.store();
     let (by_binding, by_it) = (store.clone(), store);
     controller

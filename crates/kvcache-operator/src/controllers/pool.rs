@@ -45,13 +45,9 @@ pub(super) fn id(b: &KVCachePoolBinding) -> String {
 }
 
 /// Runs the pool controller until shutdown.
-pub async fn run(ctx: Arc<Context>, changes: Option<crate::watch::Subscription<KVCachePool>>) {
+pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCachePool>) {
     let client = ctx.client.clone();
-    let pools: Api<KVCachePool> = Api::all(client.clone());
-    let controller = match changes {
-        Some(changes) => crate::watch::shared_controller(&changes, ctx.pools.clone()),
-        None => crate::watch::controller(pools, watcher::Config::default()),
-    };
+    let controller = crate::watch::shared_controller(&changes, ctx.pools.clone());
     let by_backend = controller.store();
     controller
         // A Binding's ceiling, domain or existence changes its pool's ledger (the statuses
