@@ -149,11 +149,13 @@ async fn apiserver_metrics(client: &kube::Client) -> anyhow::Result<String> {
     Ok(client.request_text(request).await?)
 }
 
-/// The API server's timing of its webhook calls on create, and the handler's own, read before
-/// and after the creates with the webhook.
+/// The API server's timing of its webhook calls on create, and the handler's own (its
+/// histogram's buckets and its sum and count), read before and after the creates with the
+/// webhook: one reading of each `/metrics`.
 struct Calls {
     apiserver: (f64, f64),
     handler: (f64, f64),
+    buckets: Vec<(f64, f64)>,
 }
 
 impl Calls {
@@ -162,6 +164,7 @@ impl Calls {
         operator: &Operator,
         webhook: &str,
     ) -> anyhow::Result<Self> {
+        let handler = operator.metrics()?;
         Ok(Calls {
             apiserver: sum_count(
                 &apiserver_metrics(client).await?,
@@ -169,10 +172,11 @@ impl Calls {
                 &[("operation", "CREATE")],
             ),
             handler: sum_count(
-                &operator.metrics()?,
+                &handler,
                 "kvcache_operator_webhook_request_duration_seconds",
                 &[("webhook", webhook)],
             ),
+            buckets: buckets(&handler, webhook),
         })
     }
 }
@@ -488,17 +492,14 @@ async fn binding_round(
     })
     .await?;
     register(client, base).await?;
-    let before = buckets(&operator.metrics()?, "validate");
-    let calls_before = Calls::read(client, operator, "validate").await?;
+    let before = Calls::read(client, operator, "validate").await?;
     let with = timed(&apis(client, "with"), n, c, |i| {
         binding(&ns("with", i), &format!("b-{:04}", i / NAMESPACES + 1))
     })
     .await?;
-    let handler = minus(&buckets(&operator.metrics()?, "validate"), &before);
-    let calls = (
-        calls_before,
-        Calls::read(client, operator, "validate").await?,
-    );
+    let after = Calls::read(client, operator, "validate").await?;
+    let handler = minus(&after.buckets, &before.buckets);
+    let calls = (before, after);
     Ok(Round {
         without,
         with,
@@ -522,14 +523,14 @@ async fn pod_round(
     })
     .await?;
     register(client, base).await?;
-    let before = buckets(&operator.metrics()?, "inject");
-    let calls_before = Calls::read(client, operator, "inject").await?;
+    let before = Calls::read(client, operator, "inject").await?;
     let with = timed(&apis::<Pod>(client, "pods-with"), n, c, |i| {
         engine_pod(&ns("pods-with", i), &format!("engine-{i:05}"))
     })
     .await?;
-    let handler = minus(&buckets(&operator.metrics()?, "inject"), &before);
-    let calls = (calls_before, Calls::read(client, operator, "inject").await?);
+    let after = Calls::read(client, operator, "inject").await?;
+    let handler = minus(&after.buckets, &before.buckets);
+    let calls = (before, after);
     // Each Pod was injected (the annotation the webhook writes), else the round measured
     // nothing.
     let sample = Api::<Pod>::namespaced(client.clone(), &ns("pods-with", 0))
