@@ -58,6 +58,14 @@ pub const ELECTOR: Image = Image {
     also: &[],
 };
 
+/// The etcd image from `images/etcd/Dockerfile`: the control plane's etcd on an empty base, which
+/// a backend with `leader.electionBackend: Etcd` runs as its StatefulSet.
+pub const ETCD: Image = Image {
+    archive: "etcd.tar",
+    name: "docker.io/gpustack/kvcache-etcd:v3.6.4",
+    also: &[],
+};
+
 /// The engine stand-in with the store's own client (0.3.13.post1), under the runner tags the
 /// render picks for vLLM 0.29.0 (`images/engine/standin.py`).
 pub const ENGINE: Image = Image {
@@ -102,7 +110,7 @@ pub const VLLM: Image = Image {
 };
 
 /// Every image, in build order.
-pub const ALL: [Image; 8] = [
+pub const ALL: [Image; 9] = [
     PAUSE,
     BUSYBOX,
     STORE,
@@ -110,6 +118,7 @@ pub const ALL: [Image; 8] = [
     ENGINE_OLD_CLIENT,
     OPERATOR,
     ELECTOR,
+    ETCD,
     VLLM,
 ];
 
@@ -122,6 +131,7 @@ pub const NODE_DEFAULT: &[Image] = &[
     ENGINE_OLD_CLIENT,
     OPERATOR,
     ELECTOR,
+    ETCD,
 ];
 
 /// The images of the clusters that run the real engine.
@@ -130,7 +140,7 @@ pub const WITH_VLLM: &[Image] = &ALL;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvcache_api::settings::{DEFAULT_BACKEND_IMAGE, DEFAULT_ELECTOR_IMAGE};
+    use kvcache_api::settings::{DEFAULT_BACKEND_IMAGE, DEFAULT_ELECTOR_IMAGE, DEFAULT_ETCD_IMAGE};
     use kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE;
 
     /// The kubelet asks containerd for `docker.io/<name>` when a name has no registry.
@@ -139,5 +149,10 @@ mod tests {
         assert_eq!(STORE.name, format!("docker.io/{DEFAULT_BACKEND_IMAGE}"));
         assert_eq!(OPERATOR.name, format!("docker.io/{DEFAULT_OPERATOR_IMAGE}"));
         assert_eq!(ELECTOR.name, format!("docker.io/{DEFAULT_ELECTOR_IMAGE}"));
+        assert_eq!(ETCD.name, format!("docker.io/{DEFAULT_ETCD_IMAGE}"));
+        assert!(
+            DEFAULT_ETCD_IMAGE.ends_with(&format!(":{}", crate::paths::ETCD_VERSION)),
+            "the etcd image's tag is the control plane's etcd version"
+        );
     }
 }

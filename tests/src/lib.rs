@@ -19,6 +19,7 @@ pub mod process;
 pub mod rollout;
 pub mod status;
 pub mod store;
+pub mod volumes;
 pub mod walkthrough;
 
 pub use cluster::{ControlPlane, TestCluster, shared};

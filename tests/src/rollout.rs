@@ -148,6 +148,40 @@ pub async fn keys(
     })
 }
 
+/// [`keys`] from this machine: the store's client from the harness's virtualenv on loopback,
+/// dialling `master` (`host:port` or `etcd://...`).
+pub fn keys_local(master: &str, op: &str, prefix: &str, n: usize, size: usize) -> Result<KeyCount> {
+    let venv = crate::paths::mooncake_venv()?;
+    let mut cmd = std::process::Command::new(venv.join("bin/python"));
+    cmd.arg("-c").arg(KEYS).args([
+        master,
+        "127.0.0.1",
+        op,
+        prefix,
+        &n.to_string(),
+        &size.to_string(),
+    ]);
+    crate::store::loopback_env(&mut cmd);
+    let out = cmd.output().map_err(|source| Error::Spawn {
+        what: "the store's Python client".into(),
+        source,
+    })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    KeyCount::parse(&stdout).ok_or_else(|| Error::ClientOutput {
+        status: out.status.to_string(),
+        output: format!(
+            "{} / {}",
+            stdout.trim(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ),
+    })
+}
+
 #[derive(Debug, Default)]
 struct Seen {
     /// Each member Pod by name: Ready and not terminating.

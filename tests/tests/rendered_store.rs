@@ -40,6 +40,7 @@ fn the_rendered_leader_and_member_run_on_the_real_store() {
         store_image: "img:0.3.13.post1",
         namespace: "gpustack-system",
         elector_image: "elector:1",
+        etcd_image: "etcd:1",
         policy: Some(&doc),
     })
     .expect("renders");

@@ -578,36 +578,57 @@ fn print_vanish(vanish: &[Vanish]) {
     );
 }
 
-/// The table of Mooncake's own etcd-backed HA (`etcd_kill`, `etcd_term`) beside the elector's
-/// rounds `ours`.
-fn print_etcd_ha(ours: &Losses, etcd_kill: &[Sample], etcd_term: &[Sample], runs: usize) {
+/// One etcd-HA round: to serving, to full capacity, and the keys written before the loss that
+/// read back after it with their bytes (of how many).
+struct EtcdSample {
+    at: Sample,
+    kept: (usize, usize),
+}
+
+/// The table of Mooncake's own etcd-backed HA without and with the metadata operation log
+/// (`plain`, `warm`: kill -9 and SIGTERM rounds each) beside the elector's rounds `ours`.
+fn print_etcd_ha(ours: &Losses, plain: &EtcdRounds, warm: &EtcdRounds, runs: usize) {
     println!();
     println!(
-        "Mooncake's own HA (--enable_ha=true --ha_backend_type=etcd), 3 masters, 2 members of {} MiB, {runs} runs, beside the elector:",
-        SEGMENT >> 20
+        "Leader loss three ways, 2 members of {} MiB, {runs} runs each, {WARM_KEYS} keys of {} KiB written before each loss: the elector (Lease, cold), Mooncake's etcd HA (3 masters), and the same with --enable_oplog=true (warm):",
+        SEGMENT >> 20,
+        WARM_KEY_BYTES >> 10
     );
     println!(
-        "| leader loss | elector: to serving (median) | etcd HA: to serving median (min–max) | etcd HA: to full capacity median (min–max) | etcd HA / elector (serving) |"
+        "| leader loss | mode | to serving median (min–max) | to full capacity median (min–max) | keys kept (all rounds) |"
     );
     println!("|---|---|---|---|---|");
-    for (name, ours, theirs) in [
-        ("kill -9", &ours.kill, etcd_kill),
-        ("SIGTERM", &ours.term, etcd_term),
+    for (name, ours, plain, warm) in [
+        ("kill -9", &ours.kill, &plain.kill, &warm.kill),
+        ("SIGTERM", &ours.term, &plain.term, &warm.term),
     ] {
-        let (om, _, _) = stats(ours.iter().map(|s| s.serving).collect());
-        let (sm, slo, shi) = stats(theirs.iter().map(|s| s.serving).collect());
-        let (fm, flo, fhi) = stats(theirs.iter().map(|s| s.full).collect());
+        let (om, olo, ohi) = stats(ours.iter().map(|s| s.serving).collect());
+        let (fm, flo, fhi) = stats(ours.iter().map(|s| s.full).collect());
         println!(
-            "| {name} | {} | {} ({}–{}) | {} ({}–{}) | {:.1}x |",
+            "| {name} | elector (Lease) | {} ({}–{}) | {} ({}–{}) | none (cold by design) |",
             fmt(om),
-            fmt(sm),
-            fmt(slo),
-            fmt(shi),
+            fmt(olo),
+            fmt(ohi),
             fmt(fm),
             fmt(flo),
-            fmt(fhi),
-            sm.as_secs_f64() / om.as_secs_f64().max(f64::EPSILON)
+            fmt(fhi)
         );
+        for (mode, rounds) in [("etcd HA", plain), ("etcd HA + oplog (warm)", warm)] {
+            let (sm, slo, shi) = stats(rounds.iter().map(|s| s.at.serving).collect());
+            let (fm, flo, fhi) = stats(rounds.iter().map(|s| s.at.full).collect());
+            let kept: usize = rounds.iter().map(|s| s.kept.0).sum();
+            let of: usize = rounds.iter().map(|s| s.kept.1).sum();
+            println!(
+                "| {name} | {mode} | {} ({}–{}) | {} ({}–{}) | {kept} of {of} ({:.0}%) |",
+                fmt(sm),
+                fmt(slo),
+                fmt(shi),
+                fmt(fm),
+                fmt(flo),
+                fmt(fhi),
+                100.0 * kept as f64 / of.max(1) as f64
+            );
+        }
     }
 }
 
@@ -637,10 +658,12 @@ pub fn failover(runs: usize) -> anyhow::Result<()> {
     drop(stage);
     drop(cp);
 
-    // The peer on the same rig: Mooncake's own etcd-backed HA (three masters electing through
-    // etcd, members dialling `etcd://`), the same two members, the same rounds.
-    let (etcd_kill, etcd_term) = etcd_ha(runs)?;
-    print_etcd_ha(&losses, &etcd_kill, &etcd_term, runs);
+    // The peers on the same rig: Mooncake's own etcd-backed HA (three masters electing through
+    // etcd, members dialling `etcd://`), the same two members, the same rounds; then the same
+    // with the metadata operation log, what `electionBackend: Etcd` runs.
+    let plain = etcd_ha(runs, false)?;
+    let warm = etcd_ha(runs, true)?;
+    print_etcd_ha(&losses, &plain, &warm, runs);
     Ok(())
 }
 
@@ -673,20 +696,42 @@ fn wait_serving(
     }
 }
 
-/// Leader loss under Mooncake's own HA: kill -9 and SIGTERM rounds, to a standby serving and to
-/// full capacity on it.
-fn etcd_ha(runs: usize) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
+/// Keys written before each etcd-HA round's loss and read back after it.
+const WARM_KEYS: usize = 20;
+/// Their size.
+const WARM_KEY_BYTES: usize = 512 << 10;
+
+/// The kill -9 and SIGTERM rounds of one etcd-HA mode.
+struct EtcdRounds {
+    kill: Vec<EtcdSample>,
+    term: Vec<EtcdSample>,
+}
+
+/// Leader loss under Mooncake's own HA, with the metadata operation log when `oplog`: kill -9
+/// and SIGTERM rounds, to a standby serving, to full capacity on it, and how many of the keys
+/// written just before the loss read back with their bytes after it.
+fn etcd_ha(runs: usize, oplog: bool) -> anyhow::Result<EtcdRounds> {
+    use kvcache_e2e::rollout::keys_local;
     use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
-    let dir = paths::scratch("bench-etcd-ha")?;
+    let dir = paths::scratch(if oplog {
+        "bench-etcd-oplog"
+    } else {
+        "bench-etcd-ha"
+    })?;
     let (etcd, client) = kvcache_e2e::cluster::start_etcd(&paths::k8s_bin()?, &dir)?;
+    let entry = format!("etcd://127.0.0.1:{client}");
     let options = || -> anyhow::Result<MasterOptions> {
+        let mut extra_args = vec![
+            "--enable_ha=true".into(),
+            "--ha_backend_type=etcd".into(),
+            format!("--etcd_endpoints=127.0.0.1:{client}"),
+        ];
+        if oplog {
+            extra_args.push("--enable_oplog=true".into());
+        }
         Ok(MasterOptions {
             client_ttl: Some(3),
-            extra_args: vec![
-                "--enable_ha=true".into(),
-                "--ha_backend_type=etcd".into(),
-                format!("--etcd_endpoints=127.0.0.1:{client}"),
-            ],
+            extra_args,
             ports: Some((free_port()?, free_port()?)),
         })
     };
@@ -705,16 +750,21 @@ fn etcd_ha(runs: usize) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
             std::fs::create_dir_all(&d)?;
             Ok(Member::start(
                 &d,
-                &MemberOptions::new(format!("etcd://127.0.0.1:{client}"), SEGMENT),
+                &MemberOptions::new(entry.clone(), SEGMENT),
             )?)
         })
         .collect::<anyhow::Result<_>>()?;
-    let mut round = |hard: bool| -> anyhow::Result<Sample> {
+    let mut written = 0;
+    let mut round = |hard: bool| -> anyhow::Result<EtcdSample> {
         let leader = wait_serving(&masters, None, Duration::from_secs(60))?;
         masters[leader]
             .as_ref()
             .context("the serving master")?
             .wait_capacity(2 * SEGMENT, Duration::from_secs(60))?;
+        written += 1;
+        let prefix = format!("round-{written}");
+        let put = keys_local(&entry, "put", &prefix, WARM_KEYS, WARM_KEY_BYTES)?;
+        anyhow::ensure!(put.ok == WARM_KEYS, "writing the round's keys: {put:?}");
         let t = Instant::now();
         let mut lost = masters[leader].take().context("the serving master")?;
         if hard {
@@ -729,10 +779,15 @@ fn etcd_ha(runs: usize) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
             .context("the new serving master")?
             .wait_capacity(2 * SEGMENT, Duration::from_secs(60))?;
         let full = t.elapsed();
+        let read = keys_local(&entry, "get", &prefix, WARM_KEYS, WARM_KEY_BYTES)?;
+        anyhow::ensure!(read.wrong == 0, "a key read back other bytes: {read:?}");
         drop(lost);
         let (d, o) = &slots[leader];
         masters[leader] = Some(Master::start(d, o.clone())?);
-        Ok(Sample { serving, full })
+        Ok(EtcdSample {
+            at: Sample { serving, full },
+            kept: (read.ok, WARM_KEYS),
+        })
     };
     let mut kill = Vec::new();
     let mut term = Vec::new();
@@ -740,18 +795,21 @@ fn etcd_ha(runs: usize) -> anyhow::Result<(Vec<Sample>, Vec<Sample>)> {
         kill.push(round(true)?);
         term.push(round(false)?);
         println!(
-            "etcd HA round {}/{runs}: kill -9 serving {} full {}; SIGTERM serving {} full {}",
+            "etcd HA{} round {}/{runs}: kill -9 serving {} full {} kept {}/{WARM_KEYS}; SIGTERM serving {} full {} kept {}/{WARM_KEYS}",
+            if oplog { " + oplog" } else { "" },
             r + 1,
-            fmt(kill[r].serving),
-            fmt(kill[r].full),
-            fmt(term[r].serving),
-            fmt(term[r].full)
+            fmt(kill[r].at.serving),
+            fmt(kill[r].at.full),
+            kill[r].kept.0,
+            fmt(term[r].at.serving),
+            fmt(term[r].at.full),
+            term[r].kept.0
         );
     }
     drop(members);
     drop(masters);
     drop(etcd);
-    Ok((kill, term))
+    Ok(EtcdRounds { kill, term })
 }
 
 /// A bench's cluster: two real nodes with the CRDs, the store namespace and one operator (as

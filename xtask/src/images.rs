@@ -70,6 +70,7 @@ pub fn all() -> anyhow::Result<PathBuf> {
         }
     }
     operator_image(&dir)?;
+    etcd_image(&dir)?;
     vllm_image(&dir, &base)?;
     // Superseded builds stay in buildah's storage as unnamed images (a few hundred MB each):
     // remove them. The archives above are what the nodes load.
@@ -639,33 +640,49 @@ fn operator_image(dir: &Path) -> anyhow::Result<()> {
     if !status.success() {
         bail!("building the operator's release binaries failed with {status}");
     }
+    let release = root.join("target/release");
     binary_image(
         dir,
         &images::OPERATOR,
-        "kvcache-operator",
+        &release.join("kvcache-operator"),
         &root.join("Dockerfile"),
     )?;
     binary_image(
         dir,
         &images::ELECTOR,
-        "kvcache-elector",
+        &release.join("kvcache-elector"),
         &root.join("images/elector/Dockerfile"),
     )
 }
 
-/// One image of one release binary on an empty base; rebuilt when the binary or the
-/// Dockerfile changes.
+/// The etcd image of warm-failover backends: the control plane's own etcd (built from the
+/// module the Kubernetes release pins, a static binary) on an empty base
+/// (`images/etcd/Dockerfile`).
+pub fn etcd_image(dir: &Path) -> anyhow::Result<()> {
+    binary_image(
+        dir,
+        &images::ETCD,
+        &kvcache_e2e::paths::k8s_bin()?.join("etcd"),
+        &root().join("images/etcd/Dockerfile"),
+    )
+}
+
+/// One image of one binary (and the shared libraries it links) on an empty base; rebuilt when
+/// the binary or the Dockerfile changes.
 fn binary_image(
     dir: &Path,
     image: &Image,
-    binary: &str,
+    path: &Path,
     dockerfile_path: &Path,
 ) -> anyhow::Result<()> {
     let root = root();
-    let release = root.join("target/release");
+    let binary = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("a binary's file name")?;
     let dockerfile = std::fs::read_to_string(dockerfile_path)
         .with_context(|| format!("reading {}", dockerfile_path.display()))?;
-    let m = std::fs::metadata(release.join(binary))?;
+    let m = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     let modified = m
         .modified()?
         .duration_since(std::time::UNIX_EPOCH)
@@ -683,8 +700,8 @@ fn binary_image(
     let _ = std::fs::remove_dir_all(&context);
     let bin = context.join("rootfs/usr/local/bin");
     std::fs::create_dir_all(&bin)?;
-    std::fs::copy(release.join(binary), bin.join(binary))?;
-    for lib in linked_libraries(&release.join(binary))? {
+    std::fs::copy(path, bin.join(binary))?;
+    for lib in linked_libraries(path)? {
         let to = context.join("rootfs").join(lib.strip_prefix("/")?);
         if let Some(parent) = to.parent() {
             std::fs::create_dir_all(parent)?;

@@ -217,15 +217,27 @@ pub struct Managed {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = rules::standbys_need_election())]
+#[x_kube(validation = rules::etcd_election_immutable())]
+#[x_kube(validation = rules::etcd_size_immutable())]
 pub struct Leader {
     /// Leader Pods. One serves; the others are standbys that are deliberately not ready, so
-    /// `3 desired / 1 ready` is the healthy state. More than one needs `electionBackend: Kubernetes`.
+    /// `3 desired / 1 ready` is the healthy state. More than one needs `electionBackend:
+    /// Kubernetes` or `Etcd` (with `Etcd` it also gives the etcd three members instead of one,
+    /// so it stays on its side of one once the backend exists).
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 1, max = 5))]
     pub replicas: i32,
-    /// How the serving leader is chosen: `Kubernetes` (a Lease, also at one replica) or `None`.
+    /// How the serving leader is chosen: `Kubernetes` (a Lease, also at one replica; the cache
+    /// is cold after every failover and leader restart), `Etcd` (Mooncake's own election and
+    /// metadata operation log on an etcd the operator runs for this backend: a failover or a
+    /// restart keeps the cache, for one or three etcd Pods and a few seconds more to serving),
+    /// or `None`. Switching to or from `Etcd` is refused: it replaces every leader and member
+    /// Pod; create a new backend instead.
     #[serde(default)]
     pub election_backend: ElectionBackend,
+    /// The etcd the operator runs for `electionBackend: Etcd` (ignored otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdSpec>,
     /// How members find the serving leader: through the leader `Service` (default) or by reading
     /// the `Lease` holder. Ignored (Service) when `electionBackend` is `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -264,6 +276,7 @@ impl Default for Leader {
         Leader {
             replicas: 1,
             election_backend: ElectionBackend::default(),
+            etcd: None,
             member_addressing: None,
             allocation_strategy: AllocationStrategy::default(),
             multi_tenancy: true,
@@ -277,6 +290,22 @@ impl Leader {
     /// Whether the leader runs under our Lease election.
     pub fn elects(&self) -> bool {
         self.election_backend == ElectionBackend::Kubernetes
+    }
+
+    /// Whether the leader runs Mooncake's own election on the backend's etcd, with the metadata
+    /// operation log (a failover keeps the cache).
+    pub fn warm(&self) -> bool {
+        self.election_backend == ElectionBackend::Etcd
+    }
+
+    /// How many etcd Pods the backend runs: none unless `Etcd`; three when standbys are asked
+    /// for (a quorum survives one loss), one otherwise.
+    pub fn etcd_replicas(&self) -> i32 {
+        match (self.warm(), self.replicas > 1) {
+            (false, _) => 0,
+            (true, true) => 3,
+            (true, false) => 1,
+        }
     }
 
     /// The addressing members really use: `Lease` only when asked for and election is on.
@@ -330,6 +359,27 @@ pub enum ElectionBackend {
     Kubernetes,
     /// No election: one leader Pod, whatever `replicas` says.
     None,
+    /// Mooncake's own election (`--enable_ha --ha_backend_type=etcd`) with its metadata
+    /// operation log (`--enable_oplog`) on an etcd the operator runs for this backend: a
+    /// failover or a leader restart keeps every key; members and engines find the serving
+    /// master through `etcd://`.
+    Etcd,
+}
+
+/// The etcd of `electionBackend: Etcd`: one Pod, or three where `leader.replicas` is above one,
+/// each with a PersistentVolumeClaim, reachable by nothing but the backend's own Pods in intent
+/// (Mooncake's etcd client has no TLS).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdSpec {
+    /// The StorageClass of each etcd Pod's claim (the cluster's default when unset). The claims
+    /// are deleted with the backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
+    /// The size of each claim (default 1Gi; the metadata of a million keys is well under it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_size: Option<Quantity>,
 }
 
 /// How members locate the serving leader.
@@ -649,10 +699,63 @@ pub struct KVCacheBackendStatus {
     /// image tag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_version: Option<String>,
+    /// With `electionBackend: Etcd`: which master serves, and what the last failover kept,
+    /// from the masters' own figures (`/health`, `master_key_count`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub election: Option<ElectionStatus>,
+    /// With `electionBackend: Etcd`: the backend's etcd Pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdStatus>,
     /// `LeaderAvailable`, `MembersMounted`, `CapacityObserved`, `PoolWrites`, `Deletable`,
-    /// `RolloutComplete`, and `ElectionObserved` / `TierWasEmpty` where they apply.
+    /// `RolloutComplete`, and `ElectionObserved` / `TierWasEmpty` / `EtcdAvailable` /
+    /// `FailoverKeptCache` where they apply.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// The warm election as the serving master reports it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ElectionStatus {
+    /// The serving master's RPC address (its Pod IP and port 50051).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_address: Option<String>,
+    /// The master view's version: it moves by one or more at every election.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view_version: Option<i64>,
+    /// The serving master's key count at the operator's last reading.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<i64>,
+    /// The last change of serving master the operator saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failover: Option<FailoverRecord>,
+}
+
+/// One change of serving master: the view versions and the key counts on either side.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverRecord {
+    /// The view that served before.
+    pub from_view: i64,
+    /// The view that serves now.
+    pub to_view: i64,
+    /// Keys on the old master at the operator's last reading before the change.
+    pub keys_before: i64,
+    /// Keys on the new master at the first reading after it.
+    pub keys_after: i64,
+}
+
+/// A warm backend's etcd, from its StatefulSet.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdStatus {
+    /// etcd Pods asked for (1, or 3 with standbys).
+    pub replicas: i32,
+    /// etcd Pods ready (a member answers `/readyz` only inside a quorum).
+    pub ready: i32,
+    /// Where the masters, members and engines reach it (`;`-separated).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub endpoints: String,
 }
 
 /// The condition types of a backend's status (`kubectl get kvcb -o yaml` shows them as
@@ -672,6 +775,10 @@ pub mod conditions {
     pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
     /// The Lease names a holder (with election only).
     pub const ELECTION_OBSERVED: &str = "ElectionObserved";
+    /// A warm backend's etcd has a quorum of ready members.
+    pub const ETCD_AVAILABLE: &str = "EtcdAvailable";
+    /// A warm backend's last failover kept the keys (written once a failover was seen).
+    pub const FAILOVER_KEPT_CACHE: &str = "FailoverKeptCache";
     /// The disk tier's folders were empty on first start (with a disk tier only).
     pub const TIER_WAS_EMPTY: &str = "TierWasEmpty";
     /// A declared disk tier is registered with the master (with a disk tier only).

@@ -39,8 +39,8 @@ pub const REFUSED_LEADER_FLAGS: &[RefusedFlags] = &[
     },
     RefusedFlags {
         keys: &["enable_oplog", "etcd_endpoints"],
-        prefixes: &[],
-        reason: "the operation log needs the store's etcd backend, which the operator's Lease election never uses, so the leader would not start",
+        prefixes: &["oplog_"],
+        reason: "the operation log runs on the backend's own etcd: set leader.electionBackend: Etcd, which derives these flags",
     },
     RefusedFlags {
         keys: &["enable_cxl", "cxl_path", "cxl_size"],
@@ -87,7 +87,7 @@ pub const REFUSED_LEADER_FLAGS: &[RefusedFlags] = &[
             "pod_namespace",
         ],
         prefixes: &[],
-        reason: "leadership is run by the operator's elector; set leader.electionBackend and leader.replicas instead",
+        reason: "leadership is chosen by leader.electionBackend (Kubernetes, Etcd or None) and leader.replicas, which derive these flags",
     },
     RefusedFlags {
         keys: &["config_path"],
@@ -197,10 +197,33 @@ pub fn image_not_blank() -> Rule {
 /// `leader`: standbys need the Lease election.
 pub fn standbys_need_election() -> Rule {
     rule(
-        "self.electionBackend == 'Kubernetes' || self.replicas <= 1",
-        "leader.replicas above 1 needs leader.electionBackend: Kubernetes; with None only one leader can run",
+        "self.electionBackend != 'None' || self.replicas <= 1",
+        "leader.replicas above 1 needs leader.electionBackend: Kubernetes or Etcd; with None only one leader can run",
     )
 }
+
+/// `leader`: `electionBackend: Etcd` is chosen when the backend is created.
+pub fn etcd_election_immutable() -> Rule {
+    rule(
+        "(self.electionBackend == 'Etcd') == (oldSelf.electionBackend == 'Etcd')",
+        ETCD_SWITCH_REFUSED,
+    )
+}
+
+/// `leader`: with `Etcd`, the etcd's size (three members with standbys, one without) is fixed
+/// when the backend is created, so `replicas` stays on its side of one.
+pub fn etcd_size_immutable() -> Rule {
+    rule(
+        "self.electionBackend != 'Etcd' || oldSelf.electionBackend != 'Etcd' || (self.replicas > 1) == (oldSelf.replicas > 1)",
+        ETCD_SIZE_REFUSED,
+    )
+}
+
+/// Why a warm backend's `replicas` cannot cross one.
+pub const ETCD_SIZE_REFUSED: &str = "with leader.electionBackend: Etcd, leader.replicas cannot move between 1 and more than 1: the backend's etcd has three members with standbys and one without, and its membership is not changed in place; scale within the same side, or create a new backend";
+
+/// Why `electionBackend` cannot move to or from `Etcd`.
+pub const ETCD_SWITCH_REFUSED: &str = "leader.electionBackend cannot move to or from Etcd: it replaces every leader and member Pod (members and engines dial etcd:// instead of the leader Service) and the cache is lost either way; create a new backend with the other mode and move the pools to it";
 
 fn regex_alternatives(f: &RefusedFlags) -> String {
     let mut alts: Vec<String> = f.keys.iter().map(|k| (*k).to_string()).collect();

@@ -2,7 +2,7 @@
 
 /// The cluster settings the KV-cache rules depend on. As a file (`--settings`), YAML with the
 /// setting names as keys: `kv-cache-backend-image`, `kv-cache-elector-image`,
-/// `model-deployment-kv-cache-dtype-owned`.
+/// `kv-cache-etcd-image`, `model-deployment-kv-cache-dtype-owned`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -15,6 +15,9 @@ pub struct Settings {
     /// with the operator, so that upgrading the operator changes no store Pod's template.
     #[serde(rename = "kv-cache-elector-image")]
     pub kv_cache_elector_image: Option<String>,
+    /// `kv-cache-etcd-image`: the etcd a backend with `leader.electionBackend: Etcd` runs.
+    #[serde(rename = "kv-cache-etcd-image")]
+    pub kv_cache_etcd_image: Option<String>,
     /// `model-deployment-kv-cache-dtype-owned`: the Binding's dtype is rendered as
     /// `--kv-cache-dtype`, and users may not set their own.
     #[serde(rename = "model-deployment-kv-cache-dtype-owned")]
@@ -29,12 +32,18 @@ pub const DEFAULT_BACKEND_IMAGE: &str = "gpustack/mirrored-mooncake:0.3.13.post1
 /// elector does, never with an operator release alone.
 pub const DEFAULT_ELECTOR_IMAGE: &str = "gpustack/kvcache-elector:0.2.0";
 
+/// The default of `kv-cache-etcd-image`: etcd built from the module the Kubernetes release
+/// pins (v3.6.4), on an empty base (`images/etcd/Dockerfile`).
+pub const DEFAULT_ETCD_IMAGE: &str = "gpustack/kvcache-etcd:v3.6.4";
+
 /// The settings' keys, as the ConfigMap and the settings file spell them.
 pub mod keys {
     /// The store image for backends that name none.
     pub const BACKEND_IMAGE: &str = "kv-cache-backend-image";
     /// The image that delivers the elector.
     pub const ELECTOR_IMAGE: &str = "kv-cache-elector-image";
+    /// The etcd image of warm-failover backends.
+    pub const ETCD_IMAGE: &str = "kv-cache-etcd-image";
     /// Whether the operator owns `--kv-cache-dtype`.
     pub const DTYPE_OWNED: &str = "model-deployment-kv-cache-dtype-owned";
 }
@@ -44,6 +53,7 @@ impl Default for Settings {
         Settings {
             kv_cache_backend_image: Some(DEFAULT_BACKEND_IMAGE.to_owned()),
             kv_cache_elector_image: Some(DEFAULT_ELECTOR_IMAGE.to_owned()),
+            kv_cache_etcd_image: Some(DEFAULT_ETCD_IMAGE.to_owned()),
             kv_cache_dtype_owned: true,
         }
     }
@@ -67,18 +77,42 @@ impl Settings {
             .unwrap_or(DEFAULT_ELECTOR_IMAGE)
     }
 
-    /// Refuses values that cannot be used: a blank elector image (store Pods that elect could
-    /// not start) names its key.
+    /// The etcd image: the setting, or [`DEFAULT_ETCD_IMAGE`] when it is absent.
+    pub fn etcd_image(&self) -> &str {
+        self.kv_cache_etcd_image
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .unwrap_or(DEFAULT_ETCD_IMAGE)
+    }
+
+    /// Refuses values that cannot be used: a blank elector or etcd image (store Pods that
+    /// elect, or a warm backend's etcd, could not start) names its key.
     fn checked(self, source: &str) -> Result<Self, crate::Error> {
-        match &self.kv_cache_elector_image {
-            Some(image) if image.trim().is_empty() => Err(crate::Error::SettingValue {
-                source_name: source.to_owned(),
-                key: keys::ELECTOR_IMAGE,
-                value: image.clone(),
-                problem: "is blank: name the elector image or remove the key for the default",
-            }),
-            _ => Ok(self),
+        for (key, value, problem) in [
+            (
+                keys::ELECTOR_IMAGE,
+                &self.kv_cache_elector_image,
+                "is blank: name the elector image or remove the key for the default",
+            ),
+            (
+                keys::ETCD_IMAGE,
+                &self.kv_cache_etcd_image,
+                "is blank: name the etcd image or remove the key for the default",
+            ),
+        ] {
+            if let Some(image) = value
+                && image.trim().is_empty()
+            {
+                return Err(crate::Error::SettingValue {
+                    source_name: source.to_owned(),
+                    key,
+                    value: image.clone(),
+                    problem,
+                });
+            }
         }
+        Ok(self)
     }
 }
 
@@ -132,6 +166,9 @@ impl Settings {
         }
         if let Some(image) = data.get(keys::ELECTOR_IMAGE) {
             s.kv_cache_elector_image = Some(image.clone());
+        }
+        if let Some(image) = data.get(keys::ETCD_IMAGE) {
+            s.kv_cache_etcd_image = Some(image.clone());
         }
         if let Some(flag) = data.get(keys::DTYPE_OWNED) {
             s.kv_cache_dtype_owned = match flag.trim() {

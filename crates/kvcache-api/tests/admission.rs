@@ -255,10 +255,87 @@ fn leader_replicas() {
     assert_refused(
         &create(&none),
         &format!("{M}.leader.replicas"),
-        "needs leader.electionBackend: Kubernetes",
+        "needs leader.electionBackend: Kubernetes or Etcd",
     );
     let ha = managed("leader: {replicas: 3}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n");
     assert_ok(&create(&ha));
+}
+
+// --- warm failover (docs/warm-failover.md) ----------------------------------------------------
+
+#[test]
+fn the_etcd_election_is_chosen_at_creation_and_its_size_stays_on_its_side_of_one() {
+    let warm = |replicas: i32| {
+        managed(&format!(
+            "leader: {{replicas: {replicas}, electionBackend: Etcd}}\nmembers: [{{medium: DRAM, capacityPerMember: 1Gi}}]\n"
+        ))
+    };
+    let lease =
+        managed("leader: {replicas: 2}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n");
+    assert_ok(&create(&warm(1)));
+    assert_ok(&create(&warm(3)));
+    let lf = format!("{M}.leader");
+    assert_refused(
+        &update(&warm(2), &lease),
+        &format!("{lf}.electionBackend"),
+        "create a new backend",
+    );
+    assert_refused(
+        &update(&lease, &warm(2)),
+        &format!("{lf}.electionBackend"),
+        "cannot move to or from Etcd",
+    );
+    assert_refused(
+        &update(&warm(2), &warm(1)),
+        &format!("{lf}.replicas"),
+        "three members with standbys",
+    );
+    assert_refused(
+        &update(&warm(1), &warm(3)),
+        &format!("{lf}.replicas"),
+        "not changed in place",
+    );
+    assert_ok(&update(&warm(3), &warm(2)));
+    assert_ok(&update(&warm(1), &warm(1)));
+    let m = warm(2).spec.connection.managed.expect("managed");
+    assert!(!m.leader.elects(), "Etcd is not the Lease election");
+    assert_eq!(
+        (
+            m.leader.etcd_replicas(),
+            warm(1)
+                .spec
+                .connection
+                .managed
+                .expect("managed")
+                .leader
+                .etcd_replicas()
+        ),
+        (3, 1)
+    );
+}
+
+#[test]
+fn a_warm_backends_etcd_claim_has_a_floor() {
+    let small = managed(
+        "leader: {electionBackend: Etcd, etcd: {storageSize: 1Mi}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    );
+    assert_refused(
+        &create(&small),
+        &format!("{M}.leader.etcd.storageSize"),
+        "floor of 64Mi",
+    );
+    let odd = managed(
+        "leader: {electionBackend: Etcd, etcd: {storageSize: lots}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    );
+    assert_refused(
+        &create(&odd),
+        &format!("{M}.leader.etcd.storageSize"),
+        "lots",
+    );
+    let fine = managed(
+        "leader: {electionBackend: Etcd, etcd: {storageClassName: local, storageSize: 256Mi}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    );
+    assert_ok(&create(&fine));
 }
 
 // --- multiTenancy off while used (docs/design.md#multi-tenancy-off) --------------------------
@@ -294,8 +371,9 @@ fn refused_leader_flags_name_the_key_and_the_reason() {
         ("enable_snapshot_restore", "another key's bytes"),
         ("-snapshot_backup_dir=/x", "another key's bytes"),
         ("memory_allocator=offset", "another key's bytes"),
-        ("enable_oplog", "etcd backend"),
-        ("etcd_endpoints=x:2379", "etcd backend"),
+        ("enable_oplog", "electionBackend: Etcd"),
+        ("oplog_poll_interval_ms=5", "electionBackend: Etcd"),
+        ("etcd_endpoints=x:2379", "electionBackend: Etcd"),
         ("rpc_address=1.2.3.4", "50051"),
         ("rpc_interface=eth0", "50051"),
         ("--port=1", "50051"),

@@ -118,7 +118,7 @@ fn create_rules_agree_with_the_pure_validator() {
             managed(
                 "leader: {extraArgs: ['etcd_endpoints=x:2379']}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
             ),
-            "etcd backend",
+            "electionBackend: Etcd",
         ),
         (
             managed(
@@ -285,6 +285,20 @@ fn update_rules_agree_with_the_pure_validator() {
     );
     assert_eq!(cel(&appended, Some(&plain)), Vec::<String>::new());
     assert_eq!(cel(&plain, Some(&appended)), Vec::<String>::new());
+
+    let warm = |replicas: i32| {
+        managed(&format!(
+            "leader: {{replicas: {replicas}, electionBackend: Etcd}}\nmembers: [{{medium: DRAM, capacityPerMember: 1Gi}}]\n"
+        ))
+    };
+    let lease =
+        managed("leader: {replicas: 2}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n");
+    assert_cel_refuses(&cel(&warm(2), Some(&lease)), "cannot move to or from Etcd");
+    assert_cel_refuses(&cel(&lease, Some(&warm(2))), "cannot move to or from Etcd");
+    assert_cel_refuses(&cel(&warm(2), Some(&warm(1))), "not changed in place");
+    assert_cel_refuses(&cel(&warm(1), Some(&warm(3))), "not changed in place");
+    assert_eq!(cel(&warm(3), Some(&warm(2))), Vec::<String>::new());
+    assert_eq!(cel(&warm(2), None), Vec::<String>::new());
 
     let p = pool(WALKTHROUGH_POOL);
     let repointed: KVCachePool = pool(&WALKTHROUGH_POOL.replace("- mooncake-dram", "- other"));

@@ -122,7 +122,7 @@ fn group() -> impl Strategy<Value = MemberGroup> {
 fn backend() -> impl Strategy<Value = KVCacheBackend> {
     (
         -1i32..8,
-        any::<bool>(),
+        0u8..4,
         any::<bool>(),
         prop::collection::vec(text(), 0..4),
         env(),
@@ -155,11 +155,12 @@ fn backend() -> impl Strategy<Value = KVCacheBackend> {
                         managed: Some(Managed {
                             leader: Leader {
                                 replicas,
-                                election_backend: if none {
-                                    ElectionBackend::None
-                                } else {
-                                    ElectionBackend::Kubernetes
+                                election_backend: match none {
+                                    0 => ElectionBackend::None,
+                                    1 => ElectionBackend::Etcd,
+                                    _ => ElectionBackend::Kubernetes,
                                 },
+                                etcd: None,
                                 member_addressing: None,
                                 allocation_strategy: AllocationStrategy::FreeRatioFirst,
                                 multi_tenancy: mt,

@@ -27,6 +27,7 @@ fn bench(c: &mut Criterion) {
                     store_image: "gpustack/mirrored-mooncake:0.3.13.post1-cpu",
                     namespace: "gpustack-system",
                     elector_image: "gpustack/kvcache-elector:0.2.0",
+                    etcd_image: "gpustack/kvcache-etcd:v3.6.4",
                     policy: None,
                 })
                 .expect("renders")

@@ -228,7 +228,8 @@ fn namespace_role(namespace: &str) -> Role {
     Role {
         metadata: meta(NAME, Some(namespace)),
         rules: Some(vec![
-            rule(&["apps"], &["daemonsets"], WRITE),
+            // Member DaemonSets, and the etcd StatefulSet of a backend with warm failover.
+            rule(&["apps"], &["daemonsets", "statefulsets"], WRITE),
             rule(&[""], &["configmaps", "serviceaccounts"], WRITE),
             // Member Pods whose template changed are deleted (DaemonSets are OnDelete), a drain
             // recorded on each first (docs/design.md#member-rollout).

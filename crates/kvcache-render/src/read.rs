@@ -2,7 +2,7 @@
 //! readiness, why it is not running), a Deployment's replica counts, a Pod's readiness. The
 //! operator lists the objects; everything it concludes from them is here.
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
@@ -159,6 +159,25 @@ pub fn replicas(d: &Deployment) -> LeaderReplicas {
         total: status.replicas.unwrap_or(0),
         observed: status.observed_generation.is_some()
             && status.observed_generation == d.metadata.generation,
+    }
+}
+
+/// A warm backend's etcd as its status shows it: Pods asked for and ready, and the endpoint
+/// list the masters, members and engines are given.
+pub fn etcd(
+    s: &StatefulSet,
+    backend: &str,
+    namespace: &str,
+    leader: &kvcache_api::backend::Leader,
+) -> kvcache_api::backend::EtcdStatus {
+    kvcache_api::backend::EtcdStatus {
+        replicas: s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        ready: s
+            .status
+            .as_ref()
+            .and_then(|st| st.ready_replicas)
+            .unwrap_or(0),
+        endpoints: crate::backend::etcd_endpoints(backend, namespace, leader),
     }
 }
 

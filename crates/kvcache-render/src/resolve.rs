@@ -186,6 +186,7 @@ pub fn render_all(
             store_image: image,
             namespace: env.namespace,
             elector_image: env.settings.elector_image(),
+            etcd_image: env.settings.etcd_image(),
             policy: Some(&doc),
         }) {
             Ok(o) => {
@@ -197,6 +198,8 @@ pub fn render_all(
                 to_docs(&mut docs, &mut errors, o.deployment.as_slice());
                 to_docs(&mut docs, &mut errors, o.service.as_slice());
                 to_docs(&mut docs, &mut errors, &o.daemon_sets);
+                to_docs(&mut docs, &mut errors, o.etcd_service.as_slice());
+                to_docs(&mut docs, &mut errors, o.etcd.as_slice());
             }
             Err(e) => errors.push(e),
         }
@@ -290,7 +293,11 @@ pub fn attachment_on(
         &backend.spec.connection.external,
     ) {
         (Some(m), _) => (
-            Some(backend::client_endpoint(backend_name, env.namespace)),
+            Some(backend::client_endpoint(
+                backend_name,
+                env.namespace,
+                &m.leader,
+            )),
             m.members
                 .iter()
                 .map(|g| g.protocol(backend.spec.transport.protocol))

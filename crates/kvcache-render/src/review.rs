@@ -176,6 +176,36 @@ fn store_image_rule(
     })
 }
 
+/// The first store version whose master has the metadata operation log (`--enable_oplog`): the
+/// 0.3.11.post1 master lists `enable_ha` and `ha_backend_type` but not it, 0.3.13.post1 has it
+/// (`mooncake_master --help`; the 0.3.12 wheels do not start here, so 0.3.13 is the first line
+/// seen with it).
+pub const OPLOG_STORE: [u64; 3] = [0, 3, 13];
+
+/// `electionBackend: Etcd` needs a master with the operation log: an older one exits on the
+/// unknown flag. Judged when the backend is created or its image moves; an image whose tag
+/// names no version is not judged.
+fn oplog_image_rule(
+    b: &kvcache_api::KVCacheBackend,
+    old: Option<&kvcache_api::KVCacheBackend>,
+    settings: &Settings,
+) -> Option<Refusal> {
+    let managed = b.spec.connection.managed.as_ref()?;
+    if !managed.leader.warm() || old.is_some_and(|o| o.spec.image == b.spec.image) {
+        return None;
+    }
+    let image = crate::resolve::store_image(b, settings)?;
+    let version = kvcache_inject::versions::store_version_of_image(image)?;
+    let numbers = kvcache_inject::versions::numbers(&version)?;
+    (numbers.as_slice() < OPLOG_STORE.as_slice()).then(|| Refusal {
+        field: "spec.connection.managed.leader.electionBackend".into(),
+        cause: Cause::Invalid,
+        message: format!(
+            "the store image {image} runs Mooncake {version}, whose master has no metadata operation log (--enable_oplog), so electionBackend: Etcd cannot keep the cache and the master would exit on the flag; use an image of 0.3.13 or later, or electionBackend: Kubernetes"
+        ),
+    })
+}
+
 /// The backend behind a ModelDeployment's Binding and the protocol of each of its member groups
 /// (an external store counts as one group on the backend's protocol), when the Binding, its pool
 /// and backend are among `others`; otherwise the deployment reports `BindingNotFound` (creation
@@ -377,6 +407,7 @@ pub fn review(
             _ => None,
         };
         refusals.extend(store_image_rule(b, previous, settings));
+        refusals.extend(oplog_image_rule(b, previous, settings));
     }
     let mut warnings = verdict.warnings;
     // The object is judged last among the others, so a name it claims that another holds is

@@ -977,6 +977,7 @@ mod tests {
                 service_ready: true,
                 role: Some("leader".into()),
                 ha_state: Some("serving".into()),
+                ..Default::default()
             }),
             metrics: Ok(Metrics::default()),
             segments: Ok(segments),

@@ -140,6 +140,12 @@ pub struct Health {
     /// `serving`, `leader_warmup`, …
     #[serde(default)]
     pub ha_state: Option<String>,
+    /// The serving master's RPC address, as the master view holds it (`etcd` HA only).
+    #[serde(default)]
+    pub leader_address: Option<String>,
+    /// The master view's version (`etcd` HA only): it moves at every election.
+    #[serde(default)]
+    pub view_version: Option<i64>,
 }
 
 impl Health {
@@ -169,6 +175,8 @@ pub struct Metrics {
     pub put_ends: Option<u64>,
     /// `master_put_revoke_requests_total`.
     pub put_revokes: Option<u64>,
+    /// `master_key_count`: objects the master knows.
+    pub key_count: Option<u64>,
 }
 
 impl Metrics {
@@ -199,6 +207,7 @@ impl Metrics {
             put_starts: get("master_put_start_requests_total"),
             put_ends: get("master_put_end_requests_total"),
             put_revokes: get("master_put_revoke_requests_total"),
+            key_count: get("master_key_count"),
         }
     }
 }

@@ -52,6 +52,38 @@ fn a_master_older_than_0_3_12_must_declare_multi_tenancy_off() {
     assert!(!review(&old, Some(&new), &[], &[], &settings).allowed());
 }
 
+#[test]
+fn the_etcd_election_needs_a_master_with_the_operation_log() {
+    let settings = Settings::default();
+    let warm = |image: &str| {
+        object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "m"},
+            "spec": {"image": image, "connection": {"managed": {
+                "leader": {"electionBackend": "Etcd", "multiTenancy": false},
+                "members": [{"medium": "DRAM", "capacityPerMember": "1Gi"}]}}}
+        }))
+    };
+    let old = warm("kvcacheai/mooncake:0.3.11.post1");
+    let r = review(&old, None, &[], &[], &settings);
+    assert!(
+        r.refusals.iter().any(
+            |f| f.field == "spec.connection.managed.leader.electionBackend"
+                && f.message.contains("0.3.11.post1")
+                && f.message.contains("--enable_oplog")
+        ),
+        "{r:?}"
+    );
+    for ok in [
+        warm("gpustack/mirrored-mooncake:0.3.13.post1-cpu"),
+        warm("example.local/store:latest"),
+    ] {
+        let r = review(&ok, None, &[], &[], &settings);
+        assert!(r.allowed(), "{r:?}");
+    }
+    // Ratchet: the image unchanged is not judged again.
+    assert!(review(&old, Some(&old), &[], &[], &settings).allowed());
+}
+
 fn object(v: serde_json::Value) -> Object {
     parse("test", &v.to_string())
         .expect("parses")

@@ -95,6 +95,7 @@ fn observation(store: Option<StoreReading>, members: Vec<MemberPod>) -> Observat
         render_refused: None,
         settings_refused: None,
         other_members: Vec::new(),
+        etcd: None,
     }
 }
 
@@ -599,6 +600,7 @@ fn standbys_wait_for_election_to_be_enabled_first() {
             store_image: "store:1",
             namespace: "ns",
             elector_image: "elector:1",
+            etcd_image: "etcd:1",
             policy: None,
         })
         .expect("renders")
@@ -852,4 +854,100 @@ spec:
         let c = find(&conds, "DomainRegistered");
         assert_eq!((c.status, c.reason), (Status::True, "NotApplicable"));
     }
+}
+
+// --- warm failover (docs/warm-failover.md) ---------------------------------------------------
+
+/// `/health` of a master in Mooncake's etcd HA as 0.3.13.post1 answered, serving and standby.
+fn etcd_health(view: i64, serving: bool) -> String {
+    if serving {
+        format!(
+            r#"{{"status":"ok","role":"leader","ha_state":"serving","service_ready":true,"leader_address":"10.0.0.9:50051","view_version":{view}}}"#
+        )
+    } else {
+        format!(
+            r#"{{"status":"ok","role":"standby","ha_state":"standby","service_ready":false,"leader_address":"10.0.0.9:50051","view_version":{view}}}"#
+        )
+    }
+}
+
+fn warm_reading(view: i64, serving: bool, keys: u64) -> StoreReading {
+    StoreReading {
+        health: Health::parse("h", &etcd_health(view, serving)),
+        metrics: Ok(metrics(64 * MI, &format!("master_key_count {keys}\n"))),
+        segments: Ok(vec![segment("10.0.0.5", "s1")]),
+    }
+}
+
+#[test]
+fn a_warm_backend_records_each_failover_with_the_keys_on_either_side() {
+    let b = backend(
+        "        - medium: DRAM\n          capacityPerMember: 64Mi\n",
+        "{replicas: 2, electionBackend: Etcd}",
+    );
+    let pods = vec![pod("m-0", "node-0", "10.0.0.5")];
+    let pass = |previous: &KVCacheBackendStatus, reading: StoreReading, ready: i32| {
+        let mut obs = observation(Some(reading), pods.clone());
+        obs.lease_holder = None;
+        obs.etcd = Some(kvcache_api::backend::EtcdStatus {
+            replicas: 3,
+            ready,
+            endpoints: "e".into(),
+        });
+        let computed = backend_status(&b, &obs, previous);
+        let status = kvcache_render::status::backend::apply(
+            previous,
+            computed.clone(),
+            &obs,
+            &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        );
+        (computed, status)
+    };
+    // First reading: view 2 with 40 keys; no failover seen yet.
+    let (c, s1) = pass(
+        &KVCacheBackendStatus::default(),
+        warm_reading(2, true, 40),
+        3,
+    );
+    let e = cond(&c.conditions, conditions::ELECTION_OBSERVED);
+    assert_eq!((e.status, e.reason), (Status::True, "EtcdElected"));
+    assert!(
+        e.message.contains("10.0.0.9:50051") && e.message.contains("view 2"),
+        "{e:?}"
+    );
+    assert!(find(&c.conditions, conditions::FAILOVER_KEPT_CACHE).is_none());
+    assert_eq!(
+        cond(&c.conditions, conditions::ETCD_AVAILABLE).status,
+        Status::True
+    );
+    let record = s1.election.clone().expect("election");
+    assert_eq!((record.view_version, record.keys), (Some(2), Some(40)));
+    // The standby took over with every key: kept.
+    let (c, s2) = pass(&s1, warm_reading(3, true, 40), 3);
+    let k = cond(&c.conditions, conditions::FAILOVER_KEPT_CACHE);
+    assert_eq!((k.status, k.reason), (Status::True, "Kept"));
+    assert!(
+        k.message.contains("view 2 to 3") && k.message.contains("kept 40 of 40"),
+        "{k:?}"
+    );
+    // While no master serves, the record stays and the election is campaigning.
+    let (c, s3) = pass(&s2, warm_reading(3, false, 0), 1);
+    assert_eq!(s3.election, s2.election);
+    assert_eq!(
+        cond(&c.conditions, conditions::ELECTION_OBSERVED).reason,
+        "Campaigning"
+    );
+    let q = cond(&c.conditions, conditions::ETCD_AVAILABLE);
+    assert_eq!((q.status, q.reason), (Status::False, "NoQuorum"));
+    assert!(
+        q.message.contains("1 of 3") && q.message.contains("2 needed"),
+        "{q:?}"
+    );
+    // A master that came back empty: the keys were lost, said with the figures.
+    let (c, _) = pass(&s3, warm_reading(4, true, 0), 2);
+    let k = cond(&c.conditions, conditions::FAILOVER_KEPT_CACHE);
+    assert_eq!((k.status, k.reason), (Status::False, "KeysLost"));
+    assert!(k.message.contains("kept 0 of 40"), "{k:?}");
 }

@@ -8,7 +8,7 @@
 //! replicas and the election ([`leader`]), the walkthrough
 //! applied in either order ([`apply_order`]), quotas and tenants on the running master
 //! ([`quota`]), the workloads that use the store ([`workloads`]) and the disk tier
-//! ([`disk_tier`]).
+//! ([`disk_tier`]), and warm failover on the backend's own etcd ([`warm_failover`]).
 
 mod apply_order;
 mod backend;
@@ -17,6 +17,7 @@ mod drained_rollout;
 mod leader;
 mod quota;
 mod rollout;
+mod warm_failover;
 mod workloads;
 
 use std::sync::{Mutex, OnceLock};

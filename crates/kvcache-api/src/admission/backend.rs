@@ -12,6 +12,8 @@ use crate::rules::{self, BUCKET_BYTES, BUCKET_KEYS, BUCKET_QUANTITY, INFINIBAND_
 use crate::{KVCacheBackend, Settings};
 
 const MANAGED: &str = "spec.connection.managed";
+/// The smallest etcd claim accepted.
+const ETCD_STORAGE_FLOOR: u64 = 64 << 20;
 
 impl Admission for KVCacheBackend {
     fn validate_create(&self, settings: &Settings) -> Verdict {
@@ -43,6 +45,19 @@ impl Admission for KVCacheBackend {
         if let Some(old_m) = old_m {
             group_identity(new_m, old_m, &mut v);
             multi_tenancy_release(self, old, &mut v);
+            if new_m.leader.warm() != old_m.leader.warm() {
+                v.refuse(
+                    format!("{MANAGED}.leader.electionBackend"),
+                    rules::ETCD_SWITCH_REFUSED,
+                );
+            } else if new_m.leader.warm()
+                && new_m.leader.etcd_replicas() != old_m.leader.etcd_replicas()
+            {
+                v.refuse(
+                    format!("{MANAGED}.leader.replicas"),
+                    rules::ETCD_SIZE_REFUSED,
+                );
+            }
         }
         v
     }
@@ -103,8 +118,19 @@ fn managed_static(b: &KVCacheBackend, m: &Managed, v: &mut Verdict) {
     if leader.replicas > 1 && leader.election_backend == ElectionBackend::None {
         v.refuse(
             format!("{lf}.replicas"),
-            "leader.replicas above 1 needs leader.electionBackend: Kubernetes; with None only one leader can run",
+            "leader.replicas above 1 needs leader.electionBackend: Kubernetes or Etcd; with None only one leader can run",
         );
+    }
+    if let Some(size) = leader.etcd.as_ref().and_then(|e| e.storage_size.as_ref()) {
+        let field = format!("{lf}.etcd.storageSize");
+        match size.bytes(&field) {
+            Ok(n) if n < ETCD_STORAGE_FLOOR => v.refuse(
+                field,
+                format!("{} is below the floor of 64Mi: etcd refuses writes once its database reaches the volume's size", size.0),
+            ),
+            Ok(_) => {}
+            Err(e) => v.refuse(field, e.to_string()),
+        }
     }
     for (i, arg) in leader.extra_args.iter().enumerate() {
         if let Some(reason) = rules::refused_leader_flag(arg) {

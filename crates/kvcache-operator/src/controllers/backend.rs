@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -131,6 +131,12 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheB
             watcher::Config::default(),
             |d| owning_backend(d.owner_references()),
         )
+        // A warm backend's etcd: its readiness is in the status.
+        .watches(
+            Api::<StatefulSet>::namespaced(client.clone(), &ns),
+            watcher::Config::default(),
+            |s| owning_backend(s.owner_references()),
+        )
         // Member and leader Pods: a change reads the store at once.
         .watches(
             Api::<Pod>::namespaced(client.clone(), &ns),
@@ -237,15 +243,25 @@ fn consumers(ctx: &Context, backend: &str) -> Vec<Consumer> {
     out
 }
 
-/// Applies every rendered object and prunes the rest. Returns the live leader Deployment,
-/// whether standbys are held back (docs/design.md#two-step-election), and on how many nodes each
-/// member DaemonSet runs a Pod.
+/// What applying a backend's objects found of the live ones.
+struct Applied {
+    /// The live leader Deployment.
+    leader: Option<Deployment>,
+    /// Whether standbys are held back (docs/design.md#two-step-election).
+    held: bool,
+    /// On how many nodes each member DaemonSet runs a Pod.
+    desired: Vec<Option<i32>>,
+    /// The live etcd StatefulSet of a warm backend.
+    etcd: Option<StatefulSet>,
+}
+
+/// Applies every rendered object and prunes the rest.
 async fn apply_objects(
     ctx: &Context,
     uid: &str,
     mut objects: BackendObjects,
     write_policy: bool,
-) -> Result<(Option<Deployment>, bool, Vec<Option<i32>>), Error> {
+) -> Result<Applied, Error> {
     let c = ctx.client.clone();
     let ns = &ctx.config.namespace;
     let deployments: Api<Deployment> = Api::namespaced(c.clone(), ns);
@@ -267,6 +283,7 @@ async fn apply_objects(
     let maps: Api<ConfigMap> = Api::namespaced(c.clone(), ns);
     let services: Api<Service> = Api::namespaced(c.clone(), ns);
     let daemons: Api<DaemonSet> = Api::namespaced(c.clone(), ns);
+    let sets: Api<StatefulSet> = Api::namespaced(c.clone(), ns);
     for o in &objects.service_accounts {
         super::apply(&sa, o).await?;
     }
@@ -296,6 +313,14 @@ async fn apply_objects(
     if let Some(s) = &objects.service {
         super::apply(&services, s).await?;
     }
+    // The etcd before the members that dial it.
+    if let Some(s) = &objects.etcd_service {
+        super::apply(&services, s).await?;
+    }
+    let mut etcd = None;
+    if let Some(s) = &objects.etcd {
+        etcd = Some(super::apply(&sets, s).await?);
+    }
     let mut desired = Vec::new();
     for d in &objects.daemon_sets {
         let live = super::apply(&daemons, d).await?;
@@ -314,9 +339,21 @@ async fn apply_objects(
         &super::names(objects.deployment.as_slice()),
     )
     .await?;
-    super::prune(&services, uid, &super::names(objects.service.as_slice())).await?;
+    let services_kept: std::collections::BTreeSet<String> = objects
+        .service
+        .iter()
+        .chain(objects.etcd_service.iter())
+        .map(|s| s.name_any())
+        .collect();
+    super::prune(&services, uid, &services_kept).await?;
     super::prune(&daemons, uid, &super::names(&objects.daemon_sets)).await?;
-    Ok((live, held, desired))
+    super::prune(&sets, uid, &super::names(objects.etcd.as_slice())).await?;
+    Ok(Applied {
+        leader: live,
+        held,
+        desired,
+        etcd,
+    })
 }
 
 /// The backend's apply pass: observes (and, for a managed backend, renders and applies its
@@ -357,7 +394,11 @@ async fn observe_managed(
     obs: &mut Observation,
 ) -> Result<(Option<kvcache_render::Error>, Vec<GroupFacts>), Error> {
     let name = b.name_any();
-    obs.endpoint = Some(client_endpoint(&name, &ctx.config.namespace));
+    obs.endpoint = Some(client_endpoint(
+        &name,
+        &ctx.config.namespace,
+        &managed.leader,
+    ));
     let chosen = ctx.settings();
     obs.settings_refused = chosen
         .refused
@@ -411,6 +452,7 @@ async fn render_and_apply(
         store_image: image,
         namespace: &ctx.config.namespace,
         elector_image: settings.elector_image(),
+        etcd_image: settings.etcd_image(),
         policy: doc.as_ref(),
     })?;
     obs.rendered_hashes = objects
@@ -418,19 +460,23 @@ async fn render_and_apply(
         .iter()
         .map(kvcache_render::backend::pod_spec_hash)
         .collect();
-    let (live, held, desired) = apply_objects(
+    let applied = apply_objects(
         ctx,
         &uid,
         objects,
         doc.is_some() || !managed.leader.multi_tenancy,
     )
     .await?;
-    obs.standbys_held = held;
-    obs.leader = live.as_ref().map(read::replicas);
+    obs.standbys_held = applied.held;
+    obs.leader = applied.leader.as_ref().map(read::replicas);
+    obs.etcd = applied
+        .etcd
+        .as_ref()
+        .map(|s| read::etcd(s, &name, &ctx.config.namespace, &managed.leader));
     Ok(managed
         .members
         .iter()
-        .zip(desired)
+        .zip(applied.desired)
         .map(|(g, desired)| GroupFacts {
             tier: g.tier().is_some(),
             desired,
@@ -843,6 +889,10 @@ async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         .unwrap_or(Duration::ZERO);
     teardown(&deployments, &selector, elapsed, &mut waiting, ctx).await?;
     teardown(&daemons, &selector, elapsed, &mut waiting, ctx).await?;
+    // A warm backend's etcd last of the workloads (its claims go with it, by the StatefulSet's
+    // retention policy).
+    let sets: Api<StatefulSet> = Api::namespaced(c.clone(), ns);
+    teardown(&sets, &selector, elapsed, &mut waiting, ctx).await?;
     for s in services
         .list(&selector)
         .await
@@ -872,6 +922,12 @@ impl Workload for Deployment {
 }
 
 impl Workload for DaemonSet {
+    fn pod_spec(&self) -> Option<&k8s_openapi::api::core::v1::PodSpec> {
+        self.spec.as_ref().and_then(|s| s.template.spec.as_ref())
+    }
+}
+
+impl Workload for StatefulSet {
     fn pod_spec(&self) -> Option<&k8s_openapi::api::core::v1::PodSpec> {
         self.spec.as_ref().and_then(|s| s.template.spec.as_ref())
     }

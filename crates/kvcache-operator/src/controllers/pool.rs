@@ -92,7 +92,7 @@ pub(super) fn backend_of(
         (Some(m), _) => BackendView::Managed {
             name: name.clone(),
             multi_tenancy: m.leader.multi_tenancy,
-            client_endpoint: client_endpoint(&name, &ctx.config.namespace),
+            client_endpoint: client_endpoint(&name, &ctx.config.namespace, &m.leader),
         },
         (None, Some(x)) => BackendView::External {
             name: name.clone(),

@@ -18,9 +18,30 @@ use super::*;
 use crate::Error;
 use crate::names::{self, backend_labels, backend_selector};
 
+/// With `electionBackend: Etcd`: Mooncake's own election on the backend's etcd and its
+/// metadata operation log; the master binds and advertises its Pod IP (the etcd view holds the
+/// address members and engines dial). Standbys replay the log, so the one that takes over
+/// already knows every key (`docs/warm-failover.md`).
+fn warm_flags(managed: &Managed, namespace: &str, backend: &str) -> Vec<String> {
+    if !managed.leader.warm() {
+        return Vec::new();
+    }
+    vec![
+        "-rpc_address=$(POD_IP)".into(),
+        "-enable_ha=true".into(),
+        "-ha_backend_type=etcd".into(),
+        format!(
+            "-etcd_endpoints={}",
+            super::etcd_endpoints(backend, namespace, &managed.leader)
+        ),
+        "-enable_oplog=true".into(),
+    ]
+}
+
 /// The master's flags, in the documented order, `extraArgs` last (the store takes the last
-/// duplicate, so a user `default_kv_lease_ttl` wins).
-pub fn master_flags(managed: &Managed) -> Vec<String> {
+/// duplicate, so a user `default_kv_lease_ttl` wins). `namespace` and `backend` name the
+/// etcd of a warm backend.
+pub fn master_flags(managed: &Managed, namespace: &str, backend: &str) -> Vec<String> {
     let leader = &managed.leader;
     let mut flags = vec![
         format!("-rpc_port={RPC_PORT}"),
@@ -40,6 +61,7 @@ pub fn master_flags(managed: &Managed) -> Vec<String> {
         flags.push("-enable_offload=true".into());
         flags.push("-offload_on_evict=true".into());
     }
+    flags.extend(warm_flags(managed, namespace, backend));
     flags.extend(
         leader
             .extra_args
@@ -60,7 +82,11 @@ pub(super) fn leader_deployment(
     let b = inputs.backend;
     let l = &managed.leader;
     let elects = l.elects();
-    let replicas = if elects { l.replicas.max(1) } else { 1 };
+    let replicas = if elects || l.warm() {
+        l.replicas.max(1)
+    } else {
+        1
+    };
     let mut env = vec![
         field_env("POD_NAME", "metadata.name"),
         field_env("POD_NAMESPACE", "metadata.namespace"),
@@ -174,7 +200,11 @@ fn master_container(
     let elects = managed.leader.elects();
     let image = inputs.store_image;
     let master: Vec<String> = std::iter::once("mooncake_master".to_owned())
-        .chain(master_flags(managed))
+        .chain(master_flags(
+            managed,
+            inputs.namespace,
+            inputs.backend.metadata.name.as_deref().unwrap_or_default(),
+        ))
         .collect();
     let command = if elects {
         std::iter::once(ELECTOR_PATH.to_owned())

@@ -38,6 +38,7 @@ struct Group<'a> {
     segment: u64,
     buffer: u64,
     lease_members: bool,
+    leader: kvcache_api::backend::Leader,
 }
 
 impl<'a> Group<'a> {
@@ -68,6 +69,7 @@ impl<'a> Group<'a> {
             segment,
             buffer,
             lease_members: managed.leader.effective_member_addressing() == MemberAddressing::Lease,
+            leader: managed.leader.clone(),
             field_path,
         })
     }
@@ -97,7 +99,7 @@ fn store_env(g: &Group<'_>) -> Vec<EnvVar> {
     if !g.lease_members {
         env.push(env_value(
             "MOONCAKE_MASTER",
-            client_endpoint(g.backend, g.inputs.namespace),
+            client_endpoint(g.backend, g.inputs.namespace, &g.leader),
         ));
     }
     env.extend([

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference, Service,
@@ -17,8 +17,10 @@ use kvcache_api::backend::{MemberAddressing, PullPolicy};
 use kvcache_api::rules::BUCKET_BYTES;
 use kvcache_quota::policy::{POLICY_KEY, PolicyDocument};
 
+mod etcd;
 mod leader;
 mod member;
+pub use etcd::{DEFAULT_ETCD_STORAGE, ETCD_CLIENT_PORT, ETCD_PEER_PORT, etcd_endpoints, etcd_name};
 pub(crate) use member::fabric_device;
 
 use leader::leader_deployment;
@@ -80,6 +82,9 @@ pub struct BackendInputs<'a> {
     /// The image that delivers `kvcache-elector` (the `kv-cache-elector-image` setting):
     /// apart from the operator's, so that an operator upgrade changes no store template.
     pub elector_image: &'a str,
+    /// The etcd image (the `kv-cache-etcd-image` setting) a backend with `electionBackend: Etcd`
+    /// runs.
+    pub etcd_image: &'a str,
     /// The tenant policy from the pools on this backend (empty when there are none yet).
     pub policy: Option<&'a PolicyDocument>,
 }
@@ -104,6 +109,10 @@ pub struct BackendObjects {
     pub service: Option<Service>,
     /// One DaemonSet per member group.
     pub daemon_sets: Vec<DaemonSet>,
+    /// The etcd's headless Service `<backend>-etcd` (`electionBackend: Etcd`).
+    pub etcd_service: Option<Service>,
+    /// The etcd StatefulSet `<backend>-etcd` (`electionBackend: Etcd`).
+    pub etcd: Option<StatefulSet>,
 }
 
 /// The fingerprint a member DaemonSet's Pod template carries (empty when it has none).
@@ -121,9 +130,20 @@ pub fn leader_name(backend: &str) -> String {
     names::object(backend, "leader")
 }
 
-/// The address engines and members dial: `<backend>-leader.<namespace>.svc:50051`.
-pub fn client_endpoint(backend: &str, namespace: &str) -> String {
-    format!("{}.{namespace}.svc:{RPC_PORT}", leader_name(backend))
+/// The address engines and members dial: `<backend>-leader.<namespace>.svc:50051`, or with
+/// `electionBackend: Etcd` `etcd://` and the backend's etcd members, where the store's client
+/// reads which master serves (both engines' loaders pass the string to the client unchanged:
+/// `mooncake/mooncake_config.py` in the store's wheel, from the file and from `MOONCAKE_MASTER`).
+pub fn client_endpoint(
+    backend: &str,
+    namespace: &str,
+    leader: &kvcache_api::backend::Leader,
+) -> String {
+    if leader.warm() {
+        format!("etcd://{}", etcd_endpoints(backend, namespace, leader))
+    } else {
+        format!("{}.{namespace}.svc:{RPC_PORT}", leader_name(backend))
+    }
 }
 
 fn owner(b: &KVCacheBackend) -> Option<Vec<OwnerReference>> {
@@ -310,6 +330,11 @@ pub fn render(inputs: &BackendInputs<'_>) -> Result<BackendObjects, Error> {
     for (i, group) in managed.members.iter().enumerate() {
         out.daemon_sets
             .push(member_daemon_set(inputs, managed, &name, i, group)?);
+    }
+    if managed.leader.warm() {
+        let e = etcd::etcd(b, ns, &managed.leader, inputs.etcd_image)?;
+        out.etcd_service = Some(e.service);
+        out.etcd = Some(e.stateful_set);
     }
     Ok(out)
 }

@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kvcache_api::backend::conditions::*;
 use kvcache_api::backend::{
-    BackendPhase, Capacity, KVCacheBackendStatus, Medium, MemberStatus, ObjectRef,
+    BackendPhase, Capacity, ElectionStatus, EtcdStatus, FailoverRecord, KVCacheBackendStatus,
+    Medium, MemberStatus, ObjectRef,
 };
 use kvcache_api::condition::{Cond, Status};
 use kvcache_api::{KVCacheBackend, Quantity};
@@ -58,6 +59,9 @@ pub struct Observation {
     /// The member Pods of the other backends (in the same namespace): a segment of one of them
     /// on this master is a member mounted on the wrong master (`crate::mounts`).
     pub other_members: Vec<OtherMember>,
+    /// A warm backend's etcd StatefulSet: Pods asked for and ready (`None`: not warm, or the
+    /// StatefulSet does not exist yet), with the endpoint list.
+    pub etcd: Option<EtcdStatus>,
 }
 
 impl Observation {
@@ -79,6 +83,7 @@ impl Observation {
             render_refused: None,
             settings_refused: None,
             other_members: Vec::new(),
+            etcd: None,
         }
     }
 }
@@ -96,6 +101,8 @@ pub struct Computed {
     pub members: Vec<MemberStatus>,
     /// Conditions, without times.
     pub conditions: Vec<Cond>,
+    /// A warm backend's election record (`None` otherwise).
+    pub election: Option<ElectionStatus>,
 }
 
 fn managed(b: &KVCacheBackend) -> bool {
@@ -197,6 +204,11 @@ pub fn backend_status(
         rollout_complete(b, obs),
     ];
     conditions.extend(election_observed(b, obs, no_ready_leader));
+    let election = warm(b).then(|| election_record(previous.election.as_ref(), obs));
+    if warm(b) {
+        conditions.push(etcd_available(obs.etcd.as_ref()));
+        conditions.extend(election.as_ref().and_then(failover_kept_cache));
+    }
     let mut tier_problem = None;
     if has_tier(b) {
         conditions.extend(tier_was_empty(&obs.members, previous));
@@ -214,7 +226,100 @@ pub fn backend_status(
         capacity: cap,
         members: member_rows_or_stored(b, obs, serving, previous),
         conditions,
+        election,
     }
+}
+
+fn warm(b: &KVCacheBackend) -> bool {
+    b.spec
+        .connection
+        .managed
+        .as_ref()
+        .is_some_and(|m| m.leader.warm())
+}
+
+/// The warm election's record after this pass: the serving master's address, view and key
+/// count; a view that moved since the stored one is a failover, recorded with the key count
+/// last read before it and the new master's first. Kept as stored while no master serves.
+pub fn election_record(previous: Option<&ElectionStatus>, obs: &Observation) -> ElectionStatus {
+    let stored = previous.cloned().unwrap_or_default();
+    let Some(store) = obs.store.as_ref() else {
+        return stored;
+    };
+    let Ok(health) = &store.health else {
+        return stored;
+    };
+    let (Some(view), true) = (health.view_version, health.service_ready) else {
+        return stored;
+    };
+    let keys = store
+        .metrics
+        .as_ref()
+        .ok()
+        .and_then(|m| m.key_count)
+        .and_then(|k| i64::try_from(k).ok());
+    let last_failover = match (stored.view_version, stored.keys, keys) {
+        (Some(from), Some(before), Some(after)) if from != view => Some(FailoverRecord {
+            from_view: from,
+            to_view: view,
+            keys_before: before,
+            keys_after: after,
+        }),
+        _ => stored.last_failover,
+    };
+    ElectionStatus {
+        leader_address: health.leader_address.clone(),
+        view_version: Some(view),
+        keys: keys.or(stored.keys),
+        last_failover,
+    }
+}
+
+/// `EtcdAvailable`: a quorum of the warm backend's etcd Pods is ready (without one no master
+/// can be elected and the serving one steps down when its etcd lease lapses).
+fn etcd_available(etcd: Option<&EtcdStatus>) -> Cond {
+    let Some(e) = etcd else {
+        return Cond::unknown(
+            ETCD_AVAILABLE,
+            "NotCreated",
+            "the etcd StatefulSet does not exist yet",
+        );
+    };
+    let quorum = e.replicas / 2 + 1;
+    if e.ready >= quorum {
+        Cond::yes(
+            ETCD_AVAILABLE,
+            "Quorum",
+            format!("{} of {} etcd Pods ready", e.ready, e.replicas),
+        )
+    } else {
+        Cond::no(
+            ETCD_AVAILABLE,
+            "NoQuorum",
+            format!(
+                "{} of {} etcd Pods ready, {quorum} needed: no master can be elected until they are (see the etcd Pods' events and their claims)",
+                e.ready, e.replicas
+            ),
+        )
+    }
+}
+
+/// `FailoverKeptCache`, once a failover was seen: whether the new master knew the keys the old
+/// one held (fewer may also mean evictions or expired leases between the readings).
+fn failover_kept_cache(e: &ElectionStatus) -> Option<Cond> {
+    let f = e.last_failover.as_ref()?;
+    let sentence = format!(
+        "the last failover (view {} to {}) kept {} of {} keys, by the masters' master_key_count before and after",
+        f.from_view,
+        f.to_view,
+        f.keys_after.min(f.keys_before),
+        f.keys_before
+    );
+    Some(if f.keys_after >= f.keys_before {
+        Cond::yes(FAILOVER_KEPT_CACHE, "Kept", sentence)
+    } else {
+        Cond::no(FAILOVER_KEPT_CACHE, "KeysLost", sentence)
+    })
 }
 
 /// A managed backend whose leader Deployment has no ready replica (or does not exist yet).
@@ -573,8 +678,29 @@ fn rollout_complete(b: &KVCacheBackend, obs: &Observation) -> Cond {
     }
 }
 
-/// `ElectionObserved`, for a managed leader that elects only: who holds the Lease.
+/// `ElectionObserved`, for a managed leader that elects: who holds the Lease, or with `Etcd`
+/// which master the etcd view names.
 fn election_observed(b: &KVCacheBackend, obs: &Observation, no_ready_leader: bool) -> Option<Cond> {
+    if warm(b) {
+        let health = obs.store.as_ref().and_then(|s| s.health.as_ref().ok());
+        return Some(match health {
+            Some(h) if h.service_ready => Cond::yes(
+                ELECTION_OBSERVED,
+                "EtcdElected",
+                format!(
+                    "warm failover (Mooncake's etcd election with the metadata operation log): the master at {} serves, view {}",
+                    h.leader_address.as_deref().unwrap_or("an unnamed address"),
+                    h.view_version
+                        .map_or_else(|| "unknown".to_owned(), |v| v.to_string())
+                ),
+            ),
+            _ => Cond::unknown(
+                ELECTION_OBSERVED,
+                "Campaigning",
+                "warm failover (Mooncake's etcd election): no master serves yet",
+            ),
+        });
+    }
     let elects = b
         .spec
         .connection
@@ -798,6 +924,8 @@ pub fn apply(
             .store_version
             .as_ref()
             .map(|(running, _)| running.clone()),
+        election: computed.election,
+        etcd: obs.etcd.clone(),
         conditions: kvcache_api::condition::merge(
             &stored.conditions,
             &computed.conditions,
