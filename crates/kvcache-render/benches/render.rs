@@ -28,6 +28,7 @@ fn bench(c: &mut Criterion) {
                     namespace: "gpustack-system",
                     elector_image: "gpustack/kvcache-elector:0.2.0",
                     etcd_image: "gpustack/kvcache-etcd:v3.6.4",
+                    bound_namespaces: &[],
                     policy: None,
                 })
                 .expect("renders")

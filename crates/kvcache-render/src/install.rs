@@ -230,6 +230,8 @@ fn namespace_role(namespace: &str) -> Role {
         rules: Some(vec![
             // Member DaemonSets, and the etcd StatefulSet of a backend with warm failover.
             rule(&["apps"], &["daemonsets", "statefulsets"], WRITE),
+            // Who may reach a warm backend's etcd.
+            rule(&["networking.k8s.io"], &["networkpolicies"], WRITE),
             rule(&[""], &["configmaps", "serviceaccounts"], WRITE),
             // Member Pods whose template changed are deleted (DaemonSets are OnDelete), a drain
             // recorded on each first (docs/design.md#member-rollout).

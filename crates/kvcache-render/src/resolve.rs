@@ -181,12 +181,18 @@ pub fn render_all(
                 continue;
             }
         };
+        let bound = backend::bound_namespaces(
+            name,
+            ix.pools.values().copied(),
+            ix.bindings.values().copied(),
+        );
         match backend::render(&BackendInputs {
             backend: b,
             store_image: image,
             namespace: env.namespace,
             elector_image: env.settings.elector_image(),
             etcd_image: env.settings.etcd_image(),
+            bound_namespaces: &bound,
             policy: Some(&doc),
         }) {
             Ok(o) => {
@@ -200,6 +206,7 @@ pub fn render_all(
                 to_docs(&mut docs, &mut errors, &o.daemon_sets);
                 to_docs(&mut docs, &mut errors, o.etcd_service.as_slice());
                 to_docs(&mut docs, &mut errors, o.etcd.as_slice());
+                to_docs(&mut docs, &mut errors, o.etcd_policy.as_slice());
             }
             Err(e) => errors.push(e),
         }

@@ -109,6 +109,7 @@ fn inputs(b: &KVCacheBackend) -> BackendInputs<'_> {
         namespace: "gpustack-system",
         elector_image: "elector:1",
         etcd_image: "etcd:1",
+        bound_namespaces: &[],
         policy: None,
     }
 }

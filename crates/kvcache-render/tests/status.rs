@@ -601,6 +601,7 @@ fn standbys_wait_for_election_to_be_enabled_first() {
             namespace: "ns",
             elector_image: "elector:1",
             etcd_image: "etcd:1",
+            bound_namespaces: &[],
             policy: None,
         })
         .expect("renders")

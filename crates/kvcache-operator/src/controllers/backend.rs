@@ -12,6 +12,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -284,6 +285,7 @@ async fn apply_objects(
     let services: Api<Service> = Api::namespaced(c.clone(), ns);
     let daemons: Api<DaemonSet> = Api::namespaced(c.clone(), ns);
     let sets: Api<StatefulSet> = Api::namespaced(c.clone(), ns);
+    let policies: Api<NetworkPolicy> = Api::namespaced(c.clone(), ns);
     for o in &objects.service_accounts {
         super::apply(&sa, o).await?;
     }
@@ -313,7 +315,11 @@ async fn apply_objects(
     if let Some(s) = &objects.service {
         super::apply(&services, s).await?;
     }
-    // The etcd before the members that dial it.
+    // The etcd (its policy first: it is never reachable unguarded) before the members that dial
+    // it.
+    if let Some(p) = &objects.etcd_policy {
+        super::apply(&policies, p).await?;
+    }
     if let Some(s) = &objects.etcd_service {
         super::apply(&services, s).await?;
     }
@@ -348,6 +354,12 @@ async fn apply_objects(
     super::prune(&services, uid, &services_kept).await?;
     super::prune(&daemons, uid, &super::names(&objects.daemon_sets)).await?;
     super::prune(&sets, uid, &super::names(objects.etcd.as_slice())).await?;
+    super::prune(
+        &policies,
+        uid,
+        &super::names(objects.etcd_policy.as_slice()),
+    )
+    .await?;
     Ok(Applied {
         leader: live,
         held,
@@ -447,12 +459,18 @@ async fn render_and_apply(
     );
     // A refused policy keeps the document already written (never a partial one).
     let doc = policy::render(&name, &ceilings).ok();
+    let bound = kvcache_render::backend::bound_namespaces(
+        &name,
+        pools.iter().map(|p| &**p),
+        bindings.iter().map(|b| &**b),
+    );
     let objects = kvcache_render::backend::render(&BackendInputs {
         backend: b,
         store_image: image,
         namespace: &ctx.config.namespace,
         elector_image: settings.elector_image(),
         etcd_image: settings.etcd_image(),
+        bound_namespaces: &bound,
         policy: doc.as_ref(),
     })?;
     obs.rendered_hashes = objects

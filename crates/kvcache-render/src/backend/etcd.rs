@@ -14,8 +14,14 @@ use k8s_openapi::api::core::v1::{
     SecurityContext as ContainerSecurity, Service, ServicePort, ServiceSpec,
     VolumeResourceRequirements,
 };
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::Leader;
@@ -57,6 +63,87 @@ pub fn etcd_endpoints(backend: &str, namespace: &str, leader: &Leader) -> String
 pub(super) struct EtcdObjects {
     pub service: Service,
     pub stateful_set: StatefulSet,
+    pub policy: NetworkPolicy,
+}
+
+/// Who may reach the etcd (Mooncake's etcd client has no TLS): on the client port the backend's
+/// own Pods (leader, members, etcd) and the Pods of the namespaces holding a Binding on the
+/// backend (their engines find the serving master through `etcd://`); on the peer port the
+/// etcd Pods alone. Nothing else: a Pod of another namespace, or of another backend, does not
+/// connect.
+fn etcd_policy(
+    b: &KVCacheBackend,
+    namespace: &str,
+    backend: &str,
+    bound_namespaces: &[String],
+) -> NetworkPolicy {
+    let port = |n: i32| NetworkPolicyPort {
+        port: Some(IntOrString::Int(n)),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    let own = BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_owned(),
+            "kv-cache-backend".to_owned(),
+        ),
+        (
+            "app.kubernetes.io/instance".to_owned(),
+            names::label_value(backend),
+        ),
+    ]);
+    let mut client_from = vec![NetworkPolicyPeer {
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(own),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    if !bound_namespaces.is_empty() {
+        client_from.push(NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "kubernetes.io/metadata.name".into(),
+                    operator: "In".into(),
+                    values: Some(bound_namespaces.to_vec()),
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    NetworkPolicy {
+        metadata: meta(
+            &etcd_name(backend),
+            namespace,
+            backend_labels(backend, "etcd"),
+            b,
+        ),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(backend_selector(backend, "etcd")),
+                ..Default::default()
+            }),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    from: Some(client_from),
+                    ports: Some(vec![port(ETCD_CLIENT_PORT)]),
+                },
+                NetworkPolicyIngressRule {
+                    from: Some(vec![NetworkPolicyPeer {
+                        pod_selector: Some(LabelSelector {
+                            match_labels: Some(backend_selector(backend, "etcd")),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]),
+                    ports: Some(vec![port(ETCD_PEER_PORT)]),
+                },
+            ]),
+            ..Default::default()
+        }),
+    }
 }
 
 /// The headless Service (peers find each other by name before any is ready) and the
@@ -67,6 +154,7 @@ pub(super) fn etcd(
     namespace: &str,
     leader: &Leader,
     image: &str,
+    bound_namespaces: &[String],
 ) -> Result<EtcdObjects, Error> {
     let backend = b.metadata.name.clone().unwrap_or_default();
     let set = etcd_name(&backend);
@@ -254,6 +342,7 @@ pub(super) fn etcd(
         ..Default::default()
     };
     Ok(EtcdObjects {
+        policy: etcd_policy(b, namespace, &backend, bound_namespaces),
         service,
         stateful_set,
     })

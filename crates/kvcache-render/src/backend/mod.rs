@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference, Service,
     ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -85,8 +86,32 @@ pub struct BackendInputs<'a> {
     /// The etcd image (the `kv-cache-etcd-image` setting) a backend with `electionBackend: Etcd`
     /// runs.
     pub etcd_image: &'a str,
+    /// The namespaces holding a Binding to a pool on this backend (their engines may reach a
+    /// warm backend's etcd), sorted.
+    pub bound_namespaces: &'a [String],
     /// The tenant policy from the pools on this backend (empty when there are none yet).
     pub policy: Option<&'a PolicyDocument>,
+}
+
+/// The namespaces holding a Binding to a pool on `backend`, sorted and once each: their
+/// engines dial a warm backend's etcd.
+pub fn bound_namespaces<'a>(
+    backend: &str,
+    pools: impl IntoIterator<Item = &'a kvcache_api::KVCachePool>,
+    bindings: impl IntoIterator<Item = &'a kvcache_api::KVCachePoolBinding>,
+) -> Vec<String> {
+    let pools: std::collections::BTreeSet<&str> = pools
+        .into_iter()
+        .filter(|p| p.spec.backend() == Some(backend))
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
+    bindings
+        .into_iter()
+        .filter(|b| pools.contains(b.spec.pool_ref.name.as_str()))
+        .filter_map(|b| b.metadata.namespace.clone())
+        .collect::<std::collections::BTreeSet<String>>()
+        .into_iter()
+        .collect()
 }
 
 /// Every object of a managed backend.
@@ -113,6 +138,8 @@ pub struct BackendObjects {
     pub etcd_service: Option<Service>,
     /// The etcd StatefulSet `<backend>-etcd` (`electionBackend: Etcd`).
     pub etcd: Option<StatefulSet>,
+    /// Who may reach the etcd, `<backend>-etcd` (`electionBackend: Etcd`).
+    pub etcd_policy: Option<NetworkPolicy>,
 }
 
 /// The fingerprint a member DaemonSet's Pod template carries (empty when it has none).
@@ -332,9 +359,16 @@ pub fn render(inputs: &BackendInputs<'_>) -> Result<BackendObjects, Error> {
             .push(member_daemon_set(inputs, managed, &name, i, group)?);
     }
     if managed.leader.warm() {
-        let e = etcd::etcd(b, ns, &managed.leader, inputs.etcd_image)?;
+        let e = etcd::etcd(
+            b,
+            ns,
+            &managed.leader,
+            inputs.etcd_image,
+            inputs.bound_namespaces,
+        )?;
         out.etcd_service = Some(e.service);
         out.etcd = Some(e.stateful_set);
+        out.etcd_policy = Some(e.policy);
     }
     Ok(out)
 }
