@@ -106,6 +106,10 @@ pub struct NodeInfo {
     /// `ip`.
     pub pod_cidr: String,
     pub kubelet_log: PathBuf,
+    /// The file its private mount namespace is kept in (`nsenter --mount`).
+    pub mount_ns: PathBuf,
+    /// Its folder: configs and logs.
+    pub dir: PathBuf,
 }
 
 /// Running nodes. Dropping them tears everything down.
@@ -341,6 +345,62 @@ impl Nodes {
         }
     }
 
+    /// Enforces NetworkPolicy on every node with a real enforcer: kube-router's firewall alone
+    /// (`--run-firewall`, no routing or service proxy), built by `cargo xtask setup` from its
+    /// module (`xtask/go/kube-router`), in the node's network and mount namespaces, as on a
+    /// cluster that runs it as a DaemonSet. It belongs to the harness and never ships. Returns
+    /// once every node's firewall has synced once (its log says `sync iptables took`).
+    pub fn enforce_network_policy(&mut self) -> Result<()> {
+        let bin = paths::k8s_bin()?.join("kube-router");
+        if !bin.exists() {
+            return Err(Error::Missing {
+                what: "kube-router (the harness's NetworkPolicy enforcer)".into(),
+                path: bin,
+            });
+        }
+        for node in &self.nodes {
+            let mut cmd = Command::new("nsenter");
+            cmd.arg(format!("--mount={}", node.mount_ns.display()))
+                .arg(format!("--net=/var/run/netns/{}", node.name))
+                .arg(&bin)
+                .args([
+                    "--run-firewall=true",
+                    "--run-router=false",
+                    "--run-service-proxy=false",
+                    "--metrics-port=0",
+                ])
+                .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+                .arg(format!("--hostname-override={}", node.name))
+                // A trailing argument so the teardown's pattern ends at the name.
+                .arg("--v=1");
+            let log = node.dir.join("kube-router.log");
+            self.procs.push(Proc::spawn(
+                &format!("kube-router {}", node.name),
+                cmd,
+                &log,
+            )?);
+        }
+        let deadline = Instant::now() + READY_TIMEOUT;
+        for node in &self.nodes {
+            let log = node.dir.join("kube-router.log");
+            loop {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if text.contains("sync iptables took") {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(Error::NotReady {
+                        what: format!("kube-router on {}", node.name),
+                        seconds: READY_TIMEOUT.as_secs(),
+                        log: log.display().to_string(),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+        Ok(())
+    }
+
     /// Leaves the nodes running after this handle is gone (for `cargo xtask cluster up`);
     /// returns the process ids. The teardown script undoes them.
     pub fn detach(mut self) -> Vec<u32> {
@@ -519,7 +579,7 @@ impl NodePlan {
         let NodePlan { name, pod_cidr, .. } = self;
         let _ = writeln!(
             down,
-            "pkill -9 -f '{d}/kubelet.yaml'\npkill -9 -f '{d}/kube-proxy.yaml'\npkill -9 -f '{d}/containerd.toml'\nfor p in $(pgrep -f '{sock}'); do kill -9 $p; done\nfor f in $(find /sys/fs/cgroup/pids/{name} -name cgroup.procs 2>/dev/null); do for p in $(cat $f); do kill -9 $p 2>/dev/null; done; done\ngrep -E ' ({d}|{r})' /proc/mounts | awk '{{print $2}}' | sort -r | xargs -r -n1 umount -l 2>/dev/null\numount {r}/mnt 2>/dev/null\nip netns del {name} 2>/dev/null\nfor h in /sys/fs/cgroup/*/{name}; do [ -d $h ] && find $h -depth -type d -exec rmdir {{}} \\; 2>/dev/null; done\nip route del {pod_cidr} 2>/dev/null\nrm -rf {r}\n# The node's images and Pod data (about 1 GiB a node), once nothing is mounted there.\ngrep -qE ' {d}/' /proc/mounts || rm -rf {d}/containerd {d}/kubelet",
+            "pkill -9 -f '{d}/kubelet.yaml'\npkill -9 -f '{d}/kube-proxy.yaml'\npkill -9 -f 'kube-router .*--hostname-override={name} '\npkill -9 -f '{d}/containerd.toml'\nfor p in $(pgrep -f '{sock}'); do kill -9 $p; done\nfor f in $(find /sys/fs/cgroup/pids/{name} -name cgroup.procs 2>/dev/null); do for p in $(cat $f); do kill -9 $p 2>/dev/null; done; done\ngrep -E ' ({d}|{r})' /proc/mounts | awk '{{print $2}}' | sort -r | xargs -r -n1 umount -l 2>/dev/null\numount {r}/mnt 2>/dev/null\nip netns del {name} 2>/dev/null\nfor h in /sys/fs/cgroup/*/{name}; do [ -d $h ] && find $h -depth -type d -exec rmdir {{}} \\; 2>/dev/null; done\nip route del {pod_cidr} 2>/dev/null\nrm -rf {r}\n# The node's images and Pod data (about 1 GiB a node), once nothing is mounted there.\ngrep -qE ' {d}/' /proc/mounts || rm -rf {d}/containerd {d}/kubelet",
             d = self.dir.display(),
             r = self.run.display(),
             sock = self.sock.display(),
@@ -682,6 +742,8 @@ impl NodePlan {
         NodeInfo {
             host_root: self.dir.join("host"),
             kubelet_log: self.kubelet_log(),
+            mount_ns: self.mnt.clone(),
+            dir: self.dir.clone(),
             name: self.name,
             ip: self.ip,
             pod_cidr: self.pod_cidr,

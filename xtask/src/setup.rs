@@ -58,14 +58,15 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// `libibverbs1` (the one shared library the store's binaries need), and what the nodes run:
-/// containerd, runc, the CNI plugins, iptables; buildah, static busybox and debootstrap build
-/// their images.
-const DEBIAN_PACKAGES: [&str; 8] = [
+/// containerd, runc, the CNI plugins, iptables, ipset (the NetworkPolicy enforcer's sets);
+/// buildah, static busybox and debootstrap build their images.
+const DEBIAN_PACKAGES: [&str; 9] = [
     "libibverbs1",
     "containerd",
     "runc",
     "containernetworking-plugins",
     "iptables",
+    "ipset",
     "buildah",
     "busybox-static",
     "debootstrap",
@@ -118,6 +119,9 @@ fn store_venv() -> anyhow::Result<PathBuf> {
     Ok(venv)
 }
 
+/// The kube-router release `xtask/go/kube-router` pins (the harness's NetworkPolicy enforcer).
+const KUBE_ROUTER_VERSION: &str = "v2.10.0";
+
 /// The CoreDNS release `xtask/go/coredns` pins.
 const COREDNS_VERSION: &str = "v1.15.0";
 
@@ -135,10 +139,10 @@ fn control_plane() -> anyhow::Result<PathBuf> {
     let bin = k8s_bin_dir();
     let marker = bin.join(".kvcache-built");
     let want = format!(
-        "kubernetes {KUBERNETES_VERSION}, etcd {ETCD_VERSION}, {}, coredns {COREDNS_VERSION}\n",
+        "kubernetes {KUBERNETES_VERSION}, etcd {ETCD_VERSION}, {}, coredns {COREDNS_VERSION}, kube-router {KUBE_ROUTER_VERSION}\n",
         COMPONENTS.join(" ")
     );
-    let all_there = ["etcd", "coredns"]
+    let all_there = ["etcd", "coredns", "kube-router"]
         .iter()
         .chain(COMPONENTS.iter())
         .all(|b| bin.join(b).exists());
@@ -166,6 +170,15 @@ fn control_plane() -> anyhow::Result<PathBuf> {
     // What a previous setup built stays (a new component is built alone).
     if !bin.join("etcd").exists() {
         go_build(&go.join("etcd"), ".", &bin.join("etcd"), "-s -w")?;
+    }
+    // The harness's NetworkPolicy enforcer (kube-router's firewall; never shipped).
+    if !bin.join("kube-router").exists() {
+        go_build(
+            &go.join("kube-router"),
+            "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router",
+            &bin.join("kube-router"),
+            "-s -w",
+        )?;
     }
     // Cluster DNS for the nodes: CoreDNS with only the kubernetes, cache and errors plugins.
     if !bin.join("coredns").exists() {

@@ -164,16 +164,27 @@ fn store_image_rule(
             return None;
         }
     }
-    let image = crate::resolve::store_image(b, settings)?;
-    let version = kvcache_inject::versions::store_version_of_image(image)?;
-    let numbers = kvcache_inject::versions::numbers(&version)?;
-    (numbers.as_slice() < MULTI_TENANT_STORE.as_slice()).then(|| Refusal {
+    let (image, version) = image_older_than(b, settings, MULTI_TENANT_STORE)?;
+    Some(Refusal {
         field: "spec.connection.managed.leader.multiTenancy".into(),
         cause: Cause::Invalid,
         message: format!(
             "the store image {image} runs Mooncake {version}, whose master has no multi-tenancy: given the tenant flags it exits (unknown command line flag); declare leader.multiTenancy: false, or use an image of 0.3.12 or later"
         ),
     })
+}
+
+/// The backend's store image and the version its tag names, when that version is older than
+/// `first` (an image whose tag names no version is not judged).
+fn image_older_than<'a>(
+    b: &'a kvcache_api::KVCacheBackend,
+    settings: &'a Settings,
+    first: [u64; 3],
+) -> Option<(&'a str, String)> {
+    let image = crate::resolve::store_image(b, settings)?;
+    let version = kvcache_inject::versions::store_version_of_image(image)?;
+    let numbers = kvcache_inject::versions::numbers(&version)?;
+    (numbers.as_slice() < first.as_slice()).then_some((image, version))
 }
 
 /// The first store version whose master has the metadata operation log (`--enable_oplog`): the
@@ -194,10 +205,8 @@ fn oplog_image_rule(
     if !managed.leader.warm() || old.is_some_and(|o| o.spec.image == b.spec.image) {
         return None;
     }
-    let image = crate::resolve::store_image(b, settings)?;
-    let version = kvcache_inject::versions::store_version_of_image(image)?;
-    let numbers = kvcache_inject::versions::numbers(&version)?;
-    (numbers.as_slice() < OPLOG_STORE.as_slice()).then(|| Refusal {
+    let (image, version) = image_older_than(b, settings, OPLOG_STORE)?;
+    Some(Refusal {
         field: "spec.connection.managed.leader.electionBackend".into(),
         cause: Cause::Invalid,
         message: format!(
