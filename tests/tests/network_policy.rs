@@ -14,7 +14,7 @@ use kube::{Client, ResourceExt};
 use kvcache_api::backend::BackendPhase;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_e2e::cluster::{block_on, client_from, crds_dir, install_crds, wait_object};
-use kvcache_e2e::nodes::{BUSYBOX_IMAGE, NodeCluster};
+use kvcache_e2e::nodes::NodeCluster;
 use kvcache_e2e::operator::Operator;
 use kvcache_e2e::pods::{self, exec, ip_of, name_of};
 use kvcache_e2e::status::{describe, has_condition, phase};
@@ -115,7 +115,10 @@ async fn apply_store(client: &Client) -> Result<(), Error> {
     Ok(())
 }
 
-/// A busybox Pod in `ns` that only waits, Ready once running.
+/// Connects to etcd's client port at argv[1] (3 s at most) and prints its `/health` answer.
+const PROBE: &str = "import socket, sys\ns = socket.create_connection((sys.argv[1], 2379), 3)\ns.settimeout(3)\ns.sendall(b'GET /health HTTP/1.0\\r\\n\\r\\n')\nprint(s.recv(4096).decode(errors='replace'))";
+
+/// A Pod of the store image (it has python3) in `ns` that only waits, Ready once running.
 async fn prober(client: &Client, ns: &str) -> Result<Pod, Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pod: Pod = serde_json::from_value(serde_json::json!({
@@ -123,7 +126,7 @@ async fn prober(client: &Client, ns: &str) -> Result<Pod, Error> {
         "metadata": {"name": "prober", "namespace": ns, "labels": {"app": "prober"}},
         "spec": {
             "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+            "containers": [{"name": "main", "image": images::STORE.name, "imagePullPolicy": "Never",
                             "command": ["sleep", "3600"]}]
         }
     }))
@@ -133,25 +136,11 @@ async fn prober(client: &Client, ns: &str) -> Result<Pod, Error> {
     Ok(ready[0].clone())
 }
 
-/// Whether `pod` (busybox) gets an answer from etcd's `/health` at `ip` within 3 s.
+/// Whether `pod` gets an answer from etcd's `/health` at `ip` within 3 s.
 async fn reaches(client: &Client, pod: &Pod, ip: &str) -> Result<bool, Error> {
     let ns = pod.namespace().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let out = exec(
-        &api,
-        name_of(pod),
-        None,
-        &[
-            "wget",
-            "-q",
-            "-T",
-            "3",
-            "-O",
-            "-",
-            &format!("http://{ip}:2379/health"),
-        ],
-    )
-    .await?;
+    let out = exec(&api, name_of(pod), None, &["python3", "-c", PROBE, ip]).await?;
     Ok(out.success && out.stdout.contains("health"))
 }
 
@@ -213,12 +202,31 @@ fn a_warm_backends_etcd_answers_its_own_pods_and_bound_namespaces_and_nothing_el
 
         let bound = prober(&client, BOUND).await?;
         let other = prober(&client, OTHER).await?;
-        assert!(
-            reaches(&client, &bound, &ip).await?,
-            "a Pod of the bound namespace reaches the etcd (its engines need it): {}",
+        let placed = format!(
+            "etcd {ip} on {:?}; bound prober {:?} on {:?}; other prober {:?} on {:?}; {}",
+            pods::node_of(&etcd[0]),
+            ip_of(&bound),
+            pods::node_of(&bound),
+            ip_of(&other),
+            pods::node_of(&other),
             describe(&b)
         );
-        let refused = wait_reach(&client, &other, &ip, false, "the unbound namespace refused").await?;
+        let opened = wait_reach(
+            &client,
+            &bound,
+            &ip,
+            true,
+            &format!("the bound namespace reaching the etcd (its engines need it): {placed}"),
+        )
+        .await?;
+        let refused = wait_reach(
+            &client,
+            &other,
+            &ip,
+            false,
+            &format!("the unbound namespace refused: {placed}"),
+        )
+        .await?;
         assert!(
             !reaches(&client, &other, &ip).await?,
             "a Pod of a namespace without a Binding does not reach the etcd"
@@ -232,7 +240,7 @@ fn a_warm_backends_etcd_answers_its_own_pods_and_bound_namespaces_and_nothing_el
             wait_reach(&client, &bound, &ip, false, "the namespace closed with its Binding")
                 .await?;
         println!(
-            "etcd NetworkPolicy under kube-router: unbound namespace refused after {refused:.1?}; a deleted Binding's namespace closed after {closed:.1?}"
+            "etcd NetworkPolicy under kube-router: bound namespace reached after {opened:.1?}, unbound namespace refused after {refused:.1?}; a deleted Binding's namespace closed after {closed:.1?} ({placed})"
         );
         Ok(())
     })
