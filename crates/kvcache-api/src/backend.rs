@@ -219,6 +219,7 @@ pub struct Managed {
 #[x_kube(validation = rules::standbys_need_election())]
 #[x_kube(validation = rules::etcd_election_immutable())]
 #[x_kube(validation = rules::etcd_size_immutable())]
+#[x_kube(validation = rules::etcd_storage_immutable())]
 pub struct Leader {
     /// Leader Pods. One serves; the others are standbys that are deliberately not ready, so
     /// `3 desired / 1 ready` is the healthy state. More than one needs `electionBackend:
@@ -235,11 +236,13 @@ pub struct Leader {
     /// Pod; create a new backend instead.
     #[serde(default)]
     pub election_backend: ElectionBackend,
-    /// The etcd the operator runs for `electionBackend: Etcd` (ignored otherwise).
+    /// The etcd the operator runs for `electionBackend: Etcd` (ignored otherwise); fixed when
+    /// the backend is created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdSpec>,
     /// How members find the serving leader: through the leader `Service` (default) or by reading
-    /// the `Lease` holder. Ignored (Service) when `electionBackend` is `None`.
+    /// the `Lease` holder. Ignored when `electionBackend` is `None` (Service) or `Etcd` (members
+    /// read the serving master from the backend's etcd).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_addressing: Option<MemberAddressing>,
     /// Where new objects go: `FreeRatioFirst` (emptier members first) or `Random`.
@@ -678,7 +681,8 @@ pub struct KVCacheBackendStatus {
     /// Why the phase is not `Ready`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase_message: Option<String>,
-    /// Where engines connect: `<backend>-leader.<namespace>.svc:50051`, or the external `Client`.
+    /// Where engines connect: `<backend>-leader.<namespace>.svc:50051`, with `electionBackend:
+    /// Etcd` `etcd://` and the backend's etcd members, or the external `Client`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     /// For an external store, its two declared addresses, verbatim.

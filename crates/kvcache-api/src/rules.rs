@@ -219,6 +219,18 @@ pub fn etcd_size_immutable() -> Rule {
     )
 }
 
+/// `leader`: with `Etcd`, the etcd's claims (class and size) are fixed when the backend is
+/// created: a StatefulSet's claim templates cannot be changed.
+pub fn etcd_storage_immutable() -> Rule {
+    rule(
+        "self.electionBackend != 'Etcd' || oldSelf.electionBackend != 'Etcd' || (has(self.etcd) ? self.etcd : {}) == (has(oldSelf.etcd) ? oldSelf.etcd : {})",
+        ETCD_STORAGE_REFUSED,
+    )
+}
+
+/// Why a warm backend's `leader.etcd` cannot change.
+pub const ETCD_STORAGE_REFUSED: &str = "leader.etcd (storageClassName, storageSize) is fixed when the backend is created: the etcd's claims are made from it and Kubernetes does not change a StatefulSet's claim templates; create a new backend for other storage";
+
 /// Why a warm backend's `replicas` cannot cross one.
 pub const ETCD_SIZE_REFUSED: &str = "with leader.electionBackend: Etcd, leader.replicas cannot move between 1 and more than 1: the backend's etcd has three members with standbys and one without, and its membership is not changed in place; scale within the same side, or create a new backend";
 

@@ -315,6 +315,58 @@ fn the_etcd_election_is_chosen_at_creation_and_its_size_stays_on_its_side_of_one
 }
 
 #[test]
+fn a_warm_backends_etcd_storage_is_fixed_and_its_running_etcd_survives_no_detour() {
+    let with = |etcd: &str| {
+        managed(&format!(
+            "leader: {{electionBackend: Etcd{etcd}}}\nmembers: [{{medium: DRAM, capacityPerMember: 1Gi}}]\n"
+        ))
+    };
+    let plain = with("");
+    let sized = with(", etcd: {storageSize: 2Gi}");
+    assert_refused(
+        &update(&sized, &plain),
+        &format!("{M}.leader.etcd"),
+        "fixed when the backend is created",
+    );
+    assert_refused(
+        &update(&plain, &sized),
+        &format!("{M}.leader.etcd"),
+        "claim templates",
+    );
+    assert_ok(&update(&sized, &sized));
+    // A running etcd (status.etcd) of one member: the backend stays warm at that size, even
+    // through `external`.
+    let mut running = plain.clone();
+    running.status = Some(KVCacheBackendStatus {
+        etcd: Some(kvcache_api::backend::EtcdStatus {
+            replicas: 1,
+            ready: 1,
+            endpoints: String::new(),
+        }),
+        ..Default::default()
+    });
+    let external = backend(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {name: m}\nspec:\n  connection:\n    external:\n      endpoints: [{name: Client, address: 'm.x.svc:50051'}]\n",
+    );
+    assert_refused(
+        &update(&external, &running),
+        &format!("{M}.leader.electionBackend"),
+        "cannot move to or from Etcd",
+    );
+    let mut detoured = external.clone();
+    detoured.status = running.status.clone();
+    let three = managed(
+        "leader: {replicas: 2, electionBackend: Etcd}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    );
+    assert_refused(
+        &update(&three, &detoured),
+        &format!("{M}.leader.replicas"),
+        "not changed in place",
+    );
+    assert_ok(&update(&plain, &detoured));
+}
+
+#[test]
 fn a_warm_backends_etcd_claim_has_a_floor() {
     let small = managed(
         "leader: {electionBackend: Etcd, etcd: {storageSize: 1Mi}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",

@@ -299,6 +299,12 @@ fn update_rules_agree_with_the_pure_validator() {
     assert_cel_refuses(&cel(&warm(1), Some(&warm(3))), "not changed in place");
     assert_eq!(cel(&warm(3), Some(&warm(2))), Vec::<String>::new());
     assert_eq!(cel(&warm(2), None), Vec::<String>::new());
+    let sized = managed(
+        "leader: {electionBackend: Etcd, etcd: {storageSize: 2Gi}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    );
+    assert_cel_refuses(&cel(&sized, Some(&warm(1))), "claim templates");
+    assert_cel_refuses(&cel(&warm(1), Some(&sized)), "claim templates");
+    assert_eq!(cel(&sized, Some(&sized)), Vec::<String>::new());
 
     let p = pool(WALKTHROUGH_POOL);
     let repointed: KVCachePool = pool(&WALKTHROUGH_POOL.replace("- mooncake-dram", "- other"));

@@ -946,6 +946,20 @@ fn a_warm_backend_records_each_failover_with_the_keys_on_either_side() {
         q.message.contains("1 of 3") && q.message.contains("2 needed"),
         "{q:?}"
     );
+    // A reading of an older view (the old master still in the Service), or a new view whose
+    // key count could not be read: nothing recorded yet.
+    let (_, stale) = pass(&s3, warm_reading(2, true, 7), 1);
+    assert_eq!(
+        stale.election, s3.election,
+        "an older view is not a failover"
+    );
+    let mut unread = warm_reading(4, true, 0);
+    unread.metrics = Err(ReadError::from_answer("m", 503, "no"));
+    let (_, waiting) = pass(&s3, unread, 1);
+    assert_eq!(
+        waiting.election, s3.election,
+        "a new view waits for its key count"
+    );
     // A master that came back empty: the keys were lost, said with the figures.
     let (c, _) = pass(&s3, warm_reading(4, true, 0), 2);
     let k = cond(&c.conditions, conditions::FAILOVER_KEPT_CACHE);

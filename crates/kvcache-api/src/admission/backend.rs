@@ -34,6 +34,7 @@ impl Admission for KVCacheBackend {
         if self.spec.image != old.spec.image {
             backend_image(self, settings, &mut v);
         }
+        etcd_still_there(self, old, &mut v);
         let (Some(new_m), old_m) = (&self.spec.connection.managed, &old.spec.connection.managed)
         else {
             return v;
@@ -57,9 +58,34 @@ impl Admission for KVCacheBackend {
                     format!("{MANAGED}.leader.replicas"),
                     rules::ETCD_SIZE_REFUSED,
                 );
+            } else if new_m.leader.warm() && new_m.leader.etcd != old_m.leader.etcd {
+                v.refuse(
+                    format!("{MANAGED}.leader.etcd"),
+                    rules::ETCD_STORAGE_REFUSED,
+                );
             }
         }
         v
+    }
+}
+
+/// A backend whose etcd runs (`status.etcd`) keeps its warm election and the etcd's size, even
+/// across a detour through `external` (which removes nothing): the running etcd's members
+/// would never regain a quorum at another size.
+fn etcd_still_there(new: &KVCacheBackend, old: &KVCacheBackend, v: &mut Verdict) {
+    let Some(running) = old.status.as_ref().and_then(|s| s.etcd.as_ref()) else {
+        return;
+    };
+    match new.spec.connection.managed.as_ref().map(|m| &m.leader) {
+        Some(l) if l.warm() && l.etcd_replicas() == running.replicas => {}
+        Some(l) if l.warm() => v.refuse(
+            format!("{MANAGED}.leader.replicas"),
+            rules::ETCD_SIZE_REFUSED,
+        ),
+        _ => v.refuse(
+            format!("{MANAGED}.leader.electionBackend"),
+            rules::ETCD_SWITCH_REFUSED,
+        ),
     }
 }
 
@@ -126,7 +152,7 @@ fn managed_static(b: &KVCacheBackend, m: &Managed, v: &mut Verdict) {
         match size.bytes(&field) {
             Ok(n) if n < ETCD_STORAGE_FLOOR => v.refuse(
                 field,
-                format!("{} is below the floor of 64Mi: etcd refuses writes once its database reaches the volume's size", size.0),
+                format!("{} is below the floor of 64Mi: the etcd's database gets half the claim, beside its write-ahead log and snapshots", size.0),
             ),
             Ok(_) => {}
             Err(e) => v.refuse(field, e.to_string()),

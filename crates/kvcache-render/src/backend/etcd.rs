@@ -9,10 +9,10 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SecurityContext as ContainerSecurity, Service, ServicePort, ServiceSpec,
-    VolumeResourceRequirements,
+    Affinity, Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SecurityContext as ContainerSecurity, Service,
+    ServicePort, ServiceSpec, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -57,6 +57,12 @@ pub fn etcd_endpoints(backend: &str, namespace: &str, leader: &Leader) -> String
         .map(|i| format!("{set}-{i}.{set}.{namespace}.svc:{ETCD_CLIENT_PORT}"))
         .collect::<Vec<_>>()
         .join(";")
+}
+
+/// The etcd's database quota for a claim of `claim_bytes`: half of it, at most 8 GiB (etcd's
+/// own recommended ceiling).
+pub fn etcd_quota(claim_bytes: u64) -> u64 {
+    (claim_bytes / 2).min(8 << 30)
 }
 
 /// The etcd's objects.
@@ -165,7 +171,7 @@ pub(super) fn etcd(
         .storage_size
         .map_or_else(|| DEFAULT_ETCD_STORAGE.to_owned(), |q| q.0);
     // The size is checked at admission; judged again so a stored odd value names its field.
-    kvcache_api::quantity::parse_bytes(&size).map_err(|reason| {
+    let claim_bytes = kvcache_api::quantity::parse_bytes(&size).map_err(|reason| {
         Error::from(kvcache_api::Error::Quantity {
             field: "spec.connection.managed.leader.etcd.storageSize".into(),
             value: size.clone(),
@@ -191,8 +197,9 @@ pub(super) fn etcd(
             "--initial-cluster-token={}",
             b.metadata.uid.as_deref().unwrap_or(&backend)
         ),
-        // Mooncake's view and oplog are small; the default 2 GiB quota would outgrow a 1Gi claim.
-        "--quota-backend-bytes=536870912".to_owned(),
+        // etcd refuses writes (an alarm, not a crash) once its database reaches the quota; half
+        // the claim leaves room for the write-ahead log and snapshots beside it.
+        format!("--quota-backend-bytes={}", etcd_quota(claim_bytes)),
         "--auto-compaction-mode=periodic".to_owned(),
         "--auto-compaction-retention=10m".to_owned(),
     ];
@@ -318,6 +325,27 @@ pub(super) fn etcd(
                     ..Default::default()
                 }),
                 spec: Some(PodSpec {
+                    // One member per node where the nodes allow it: a node lost costs one
+                    // member, and the quorum survives it.
+                    affinity: Some(Affinity {
+                        pod_anti_affinity: Some(PodAntiAffinity {
+                            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                                WeightedPodAffinityTerm {
+                                    weight: 100,
+                                    pod_affinity_term: PodAffinityTerm {
+                                        label_selector: Some(LabelSelector {
+                                            match_labels: Some(backend_selector(&backend, "etcd")),
+                                            ..Default::default()
+                                        }),
+                                        topology_key: "kubernetes.io/hostname".into(),
+                                        ..Default::default()
+                                    },
+                                },
+                            ]),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     image_pull_secrets: pull_secrets(b),

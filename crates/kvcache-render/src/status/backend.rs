@@ -239,8 +239,9 @@ fn warm(b: &KVCacheBackend) -> bool {
 }
 
 /// The warm election's record after this pass: the serving master's address, view and key
-/// count; a view that moved since the stored one is a failover, recorded with the key count
-/// last read before it and the new master's first. Kept as stored while no master serves.
+/// count; a view newer than the stored one is a failover, recorded with the key count last read
+/// before it and the new master's first. Kept as stored while no master serves, when the view
+/// reads older than the stored one, and while a new view has no key count yet.
 pub fn election_record(previous: Option<&ElectionStatus>, obs: &Observation) -> ElectionStatus {
     let stored = previous.cloned().unwrap_or_default();
     let Some(store) = obs.store.as_ref() else {
@@ -258,8 +259,15 @@ pub fn election_record(previous: Option<&ElectionStatus>, obs: &Observation) -> 
         .ok()
         .and_then(|m| m.key_count)
         .and_then(|k| i64::try_from(k).ok());
+    let moved = stored.view_version.is_some_and(|from| from != view);
+    // An older view (a reading through the Service that reached the old master while both
+    // were briefly Ready), or a new view without its key count yet: judged at the next
+    // reading, so no failover is lost or made up.
+    if stored.view_version.is_some_and(|from| view < from) || (moved && keys.is_none()) {
+        return stored;
+    }
     let last_failover = match (stored.view_version, stored.keys, keys) {
-        (Some(from), Some(before), Some(after)) if from != view => Some(FailoverRecord {
+        (Some(from), Some(before), Some(after)) if from < view => Some(FailoverRecord {
             from_view: from,
             to_view: view,
             keys_before: before,
