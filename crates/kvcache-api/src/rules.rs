@@ -223,7 +223,7 @@ pub fn etcd_size_immutable() -> Rule {
 /// created: a StatefulSet's claim templates cannot be changed.
 pub fn etcd_storage_immutable() -> Rule {
     rule(
-        "self.electionBackend != 'Etcd' || oldSelf.electionBackend != 'Etcd' || (has(self.etcd) ? self.etcd : {}) == (has(oldSelf.etcd) ? oldSelf.etcd : {})",
+        "self.electionBackend != 'Etcd' || oldSelf.electionBackend != 'Etcd' || (has(self.etcd) == has(oldSelf.etcd) && (!has(self.etcd) || self.etcd == oldSelf.etcd))",
         ETCD_STORAGE_REFUSED,
     )
 }
