@@ -10,10 +10,9 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    Namespace, ObjectFieldSelector, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service,
-    ServiceAccount, ServicePort, ServiceSpec, WeightedPodAffinityTerm,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{
@@ -304,25 +303,7 @@ fn pod_spec(image: &str) -> PodSpec {
         // drain, all well within this.
         termination_grace_period_seconds: Some(30),
         // The two replicas on different nodes where there are two.
-        affinity: Some(Affinity {
-            pod_anti_affinity: Some(PodAntiAffinity {
-                preferred_during_scheduling_ignored_during_execution: Some(vec![
-                    WeightedPodAffinityTerm {
-                        weight: 100,
-                        pod_affinity_term: PodAffinityTerm {
-                            label_selector: Some(LabelSelector {
-                                match_labels: Some(selector_labels()),
-                                ..Default::default()
-                            }),
-                            topology_key: "kubernetes.io/hostname".into(),
-                            ..Default::default()
-                        },
-                    },
-                ]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
+        affinity: Some(crate::names::prefer_separate_nodes(selector_labels())),
         containers: vec![operator_container(image)],
         ..Default::default()
     }

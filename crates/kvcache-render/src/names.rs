@@ -95,6 +95,36 @@ pub fn backend_selector(backend: &str, component: &str) -> BTreeMap<String, Stri
     l
 }
 
+/// Prefer one Pod of `selector` per node where the nodes allow it (the operator's two replicas,
+/// a warm backend's etcd members): a node lost then costs one of them.
+pub fn prefer_separate_nodes(
+    selector: BTreeMap<String, String>,
+) -> k8s_openapi::api::core::v1::Affinity {
+    use k8s_openapi::api::core::v1::{
+        Affinity, PodAffinityTerm, PodAntiAffinity, WeightedPodAffinityTerm,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: PodAffinityTerm {
+                        label_selector: Some(LabelSelector {
+                            match_labels: Some(selector),
+                            ..Default::default()
+                        }),
+                        topology_key: "kubernetes.io/hostname".into(),
+                        ..Default::default()
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,10 +9,10 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SecurityContext as ContainerSecurity, Service,
-    ServicePort, ServiceSpec, VolumeResourceRequirements, WeightedPodAffinityTerm,
+    Container, ContainerPort, HTTPGetAction, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SecurityContext as ContainerSecurity, Service, ServicePort, ServiceSpec,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -327,25 +327,9 @@ pub(super) fn etcd(
                 spec: Some(PodSpec {
                     // One member per node where the nodes allow it: a node lost costs one
                     // member, and the quorum survives it.
-                    affinity: Some(Affinity {
-                        pod_anti_affinity: Some(PodAntiAffinity {
-                            preferred_during_scheduling_ignored_during_execution: Some(vec![
-                                WeightedPodAffinityTerm {
-                                    weight: 100,
-                                    pod_affinity_term: PodAffinityTerm {
-                                        label_selector: Some(LabelSelector {
-                                            match_labels: Some(backend_selector(&backend, "etcd")),
-                                            ..Default::default()
-                                        }),
-                                        topology_key: "kubernetes.io/hostname".into(),
-                                        ..Default::default()
-                                    },
-                                },
-                            ]),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }),
+                    affinity: Some(names::prefer_separate_nodes(backend_selector(
+                        &backend, "etcd",
+                    ))),
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     image_pull_secrets: pull_secrets(b),
