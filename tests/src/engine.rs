@@ -68,6 +68,7 @@ pub fn walkthrough_store(leader_replicas: i32) -> Result<Vec<serde_json::Value>>
     managed["members"][0]["capacityPerMember"] =
         crate::walkthrough::DEMO_CAPACITY_PER_MEMBER.into();
     managed["leader"]["replicas"] = leader_replicas.into();
+    crate::walkthrough::rig_store_resources(&mut backend, crate::walkthrough::ENGINE_RIG_STORE_CPU);
     Ok(vec![backend, read("02-pool.yaml")?])
 }
 

@@ -20,6 +20,71 @@ pub const DEMO_CAPACITY_PER_MEMBER: &str = "256Mi";
 pub const DEMO_ROLE_CPU: &str = "250m";
 /// The InstanceType's memory at demo size.
 pub const DEMO_ROLE_MEMORY: &str = "384Mi";
+/// A store's CPU on these nodes (two cores each, shared by every node of the machine), written
+/// through the backend's own `resources` fields: the product's defaults (one CPU per store
+/// container, `kvcache_api::resources`) are sized for real nodes and never shrunk for the rig.
+#[derive(Clone, Copy, Debug)]
+pub struct RigCpu {
+    /// Each leader container's CPU request.
+    pub leader: &'static str,
+    /// Each member container's CPU request.
+    pub member: &'static str,
+}
+
+/// Where no engine runs: small enough that every store a test binary leaves on its shared
+/// cluster still fits (at 100m the 21 tests of `operator_on_nodes` left warm etcd and engine
+/// Pods Pending for CPU); what the suites ran with before the product requested more.
+pub const RIG_STORE_CPU: RigCpu = RigCpu {
+    leader: "25m",
+    member: "25m",
+};
+/// Beside real engines (500m each in the demo and the real-engine tests): a member's CPU weight
+/// equal to an engine's, so transfers keep their share while the engines prefill on every core;
+/// the leader at half, so the demo's three-leader HA step still fits the two nodes.
+pub const ENGINE_RIG_STORE_CPU: RigCpu = RigCpu {
+    leader: "250m",
+    member: "500m",
+};
+/// The leader's memory request on the rig (the product's default, 1Gi, holds millions of keys).
+pub const RIG_LEADER_MEMORY: &str = "64Mi";
+
+/// Writes the rig's store resources into a KVCacheBackend (its JSON, edited in place): the
+/// leader's and every member group's CPU request, and the leader's memory request, replacing
+/// what they had.
+pub fn rig_store_resources(backend: &mut serde_json::Value, cpu: RigCpu) {
+    store_resources(backend, cpu, true);
+}
+
+/// As [`rig_store_resources`], but only where the leader or a group has no `resources` of its
+/// own: the demo size's last step, after a test's own edit (which may replace the leader
+/// object whole).
+pub fn fill_store_resources(backend: &mut serde_json::Value, cpu: RigCpu) {
+    store_resources(backend, cpu, false);
+}
+
+fn store_resources(backend: &mut serde_json::Value, cpu: RigCpu, replace: bool) {
+    let Some(managed) = backend
+        .pointer_mut("/spec/connection/managed")
+        .filter(|m| m.is_object())
+    else {
+        return;
+    };
+    if !managed["leader"].is_object() {
+        managed["leader"] = serde_json::json!({});
+    }
+    if replace || managed["leader"].get("resources").is_none() {
+        managed["leader"]["resources"] =
+            serde_json::json!({"requests": {"cpu": cpu.leader, "memory": RIG_LEADER_MEMORY}});
+    }
+    if let Some(groups) = managed["members"].as_array_mut() {
+        for g in groups {
+            if replace || g.get("resources").is_none() {
+                g["resources"] = serde_json::json!({"requests": {"cpu": cpu.member}});
+            }
+        }
+    }
+}
+
 /// The field manager the tests apply with.
 pub const MANAGER: &str = "kvcache-e2e";
 
@@ -54,6 +119,9 @@ pub fn demo_manifests(
             demo_size(&mut v);
             if !edit(&mut v) {
                 continue;
+            }
+            if v["kind"] == "KVCacheBackend" {
+                fill_store_resources(&mut v, RIG_STORE_CPU);
             }
             docs.push(serde_yaml::to_string(&v).map_err(|e| Error::Invalid {
                 path: f.display().to_string(),

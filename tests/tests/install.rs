@@ -471,13 +471,32 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
             sum(&text, "kvcache_operator_store_reads_total{backend=\"mooncake-dram\",result=\"ok\"}") > 0.0,
             "{text}"
         );
-        // The webhook requests of the walkthrough's creates, on whichever replica served them.
+        // A validating request of this test's own (a dry-run create goes through admission):
+        // another test of this binary may have restarted the replicas since the walkthrough's
+        // creates, and a restarted replica starts its counters at zero.
+        let instance_type: kvcache_api::model::InstanceType = serde_yaml::from_str(
+            "apiVersion: worker.gpustack.ai/v1\nkind: InstanceType\nmetadata: {name: metrics-probe}\nspec:\n  resources: {cpu: '1', memory: 1Gi}\n",
+        )
+        .expect("an InstanceType");
+        Api::<kvcache_api::model::InstanceType>::all(client.clone())
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &instance_type,
+            )
+            .await?;
+        // The webhook requests, on whichever replica served them.
         let mut webhook = 0.0;
+        let mut after_request = Vec::new();
         for p in &operators {
+            let t = scrape(&client, name_of(p)).await?;
             webhook += sum(
-                &scrape(&client, name_of(p)).await?,
+                &t,
                 "kvcache_operator_webhook_request_duration_seconds_count{webhook=\"validate\"",
             );
+            after_request.push(t);
         }
         assert!(webhook > 0.0, "validate requests recorded");
         let standby = operators
@@ -508,7 +527,7 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
         .expect("a request");
         let master_text = client.request_text(req).await?;
         let mut exported = std::collections::BTreeSet::new();
-        for t in [&text, &standby_text, &master_text] {
+        for t in after_request.iter().chain([&master_text]) {
             for l in t.lines().filter(|l| !l.starts_with('#')) {
                 let name = l.split(['{', ' ']).next().unwrap_or_default();
                 exported.insert(name.to_owned());
@@ -534,7 +553,8 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
         );
 
         // JSON logs: a reconcile's lines carry its controller, object and trace id. A ceiling
-        // edit makes the pool's pass write the Binding's status (a line at info).
+        // edit makes the Binding controller, the one writer of a Binding's status, write it
+        // (a line at info) once the pool's pass has concluded.
         grant(&client, "32Mi", 32 * MIB).await?;
         let api: Api<Pod> = Api::namespaced(client.clone(), NS);
         let log = pods::logs(&api, &leader, None).await?;
@@ -549,10 +569,10 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
             .find_map(|l| {
                 // The reconcile's span among the line's spans (kube-runtime's is outside it).
                 l["spans"].as_array()?.iter().find(|s| {
-                    s["controller"] == "kvcachepool" && s["object"] == "shared-dram"
+                    s["controller"] == "kvcachepoolbinding" && s["object"] == "team-a"
                 }).cloned()
             })
-            .unwrap_or_else(|| panic!("no JSON line of the pool pass writing the Binding in:\n{log}"));
+            .unwrap_or_else(|| panic!("no JSON line of the Binding controller writing the Binding in:\n{log}"));
         grant(&client, "8Gi", 512 * MIB).await?;
         let trace = traced["trace_id"].as_str().unwrap_or_default();
         assert_eq!(trace.len(), 32, "{traced}");
@@ -837,6 +857,7 @@ fn an_operator_upgrade_to_a_new_image_tag_restarts_no_store_pod_and_every_key_st
             "replicas": 2, "memberAddressing": "Lease", "multiTenancy": false
         });
         managed["members"][0]["capacityPerMember"] = "64Mi".into();
+        walkthrough::rig_store_resources(&mut v, walkthrough::RIG_STORE_CPU);
         let backend: KVCacheBackend = serde_json::from_value(v).expect("a KVCacheBackend");
         let backends: Api<KVCacheBackend> = Api::all(client.clone());
         backends

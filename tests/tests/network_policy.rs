@@ -80,9 +80,12 @@ async fn apply_store(client: &Client) -> Result<(), Error> {
             "image": kvcache_api::settings::DEFAULT_BACKEND_IMAGE,
             "connection": {"managed": {
                 "leader": {"electionBackend": "Etcd",
-                           "etcd": {"storageClassName": LOCAL_CLASS, "storageSize": "64Mi"}},
+                           "etcd": {"storageClassName": LOCAL_CLASS, "storageSize": "64Mi"},
+                           "resources": {"requests": {"cpu": walkthrough::RIG_STORE_CPU.leader,
+                                                      "memory": walkthrough::RIG_LEADER_MEMORY}}},
                 "members": [{"medium": "DRAM",
-                             "capacityPerMember": walkthrough::DEMO_CAPACITY_PER_MEMBER}]
+                             "capacityPerMember": walkthrough::DEMO_CAPACITY_PER_MEMBER,
+                             "resources": {"requests": {"cpu": walkthrough::RIG_STORE_CPU.member}}}]
             }}
         }
     }))

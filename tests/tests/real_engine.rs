@@ -540,6 +540,9 @@ fn warm_fixture() -> Result<Vec<DynamicObject>, Error> {
         "electionBackend": "Etcd",
         "etcd": {"storageClassName": LOCAL_CLASS, "storageSize": "64Mi"},
     });
+    // Beside the first backend's store at the engines' weight, this one only has to answer:
+    // both fit the two nodes with three engines (this test measures hits, not speed).
+    walkthrough::rig_store_resources(&mut objects[0], walkthrough::RIG_STORE_CPU);
     objects[1]["metadata"]["name"] = WARM_POOL.into();
     objects[1]["spec"]["backends"] = serde_json::json!([WARM]);
     objects.push(engine::binding(TEAM_W, WARM_POOL, None));

@@ -863,7 +863,7 @@ pub fn capacity(runs: usize) -> anyhow::Result<()> {
     let samples = block_on(async move {
         let client = client_from(&kc).await?;
         let backend: KVCacheBackend = serde_yaml::from_str(&format!(
-            "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {NAME}}}\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {{}}\n      members:\n        - nodeSelector: {{kubernetes.io/os: linux}}\n          medium: DRAM\n          capacityPerMember: 256Mi\n"
+            "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {NAME}}}\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {{resources: {{requests: {{cpu: 100m, memory: 128Mi}}}}}}\n      members:\n        - nodeSelector: {{kubernetes.io/os: linux}}\n          medium: DRAM\n          capacityPerMember: 256Mi\n          resources: {{requests: {{cpu: 100m}}}}\n"
         ))
         .map_err(|e| kvcache_e2e::Error::Invalid {
             path: NAME.into(),

@@ -232,6 +232,10 @@ fn manifests(out: &Path) -> anyhow::Result<PathBuf> {
     let from = crate::crds::root().join("examples/walkthrough");
     Ok(kvcache_e2e::walkthrough::demo_manifests(&from, out, |v| {
         match v["kind"].as_str() {
+            Some("KVCacheBackend") => {
+                let cpu = kvcache_e2e::walkthrough::ENGINE_RIG_STORE_CPU;
+                kvcache_e2e::walkthrough::rig_store_resources(v, cpu);
+            }
             Some("InstanceType") => {
                 v["spec"]["resources"] = serde_json::json!({"cpu": "500m", "memory": "4Gi"});
             }
@@ -239,11 +243,15 @@ fn manifests(out: &Path) -> anyhow::Result<PathBuf> {
                 v["spec"]["domain"]["blockSize"] = engine::BLOCK_SIZE.into();
             }
             Some("ModelDeployment") => {
-                v["spec"]["model"]["name"] = engine::TINY_MODEL.into();
+                v["spec"]["model"]["name"] = DEMO_MODEL.into();
                 v["spec"]["engine"]["version"] = kvcache_e2e::images::VLLM_VERSION.into();
+                let mut args = engine::engine_args();
+                if let Some(i) = args.iter().position(|a| a == "--max-model-len") {
+                    args[i + 1] = DEMO_CONTEXT.to_string();
+                }
                 if let Some(roles) = v["spec"]["roles"].as_array_mut() {
                     for r in roles {
-                        r["extraArgs"] = engine::engine_args().into();
+                        r["extraArgs"] = args.clone().into();
                     }
                 }
             }
@@ -252,6 +260,15 @@ fn manifests(out: &Path) -> anyhow::Result<PathBuf> {
         true
     })?)
 }
+
+/// The model the demo's engines serve: the prefill-heavy bench model (16 layers, hidden size
+/// 1024, dummy weights), on which computing a long prompt costs what a load from the store
+/// saves; on the tiny model a prefill is as cheap as the load.
+const DEMO_MODEL: &str = kvcache_e2e::engine::BENCH_MODEL;
+/// The engines' context: room for the timed shared prompt.
+const DEMO_CONTEXT: usize = 2048;
+/// The shared prompt the demo times, in tokens (48 blocks of 32).
+const TIMED_PROMPT: usize = 1536;
 
 /// The engine Pods of qwen-chat, by name.
 fn engine_pods(d: &Demo) -> anyhow::Result<Vec<String>> {
@@ -276,13 +293,73 @@ fn ask(d: &Demo, pod: &str, seed: u32) -> anyhow::Result<()> {
     let prompt = serde_json::to_string(&kvcache_e2e::engine::prompt(seed, 200))?;
     let script = format!(
         "import json, urllib.request; body = json.dumps({{'model': '{model}', 'prompt': {prompt}, 'max_tokens': 4}}).encode(); r = urllib.request.Request('http://127.0.0.1:8000/v1/completions', data=body, headers={{'Content-Type': 'application/json'}}); print(json.load(urllib.request.urlopen(r, timeout=300))['usage'])",
-        model = kvcache_e2e::engine::TINY_MODEL
+        model = DEMO_MODEL
     );
     println!(
         "$ kubectl -n team-a exec {pod} -- python3 -c '<POST /v1/completions, 200 prompt tokens (seed {seed}), 4 new>'"
     );
     let out = d.quiet(&["-n", "team-a", "exec", pod, "--", "python3", "-c", &script])?;
     print!("{out}");
+    Ok(())
+}
+
+/// Sends a `tokens`-token prompt (token ids of `seed`) for one new token to the engine in
+/// `pod` and returns the seconds to its answer, timed inside the Pod.
+fn time_to_first_token(d: &Demo, pod: &str, seed: u32, tokens: usize) -> anyhow::Result<f64> {
+    let prompt = serde_json::to_string(&kvcache_e2e::engine::prompt(seed, tokens))?;
+    let script = format!(
+        "import json, time, urllib.request; body = json.dumps({{'model': '{DEMO_MODEL}', 'prompt': {prompt}, 'max_tokens': 1}}).encode(); r = urllib.request.Request('http://127.0.0.1:8000/v1/completions', data=body, headers={{'Content-Type': 'application/json'}}); t = time.perf_counter(); urllib.request.urlopen(r, timeout=600).read(); print(time.perf_counter() - t)"
+    );
+    println!(
+        "$ kubectl -n team-a exec {pod} -- python3 -c '<POST /v1/completions, {tokens} prompt tokens (seed {seed}), 1 new, timed>'"
+    );
+    let out = d.quiet(&["-n", "team-a", "exec", pod, "--", "python3", "-c", &script])?;
+    out.trim()
+        .parse::<f64>()
+        .with_context(|| format!("{pod} answered no time: {out}"))
+}
+
+/// The master's key count as a number.
+fn key_count(d: &Demo) -> anyhow::Result<f64> {
+    let line = master_keys(d)?;
+    line.split_whitespace()
+        .last()
+        .and_then(|v| v.parse::<f64>().ok())
+        .with_context(|| format!("an unreadable master_key_count line: {line}"))
+}
+
+/// The win a user came for: replica A computes a long prompt, replica B takes it from the
+/// store; both timed to the first token, B's hit checked against its own counters.
+fn the_win(d: &Demo, a: &str, b: &str) -> anyhow::Result<()> {
+    let seed = 7;
+    let keys = key_count(d)?;
+    println!("replica A computes a {TIMED_PROMPT}-token prompt:");
+    let computed = time_to_first_token(d, a, seed, TIMED_PROMPT)?;
+    let blocks = (TIMED_PROMPT / kvcache_e2e::engine::BLOCK_SIZE as usize) as f64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while key_count(d)? < keys + blocks {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the master never held replica A's {blocks} blocks of the timed prompt (it holds {})",
+            key_count(d)?
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let before = counters(d, b)?;
+    println!("replica B gets the same prompt from the store:");
+    let loaded = time_to_first_token(d, b, seed, TIMED_PROMPT)?;
+    let after = counters(d, b)?;
+    let from_store = after.tokens_from_store - before.tokens_from_store;
+    println!(
+        "time to first token: replica A computing {TIMED_PROMPT} tokens {:.0} ms, replica B with {from_store} of them from the store {:.0} ms: {:.1}x sooner",
+        computed * 1e3,
+        loaded * 1e3,
+        computed / loaded
+    );
+    anyhow::ensure!(
+        from_store > 0,
+        "replica B took nothing of the timed prompt from the store: {before:?} then {after:?}"
+    );
     Ok(())
 }
 
@@ -521,6 +598,19 @@ fn the_model(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
         c.hit_tokens > 0,
         "replica B found nothing in the store: {c:?}"
     );
+    the_win(d, a, b)?;
+    // The operator keeps its Lease while the engines prefill on every core (at its old 50m
+    // request its leader lost it here).
+    d.show(&[
+        "-n",
+        NS,
+        "get",
+        "lease",
+        "kvcache-operator",
+        "-o",
+        "jsonpath={.spec.holderIdentity} transitions={.spec.leaseTransitions}",
+    ])?;
+    println!();
     println!("the seeds' own check:");
     d.show(&[
         "-n",

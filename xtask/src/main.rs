@@ -5,6 +5,7 @@ mod bench;
 mod cluster;
 mod crds;
 mod demo;
+mod engine_rig;
 mod images;
 mod prefix;
 mod rollout;
@@ -12,6 +13,7 @@ mod scale;
 mod setup;
 mod soak;
 mod test;
+mod transfer;
 
 use clap::{Parser, Subcommand};
 
@@ -100,15 +102,24 @@ enum BenchKind {
         runs: usize,
     },
     /// The real vLLM's time to first token with the prompt's blocks in the store, against no
-    /// shared cache and a cold store, for the tiny and the prefill-heavy model (figures in
-    /// crates/kvcache-operator/README.md).
+    /// shared cache and a cold store, on a quiet and a busy node, each hit checked against the
+    /// reader's own counters (figures in crates/kvcache-operator/README.md).
     Prefix {
-        /// Prompt lengths in tokens.
-        #[arg(long, value_delimiter = ',', default_value = "128,512,960")]
+        /// Prompt lengths in tokens (a length over a model's context is skipped for it).
+        #[arg(long, value_delimiter = ',', default_value = "256,512,1024,2048")]
         lengths: Vec<usize>,
-        /// Fresh prompts per length and case.
+        /// Fresh prompts per length, case and condition.
         #[arg(long, default_value_t = 3)]
         prompts: usize,
+        /// Models: `llama-bench` (prefill-heavy, 4,096 positions), `tiny-llama` (1,024).
+        #[arg(long, value_delimiter = ',', default_value = "llama-bench")]
+        models: Vec<String>,
+        /// The store's get rate under load, MB/s, for the bound column (`bench transfer`).
+        #[arg(long, default_value_t = 100.0)]
+        get_rate: f64,
+        /// Conditions: `quiet` (nothing else runs), `busy` (the writer serves other prompts).
+        #[arg(long, value_delimiter = ',', default_value = "quiet,busy")]
+        conditions: Vec<String>,
     },
     /// The admission webhook's cost: Binding and injected Pod creates through the API server
     /// with and without the webhook registered, and the handler's own latency.
@@ -128,6 +139,10 @@ enum BenchKind {
         #[arg(long, default_value_t = 1)]
         runs: usize,
     },
+    /// The store's put/get throughput between the two nodes for 64 KiB to 8 MiB objects, idle
+    /// and while both engines serve prompts, beside raw TCP between the same two Pods, for each
+    /// client transport setting compared (figures in crates/kvcache-operator/README.md).
+    Transfer,
     /// Two backends failing over together, again and again, on real nodes with the operator:
     /// moments with two serving masters and members mounted on the other backend's master
     /// (figures in crates/kvcache-operator/README.md).
@@ -181,8 +196,15 @@ fn main() -> anyhow::Result<()> {
         Task::Bench { which } => match which {
             BenchKind::Failover { runs } => bench::failover(runs),
             BenchKind::Capacity { runs } => bench::capacity(runs),
-            BenchKind::Prefix { lengths, prompts } => prefix::prefix(&lengths, prompts),
+            BenchKind::Prefix {
+                lengths,
+                prompts,
+                models,
+                get_rate,
+                conditions,
+            } => prefix::prefix(&lengths, prompts, &models, get_rate, &conditions),
             BenchKind::Rollout { runs } => rollout::rollout(runs),
+            BenchKind::Transfer => transfer::transfer(),
             BenchKind::Soak { failovers } => soak::soak(failovers),
             BenchKind::Admission {
                 creates,

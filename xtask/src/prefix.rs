@@ -1,44 +1,85 @@
-//! `cargo xtask bench prefix`: what a prompt's blocks in the store are worth to the real vLLM.
-//! On two engine-sized nodes with the operator, per model (the tiny one and the prefill-heavy
-//! bench model of `images/vllm/models`), three ModelDeployments of one replica each: a writer
-//! and a reader attached to team-a's Binding, and the same engine with no `kvCache`. For each
-//! prompt length, fresh prompts (token ids never sent before) are timed as a one-token
-//! completion (the time to the first token) and as a completion of 32 tokens:
-//! - `none`: the engine without the shared cache;
+//! `cargo xtask bench prefix`: what a prompt's blocks in the store are worth to the real vLLM,
+//! on a quiet node and on a busy one. On two engine-sized nodes with the operator, per model
+//! (by default the prefill-heavy bench model of `images/vllm/models`, 4,096 positions), three
+//! ModelDeployments of one replica each: a writer and a reader attached to team-a's Binding,
+//! and the same engine with no `kvCache`. For each prompt length, fresh prompts (token ids
+//! never sent before) are timed as a one-token completion (the time to the first token):
+//! - `none`: the engine without the shared cache (it computes the prompt);
 //! - `cold`: the reader, the store holding nothing of the prompt (a lookup that misses, then
 //!   the prefill and the save);
 //! - `hit`: the reader after the writer wrote the prompt (its blocks loaded from the store).
 //!
+//! `busy`: the writer keeps answering other prompts meanwhile (two streams of 512-token
+//! prompts), so every engine and the store share the cores with a prefill, as on an inference
+//! node that serves. Per hit the reader's own counters are read: the prompt tokens it took from
+//! the store (`vllm:prompt_tokens_by_source_total`) and its store loads (`load_get` of
+//! `vllm:mooncake_store_operation_*`: time, bytes, failed keys). A hit whose load fell back to
+//! recompute (vLLM's `kv_load_failure_policy: recompute` makes a failed load a prefill) is
+//! counted as a fallback and left out of the hit median. Beside each row, the bound the
+//! hardware sets: the bytes the hit moved at the store's measured get rate plus one decode
+//! step, and the ratio that bound allows.
+//!
 //! Times are measured inside the engine's Pod (no exec or API server in them), medians over the
 //! prompts. These are CPU figures of small models: the ratios are the point.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kvcache_api::ModelDeployment;
-use kvcache_e2e::cluster::{self, block_on, client_from};
+use kvcache_e2e::cluster::{block_on, client_from};
 use kvcache_e2e::engine::{self, BENCH_MODEL, TINY_MODEL};
-use kvcache_e2e::nodes::{ENGINE_NODE_ALLOCATABLE_MEMORY, NodeCluster};
-use kvcache_e2e::operator::Operator;
-use kvcache_e2e::{images, paths, pods, walkthrough};
+use kvcache_e2e::{pods, walkthrough};
 
-use crate::setup;
+use crate::engine_rig::{self, BACKEND, NS, TEAM};
 
-const NS: &str = "gpustack-system";
-const TEAM: &str = "team-a";
-const BACKEND: &str = "mooncake-dram";
 const WAIT: Duration = Duration::from_secs(900);
 
 /// The three deployments of one model: (name, attached).
 const ENGINES: [(&str, bool); 3] = [("writer", true), ("reader", true), ("plain", false)];
 
-/// One prompt length's medians, seconds.
+/// The reader's store load operation in vLLM's Mooncake store connector metrics.
+const LOAD: &str = "load_get";
+
+/// A model the benchmark can run, and the context its engines get.
+#[derive(Clone, Copy)]
+struct Model {
+    path: &'static str,
+    context: usize,
+}
+
+/// The models by the name `--models` takes.
+fn model(name: &str) -> anyhow::Result<Model> {
+    match name {
+        "llama-bench" => Ok(Model {
+            path: BENCH_MODEL,
+            context: 4096,
+        }),
+        "tiny-llama" => Ok(Model {
+            path: TINY_MODEL,
+            context: 1024,
+        }),
+        other => anyhow::bail!("no model {other:?}: llama-bench or tiny-llama"),
+    }
+}
+
+/// One prompt length's figures under one condition.
 struct Row {
     model: &'static str,
+    condition: &'static str,
     tokens: usize,
+    /// Medians, seconds: none, cold, hit (valid hits only).
     ttft: [f64; 3],
-    total: [f64; 3],
+    /// Hits that were whole loads, and those that fell back to computing.
+    hits: usize,
+    fallbacks: usize,
+    /// Median bytes and seconds of the valid hits' store loads.
+    load_bytes: f64,
+    load_seconds: f64,
+    /// One decode step of the plain engine, seconds.
+    decode_step: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -46,96 +87,217 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-pub fn prefix(lengths: &[usize], prompts: usize) -> anyhow::Result<()> {
+pub fn prefix(
+    lengths: &[usize],
+    prompts: usize,
+    models: &[String],
+    get_rate_mbs: f64,
+    conditions: &[String],
+) -> anyhow::Result<()> {
+    let conditions: Vec<&'static str> = conditions
+        .iter()
+        .map(|c| match c.as_str() {
+            "quiet" => Ok("quiet"),
+            "busy" => Ok("busy"),
+            other => Err(anyhow::anyhow!("no condition {other:?}: quiet or busy")),
+        })
+        .collect::<Result<_, _>>()?;
+    let models: Vec<Model> = models.iter().map(|m| model(m)).collect::<Result<_, _>>()?;
+    let longest = models.iter().map(|m| m.context).max().unwrap_or(0);
     anyhow::ensure!(
-        lengths.iter().all(|l| (32..=960).contains(l)),
-        "prompt lengths must lie in 32..=960 tokens (the engines run with a 1024-token context)"
+        lengths.iter().all(|l| (32..=longest - 32).contains(l)),
+        "prompt lengths must lie in 32..={} tokens (the longest context run is {longest}; a length over a model's context is skipped for it)",
+        longest - 32
     );
-    setup::all()?;
-    let dir = paths::scratch("bench-prefix")?;
-    let nodes =
-        NodeCluster::start_sized(&dir, 2, images::WITH_VLLM, ENGINE_NODE_ALLOCATABLE_MEMORY)?;
-    let kc = nodes.control_plane.kubeconfig.clone();
-    block_on(async move {
-        let client = client_from(&kc).await?;
-        cluster::install_crds(&client, &cluster::crds_dir()).await?;
-        walkthrough::ensure_namespace(&client, NS).await?;
-        let mut objects = engine::walkthrough_store(1)?;
-        objects.push(engine::binding(TEAM, "shared-dram", None));
-        objects.push(engine::instance_type());
-        let objects: Vec<DynamicObject> = objects
-            .into_iter()
-            .map(serde_json::from_value)
-            .collect::<Result<_, _>>()
-            .map_err(|e| kvcache_e2e::Error::Invalid {
-                path: "the prefix benchmark's objects".into(),
-                what: "object",
-                reason: e.to_string(),
-            })?;
-        walkthrough::apply(&client, &objects).await
-    })?;
-    let _operator = Operator::builder(&nodes.nodes.kubeconfig, NS)
-        .on_nodes(&nodes.nodes)
-        .start(&dir)?;
+    let rig = engine_rig::up("bench-prefix", |_| {})?;
     let mut rows = Vec::new();
-    for model in [TINY_MODEL, BENCH_MODEL] {
-        let kc = nodes.control_plane.kubeconfig.clone();
-        let lengths = lengths.to_vec();
-        let measured = block_on(async move {
+    for m in models {
+        let kc = rig.nodes.control_plane.kubeconfig.clone();
+        let conditions = conditions.clone();
+        let lengths: Vec<usize> = lengths
+            .iter()
+            .copied()
+            .filter(|l| *l <= m.context - 32)
+            .collect();
+        let logs = rig
+            .dir
+            .join(format!("engine-logs-{}", m.path.replace('/', "_")));
+        let (measured_rows, measured) = block_on(async move {
             let client = client_from(&kc).await?;
-            measure(&client, model, &lengths, prompts).await
-        });
+            let mut got = Vec::new();
+            let result = measure(&client, &m, (&lengths, &conditions), prompts, &mut got).await;
+            if result.is_err() {
+                keep_logs(&client, &logs).await;
+            }
+            Ok((got, result))
+        })?;
+        rows.extend(measured_rows);
         match measured {
-            Ok(r) => rows.extend(r),
-            // What the models before this one measured is still a result.
+            Ok(()) => {}
+            // What was measured before the failure is still a result.
             Err(e) => {
-                print_rows(&rows);
-                return Err(anyhow::Error::from(e).context(format!("measuring {model}")));
+                print_rows(&rows, get_rate_mbs);
+                return Err(anyhow::Error::from(e).context(format!(
+                    "measuring {} (engine logs kept under {})",
+                    m.path,
+                    rig.dir.display()
+                )));
             }
         }
     }
-    print_rows(&rows);
+    print_rows(&rows, get_rate_mbs);
     Ok(())
 }
 
+/// Every engine container's log, written under `to` (a failed run's evidence).
+async fn keep_logs(client: &kube::Client, to: &std::path::Path) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), TEAM);
+    let Ok(list) = api.list(&Default::default()).await else {
+        return;
+    };
+    let _ = std::fs::create_dir_all(to);
+    for p in &list.items {
+        let name = pods::name_of(p);
+        if let Ok(text) = pods::logs(&api, name, None).await {
+            let _ = std::fs::write(to.join(format!("{name}.log")), text);
+        }
+    }
+}
+
 /// The measured rows as the README's table.
-fn print_rows(rows: &[Row]) {
+fn print_rows(rows: &[Row], rate: f64) {
     println!();
     println!(
-        "| model | prompt tokens | TTFT none | TTFT cold | TTFT hit | none/hit | cold/none | 32 tokens none | 32 tokens hit | none/hit |"
+        "| model | node | prompt tokens | TTFT none | TTFT cold | TTFT hit | none/hit | cold/none | hits (fallbacks) | loaded | load | bound: load at {rate:.0} MB/s + a decode step | none/bound |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let [n, c, h] = r.ttft;
-        let [tn, _, th] = r.total;
+        let bound = r.load_bytes / (rate * 1e6) + r.decode_step;
         println!(
-            "| {} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.2} | {:.2} | {:.0} ms | {:.0} ms | {:.2} |",
-            r.model,
+            "| {} | {} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {:.2} | {:.2} | {} ({}) | {:.1} MiB | {:.0} ms | {:.0} ms | {:.1} |",
+            r.model.trim_start_matches("/models/"),
+            r.condition,
             r.tokens,
             n * 1e3,
             c * 1e3,
             h * 1e3,
             n / h,
             c / n,
-            tn * 1e3,
-            th * 1e3,
-            tn / th
+            r.hits,
+            r.fallbacks,
+            r.load_bytes / f64::from(1 << 20),
+            r.load_seconds * 1e3,
+            bound * 1e3,
+            n / bound
         );
     }
 }
 
-/// Runs the three deployments of `model`, times every length, removes them.
+/// The reader's counters that say what a request took from the store.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reader {
+    /// Prompt tokens computed or loaded, all sources.
+    prompt_tokens: f64,
+    /// Prompt tokens taken from the store.
+    from_store: f64,
+    /// The store loads' seconds, bytes, failed keys and failed calls.
+    load_seconds: f64,
+    load_bytes: f64,
+    load_failed_keys: f64,
+    load_errors: f64,
+}
+
+/// The sum of the samples of `name` whose labels hold every `want` pair.
+fn sum(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, labels) = series.split_once('{').unwrap_or((series, ""));
+            (n == name
+                && want
+                    .iter()
+                    .all(|(k, v)| labels.contains(&format!("{k}=\"{v}\""))))
+            .then(|| value.parse::<f64>().ok())
+            .flatten()
+        })
+        .sum()
+}
+
+async fn reader(client: &kube::Client, pod: &str) -> Result<Reader, kvcache_e2e::Error> {
+    let text = pods::proxy_get(client, TEAM, pod, engine::PORT, "metrics").await?;
+    let tokens = "vllm:prompt_tokens_by_source_total";
+    let op = "vllm:mooncake_store_operation";
+    Ok(Reader {
+        prompt_tokens: sum(&text, tokens, &[]),
+        from_store: sum(
+            &text,
+            tokens,
+            &[("source", kvcache_render::shared_cache::FROM_STORE)],
+        ),
+        load_seconds: sum(
+            &text,
+            &format!("{op}_time_seconds_sum"),
+            &[("operation", LOAD)],
+        ),
+        load_bytes: sum(&text, &format!("{op}_bytes_total"), &[("operation", LOAD)]),
+        load_failed_keys: sum(
+            &text,
+            &format!("{op}_failed_keys_total"),
+            &[("operation", LOAD)],
+        ),
+        load_errors: sum(
+            &text,
+            &format!("{op}_total"),
+            &[("operation", LOAD), ("status", "error")],
+        ),
+    })
+}
+
+/// The reader's counters once they count a request of `tokens` prompt tokens after `before`
+/// (vLLM publishes them a step after the answer); a minute at most.
+async fn reader_after(
+    client: &kube::Client,
+    pod: &str,
+    before: Reader,
+    tokens: usize,
+) -> Result<Reader, kvcache_e2e::Error> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = reader(client, pod).await?;
+        if now.prompt_tokens - before.prompt_tokens >= tokens as f64 {
+            return Ok(now);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(kvcache_e2e::Error::Wait {
+                what: format!("{pod}'s prompt token counters to count a {tokens}-token request"),
+                reason: format!("before {before:?}, last {now:?}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs the three deployments of `model`, times every length quiet and busy, removes them.
 async fn measure(
     client: &kube::Client,
-    model: &'static str,
-    lengths: &[usize],
+    m: &Model,
+    (lengths, conditions): (&[usize], &[&'static str]),
     prompts: usize,
-) -> Result<Vec<Row>, kvcache_e2e::Error> {
+    rows: &mut Vec<Row>,
+) -> Result<(), kvcache_e2e::Error> {
+    let model = m.path;
     let models: Api<ModelDeployment> = Api::namespaced(client.clone(), TEAM);
     let api: Api<Pod> = Api::namespaced(client.clone(), TEAM);
     let mut pod = std::collections::BTreeMap::new();
     for (name, attached) in ENGINES {
-        let md = engine::model_deployment(TEAM, name, model, attached.then_some(TEAM), 1);
+        let mut md = engine::model_deployment(TEAM, name, model, attached.then_some(TEAM), 1);
+        if let Some(args) = md["spec"]["roles"][0]["extraArgs"].as_array_mut()
+            && let Some(i) = args.iter().position(|a| a == "--max-model-len")
+        {
+            args[i + 1] = m.context.to_string().into();
+        }
         models
             .patch(
                 name,
@@ -161,21 +323,35 @@ async fn measure(
         time(name, engine::prompt(seed, 64), 1).await?;
         seed += 1;
     }
-    let mut rows = Vec::new();
-    for &tokens in lengths {
-        let (mut ttft, mut total) = ([vec![], vec![], vec![]], [vec![], vec![], vec![]]);
-        for _ in 0..prompts {
-            for (i, max_tokens) in [(0usize, 1u32), (1, 32)] {
-                let series = if i == 0 { &mut ttft } else { &mut total };
+    for &condition in conditions {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut load = Vec::new();
+        if condition == "busy" {
+            for stream in 0..2u32 {
+                let (api, p, stop) = (api.clone(), pod["writer"].clone(), stop.clone());
+                let mut s = 1_000_000 + 100_000 * stream;
+                load.push(tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        s += 1;
+                        let prompt = engine::prompt(s, 512);
+                        let _ = engine::complete(&api, &p, model, &prompt, 1).await;
+                    }
+                }));
+            }
+        }
+        for &tokens in lengths {
+            let (mut none, mut cold, mut hit) = (vec![], vec![], vec![]);
+            let (mut bytes, mut secs, mut fallbacks) = (vec![], vec![], 0);
+            for _ in 0..prompts {
                 seed += 1;
-                series[0].push(
-                    time("plain", engine::prompt(seed, tokens), max_tokens)
+                none.push(
+                    time("plain", engine::prompt(seed, tokens), 1)
                         .await?
                         .seconds,
                 );
                 seed += 1;
-                series[1].push(
-                    time("reader", engine::prompt(seed, tokens), max_tokens)
+                cold.push(
+                    time("reader", engine::prompt(seed, tokens), 1)
                         .await?
                         .seconds,
                 );
@@ -184,25 +360,79 @@ async fn measure(
                 let keys = engine::master_keys(client, NS, BACKEND).await?;
                 time("writer", p.clone(), 1).await?;
                 engine::wait_keys_above(client, NS, BACKEND, keys, "the writer's blocks").await?;
-                series[2].push(time("reader", p, max_tokens).await?.seconds);
+                let before = reader(client, &pod["reader"]).await?;
+                let t = time("reader", p, 1).await?.seconds;
+                let after = reader_after(client, &pod["reader"], before, tokens).await?;
+                let loaded = after.from_store - before.from_store;
+                let whole = loaded
+                    >= (tokens - tokens % engine::BLOCK_SIZE as usize) as f64
+                        - f64::from(engine::BLOCK_SIZE)
+                    && after.load_failed_keys == before.load_failed_keys
+                    && after.load_errors == before.load_errors;
+                if whole {
+                    hit.push(t);
+                    bytes.push(after.load_bytes - before.load_bytes);
+                    secs.push(after.load_seconds - before.load_seconds);
+                } else {
+                    fallbacks += 1;
+                    println!(
+                        "{model} {condition} {tokens}: a hit fell back ({loaded} tokens from the store, {} failed keys, {} failed loads, {t:.2} s)",
+                        after.load_failed_keys - before.load_failed_keys,
+                        after.load_errors - before.load_errors
+                    );
+                }
             }
+            // One decode step of the engine without the cache: 32 tokens against 1.
+            seed += 1;
+            let p = engine::prompt(seed, tokens);
+            let one = time("plain", p.clone(), 1).await?.seconds;
+            let many = time("plain", p, 32).await?.seconds;
+            let row = Row {
+                model,
+                condition,
+                tokens,
+                hits: hit.len(),
+                fallbacks,
+                ttft: [median(none), median(cold), median(hit)],
+                load_bytes: median(bytes),
+                load_seconds: median(secs),
+                decode_step: ((many - one) / 31.0).max(0.0),
+            };
+            println!(
+                "{model} {condition} {tokens} tokens: TTFT none {:.0} ms, cold {:.0} ms, hit {:.0} ms ({} hits, {} fallbacks)",
+                row.ttft[0] * 1e3,
+                row.ttft[1] * 1e3,
+                row.ttft[2] * 1e3,
+                row.hits,
+                row.fallbacks
+            );
+            rows.push(row);
         }
-        let row = Row {
-            model,
-            tokens,
-            ttft: ttft.map(median),
-            total: total.map(median),
-        };
-        println!(
-            "{model} {tokens} tokens: TTFT none {:.0} ms, cold {:.0} ms, hit {:.0} ms",
-            row.ttft[0] * 1e3,
-            row.ttft[1] * 1e3,
-            row.ttft[2] * 1e3
-        );
-        rows.push(row);
+        stop.store(true, Ordering::Relaxed);
+        for task in load {
+            let _ = task.await;
+        }
     }
     for (name, _) in ENGINES {
         walkthrough::remove_model(client, TEAM, name, WAIT).await?;
     }
-    Ok(rows)
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_the_series_whose_labels_match() {
+        let text = "# TYPE x counter\nvllm:mooncake_store_operation_bytes_total{engine=\"0\",operation=\"load_get\",status=\"ok\"} 100.0\nvllm:mooncake_store_operation_bytes_total{engine=\"0\",operation=\"load_get\",status=\"error\"} 5.0\nvllm:mooncake_store_operation_bytes_total{engine=\"0\",operation=\"save_put\",status=\"ok\"} 7.0\n";
+        let name = "vllm:mooncake_store_operation_bytes_total";
+        assert_eq!(sum(text, name, &[("operation", LOAD)]), 105.0);
+        assert_eq!(
+            sum(text, name, &[("operation", LOAD), ("status", "error")]),
+            5.0
+        );
+        assert_eq!(sum(text, name, &[]), 112.0);
+        assert_eq!(sum(text, "other", &[]), 0.0);
+    }
 }

@@ -36,7 +36,7 @@ struct Round {
 
 fn manifest(name: &str, value: &str) -> Result<KVCacheBackend, Error> {
     serde_yaml::from_str(&format!(
-        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {name}}}\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {{multiTenancy: false}}\n      members:\n        - nodeSelector: {{kubernetes.io/os: linux}}\n          medium: DRAM\n          capacityPerMember: 256Mi\n          extraEnv: [{{name: KVCACHE_BENCH_ROUND, value: \"{value}\"}}]\n"
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {name}}}\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {{multiTenancy: false, resources: {{requests: {{cpu: 100m, memory: 128Mi}}}}}}\n      members:\n        - nodeSelector: {{kubernetes.io/os: linux}}\n          medium: DRAM\n          capacityPerMember: 256Mi\n          resources: {{requests: {{cpu: 100m}}}}\n          extraEnv: [{{name: KVCACHE_BENCH_ROUND, value: \"{value}\"}}]\n"
     ))
     .map_err(|e| Error::Invalid {
         path: name.into(),

@@ -37,7 +37,7 @@ fn manifest(name: &str) -> Result<KVCacheBackend, Error> {
         "Service"
     };
     serde_yaml::from_str(&format!(
-        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {name}}}\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {{replicas: 2, multiTenancy: false, memberAddressing: {addressing}}}\n      members:\n        - nodeSelector: {{kubernetes.io/os: linux}}\n          medium: DRAM\n          capacityPerMember: 64Mi\n"
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {name}}}\nspec:\n  type: Mooncake\n  connection:\n    managed:\n      leader: {{replicas: 2, multiTenancy: false, memberAddressing: {addressing}, resources: {{requests: {{cpu: 100m, memory: 128Mi}}}}}}\n      members:\n        - nodeSelector: {{kubernetes.io/os: linux}}\n          medium: DRAM\n          capacityPerMember: 64Mi\n          resources: {{requests: {{cpu: 100m}}}}\n"
     ))
     .map_err(|e| Error::Invalid {
         path: name.into(),

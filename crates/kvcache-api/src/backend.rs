@@ -13,6 +13,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::Quantity;
+use crate::resources::StoreResources;
 use crate::rules;
 
 /// A Mooncake store: a leader (master) that holds the metadata and member groups that contribute
@@ -211,6 +212,12 @@ pub struct Managed {
     /// How members leave when they are removed (only used by a group with a disk tier).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_in: Option<ScaleIn>,
+    /// The PriorityClass of every store Pod (leader, members, the warm etcd). Recommended: one
+    /// above the engines' (see docs/store-resources.md), so a node short of room evicts or
+    /// delays an engine before the cache every engine reads. Unset: the cluster's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
 }
 
 /// The leader (master) of a managed store.
@@ -272,6 +279,10 @@ pub struct Leader {
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     #[x_kube(validation = rules::leader_env_allowed())]
     pub extra_env: Vec<ExtraEnv>,
+    /// CPU and memory of each leader container. Unset figures take the defaults: 1 CPU and
+    /// 1Gi requested, no limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<StoreResources>,
 }
 
 impl Default for Leader {
@@ -285,6 +296,7 @@ impl Default for Leader {
             multi_tenancy: true,
             extra_args: Vec::new(),
             extra_env: Vec::new(),
+            resources: None,
         }
     }
 }
@@ -476,6 +488,11 @@ pub struct MemberGroup {
     #[schemars(length(max = 1))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["path".into()]))]
     pub local_disks: Vec<LocalDisk>,
+    /// CPU and memory of each member container. Unset figures take the defaults: 1 CPU, and
+    /// for memory the segment (DRAM) plus the staging buffers; no limits. A memory request
+    /// written here cannot be below that sum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<StoreResources>,
 }
 
 impl MemberGroup {
@@ -868,4 +885,27 @@ impl std::fmt::Display for ObjectRef {
             None => write!(f, "{} {}", self.kind, self.name),
         }
     }
+}
+
+/// The memory a member Pod requests at least, in bytes: its segment (DRAM groups; a VRAM
+/// segment is accelerator memory), its staging buffer and a disk tier's staging buffer. It is
+/// the default request, and a written `resources.requests.memory` cannot be below it.
+/// `field` names the group (`spec.connection.managed.members[0]`) for the error.
+pub fn member_memory_floor(field: &str, group: &MemberGroup) -> Result<u64, crate::Error> {
+    let buffer = match &group.local_buffer_size {
+        Some(q) => q.bytes(&format!("{field}.localBufferSize"))?,
+        None => crate::resources::DEFAULT_LOCAL_BUFFER,
+    };
+    let segment = match group.medium {
+        Medium::Dram => group
+            .capacity_per_member
+            .bytes(&format!("{field}.capacityPerMember"))?,
+        Medium::Vram => 0,
+    };
+    let staging = if group.tier().is_some() {
+        crate::resources::TIER_STAGING_BYTES
+    } else {
+        0
+    };
+    Ok(segment.saturating_add(buffer).saturating_add(staging))
 }

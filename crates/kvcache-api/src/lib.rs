@@ -17,6 +17,7 @@ pub mod model;
 pub mod names;
 pub mod pool;
 pub mod quantity;
+pub mod resources;
 pub mod rules;
 pub mod settings;
 
@@ -52,6 +53,18 @@ pub enum Error {
     )]
     Quantity {
         /// Where the value sits, e.g. `spec.quota.total`.
+        field: String,
+        /// The value as written.
+        value: String,
+        /// Why it does not parse.
+        reason: quantity::QuantityError,
+    },
+    /// A CPU quantity that does not parse.
+    #[error(
+        "{field}: {value:?} is not a CPU amount: {reason}; write millicores or cores, such as 500m, 1 or 2"
+    )]
+    Cpu {
+        /// Where the value sits, e.g. `spec.connection.managed.leader.resources.requests.cpu`.
         field: String,
         /// The value as written.
         value: String,

@@ -17,6 +17,12 @@ pub fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// Whether `s` is a DNS-1123 subdomain: dot-separated DNS labels, at most 253 characters
+/// (PriorityClass and most other cluster-scoped object names).
+pub fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
 /// Whether `s` is a DNS-1035 label: a DNS-1123 label that starts with a letter (Service names).
 pub fn is_dns1035_label(s: &str) -> bool {
     is_dns_label(s) && s.as_bytes()[0].is_ascii_lowercase()

@@ -933,3 +933,103 @@ fn model_deployment_rules() {
         "must name an InstanceType",
     );
 }
+
+// --- store Pods' CPU and memory (docs/store-resources.md) ----------------------------------
+
+#[test]
+fn store_resources_default_and_a_low_cpu_request_warns_with_the_floor() {
+    let quiet = managed("members: [{medium: DRAM, capacityPerMember: 1Gi}]\n");
+    assert_ok(&create(&quiet));
+    assert!(create(&quiet).warnings.is_empty(), "defaults warn nothing");
+
+    let low = managed(
+        "leader: {resources: {requests: {cpu: 25m}}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi, resources: {requests: {cpu: 100m}}}]\n",
+    );
+    let v = create(&low);
+    assert_ok(&v);
+    assert_eq!(v.warnings.len(), 2, "{:#?}", v.warnings);
+    assert!(v.warnings[0].starts_with(&format!("{M}.leader.resources.requests.cpu: 25m")));
+    assert!(v.warnings[0].contains("floor of 250m"), "{}", v.warnings[0]);
+    assert!(v.warnings[1].starts_with(&format!("{M}.members[0].resources.requests.cpu: 100m")));
+
+    let at_floor = managed(
+        "leader: {resources: {requests: {cpu: 250m, memory: 256Mi}}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    );
+    assert!(create(&at_floor).warnings.is_empty());
+}
+
+#[test]
+fn a_member_memory_request_covers_its_segment_and_buffers() {
+    // 1Gi segment + 16Mi buffer: 1040Mi.
+    let under = managed(
+        "members: [{medium: DRAM, capacityPerMember: 1Gi, resources: {requests: {memory: 1Gi}}}]\n",
+    );
+    assert_refused(
+        &create(&under),
+        &format!("{M}.members[0].resources.requests.memory"),
+        "1Gi is below 1040Mi, the member's segment plus its staging buffers",
+    );
+    let covered = managed(
+        "members: [{medium: DRAM, capacityPerMember: 1Gi, resources: {requests: {memory: 1040Mi}}}]\n",
+    );
+    assert_ok(&create(&covered));
+    // A VRAM segment is accelerator memory: only the buffer is host memory.
+    let vram = managed(
+        "members: [{medium: VRAM, capacityPerMember: 8Gi, resources: {requests: {memory: 64Mi}}}]\n",
+    );
+    assert_ok(&create(&vram));
+}
+
+#[test]
+fn store_limits_are_not_under_their_requests_written_or_default() {
+    let cpu = managed(
+        "leader: {resources: {requests: {cpu: '2'}, limits: {cpu: 1500m}}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    );
+    assert_refused(
+        &create(&cpu),
+        &format!("{M}.leader.resources.limits.cpu"),
+        "1500m is below the CPU request of 2000m",
+    );
+    // The member's default memory request is its floor (1040Mi here).
+    let memory = managed(
+        "members: [{medium: DRAM, capacityPerMember: 1Gi, resources: {limits: {memory: 1Gi}}}]\n",
+    );
+    assert_refused(
+        &create(&memory),
+        &format!("{M}.members[0].resources.limits.memory"),
+        "1Gi is below the memory request of 1040Mi",
+    );
+    // The leader's default CPU request is 1.
+    let leader = managed(
+        "leader: {resources: {limits: {cpu: 500m}}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    );
+    assert_refused(
+        &create(&leader),
+        &format!("{M}.leader.resources.limits.cpu"),
+        "500m is below the CPU request of 1000m",
+    );
+    let bad = managed(
+        "leader: {resources: {requests: {cpu: fast}}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    );
+    assert_refused(
+        &create(&bad),
+        &format!("{M}.leader.resources.requests.cpu"),
+        "is not a CPU amount",
+    );
+}
+
+#[test]
+fn a_priority_class_name_must_be_a_name() {
+    let bad = managed(
+        "priorityClassName: Store_Critical\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    );
+    assert_refused(
+        &create(&bad),
+        &format!("{M}.priorityClassName"),
+        "PriorityClass",
+    );
+    let good = managed(
+        "priorityClassName: kvcache-store\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+    );
+    assert_ok(&create(&good));
+}

@@ -115,6 +115,7 @@ fn group() -> impl Strategy<Value = MemberGroup> {
                     .collect(),
                 security_context: None,
                 local_disks: disks,
+                resources: None,
             },
         )
 }
@@ -166,11 +167,13 @@ fn backend() -> impl Strategy<Value = KVCacheBackend> {
                                 multi_tenancy: mt,
                                 extra_args: args,
                                 extra_env: env,
+                                resources: None,
                             },
                             members,
                             scale_in: grace.map(|g| ScaleIn {
                                 grace_period_seconds: g,
                             }),
+                            priority_class_name: None,
                         }),
                         external: None,
                     }

@@ -6,6 +6,7 @@
 
 pub mod argv;
 pub mod engines;
+pub mod transport;
 pub mod versions;
 
 use std::collections::BTreeMap;
@@ -35,6 +36,12 @@ pub const FILE_NAME: &str = "mooncake.json";
 pub const LOCAL_BUFFER_BYTES: u64 = 128 << 20;
 /// Observability toggles: defaults the user may override.
 pub const TOGGLES: &[&str] = &["MC_TE_METRIC", "MC_STORE_CLIENT_METRIC_BANDWIDTH"];
+
+/// Whether a container's own value of the injected variable `name` is kept: the observability
+/// toggles and the transport settings of [`transport::TCP_TUNING`] are defaults, not identity.
+fn user_wins(name: &str) -> bool {
+    TOGGLES.contains(&name) || transport::is_tuning(name)
+}
 
 /// A refusal: a CamelCase reason and a message naming the key, the engine and the fix.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -151,7 +158,8 @@ pub struct Record {
 pub struct Injection {
     /// Arguments appended after the container's own.
     pub args: Vec<String>,
-    /// Variables set (overwriting the user's, except the observability toggles).
+    /// Variables set (overwriting the user's, except the observability toggles and the
+    /// transport defaults).
     pub env: Vec<EnvVar>,
     /// The projected client document volume (vLLM family).
     pub volume: Option<Volume>,
@@ -407,6 +415,11 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
     for t in TOGGLES {
         delivery.env.push(env(t, "1"));
     }
+    if protocol == "tcp" {
+        delivery
+            .env
+            .extend(transport::TCP_TUNING.iter().map(|t| env(t.name, t.value)));
+    }
     Ok(Injection {
         args: delivery.args,
         env: delivery.env,
@@ -435,10 +448,7 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
 fn check_user_env(req: &Request<'_>, injected: &[EnvVar]) -> Result<Vec<String>, Error> {
     let user: Vec<&EnvVar> = req.container.env.iter().flatten().collect();
     let mut warnings = Vec::new();
-    for e in injected
-        .iter()
-        .filter(|e| !TOGGLES.contains(&e.name.as_str()))
-    {
+    for e in injected.iter().filter(|e| !user_wins(&e.name)) {
         let theirs: Vec<&EnvVar> = user.iter().copied().filter(|u| u.name == e.name).collect();
         let what = match e.name.as_str() {
             TENANT_ENV => "its store tenant (the Binding's domain)",
@@ -764,7 +774,7 @@ impl Injection {
         let mut env = c.env.take().unwrap_or_default();
         for e in &self.env {
             match env.iter_mut().find(|x| x.name == e.name) {
-                Some(_) if TOGGLES.contains(&e.name.as_str()) => {}
+                Some(_) if user_wins(&e.name) => {}
                 Some(existing) => *existing = e.clone(),
                 None => env.push(e.clone()),
             }

@@ -226,3 +226,32 @@ fn readme_table_is_fresh() {
         }
     }
 }
+
+#[test]
+fn tcp_engines_get_the_transport_defaults_and_their_own_value_wins() {
+    use kvcache_inject::transport::TCP_TUNING;
+    let queue = TCP_TUNING[0];
+    let value_of = |c: &k8s_openapi::api::core::v1::Container| -> Vec<Option<String>> {
+        c.env
+            .iter()
+            .flatten()
+            .filter(|e| e.name == queue.name)
+            .map(|e| e.value.clone())
+            .collect()
+    };
+    let plain = container(&["python3", "-m", "sglang.launch_server"], &[]);
+    let inj = inject(&walkthrough(sglang(), &plain)).expect("injects");
+    assert_eq!(
+        value_of(&inj.apply(&plain)),
+        vec![Some(queue.value.to_owned())]
+    );
+
+    let theirs = with_env(plain.clone(), &[(queue.name, "2048")]);
+    let inj = inject(&walkthrough(sglang(), &theirs)).expect("a transport setting is no identity");
+    assert!(
+        inj.warnings.iter().all(|w| !w.contains(queue.name)),
+        "{:?}",
+        inj.warnings
+    );
+    assert_eq!(value_of(&inj.apply(&theirs)), vec![Some("2048".to_owned())]);
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use kvcache_api::backend::{BackendPhase, Capacity, EndpointName};
@@ -137,6 +137,14 @@ pub struct Context {
     pub engine_windows: Mutex<EngineWindows>,
     /// The settings last read without a refusal: kept when a later read is refused.
     last_good_settings: Mutex<Option<Settings>>,
+    /// What each pool pass concluded of its Bindings, for the Binding controller (their
+    /// status's one writer): by Binding `namespace/name`.
+    binding_conclusions: Mutex<HashMap<String, kvcache_quota::status::BindingVerdict>>,
+    /// Wakes the Binding controller for a Binding whose conclusion moved.
+    binding_wake: tokio::sync::mpsc::UnboundedSender<ObjectRef<KVCachePoolBinding>>,
+    /// The receiving end, taken once by the Binding controller.
+    binding_woken:
+        Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<ObjectRef<KVCachePoolBinding>>>>,
 }
 
 /// The shared-cache windows of the ModelDeployments, by `namespace/name`, with the uid they
@@ -196,6 +204,17 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Context {
+    /// The five kinds as the shared caches hold them now, to follow Binding -> pool -> backend.
+    pub fn world(&self) -> kvcache_render::world::World {
+        kvcache_render::world::World::new(
+            self.backends.state(),
+            self.pools.state(),
+            self.bindings.state(),
+            self.models.state(),
+            self.instance_types.state(),
+        )
+    }
+
     pub fn new(
         client: Client,
         config: Config,
@@ -210,6 +229,7 @@ impl Context {
                 instance,
             },
         );
+        let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
         Context {
             client,
             config,
@@ -225,7 +245,45 @@ impl Context {
             polls: Mutex::new(HashMap::new()),
             engine_windows: Mutex::new(HashMap::new()),
             last_good_settings: Mutex::new(None),
+            binding_conclusions: Mutex::new(HashMap::new()),
+            binding_wake: wake,
+            binding_woken: Mutex::new(Some(woken)),
         }
+    }
+
+    /// Hands the Binding controller what a pool pass concluded of `binding` (`namespace/name`),
+    /// waking it when that moved.
+    pub fn conclude_binding(
+        &self,
+        binding: &KVCachePoolBinding,
+        verdict: kvcache_quota::status::BindingVerdict,
+    ) {
+        let id = kvcache_render::world::binding_id(binding);
+        let moved = lock(&self.binding_conclusions).insert(id, verdict.clone()) != Some(verdict);
+        if moved {
+            // The receiver lives as long as the Binding controller; none: nothing to wake.
+            let _ = self.binding_wake.send(ObjectRef::from_obj(binding));
+        }
+    }
+
+    /// What the pool's last pass concluded of `binding` (`namespace/name`).
+    pub fn binding_conclusion(
+        &self,
+        binding: &str,
+    ) -> Option<kvcache_quota::status::BindingVerdict> {
+        lock(&self.binding_conclusions).get(binding).cloned()
+    }
+
+    /// Forgets a released Binding's conclusion.
+    pub fn forget_binding(&self, binding: &str) {
+        lock(&self.binding_conclusions).remove(binding);
+    }
+
+    /// The stream of Bindings a pool pass woke (once: the Binding controller takes it).
+    pub fn binding_wakes(
+        &self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<ObjectRef<KVCachePoolBinding>>> {
+        lock(&self.binding_woken).take()
     }
 
     /// The cluster's settings as the cache holds them, with the last good ones kept when a

@@ -401,11 +401,16 @@ fn disruption_budget(namespace: &str) -> PodDisruptionBudget {
     }
 }
 
+/// The operator container's CPU request. At 50m (a CPU weight of 51 against an engine's
+/// hundreds) the leader missed its Lease renewals while engines prefilled on every core
+/// (`lost the operator's Lease kvcache-operator while leading`, seen in `cargo xtask demo`).
+pub const OPERATOR_CPU_REQUEST: &str = "200m";
+
 /// The operator container's requests and limits.
 fn default_resources() -> ResourceRequirements {
     ResourceRequirements {
         requests: Some(BTreeMap::from([
-            ("cpu".to_owned(), Quantity("50m".into())),
+            ("cpu".to_owned(), Quantity(OPERATOR_CPU_REQUEST.into())),
             ("memory".to_owned(), Quantity("64Mi".into())),
         ])),
         limits: Some(BTreeMap::from([(

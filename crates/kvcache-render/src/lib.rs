@@ -13,6 +13,7 @@ pub mod backend;
 pub mod events;
 pub mod install;
 pub mod model;
+pub mod model_plan;
 pub mod monitoring;
 pub mod mounts;
 pub mod names;
@@ -24,6 +25,7 @@ pub mod rollout;
 pub mod shared_cache;
 pub mod status;
 pub mod store;
+pub mod world;
 
 use sha2::{Digest, Sha256};
 

@@ -125,6 +125,16 @@ pub fn prefer_separate_nodes(
     }
 }
 
+/// `namespace/name` of a Binding (the way statuses and events name it; `default` for a Binding
+/// read from a manifest without a namespace).
+pub fn binding_id(b: &kvcache_api::KVCachePoolBinding) -> String {
+    format!(
+        "{}/{}",
+        b.metadata.namespace.as_deref().unwrap_or("default"),
+        b.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,16 +11,16 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
-use kvcache_api::backend::KVCacheBackend;
 use kvcache_api::model::EngineName;
+use kvcache_api::pool::KVCachePool;
 use kvcache_api::pool::pool_conditions::QUOTA_LEDGER_AVAILABLE;
-use kvcache_api::pool::{KVCachePool, KVCachePoolBinding};
 use kvcache_inject::{
     CLIENT_CONFIG_ANNOTATION, INJECTED_ANNOTATION, Ledger, Request, Source, engines, inject,
     parse_role,
 };
 
 use crate::resolve::{Environment, attachment_on};
+use crate::world::Chain;
 
 /// The label that opts a Pod in (the webhook's `objectSelector`).
 pub const INJECT_LABEL: &str = "kvcache.gpustack.ai/inject";
@@ -53,19 +53,6 @@ fn refuse(reason: &'static str, message: impl Into<String>) -> PodRefusal {
         reason,
         message: message.into(),
     }
-}
-
-/// What the webhook found for the Pod's Binding.
-#[derive(Clone, Copy, Debug)]
-pub struct References<'a> {
-    /// The Binding named by the annotation, in the Pod's namespace.
-    pub binding: Option<&'a KVCachePoolBinding>,
-    /// The KVCachePool the Binding's `spec.poolRef` names; `None` when it does not exist (the
-    /// Pod is refused).
-    pub pool: Option<&'a KVCachePool>,
-    /// The KVCacheBackend the pool's `spec.backends` names; `None` when it does not exist (the
-    /// Pod is refused).
-    pub backend: Option<&'a KVCacheBackend>,
 }
 
 /// The injected Pod and the warnings to hand back.
@@ -195,11 +182,22 @@ fn ledger(pool: &KVCachePool) -> Ledger {
     }
 }
 
+/// The Binding a Pod names through [`BINDING_ANNOTATION`], when it names one.
+pub fn binding_named(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<&str> {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(BINDING_ANNOTATION))
+        .map(String::as_str)
+        .filter(|b| !b.is_empty())
+}
+
 /// Decides for one opted-in Pod in `namespace`.
 pub fn inject_pod(
     pod: &Pod,
     namespace: &str,
-    refs: References<'_>,
+    refs: Chain<'_>,
     env: &Environment<'_>,
 ) -> Result<Injected, PodRefusal> {
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();

@@ -2,21 +2,19 @@
 //! and tenant policy, deployments their Binding, pool and backend. What `kvcache-operator render`
 //! prints.
 
-use std::collections::BTreeMap;
-
 use kvcache_api::admission::tenant_of;
 use kvcache_api::backend::Protocol;
 use kvcache_api::manifest::{Object, ObjectRef};
-use kvcache_api::model::InstanceType;
-use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment, Settings};
+use kvcache_api::{KVCacheBackend, KVCachePoolBinding, ModelDeployment, Settings};
 use kvcache_inject::Ledger;
 use kvcache_inject::versions::store_version_of_image;
-use kvcache_quota::policy::{self, BindingCeiling};
+use kvcache_quota::policy;
 use serde::Serialize;
 
 use crate::Error;
 use crate::backend::{self, BackendInputs};
 use crate::model::{self, Attachment, ModelInputs};
+use crate::world::World;
 
 /// Where and with what the operator runs.
 #[derive(Clone, Debug)]
@@ -34,56 +32,7 @@ pub const DEFAULT_NAMESPACE: &str = "gpustack-system";
 /// The operator image `cargo xtask manifests` writes into `deploy/operator.yaml` and the chart.
 pub const DEFAULT_OPERATOR_IMAGE: &str = "gpustack/kvcache-operator:0.1.0";
 
-struct Index<'a> {
-    backends: BTreeMap<String, &'a KVCacheBackend>,
-    pools: BTreeMap<String, &'a KVCachePool>,
-    bindings: BTreeMap<(String, String), &'a KVCachePoolBinding>,
-    instance_types: BTreeMap<String, InstanceType>,
-    deployments: Vec<&'a ModelDeployment>,
-}
-
-fn index(objects: &[Object]) -> Index<'_> {
-    let mut ix = Index {
-        backends: BTreeMap::new(),
-        pools: BTreeMap::new(),
-        bindings: BTreeMap::new(),
-        instance_types: BTreeMap::new(),
-        deployments: Vec::new(),
-    };
-    for o in objects {
-        match o {
-            Object::Backend(b) => {
-                ix.backends
-                    .insert(b.metadata.name.clone().unwrap_or_default(), b);
-            }
-            Object::Pool(p) => {
-                ix.pools
-                    .insert(p.metadata.name.clone().unwrap_or_default(), p);
-            }
-            Object::Binding(b) => {
-                let key = (
-                    b.metadata
-                        .namespace
-                        .clone()
-                        .unwrap_or_else(|| "default".into()),
-                    b.metadata.name.clone().unwrap_or_default(),
-                );
-                ix.bindings.insert(key, b);
-            }
-            Object::InstanceType(i) => {
-                ix.instance_types
-                    .insert(i.metadata.name.clone().unwrap_or_default(), (**i).clone());
-            }
-            Object::ModelDeployment(m) => ix.deployments.push(m),
-        }
-    }
-    ix
-}
-
-/// The store image a backend runs: its own, else the setting.
-pub fn store_image<'a>(b: &'a KVCacheBackend, settings: &'a Settings) -> Option<&'a str> {
-    b.spec.image.as_deref().or(settings.backend_image())
-}
+pub use crate::backend::store_image;
 
 fn to_docs<
     T: Serialize
@@ -109,56 +58,16 @@ fn to_docs<
     }
 }
 
-/// The ceilings of every Binding whose pool draws on `backend`, in `namespace/name` order, and
-/// the Bindings whose ceiling does not parse.
-pub fn ceilings_on<'a>(
-    backend: &str,
-    pools: impl IntoIterator<Item = &'a KVCachePool>,
-    bindings: impl IntoIterator<Item = &'a KVCachePoolBinding>,
-) -> (Vec<BindingCeiling>, Vec<Error>) {
-    let pools_here: std::collections::BTreeSet<&str> = pools
-        .into_iter()
-        .filter(|p| p.spec.backend() == Some(backend))
-        .filter_map(|p| p.metadata.name.as_deref())
-        .collect();
-    let mut ceilings = Vec::new();
-    let mut errors = Vec::new();
-    for b in bindings {
-        if !pools_here.contains(b.spec.pool_ref.name.as_str()) {
-            continue;
-        }
-        let id = format!(
-            "{}/{}",
-            b.metadata.namespace.as_deref().unwrap_or("default"),
-            b.metadata.name.as_deref().unwrap_or_default()
-        );
-        match b
-            .spec
-            .quota
-            .ceiling
-            .bytes(&format!("KVCachePoolBinding {id} spec.quota.ceiling"))
-        {
-            Ok(bytes) => ceilings.push(BindingCeiling {
-                binding: id,
-                tenant: tenant_of(b).to_owned(),
-                ceiling_bytes: bytes,
-            }),
-            Err(e) => errors.push(e.into()),
-        }
-    }
-    ceilings.sort_by(|a, b| a.binding.cmp(&b.binding));
-    (ceilings, errors)
-}
-
 /// Renders every object the operator would create for `objects`; errors name what does not resolve.
 pub fn render_all(
     objects: &[Object],
     env: &Environment<'_>,
 ) -> Result<Vec<serde_yaml::Value>, Vec<Error>> {
-    let ix = index(objects);
+    let world = World::from_objects(objects);
     let mut docs = Vec::new();
     let mut errors = Vec::new();
-    for (name, b) in &ix.backends {
+    for b in world.backends() {
+        let name = b.metadata.name.clone().unwrap_or_default();
         if b.spec.connection.managed.is_none() {
             continue;
         }
@@ -168,24 +77,16 @@ pub fn render_all(
             });
             continue;
         };
-        let (ceilings, problems) = ceilings_on(
-            name,
-            ix.pools.values().copied(),
-            ix.bindings.values().copied(),
-        );
+        let (ceilings, problems) = world.ceilings_on(&name);
         errors.extend(problems);
-        let doc = match policy::render(name, &ceilings) {
+        let doc = match policy::render(&name, &ceilings) {
             Ok(d) => d,
             Err(e) => {
                 errors.push(e.into());
                 continue;
             }
         };
-        let bound = backend::bound_namespaces(
-            name,
-            ix.pools.values().copied(),
-            ix.bindings.values().copied(),
-        );
+        let bound = world.bound_namespaces(&name);
         match backend::render(&BackendInputs {
             backend: b,
             store_image: image,
@@ -211,7 +112,8 @@ pub fn render_all(
             Err(e) => errors.push(e),
         }
     }
-    for md in &ix.deployments {
+    let instance_types = world.instance_type_map();
+    for md in world.models() {
         let ns = md
             .metadata
             .namespace
@@ -219,7 +121,7 @@ pub fn render_all(
             .unwrap_or_else(|| "default".into());
         let attachment = match &md.spec.kv_cache {
             None => None,
-            Some(kv) => match attachment(&ix, md, &ns, &kv.pool_ref.name, env) {
+            Some(kv) => match attachment(&world, md, &ns, &kv.pool_ref.name, env) {
                 Ok(a) => Some(a),
                 Err(e) => {
                     errors.push(e);
@@ -229,7 +131,7 @@ pub fn render_all(
         };
         match model::render(&ModelInputs {
             deployment: md,
-            instance_types: &ix.instance_types,
+            instance_types: &instance_types,
             attachment: attachment.as_ref(),
         }) {
             Ok(o) => {
@@ -246,42 +148,36 @@ pub fn render_all(
     }
 }
 
+/// The attachment a ModelDeployment's `kvCache.poolRef` gives, or the first missing link.
 fn attachment(
-    ix: &Index<'_>,
+    world: &World,
     md: &ModelDeployment,
     ns: &str,
     binding: &str,
     env: &Environment<'_>,
 ) -> Result<Attachment, Error> {
-    let b = ix
-        .bindings
-        .get(&(ns.to_owned(), binding.to_owned()))
-        .ok_or_else(|| Error::Missing {
-            referrer: Box::new(ObjectRef::new("ModelDeployment", &md.metadata)),
-            field: "spec.kvCache.poolRef.name",
-            kind: "KVCachePoolBinding",
-            name: format!("{ns}/{binding}"),
-            hint: "; name a KVCachePoolBinding in the ModelDeployment's own namespace",
-        })?;
-    let pool_name = &b.spec.pool_ref.name;
-    let pool = ix.pools.get(pool_name).ok_or_else(|| Error::Missing {
+    let chain = world.chain(ns, binding);
+    let b = chain.binding.ok_or_else(|| Error::Missing {
+        referrer: Box::new(ObjectRef::new("ModelDeployment", &md.metadata)),
+        field: "spec.kvCache.poolRef.name",
+        kind: "KVCachePoolBinding",
+        name: format!("{ns}/{binding}"),
+        hint: "; name a KVCachePoolBinding in the ModelDeployment's own namespace",
+    })?;
+    let pool = chain.pool.ok_or_else(|| Error::Missing {
         referrer: Box::new(ObjectRef::new("KVCachePoolBinding", &b.metadata)),
         field: "spec.poolRef.name",
         kind: "KVCachePool",
-        name: pool_name.clone(),
+        name: b.spec.pool_ref.name.clone(),
         hint: "",
     })?;
-    let backend_name = pool.spec.backend().unwrap_or_default();
-    let backend = ix
-        .backends
-        .get(backend_name)
-        .ok_or_else(|| Error::Missing {
-            referrer: Box::new(ObjectRef::new("KVCachePool", &pool.metadata)),
-            field: "spec.backends[0]",
-            kind: "KVCacheBackend",
-            name: backend_name.to_owned(),
-            hint: "",
-        })?;
+    let backend = chain.backend.ok_or_else(|| Error::Missing {
+        referrer: Box::new(ObjectRef::new("KVCachePool", &pool.metadata)),
+        field: "spec.backends[0]",
+        kind: "KVCacheBackend",
+        name: pool.spec.backend().unwrap_or_default().to_owned(),
+        hint: "",
+    })?;
     attachment_on(binding, b, backend, env)
 }
 

@@ -8,6 +8,7 @@
 
 use std::fmt;
 
+use crate::world::World;
 use kvcache_api::Settings;
 use kvcache_api::admission::Verdict;
 use kvcache_api::backend::Protocol;
@@ -181,7 +182,7 @@ fn image_older_than<'a>(
     settings: &'a Settings,
     first: [u64; 3],
 ) -> Option<(&'a str, String)> {
-    let image = crate::resolve::store_image(b, settings)?;
+    let image = crate::backend::store_image(b, settings)?;
     let version = kvcache_inject::versions::store_version_of_image(image)?;
     let numbers = kvcache_inject::versions::numbers(&version)?;
     (numbers.as_slice() < first.as_slice()).then_some((image, version))
@@ -221,32 +222,11 @@ fn oplog_image_rule(
 /// order is free) and the rules that need them wait for the deployment's next change.
 fn store_of<'a>(
     md: &kvcache_api::ModelDeployment,
-    others: &'a [Object],
+    world: &'a World,
 ) -> Option<(&'a kvcache_api::KVCacheBackend, Vec<Protocol>)> {
     let kv = md.spec.kv_cache.as_ref()?;
-    let ns = md.metadata.namespace.as_deref();
-    let binding = others.iter().find_map(|o| match o {
-        Object::Binding(b)
-            if b.metadata.namespace.as_deref() == ns
-                && b.metadata.name.as_deref() == Some(kv.pool_ref.name.as_str()) =>
-        {
-            Some(&**b)
-        }
-        _ => None,
-    })?;
-    let pool = others.iter().find_map(|o| match o {
-        Object::Pool(p)
-            if p.metadata.name.as_deref() == Some(binding.spec.pool_ref.name.as_str()) =>
-        {
-            Some(&**p)
-        }
-        _ => None,
-    })?;
-    let name = pool.spec.backend()?;
-    let backend = others.iter().find_map(|o| match o {
-        Object::Backend(b) if b.metadata.name.as_deref() == Some(name) => Some(&**b),
-        _ => None,
-    })?;
+    let ns = md.metadata.namespace.as_deref().unwrap_or("default");
+    let backend = world.chain(ns, &kv.pool_ref.name).backend?;
     let protocols = match &backend.spec.connection.managed {
         Some(m) => m
             .members
@@ -266,20 +246,17 @@ fn store_of<'a>(
 fn transport_rule(
     md: &kvcache_api::ModelDeployment,
     old: Option<&kvcache_api::ModelDeployment>,
-    others: &[Object],
+    world: &World,
 ) -> Vec<Refusal> {
-    let (Some(kv), Some((backend, protocols))) = (&md.spec.kv_cache, store_of(md, others)) else {
+    let (Some(kv), Some((backend, protocols))) = (&md.spec.kv_cache, store_of(md, world)) else {
         return Vec::new();
     };
     let manufacturer = |instance_type: &str| {
-        others.iter().find_map(|o| match o {
-            Object::InstanceType(it) if it.metadata.name.as_deref() == Some(instance_type) => it
-                .spec
-                .accelerator
-                .as_ref()
-                .and_then(|a| a.manufacturer.clone()),
-            _ => None,
-        })
+        world
+            .instance_types()
+            .find(|it| it.metadata.name.as_deref() == Some(instance_type))
+            .and_then(|it| it.spec.accelerator.as_ref())
+            .and_then(|a| a.manufacturer.clone())
     };
     md.spec
         .roles
@@ -330,9 +307,9 @@ fn moved(
 fn interface_rule(
     md: &kvcache_api::ModelDeployment,
     old: Option<&kvcache_api::ModelDeployment>,
-    others: &[Object],
+    world: &World,
 ) -> Vec<Refusal> {
-    let (Some(kv), Some((backend, protocols))) = (&md.spec.kv_cache, store_of(md, others)) else {
+    let (Some(kv), Some((backend, protocols))) = (&md.spec.kv_cache, store_of(md, world)) else {
         return Vec::new();
     };
     let interface = |r: &kvcache_api::model::Role| r.resources.as_ref().and_then(|x| x.interface);
@@ -407,8 +384,9 @@ pub fn review(
             Some(Object::ModelDeployment(o)) => Some(&**o),
             _ => None,
         };
-        refusals.extend(transport_rule(md, previous, others));
-        refusals.extend(interface_rule(md, previous, others));
+        let world = World::from_objects(others);
+        refusals.extend(transport_rule(md, previous, &world));
+        refusals.extend(interface_rule(md, previous, &world));
     }
     if let Object::Backend(b) = object {
         let previous = match old {

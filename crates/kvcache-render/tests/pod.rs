@@ -5,8 +5,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kvcache_api::Settings;
 use kvcache_api::backend::KVCacheBackend;
 use kvcache_api::pool::{KVCachePool, KVCachePoolBinding};
-use kvcache_render::pod::{References, frozen_edit, inject_pod};
+use kvcache_render::pod::{frozen_edit, inject_pod};
 use kvcache_render::resolve::Environment;
+use kvcache_render::world::Chain;
 
 fn binding() -> KVCachePoolBinding {
     serde_json::from_value(serde_json::json!({
@@ -78,7 +79,7 @@ fn decide(p: &Pod, found: Found) -> Result<Pod, (String, String)> {
         namespace: "gpustack-system",
         settings: &settings,
     };
-    let r = References {
+    let r = Chain {
         binding: b.as_ref(),
         pool: pl.as_ref(),
         backend: be.as_ref(),

@@ -50,6 +50,7 @@ fn group() -> impl Strategy<Value = MemberGroup> {
             } else {
                 vec![]
             },
+            resources: None,
         })
 }
 
@@ -90,9 +91,11 @@ fn backend() -> impl Strategy<Value = KVCacheBackend> {
                                 multi_tenancy: mt,
                                 extra_args: vec![],
                                 extra_env: vec![],
+                                resources: None,
                             },
                             members,
                             scale_in: None,
+                            priority_class_name: None,
                         }),
                         external: None,
                     },

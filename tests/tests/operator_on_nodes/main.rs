@@ -90,6 +90,8 @@ fn backend(name: &str, edit: impl Fn(&mut serde_json::Value)) -> KVCacheBackend 
     v["spec"]["connection"]["managed"]["members"][0]["capacityPerMember"] =
         walkthrough::DEMO_CAPACITY_PER_MEMBER.into();
     edit(&mut v);
+    // After the edit, which may replace the leader object whole.
+    walkthrough::fill_store_resources(&mut v, walkthrough::RIG_STORE_CPU);
     serde_json::from_value(v).expect("a KVCacheBackend")
 }
 

@@ -3,13 +3,19 @@
 use std::collections::BTreeSet;
 
 use super::{Admission, Verdict};
+use crate::backend::member_memory_floor;
 use crate::backend::{
     Connection, ElectionBackend, EndpointName, External, ExtraEnv, LocalDisk, Managed, Medium,
     MemberGroup,
 };
-use crate::names::{is_host_port, tier_path_problem};
+use crate::names::{self, is_host_port, tier_path_problem};
+use crate::quantity::{format_bytes, parse_bytes, parse_millicores};
+use crate::resources::{
+    CpuQuantity, LEADER_CPU_REQUEST, LEADER_MEMORY_REQUEST, MEMBER_CPU_REQUEST,
+    STORE_CPU_FLOOR_MILLICORES, StoreResources,
+};
 use crate::rules::{self, BUCKET_BYTES, BUCKET_KEYS, BUCKET_QUANTITY, INFINIBAND_DIR};
-use crate::{KVCacheBackend, Settings};
+use crate::{KVCacheBackend, Quantity, Settings};
 
 const MANAGED: &str = "spec.connection.managed";
 /// The smallest etcd claim accepted.
@@ -178,6 +184,22 @@ fn managed_static(b: &KVCacheBackend, m: &Managed, v: &mut Verdict) {
         rules::LEADER_RENDERED_ENV,
         v,
     );
+    if let Some(r) = &leader.resources {
+        let defaults = Defaults {
+            cpu: parse_millicores(LEADER_CPU_REQUEST).unwrap_or_default(),
+            memory: parse_bytes(LEADER_MEMORY_REQUEST).unwrap_or_default(),
+        };
+        store_resources(&format!("{lf}.resources"), r, defaults, None, v);
+    }
+    if m.priority_class_name
+        .as_deref()
+        .is_some_and(|p| !names::is_dns_subdomain(p))
+    {
+        v.refuse(
+            format!("{MANAGED}.priorityClassName"),
+            "must be the name of a PriorityClass: lowercase letters, digits, '-' and '.'",
+        );
+    }
 
     if m.members.is_empty() {
         v.refuse(
@@ -215,6 +237,83 @@ fn managed_static(b: &KVCacheBackend, m: &Managed, v: &mut Verdict) {
                 "{MANAGED}.scaleIn only applies to a member group with localDisks; no group declares one, so it has no effect"
             ));
         }
+    }
+}
+
+/// The requests a store container takes where `resources` writes none, in millicores and bytes.
+struct Defaults {
+    cpu: u64,
+    memory: u64,
+}
+
+/// A store container's `resources`: amounts that parse, limits not under the requests (written
+/// or default: a Pod whose limit is under its request is refused by the API server, and the
+/// DaemonSet or Deployment would stay without Pods), a CPU request under the measured floor
+/// admitted with a warning, and a member's memory request not under `memory_floor` (its segment
+/// and staging buffers, which the store allocates at start).
+fn store_resources(
+    field: &str,
+    r: &StoreResources,
+    defaults: Defaults,
+    memory_floor: Option<u64>,
+    v: &mut Verdict,
+) {
+    let cpu = |q: Option<&CpuQuantity>, at: &str, v: &mut Verdict| {
+        let at = format!("{field}.{at}");
+        q.and_then(|q| {
+            q.millicores(&at)
+                .map_err(|e| v.refuse(&at, e.to_string()))
+                .ok()
+        })
+    };
+    let memory = |q: Option<&Quantity>, at: &str, v: &mut Verdict| {
+        let at = format!("{field}.{at}");
+        q.and_then(|q| q.bytes(&at).map_err(|e| v.refuse(&at, e.to_string())).ok())
+    };
+    let cpu_request = cpu(r.cpu_request(), "requests.cpu", v);
+    let cpu_limit = cpu(r.cpu_limit(), "limits.cpu", v);
+    let memory_request = memory(r.memory_request(), "requests.memory", v);
+    let memory_limit = memory(r.memory_limit(), "limits.memory", v);
+    if let Some(m) = cpu_request
+        && m < STORE_CPU_FLOOR_MILLICORES
+    {
+        v.warn(format!(
+            "{field}.requests.cpu: {m}m is below the measured floor of {STORE_CPU_FLOOR_MILLICORES}m: beside engines busy on every core a store container at 25m moved about 1 MB/s and a cache hit came slower than recomputing (docs/store-resources.md); request {STORE_CPU_FLOOR_MILLICORES}m or more unless the node's engines leave the cores idle"
+        ));
+    }
+    let request = cpu_request.unwrap_or(defaults.cpu);
+    if let Some(limit) = cpu_limit
+        && limit < request
+    {
+        v.refuse(
+            format!("{field}.limits.cpu"),
+            format!("{limit}m is below the CPU request of {request}m: raise the limit or set requests.cpu under it"),
+        );
+    }
+    let request = memory_request.unwrap_or(defaults.memory);
+    if let Some(limit) = memory_limit
+        && limit < request
+    {
+        v.refuse(
+            format!("{field}.limits.memory"),
+            format!(
+                "{} is below the memory request of {}: raise the limit or set requests.memory under it",
+                format_bytes(limit),
+                format_bytes(request)
+            ),
+        );
+    }
+    if let (Some(floor), Some(request)) = (memory_floor, memory_request)
+        && request < floor
+    {
+        v.refuse(
+            format!("{field}.requests.memory"),
+            format!(
+                "{} is below {}, the member's segment plus its staging buffers, which it allocates at start: the request must cover them so a member that does not fit stays Pending instead of overcommitting the node; raise it or leave it unset",
+                format_bytes(request),
+                format_bytes(floor)
+            ),
+        );
     }
 }
 
@@ -290,6 +389,15 @@ fn member_static(b: &KVCacheBackend, i: usize, g: &MemberGroup, v: &mut Verdict)
         rules::MEMBER_RENDERED_ENV,
         v,
     );
+    if let Some(r) = &g.resources {
+        // A floor that does not parse is refused at its own field above.
+        let floor = member_memory_floor(&gf, g).ok();
+        let defaults = Defaults {
+            cpu: parse_millicores(MEMBER_CPU_REQUEST).unwrap_or_default(),
+            memory: floor.unwrap_or_default(),
+        };
+        store_resources(&format!("{gf}.resources"), r, defaults, floor, v);
+    }
     if g.medium == Medium::Dram {
         for (j, e) in g.extra_env.iter().enumerate() {
             if rules::DRAM_DEVICE_VISIBILITY_ENV.contains(&e.name.as_str()) {

@@ -17,34 +17,24 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use kvcache_api::backend::{
-    BackendPhase, EndpointName, KVCacheBackendStatus, Managed, ObjectRef as Consumer,
-};
-use kvcache_api::settings::Settings;
+use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
-use kvcache_inject::versions::store_version_of_image;
-use kvcache_quota::policy;
-use kvcache_render::backend::{
-    BackendInputs, BackendObjects, OWNER_LABEL, client_endpoint, leader_name,
-};
-use kvcache_render::events::{Kind, backend_events};
-use kvcache_render::mounts::{OtherMember, foreign_mounts};
+use kvcache_render::backend::plan::{self, BackendPlan, BackendRead};
+use kvcache_render::backend::{BackendObjects, OWNER_LABEL, leader_name};
+use kvcache_render::events::{Kind, Note, backend_events};
+use kvcache_render::mounts::OtherMember;
 use kvcache_render::names::label_value;
-use kvcache_render::read::{self, DRAIN_JOB_ANNOTATION, DRAIN_STARTED_ANNOTATION};
-use kvcache_render::resolve::{ceilings_on, store_image};
-use kvcache_render::rollout::{
-    GroupFacts, GroupStep, RolloutInput, Step, hold_standbys, member_rollout, step_event,
-};
+use kvcache_render::read::{DRAIN_JOB_ANNOTATION, DRAIN_STARTED_ANNOTATION};
+use kvcache_render::rollout::{GroupStep, Step, step_event};
 use kvcache_render::status::backend::{Computed, Observation, backend_status};
-use kvcache_render::store::{DrainRequest, ReadError};
-use serde::de::DeserializeOwned;
+use kvcache_render::store::{DrainJob, DrainRequest, ReadError, StoreReading};
 use tracing::{info, instrument, warn};
 
+use super::applied::{AppliedSet, OwnedKind, Sweep};
 use crate::context::{Context, Figures, Polled};
 use crate::error::{Error, kube as kerr};
 
@@ -55,11 +45,6 @@ const CONTROLLER: &str = "kvcachebackend";
 
 /// How long a workload gets to go beyond its Pods' termination grace.
 const TEARDOWN_SLACK: Duration = Duration::from_secs(120);
-
-/// How long a member's drain may run before the member is replaced without it: longer than the
-/// master's read lease (`-default_kv_lease_ttl=5m`, crates/kvcache-render/src/backend/leader.rs),
-/// during which an object read just before the drain cannot move.
-const DRAIN_DEADLINE: Duration = Duration::from_secs(600);
 
 /// How soon the master is asked again while a drain runs or a replacement's mount is awaited
 /// (neither is seen on a watch).
@@ -227,344 +212,200 @@ async fn reconcile(b: Arc<KVCacheBackend>, ctx: Arc<Context>) -> Result<Action, 
     .map_err(crate::error::from_finalizer)
 }
 
-/// The pools that draw on `backend`.
-fn consumers(ctx: &Context, backend: &str) -> Vec<Consumer> {
-    let mut out: Vec<Consumer> = ctx
-        .pools
-        .state()
-        .iter()
-        .filter(|p| p.spec.backend() == Some(backend))
-        .map(|p| Consumer {
-            kind: "KVCachePool".into(),
-            namespace: None,
-            name: p.name_any(),
-        })
-        .collect();
-    out.sort();
-    out
+/// The kinds a managed backend's objects come in, in the order a pass applies them.
+fn backend_kinds() -> [OwnedKind; 10] {
+    [
+        OwnedKind::of::<ServiceAccount>(),
+        OwnedKind::of::<Role>(),
+        OwnedKind::of::<RoleBinding>(),
+        OwnedKind::of::<Lease>(),
+        OwnedKind::of::<ConfigMap>(),
+        OwnedKind::workload::<Deployment>(),
+        OwnedKind::of::<Service>(),
+        OwnedKind::of::<NetworkPolicy>(),
+        OwnedKind::workload::<StatefulSet>(),
+        OwnedKind::workload::<DaemonSet>(),
+    ]
 }
 
-/// What applying a backend's objects found of the live ones.
-struct Applied {
-    /// The live leader Deployment.
-    leader: Option<Deployment>,
-    /// Whether standbys are held back (docs/design.md#two-step-election).
-    held: bool,
-    /// On how many nodes each member DaemonSet runs a Pod.
-    desired: Vec<Option<i32>>,
-    /// The live etcd StatefulSet of a warm backend.
-    etcd: Option<StatefulSet>,
+/// What a teardown deletes and awaits, in order (the rest goes with its owner reference).
+fn teardown_kinds() -> [OwnedKind; 4] {
+    [
+        OwnedKind::workload::<Deployment>(),
+        OwnedKind::workload::<DaemonSet>(),
+        // A warm backend's etcd last of the workloads (its claims go with it, by the
+        // StatefulSet's retention policy).
+        OwnedKind::workload::<StatefulSet>(),
+        OwnedKind::of::<Service>(),
+    ]
 }
 
-/// Applies every rendered object and prunes the rest.
+/// The applied set of the backend with uid `uid`: its objects carry [`OWNER_LABEL`].
+fn applied_set(ctx: &Context, uid: &str) -> AppliedSet {
+    AppliedSet::new(
+        ctx.client.clone(),
+        &ctx.config.namespace,
+        uid,
+        format!("{OWNER_LABEL}={uid}"),
+    )
+}
+
+/// Applies every rendered object through the backend's applied set and sweeps the rest.
 async fn apply_objects(
     ctx: &Context,
     uid: &str,
-    mut objects: BackendObjects,
+    objects: &BackendObjects,
     write_policy: bool,
-) -> Result<Applied, Error> {
-    let c = ctx.client.clone();
-    let ns = &ctx.config.namespace;
-    let deployments: Api<Deployment> = Api::namespaced(c.clone(), ns);
-    let mut held = false;
-    if let Some(d) = objects.deployment.as_mut() {
-        let live = deployments
-            .get_opt(&d.name_any())
-            .await
-            .map_err(kerr("get", format!("Deployment {}", d.name_any())))?;
-        held = hold_standbys(live.as_ref(), d);
-        if held && let Some(spec) = d.spec.as_mut() {
-            spec.replicas = Some(1);
-        }
-    }
-    let sa: Api<ServiceAccount> = Api::namespaced(c.clone(), ns);
-    let roles: Api<Role> = Api::namespaced(c.clone(), ns);
-    let bindings: Api<RoleBinding> = Api::namespaced(c.clone(), ns);
-    let leases: Api<Lease> = Api::namespaced(c.clone(), ns);
-    let maps: Api<ConfigMap> = Api::namespaced(c.clone(), ns);
-    let services: Api<Service> = Api::namespaced(c.clone(), ns);
-    let daemons: Api<DaemonSet> = Api::namespaced(c.clone(), ns);
-    let sets: Api<StatefulSet> = Api::namespaced(c.clone(), ns);
-    let policies: Api<NetworkPolicy> = Api::namespaced(c.clone(), ns);
+) -> Result<(), Error> {
+    let mut set = applied_set(ctx, uid);
     for o in &objects.service_accounts {
-        super::apply(&sa, o).await?;
+        set.apply(o).await?;
     }
     for o in &objects.roles {
-        super::apply(&roles, o).await?;
+        set.apply(o).await?;
     }
     for o in &objects.role_bindings {
-        super::apply(&bindings, o).await?;
+        set.apply(o).await?;
     }
     // The Lease is created once; its holder fields belong to the elector.
-    if let Some(l) = &objects.lease
-        && leases
-            .get_opt(&l.name_any())
-            .await
-            .map_err(kerr("get", format!("Lease {}", l.name_any())))?
-            .is_none()
-    {
-        super::apply(&leases, l).await?;
+    if let Some(l) = &objects.lease {
+        set.create_once(l).await?;
     }
-    if write_policy && let Some(m) = &objects.config_map {
-        super::apply(&maps, m).await?;
+    // A refused tenant policy keeps the document already written.
+    match &objects.config_map {
+        Some(m) if write_policy => {
+            set.apply(m).await?;
+        }
+        _ if write_policy => {}
+        _ => set.leave_kind::<ConfigMap>(),
     }
-    let mut live = None;
     if let Some(d) = &objects.deployment {
-        live = Some(super::apply(&deployments, d).await?);
+        set.apply(d).await?;
     }
     if let Some(s) = &objects.service {
-        super::apply(&services, s).await?;
+        set.apply(s).await?;
     }
     // The etcd (its policy first: it is never reachable unguarded) before the members that dial
     // it.
     if let Some(p) = &objects.etcd_policy {
-        super::apply(&policies, p).await?;
+        set.apply(p).await?;
     }
     if let Some(s) = &objects.etcd_service {
-        super::apply(&services, s).await?;
+        set.apply(s).await?;
     }
-    let mut etcd = None;
     if let Some(s) = &objects.etcd {
-        etcd = Some(super::apply(&sets, s).await?);
+        set.apply(s).await?;
     }
-    let mut desired = Vec::new();
     for d in &objects.daemon_sets {
-        let live = super::apply(&daemons, d).await?;
-        desired.push(live.status.map(|s| s.desired_number_scheduled));
+        set.apply(d).await?;
     }
-    super::prune(&sa, uid, &super::names(&objects.service_accounts)).await?;
-    super::prune(&roles, uid, &super::names(&objects.roles)).await?;
-    super::prune(&bindings, uid, &super::names(&objects.role_bindings)).await?;
-    super::prune(&leases, uid, &super::names(objects.lease.as_slice())).await?;
-    if write_policy {
-        super::prune(&maps, uid, &super::names(objects.config_map.as_slice())).await?;
-    }
-    super::prune(
-        &deployments,
-        uid,
-        &super::names(objects.deployment.as_slice()),
-    )
-    .await?;
-    let services_kept: std::collections::BTreeSet<String> = objects
-        .service
-        .iter()
-        .chain(objects.etcd_service.iter())
-        .map(|s| s.name_any())
-        .collect();
-    super::prune(&services, uid, &services_kept).await?;
-    super::prune(&daemons, uid, &super::names(&objects.daemon_sets)).await?;
-    super::prune(&sets, uid, &super::names(objects.etcd.as_slice())).await?;
-    super::prune(
-        &policies,
-        uid,
-        &super::names(objects.etcd_policy.as_slice()),
-    )
-    .await?;
-    Ok(Applied {
-        leader: live,
-        held,
-        desired,
-        etcd,
-    })
+    set.sweep(&backend_kinds(), Sweep::Prune).await?;
+    Ok(())
 }
 
-/// The backend's apply pass: observes (and, for a managed backend, renders and applies its
-/// objects), reads the store, carries out the member rollout, then writes status and metrics.
-async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
+/// What a pass reads for a backend before anything is decided (see [`BackendRead`]).
+#[derive(Default)]
+struct Reads {
+    deployments: Vec<Deployment>,
+    daemon_sets: Vec<DaemonSet>,
+    stateful_sets: Vec<StatefulSet>,
+    lease: Option<Lease>,
+    store_pods: Vec<Pod>,
+    store: Option<StoreReading>,
+    jobs: BTreeMap<String, Result<DrainJob, ReadError>>,
+}
+
+/// Lists the backend's objects of kind `K` by its owner label.
+async fn owned<K: super::applied::Owned>(ctx: &Context, uid: &str) -> Result<Vec<K>, Error> {
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    Ok(api
+        .list(&ListParams::default().labels(&format!("{OWNER_LABEL}={uid}")))
+        .await
+        .map_err(kerr("list", format!("{}s of backend {uid}", K::kind(&()))))?
+        .items)
+}
+
+/// The pass's reads: a managed backend's live workloads, Lease and store Pods; the master's
+/// answers (health, metrics, segments, and each drain job recorded on a member Pod).
+async fn read_backend(ctx: &Context, b: &KVCacheBackend) -> Result<Reads, Error> {
     let name = b.name_any();
-    let previous = b.status.clone().unwrap_or_default();
-    let used_by = consumers(ctx, &name);
-    let mut obs = Observation {
-        used_by,
-        ..Observation::empty(b.metadata.generation)
-    };
-    let mut render_problem = None;
-    let mut groups = Vec::new();
+    let mut reads = Reads::default();
     if let Some(managed) = &b.spec.connection.managed {
-        (render_problem, groups) = observe_managed(ctx, b, managed, &mut obs).await?;
-    } else if let Some(x) = &b.spec.connection.external {
-        obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
+        let uid = b.uid().unwrap_or_default();
+        reads.deployments = owned(ctx, &uid).await?;
+        reads.daemon_sets = owned(ctx, &uid).await?;
+        reads.stateful_sets = owned(ctx, &uid).await?;
+        let ns = &ctx.config.namespace;
+        if managed.leader.elects() {
+            let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), ns);
+            reads.lease = leases
+                .get_opt(&leader_name(&name))
+                .await
+                .map_err(kerr("get", format!("Lease {}", leader_name(&name))))?;
+        }
+        // Every backend's store Pods: a segment of another's on this master is a member
+        // mounted on the wrong master.
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+        reads.store_pods = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/name=kv-cache-backend"))
+            .await
+            .map_err(kerr("list", format!("store Pods in {ns}")))?
+            .items;
     }
-    read_store(ctx, b, &mut obs).await;
-    // The member rollout, one member at a time per group, each drained first where it can be.
-    if b.spec.connection.managed.is_some() {
-        obs.rollout = roll_members(ctx, b, &obs, &groups).await?;
+    if let Some(admin) = ctx.admin_address(b) {
+        reads.store = Some(read_store(ctx, &name, &admin).await);
+        // On re-entry, the master is asked about each recorded job before another is created.
+        for job in plan::drain_jobs(&name, &reads.store_pods) {
+            let answer = ctx.store.drain_job(&admin, &job).await;
+            reads.jobs.insert(job, answer);
+        }
     }
-    restart_foreign_members(ctx, b, &obs).await?;
+    Ok(reads)
+}
+
+/// The backend's apply pass: read, plan (`kvcache_render::backend::plan`, pure), then act:
+/// apply the objects through the applied set, carry out the member rollout's steps, restart
+/// other backends' members mounted here, and write status, events and metrics.
+async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
+    let previous = b.status.clone().unwrap_or_default();
+    let world = ctx.world();
+    let chosen = ctx.settings();
+    let reads = read_backend(ctx, b).await?;
+    let read = BackendRead {
+        backend: b,
+        namespace: &ctx.config.namespace,
+        settings: chosen.settings.as_ref(),
+        settings_refused: chosen.refused.as_ref().map(ToString::to_string),
+        world: &world,
+        deployments: &reads.deployments,
+        daemon_sets: &reads.daemon_sets,
+        stateful_sets: &reads.stateful_sets,
+        lease: reads.lease.as_ref(),
+        store_pods: &reads.store_pods,
+        store: reads.store.clone(),
+        jobs: reads.jobs.clone(),
+        now: k8s_openapi::jiff::Timestamp::now(),
+    };
+    let plan = plan::plan(&read)?;
+    if let Some(objects) = &plan.objects {
+        apply_objects(
+            ctx,
+            &b.uid().unwrap_or_default(),
+            objects,
+            plan.write_policy,
+        )
+        .await?;
+    }
+    let mut obs = plan.observation.clone();
+    obs.rollout = roll_members(ctx, b, &read, &plan).await?;
+    restart_foreign_members(ctx, b, &plan.foreign).await?;
     let soon = obs.rollout.iter().any(|s| s.step.polls_store());
-    obs.render_refused = render_problem.map(|p| (p.reason(), p.to_string()));
     conclude(ctx, b, &previous, &obs, soon).await
 }
 
-/// A managed backend's part of the pass: its endpoint and settings, its objects rendered and
-/// applied (when the settings and the store image allow), its Lease and the store Pods. Returns
-/// why nothing was rendered (no store image) and each member group's facts for the rollout.
-async fn observe_managed(
-    ctx: &Context,
-    b: &KVCacheBackend,
-    managed: &Managed,
-    obs: &mut Observation,
-) -> Result<(Option<kvcache_render::Error>, Vec<GroupFacts>), Error> {
-    let name = b.name_any();
-    obs.endpoint = Some(client_endpoint(
-        &name,
-        &ctx.config.namespace,
-        &managed.leader,
-    ));
-    let chosen = ctx.settings();
-    obs.settings_refused = chosen
-        .refused
-        .as_ref()
-        .map(|e| (e.to_string(), chosen.settings.is_some()));
-    let unsettled = chosen.settings.is_none();
-    let settings = chosen.settings.unwrap_or_default();
-    let image = store_image(b, &settings);
-    let mut render_problem = None;
-    let mut groups = Vec::new();
-    match image {
-        // Refused settings and none read before: what runs stays as it is.
-        _ if unsettled => {}
-        None => {
-            render_problem = Some(kvcache_render::Error::NoStoreImage {
-                backend: name.clone(),
-            })
-        }
-        Some(image) => groups = render_and_apply(ctx, b, managed, image, &settings, obs).await?,
-    }
-    if managed.leader.elects() {
-        observe_lease(ctx, &name, image, obs).await?;
-    }
-    observe_store_pods(ctx, &name, obs).await?;
-    Ok((render_problem, groups))
-}
-
-/// Renders the managed backend's objects with the store image `image` and the tenant policy of
-/// the pools on it, and applies them ([`apply_objects`]). Returns each member group's facts.
-async fn render_and_apply(
-    ctx: &Context,
-    b: &KVCacheBackend,
-    managed: &Managed,
-    image: &str,
-    settings: &Settings,
-    obs: &mut Observation,
-) -> Result<Vec<GroupFacts>, Error> {
-    let name = b.name_any();
-    let uid = b.uid().unwrap_or_default();
-    let pools = ctx.pools.state();
-    let bindings = ctx.bindings.state();
-    let (ceilings, _) = ceilings_on(
-        &name,
-        pools.iter().map(|p| &**p),
-        bindings.iter().map(|b| &**b),
-    );
-    // A refused policy keeps the document already written (never a partial one).
-    let doc = policy::render(&name, &ceilings).ok();
-    let bound = kvcache_render::backend::bound_namespaces(
-        &name,
-        pools.iter().map(|p| &**p),
-        bindings.iter().map(|b| &**b),
-    );
-    let objects = kvcache_render::backend::render(&BackendInputs {
-        backend: b,
-        store_image: image,
-        namespace: &ctx.config.namespace,
-        elector_image: settings.elector_image(),
-        etcd_image: settings.etcd_image(),
-        bound_namespaces: &bound,
-        policy: doc.as_ref(),
-    })?;
-    obs.rendered_hashes = objects
-        .daemon_sets
-        .iter()
-        .map(kvcache_render::backend::pod_spec_hash)
-        .collect();
-    let applied = apply_objects(
-        ctx,
-        &uid,
-        objects,
-        doc.is_some() || !managed.leader.multi_tenancy,
-    )
-    .await?;
-    obs.standbys_held = applied.held;
-    obs.leader = applied.leader.as_ref().map(read::replicas);
-    obs.etcd = applied
-        .etcd
-        .as_ref()
-        .map(|s| read::etcd(s, &name, &ctx.config.namespace, &managed.leader));
-    Ok(managed
-        .members
-        .iter()
-        .zip(applied.desired)
-        .map(|(g, desired)| GroupFacts {
-            tier: g.tier().is_some(),
-            desired,
-        })
-        .collect())
-}
-
-/// Reads the backend's leader Lease: its holder, and the store version the running master
-/// published on it beside the one the store image `image` names.
-async fn observe_lease(
-    ctx: &Context,
-    name: &str,
-    image: Option<&str>,
-    obs: &mut Observation,
-) -> Result<(), Error> {
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
-    let lease = leases
-        .get_opt(&leader_name(name))
-        .await
-        .map_err(kerr("get", format!("Lease {}", leader_name(name))))?;
-    // What the running master says it is, published by the elector.
-    let tagged = image.and_then(store_version_of_image);
-    obs.store_version = lease
-        .as_ref()
-        .and_then(|l| {
-            l.annotations()
-                .get(kvcache_api::STORE_VERSION_ANNOTATION)
-                .cloned()
-        })
-        .map(|running| (running, tagged));
-    obs.lease_holder = lease.map(|l| {
-        l.spec
-            .and_then(|s| s.holder_identity)
-            .filter(|h| !h.is_empty())
-    });
-    Ok(())
-}
-
-/// Every backend's store Pods: this backend's members, and the others' (a segment of one of
-/// those on this master is a member mounted on the wrong master).
-async fn observe_store_pods(ctx: &Context, name: &str, obs: &mut Observation) -> Result<(), Error> {
-    let ns = &ctx.config.namespace;
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let listed = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/name=kv-cache-backend"))
-        .await
-        .map_err(kerr("list", format!("store Pods in {ns}")))?;
-    let own = label_value(name);
-    for p in listed.iter() {
-        let Some(member) = read::member_pod(p) else {
-            continue;
-        };
-        match p.labels().get("app.kubernetes.io/instance") {
-            Some(instance) if *instance == own => obs.members.push(member),
-            Some(instance) => obs.other_members.push(OtherMember {
-                backend: instance.clone(),
-                pod: member,
-            }),
-            None => {}
-        }
-    }
-    Ok(())
-}
-
-/// Reads the store through the backend's admin address, when it has one, and counts the read.
-async fn read_store(ctx: &Context, b: &KVCacheBackend, obs: &mut Observation) {
-    let Some(admin) = ctx.admin_address(b) else {
-        return;
-    };
-    let reading = ctx.store.read(&admin).await;
+/// Reads the store through the backend's admin address and counts the read.
+async fn read_store(ctx: &Context, backend: &str, admin: &str) -> StoreReading {
+    let reading = ctx.store.read(admin).await;
     let result = if reading.health.is_ok() {
         "ok"
     } else {
@@ -573,11 +414,11 @@ async fn read_store(ctx: &Context, b: &KVCacheBackend, obs: &mut Observation) {
     ctx.metrics
         .store_reads
         .get_or_create(&crate::telemetry::StoreLabels {
-            backend: b.name_any(),
+            backend: backend.to_owned(),
             result: result.into(),
         })
         .inc();
-    obs.store = Some(reading);
+    reading
 }
 
 /// Computes the status from `obs`, records the backend's metrics, writes the status, and says
@@ -618,88 +459,59 @@ async fn conclude(
     }))
 }
 
-/// Restarts each member of another backend that this backend's master lists
-/// (`kvcache_render::mounts::foreign_mounts`), so that it mounts on its own master again, with
+/// Restarts each member of another backend that this backend's master lists (`foreign`, from
+/// `kvcache_render::mounts::foreign_mounts`), so that it mounts on its own master again, with
 /// a Warning event on this backend naming it.
 async fn restart_foreign_members(
     ctx: &Context,
     b: &KVCacheBackend,
-    obs: &Observation,
+    foreign: &[OtherMember],
 ) -> Result<(), Error> {
-    let Some(Ok(segments)) = obs.store.as_ref().map(|s| &s.segments) else {
-        return Ok(());
-    };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
-    for m in foreign_mounts(segments, &obs.members, &obs.other_members) {
+    for m in foreign {
         warn!(pod = %m.pod.name, of = %m.backend, "a member of another backend is mounted on this master; restarting it");
         pods.delete(&m.pod.name, &DeleteParams::default())
             .await
             .map_err(kerr("delete", format!("Pod {}", m.pod.name)))?;
-        let event = Event {
-            type_: EventType::Warning,
-            reason: "ForeignMemberRestarted".into(),
-            note: Some(format!(
+        let note = Note {
+            kind: Kind::Warning,
+            reason: "ForeignMemberRestarted",
+            message: format!(
                 "member Pod {} of backend {} ({}) was mounted on this backend's master; it was deleted to mount on its own",
                 m.pod.name, m.backend, m.pod.ip
-            )),
-            action: "Reconcile".into(),
-            secondary: Some(ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(m.pod.name.clone()),
-                namespace: Some(ctx.config.namespace.clone()),
-                ..Default::default()
-            }),
+            ),
         };
-        if let Err(e) = ctx.recorder.publish(&event, &b.object_ref(&())).await {
-            warn!(error = %e, "could not record an event");
-        }
+        let pod = member_ref(ctx, &m.pod.name);
+        super::publish(
+            ctx,
+            &b.object_ref(&()),
+            &super::event_of(&note, "Reconcile", Some(pod)),
+        )
+        .await;
     }
     Ok(())
 }
 
-/// Decides the member rollout's step per group ([`member_rollout`], docs/design.md#member-rollout)
-/// from what `obs` saw and what the master says of each drain recorded on a member Pod, and
-/// carries it out. Returns the steps for the status.
+/// Carries out the member rollout's step per group that the plan decided, each drained first
+/// where it can be; a drain the master refuses is decided again (the member goes without one).
+/// Returns the steps for the status.
 async fn roll_members(
     ctx: &Context,
     b: &KVCacheBackend,
-    obs: &Observation,
-    groups: &[GroupFacts],
+    read: &BackendRead<'_>,
+    plan: &BackendPlan,
 ) -> Result<Vec<GroupStep>, Error> {
     let admin = ctx.admin_address(b);
-    // On re-entry, the master is asked about each recorded job before another is created.
-    let mut jobs = BTreeMap::new();
-    if let Some(admin) = &admin {
-        for job in obs
-            .members
-            .iter()
-            .filter_map(|p| p.drain.as_ref().and_then(|d| d.job.clone()))
-        {
-            let answer = ctx.store.drain_job(admin, &job).await;
-            jobs.insert(job, answer);
-        }
-    }
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let decide = |refused: &BTreeMap<String, ReadError>| {
-        member_rollout(&RolloutInput {
-            members: &obs.members,
-            rendered: &obs.rendered_hashes,
-            groups,
-            store: obs.store.as_ref(),
-            jobs: &jobs,
-            refused,
-            now,
-            deadline: DRAIN_DEADLINE,
-        })
-    };
+    let obs = &plan.observation;
     let mut refused = BTreeMap::new();
-    let mut steps = decide(&refused);
+    let mut steps = obs.rollout.clone();
     for (i, step) in steps.iter_mut().enumerate() {
         if let Some((pod, refusal)) = carry_out(ctx, b, obs, admin.as_deref(), step).await? {
-            // The master refused the drain: decided again, the member goes without one.
             refused.insert(pod, refusal);
-            if let Some(again) = decide(&refused).into_iter().nth(i) {
+            if let Some(again) = plan::rollout(read, obs, &plan.groups, &refused)
+                .into_iter()
+                .nth(i)
+            {
                 carry_out(ctx, b, obs, admin.as_deref(), &again).await?;
                 *step = again;
             }
@@ -764,7 +576,7 @@ async fn carry_out(
                 warn!(pod = %pod, job, error = %e, "could not cancel a drain past its deadline");
             }
             info!(pod = %pod, "replacing a member Pod whose template changed");
-            if super::delete(&pods, pod, &DeleteParams::default()).await? {
+            if super::delete(&pods, "Pod", pod, &DeleteParams::default()).await? {
                 publish(ctx, b, pod, step, None).await;
             }
         }
@@ -782,6 +594,17 @@ async fn annotate(pods: &Api<Pod>, pod: &str, key: &str, value: &str) -> Result<
     Ok(())
 }
 
+/// A member Pod, as an event names it.
+fn member_ref(ctx: &Context, pod: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(pod.to_owned()),
+        namespace: Some(ctx.config.namespace.clone()),
+        ..Default::default()
+    }
+}
+
 /// Records the event of a carried-out step on the backend, naming the member Pod.
 async fn publish(
     ctx: &Context,
@@ -790,27 +613,9 @@ async fn publish(
     step: &GroupStep,
     job: Option<&str>,
 ) {
-    let Some(note) = step_event(step, job) else {
-        return;
-    };
-    let event = Event {
-        type_: match note.kind {
-            Kind::Normal => EventType::Normal,
-            Kind::Warning => EventType::Warning,
-        },
-        reason: note.reason.into(),
-        note: Some(note.message.chars().take(1000).collect()),
-        action: "Rollout".into(),
-        secondary: Some(ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(pod.to_owned()),
-            namespace: Some(ctx.config.namespace.clone()),
-            ..Default::default()
-        }),
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &b.object_ref(&())).await {
-        warn!(error = %e, reason = note.reason, "could not record an event");
+    if let Some(note) = step_event(step, job) {
+        let event = super::event_of(&note, "Rollout", Some(member_ref(ctx, pod)));
+        super::publish(ctx, &b.object_ref(&()), &event).await;
     }
 }
 
@@ -846,19 +651,7 @@ async fn events(
 ) {
     let reference = b.object_ref(&());
     for note in backend_events(before, after) {
-        let event = Event {
-            type_: match note.kind {
-                Kind::Normal => EventType::Normal,
-                Kind::Warning => EventType::Warning,
-            },
-            reason: note.reason.into(),
-            note: Some(note.message.chars().take(1000).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-            warn!(error = %e, reason = note.reason, "could not record an event");
-        }
+        super::publish(ctx, &reference, &super::event_of(&note, "Reconcile", None)).await;
     }
 }
 
@@ -867,7 +660,7 @@ async fn events(
 /// within its Pods' termination grace plus a slack, after which it is abandoned with a warning.
 async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     let name = b.name_any();
-    let used_by = consumers(ctx, &name);
+    let used_by = ctx.world().consumers(&name);
     if !used_by.is_empty() {
         let previous = b.status.clone().unwrap_or_default();
         let obs = Observation {
@@ -888,13 +681,6 @@ async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     let Some(uid) = b.uid() else {
         return Ok(Action::await_change());
     };
-    let c = ctx.client.clone();
-    let ns = &ctx.config.namespace;
-    let selector = ListParams::default().labels(&format!("{OWNER_LABEL}={uid}"));
-    let deployments: Api<Deployment> = Api::namespaced(c.clone(), ns);
-    let daemons: Api<DaemonSet> = Api::namespaced(c.clone(), ns);
-    let services: Api<Service> = Api::namespaced(c.clone(), ns);
-    let mut waiting = Vec::new();
     let started = b
         .metadata
         .deletion_timestamp
@@ -905,97 +691,36 @@ async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         .duration_since(started)
         .try_into()
         .unwrap_or(Duration::ZERO);
-    teardown(&deployments, &selector, elapsed, &mut waiting, ctx).await?;
-    teardown(&daemons, &selector, elapsed, &mut waiting, ctx).await?;
-    // A warm backend's etcd last of the workloads (its claims go with it, by the StatefulSet's
-    // retention policy).
-    let sets: Api<StatefulSet> = Api::namespaced(c.clone(), ns);
-    teardown(&sets, &selector, elapsed, &mut waiting, ctx).await?;
-    for s in services
-        .list(&selector)
-        .await
-        .map_err(kerr("list", "leader Services"))?
-    {
-        services
-            .delete(&s.name_any(), &DeleteParams::default())
-            .await
-            .map_err(kerr("delete", format!("Service {}", s.name_any())))?;
+    // The same sweep as a pass's, over an empty set.
+    let swept = applied_set(ctx, &uid)
+        .sweep(
+            &teardown_kinds(),
+            Sweep::Teardown {
+                elapsed,
+                slack: TEARDOWN_SLACK,
+            },
+        )
+        .await?;
+    for (object, kind, grace) in swept.abandoned {
+        let name = object.name.clone().unwrap_or_default();
+        let note = Note {
+            kind: Kind::Warning,
+            reason: "TeardownAbandoned",
+            message: format!(
+                "{kind} {name} did not go within its Pods' termination grace ({}s) plus {}s; the backend is released anyway and its Pods are left to the garbage collector",
+                grace.as_secs(),
+                TEARDOWN_SLACK.as_secs()
+            ),
+        };
+        super::publish(ctx, &object, &super::event_of(&note, "Teardown", None)).await;
     }
-    if !waiting.is_empty() {
-        return Err(Error::TeardownWaiting { workloads: waiting });
+    if !swept.waiting.is_empty() {
+        return Err(Error::TeardownWaiting {
+            workloads: swept.waiting,
+        });
     }
     // The rest (accounts, Roles, the Lease, the policy seed) go with their owner reference.
     Ok(Action::await_change())
-}
-
-/// A workload the teardown awaits: its Pods' termination grace bounds the wait.
-trait Workload: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug {
-    fn pod_spec(&self) -> Option<&k8s_openapi::api::core::v1::PodSpec>;
-}
-
-impl Workload for Deployment {
-    fn pod_spec(&self) -> Option<&k8s_openapi::api::core::v1::PodSpec> {
-        self.spec.as_ref().and_then(|s| s.template.spec.as_ref())
-    }
-}
-
-impl Workload for DaemonSet {
-    fn pod_spec(&self) -> Option<&k8s_openapi::api::core::v1::PodSpec> {
-        self.spec.as_ref().and_then(|s| s.template.spec.as_ref())
-    }
-}
-
-impl Workload for StatefulSet {
-    fn pod_spec(&self) -> Option<&k8s_openapi::api::core::v1::PodSpec> {
-        self.spec.as_ref().and_then(|s| s.template.spec.as_ref())
-    }
-}
-
-/// Deletes (in the foreground) every workload of one kind the selector finds and notes those
-/// still going; one past its Pods' termination grace plus the slack is abandoned with a warning.
-async fn teardown<K: Workload>(
-    api: &Api<K>,
-    selector: &ListParams,
-    elapsed: Duration,
-    waiting: &mut Vec<String>,
-    ctx: &Context,
-) -> Result<(), Error> {
-    let kind = K::kind(&()).to_string();
-    for w in api
-        .list(selector)
-        .await
-        .map_err(kerr("list", format!("{kind}s to tear down")))?
-    {
-        let name = w.name_any();
-        let grace = Duration::from_secs(
-            w.pod_spec()
-                .and_then(|s| s.termination_grace_period_seconds)
-                .unwrap_or(30)
-                .max(0)
-                .unsigned_abs(),
-        );
-        if elapsed > grace + TEARDOWN_SLACK {
-            let event = Event {
-                type_: EventType::Warning,
-                reason: "TeardownAbandoned".into(),
-                note: Some(format!(
-                    "{kind} {name} did not go within its Pods' termination grace ({}s) plus {}s; the backend is released anyway and its Pods are left to the garbage collector",
-                    grace.as_secs(),
-                    TEARDOWN_SLACK.as_secs()
-                )),
-                action: "Teardown".into(),
-                secondary: None,
-            };
-            let _ = ctx.recorder.publish(&event, &w.object_ref(&())).await;
-            continue;
-        }
-        match api.delete(&name, &DeleteParams::foreground()).await {
-            Ok(_) => waiting.push(format!("{kind} {name}")),
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(kerr("delete", format!("{kind} {name}"))(e)),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,13 +1,13 @@
 //! The controllers, one file each, and what they share: server-side apply under the operator's
 //! field manager, pruning what a render no longer returns, the error policy, the status writer.
 
+mod applied;
 mod backend;
 mod binding;
 mod model;
 mod pool;
 pub mod status;
 
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,10 +16,12 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use kvcache_render::backend::OWNER_LABEL;
+use kvcache_render::events::{Kind, Note};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
@@ -73,47 +75,45 @@ where
     ))
 }
 
-/// Deletes one object, a missing one being deleted already.
-async fn delete<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> Result<bool, Error>
+/// Deletes the object `name` of kind `kind`, a missing one being deleted already (`false`).
+async fn delete<K>(
+    api: &Api<K>,
+    kind: &str,
+    name: &str,
+    params: &DeleteParams,
+) -> Result<bool, Error>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
+    K: Clone + DeserializeOwned + std::fmt::Debug,
 {
     match api.delete(name, params).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(kerr(
-            "delete",
-            format!("{} {name}", K::kind(&K::DynamicType::default())),
-        )(e)),
+        Err(e) => Err(kerr("delete", format!("{kind} {name}"))(e)),
     }
 }
 
-/// Deletes the objects of one kind owned by `uid` (the owner label) that the render no longer
-/// returns.
-async fn prune<K>(api: &Api<K>, uid: &str, keep: &BTreeSet<String>) -> Result<(), Error>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let kind = K::kind(&K::DynamicType::default()).to_string();
-    let list = api
-        .list(&ListParams::default().labels(&format!("{OWNER_LABEL}={uid}")))
-        .await
-        .map_err(kerr("list", kind.clone()))?;
-    for o in list {
-        let name = o.name_any();
-        if keep.contains(&name) || o.meta().deletion_timestamp.is_some() {
-            continue;
-        }
-        info!(kind = %kind, name = %name, "pruning an object the render no longer returns");
-        delete(api, &name, &DeleteParams::default()).await?;
+/// Publishes `event` on `regarding` (a pass's every event goes through here); a failure to
+/// record one is logged and never fails the pass.
+async fn publish(ctx: &Context, regarding: &ObjectReference, event: &Event) {
+    if let Err(e) = ctx.recorder.publish(event, regarding).await {
+        warn!(error = %e, reason = %event.reason, "could not record an event");
     }
-    Ok(())
 }
 
-fn names<K: Resource>(objs: &[K]) -> BTreeSet<String> {
-    objs.iter().filter_map(|o| o.meta().name.clone()).collect()
+/// The event of a note `kvcache-render::events` (or a controller) decided on, under `action`,
+/// naming `secondary` when the note is about another object (a member Pod).
+fn event_of(note: &Note, action: &str, secondary: Option<ObjectReference>) -> Event {
+    Event {
+        type_: match note.kind {
+            Kind::Normal => EventType::Normal,
+            Kind::Warning => EventType::Warning,
+        },
+        reason: note.reason.into(),
+        // The API server refuses a note over 1 kB.
+        note: Some(note.message.chars().take(1000).collect()),
+        action: action.into(),
+        secondary,
+    }
 }
 
 /// `namespace/name`, or `name` for a cluster-scoped object.

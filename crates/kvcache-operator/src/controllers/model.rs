@@ -1,9 +1,11 @@
-//! The ModelDeployment controller: resolve `kvCache.poolRef` as a Binding in the deployment's own
-//! namespace, its pool and backend; render each role through `kvcache-render::model` (which
-//! injects through `kvcache-inject`); apply; observe the roles' Deployments and what the store
-//! charges the domain; write status (`kvcache-render::status::model`).
+//! The ModelDeployment controller: read (the caches, the settings), plan
+//! (`kvcache_render::model_plan`: resolve `kvCache.poolRef` as a Binding in the deployment's own
+//! namespace, its pool and backend; render each role through `kvcache-render::model`, which
+//! injects through `kvcache-inject`), act (apply through the applied set; observe the roles'
+//! Deployments and what the store charges the domain; write status,
+//! `kvcache-render::status::model`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,23 +13,23 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use kvcache_api::admission::tenant_of;
 use kvcache_api::model::{InstanceType, SharedCacheStatus};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
-use kvcache_render::model::{ModelInputs, SERVING_PORT, render};
-use kvcache_render::resolve::{Environment, attachment_on};
+use kvcache_render::model::{ModelObjects, SERVING_PORT};
+use kvcache_render::model_plan;
 use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
 use kvcache_render::status::model::{
-    ModelObservation, Resolution, RoleObservation, Unresolved, model_deployment_status,
+    ModelObservation, Resolution, RoleObservation, model_deployment_status,
 };
 use tracing::instrument;
 
+use super::applied::{AppliedSet, OwnedKind, Sweep};
 use crate::context::{Context, MANAGER, lock};
 use crate::error::{Error, kube as kerr};
 
@@ -96,85 +98,43 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<ModelDep
         .await;
 }
 
-/// The Binding and backend a resolved reference reaches.
-type Reached = (Arc<KVCachePoolBinding>, Arc<kvcache_api::KVCacheBackend>);
-
-fn resolve(ctx: &Context, md: &ModelDeployment) -> (Resolution, Option<Reached>) {
-    let Some(kv) = &md.spec.kv_cache else {
-        return (Resolution::NotApplicable, None);
-    };
-    let ns = md.namespace().unwrap_or_default();
-    let name = &kv.pool_ref.name;
-    let Some(b) = ctx.bindings.get(&ObjectRef::new(name).within(&ns)) else {
-        return (
-            Resolution::BindingNotFound {
-                binding: name.clone(),
-                namespace: ns,
-            },
-            None,
-        );
-    };
-    let who = format!("{ns}/{name}");
-    if b.meta().deletion_timestamp.is_some() {
-        return (Resolution::BindingDeleting { binding: who }, None);
-    }
-    let Some(pool) = ctx.pools.get(&ObjectRef::new(&b.spec.pool_ref.name)) else {
-        return (
-            Resolution::BindingNotReady {
-                binding: who,
-                why: Unresolved::NoPool {
-                    pool: b.spec.pool_ref.name.clone(),
-                },
-            },
-            None,
-        );
-    };
-    let backend_name = pool.spec.backend().unwrap_or_default();
-    let Some(backend) = ctx.backends.get(&ObjectRef::new(backend_name)) else {
-        return (
-            Resolution::BindingNotReady {
-                binding: who,
-                why: Unresolved::NoBackend {
-                    backend: backend_name.to_owned(),
-                },
-            },
-            None,
-        );
-    };
-    (
-        Resolution::Resolved {
-            binding: who,
-            pool: pool.name_any(),
-            tenant: tenant_of(&b).to_owned(),
-        },
-        Some((b, backend)),
-    )
-}
-
 #[instrument(skip(md, ctx), fields(deployment = %id(&md)))]
 async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = md.namespace().unwrap_or_default();
-    let (resolution, resolved) = resolve(&ctx, &md);
-    let instance_types: BTreeMap<String, InstanceType> = ctx
-        .instance_types
-        .state()
-        .iter()
-        .map(|it| (it.name_any(), (**it).clone()))
-        .collect();
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let applied = render_and_apply(&ctx, &md, resolved.as_ref(), &instance_types).await?;
-    // One listing serves the prune and the observation of the roles' Deployments.
-    let owned = owned_deployments(&deployments, &md).await?;
-    if let Some(keep) = &applied.rendered {
-        prune(&deployments, &owned, keep).await?;
+    // Read (the caches, the settings), plan (pure), act.
+    let world = ctx.world();
+    let instance_types = world.instance_type_map();
+    let chosen = ctx.settings();
+    let plan = model_plan::plan(
+        &md,
+        &world,
+        chosen.settings.as_ref(),
+        chosen.refused.as_ref().map(ToString::to_string),
+        &ctx.config.namespace,
+        &instance_types,
+    );
+    if let Some(objects) = &plan.objects {
+        apply_roles(&ctx, &md, objects).await?;
     }
+    let resolution = plan.resolution.clone();
+    let domain = match &resolution {
+        Resolution::Resolved { .. } => md
+            .spec
+            .kv_cache
+            .as_ref()
+            .and_then(|k| world.binding(&ns, &k.pool_ref.name))
+            .map(|b| &b.spec.domain),
+        _ => None,
+    };
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let owned = owned_deployments(&deployments, &md).await?;
     let roles = role_observations(&md, &owned);
     let obs = ModelObservation {
         resolution: resolution.clone(),
-        refusal: applied.refusal,
+        refusal: plan.refusal.clone(),
         roles: roles.clone(),
-        tenant_charged: tenant_charged(&ctx, &md, &resolution),
-        held: applied.held,
+        tenant_charged: tenant_charged(&world, &md, &resolution),
+        held: plan.held,
         deleting: md.meta().deletion_timestamp.is_some(),
         missing_instance_types: md
             .spec
@@ -189,7 +149,7 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
     let status = model_deployment_status(
         &md,
         &obs,
-        resolved.as_ref().map(|(b, _)| &b.spec.domain),
+        domain,
         shared_cache,
         vec![observed],
         &Time(k8s_openapi::jiff::Timestamp::now()),
@@ -216,94 +176,40 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
     }))
 }
 
-/// What one pass did with the roles' objects.
-struct Applied {
-    /// Why the roles could not be attached or rendered: a condition reason and the message.
-    refusal: Option<(&'static str, String)>,
-    /// No cache connection resolved this pass, so nothing was rendered.
-    held: bool,
-    /// The names of the role Deployments rendered and applied this pass, when they were.
-    rendered: Option<BTreeSet<String>>,
-}
-
-/// Renders the roles on the resolved attachment and applies their Deployments and Services.
-/// Without a connection what runs stays as it is (docs/design.md#rollout-held-by-cache); an
-/// injection refusal (or a missing InstanceType) starts no Pod with a broken connector either.
-async fn render_and_apply(
+/// Applies the planned role objects through the deployment's applied set; a role the render no
+/// longer returns loses its Deployment and Service in the sweep.
+async fn apply_roles(
     ctx: &Context,
     md: &ModelDeployment,
-    resolved: Option<&Reached>,
-    instance_types: &BTreeMap<String, InstanceType>,
-) -> Result<Applied, Error> {
+    objects: &ModelObjects,
+) -> Result<(), Error> {
     let ns = md.namespace().unwrap_or_default();
-    let mut applied = Applied {
-        refusal: None,
-        held: false,
-        rendered: None,
-    };
-    let chosen = ctx.settings();
-    let Some(settings) = chosen.settings else {
-        // Refused settings and none read before: what runs stays as it is.
-        let why = chosen.refused.map(|e| e.to_string()).unwrap_or_default();
-        applied.refusal = Some((
-            "SettingsUnreadable",
-            format!(
-                "{why}; no settings were read since the operator started, so the roles are left as they are until it is fixed"
-            ),
-        ));
-        return Ok(applied);
-    };
-    let env = Environment {
-        namespace: &ctx.config.namespace,
-        settings: &settings,
-    };
-    let attachment = match resolved {
-        Some((b, backend)) => match attachment_on(&b.name_any(), b, backend, &env) {
-            Ok(a) => Some(a),
-            Err(e) => {
-                applied.refusal = Some((e.reason(), e.to_string()));
-                None
-            }
-        },
-        None => None,
-    };
-    if md.spec.kv_cache.is_some() && attachment.is_none() {
-        applied.held = true;
-        return Ok(applied);
-    }
-    if applied.refusal.is_some() {
-        return Ok(applied);
-    }
-    let objects = match render(&ModelInputs {
-        deployment: md,
-        instance_types,
-        attachment: attachment.as_ref(),
-    }) {
-        Ok(objects) => objects,
-        Err(e) => {
-            applied.refusal = Some((e.reason(), e.to_string()));
-            return Ok(applied);
-        }
-    };
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-    let pp = PatchParams::apply(MANAGER).force();
-    let mut keep = BTreeSet::new();
+    let mut set = AppliedSet::new(
+        ctx.client.clone(),
+        &ns,
+        &md.uid().unwrap_or_default(),
+        selector(md),
+    );
     for d in &objects.deployments {
-        keep.insert(d.name_any());
-        deployments
-            .patch(&d.name_any(), &pp, &Patch::Apply(d))
-            .await
-            .map_err(kerr("apply", format!("Deployment {ns}/{}", d.name_any())))?;
+        set.apply(d).await?;
     }
     for s in &objects.services {
-        services
-            .patch(&s.name_any(), &pp, &Patch::Apply(s))
-            .await
-            .map_err(kerr("apply", format!("Service {ns}/{}", s.name_any())))?;
+        set.apply(s).await?;
     }
-    applied.rendered = Some(keep);
-    Ok(applied)
+    set.sweep(
+        &[OwnedKind::of::<Deployment>(), OwnedKind::of::<Service>()],
+        Sweep::Prune,
+    )
+    .await?;
+    Ok(())
+}
+
+/// The labels every object of the deployment's roles carries.
+fn selector(md: &ModelDeployment) -> String {
+    format!(
+        "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={}",
+        kvcache_render::names::label_value(&md.name_any())
+    )
 }
 
 /// Each role as its Deployment (among `owned`) reports it.
@@ -336,7 +242,11 @@ fn role_observations(md: &ModelDeployment, owned: &[Deployment]) -> Vec<RoleObse
 /// on the Binding (`status.usage`): observed, never inferred from rendered flags. A change of
 /// the Binding's status re-triggers the reconcile (the watch on Bindings), so no deployment
 /// polls the store itself.
-fn tenant_charged(ctx: &Context, md: &ModelDeployment, resolution: &Resolution) -> Option<u64> {
+fn tenant_charged(
+    world: &kvcache_render::world::World,
+    md: &ModelDeployment,
+    resolution: &Resolution,
+) -> Option<u64> {
     let Resolution::Resolved { .. } = resolution else {
         return None;
     };
@@ -344,10 +254,7 @@ fn tenant_charged(ctx: &Context, md: &ModelDeployment, resolution: &Resolution) 
     md.spec
         .kv_cache
         .as_ref()
-        .and_then(|k| {
-            ctx.bindings
-                .get(&ObjectRef::new(&k.pool_ref.name).within(&ns))
-        })
+        .and_then(|k| world.binding(&ns, &k.pool_ref.name))
         .and_then(|b| {
             b.status
                 .as_ref()
@@ -459,10 +366,7 @@ async fn ready_engine_pods(
         .map(|r| kvcache_render::names::label_value(&r.name))
         .collect();
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
-        .list(&ListParams::default().labels(&format!(
-            "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={}",
-            kvcache_render::names::label_value(&md.name_any())
-        )))
+        .list(&ListParams::default().labels(&selector(md)))
         .await
         .map_err(kerr("list", format!("engine Pods of {}", id(md))))?;
     Ok(pods
@@ -488,31 +392,10 @@ async fn owned_deployments(
 ) -> Result<Vec<Deployment>, Error> {
     let uid = md.uid().unwrap_or_default();
     Ok(api
-        .list(&ListParams::default().labels(&format!(
-            "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={}",
-            kvcache_render::names::label_value(&md.name_any())
-        )))
+        .list(&ListParams::default().labels(&selector(md)))
         .await
         .map_err(kerr("list", format!("Deployments of {}", id(md))))?
         .into_iter()
         .filter(|d| d.owner_references().iter().any(|o| o.uid == uid))
         .collect())
-}
-
-/// Deletes the owned role Deployments the render no longer returns.
-async fn prune(
-    api: &Api<Deployment>,
-    owned: &[Deployment],
-    keep: &BTreeSet<String>,
-) -> Result<(), Error> {
-    for d in owned {
-        if !keep.contains(&d.name_any()) && d.meta().deletion_timestamp.is_none() {
-            match api.delete(&d.name_any(), &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(kerr("delete", format!("Deployment {}", d.name_any()))(e)),
-            }
-        }
-    }
-    Ok(())
 }

@@ -2,9 +2,9 @@
 //!
 //! One pool pass reads its backend's ledger once, pushes every Binding's ceiling through the
 //! admin API (`/api/v1/tenant_quotas`, so a ceiling change takes effect without a restart), reads
-//! the grants back, and writes the pool's status and each of its Bindings' statuses. What the
-//! statuses say is `kvcache-quota::status` (pure); the operator caps nothing: grants are the
-//! master's.
+//! the grants back, writes the pool's status and hands what it concluded of each Binding to the
+//! Binding controller, its status's one writer (`binding.rs`). What the statuses say is
+//! `kvcache-quota::status` (pure); the operator caps nothing: grants are the master's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -13,7 +13,6 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -22,13 +21,15 @@ use kvcache_api::admission::tenant_of;
 use kvcache_api::backend::EndpointName;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_quota::admin::{self, Outcome, Request, TenantEntry};
-use kvcache_quota::claims::{Claim, contested};
+use kvcache_quota::claims::contested;
 use kvcache_quota::release::{self, Unclaimed};
 use kvcache_quota::status::{
     BackendView, BindingInput, BindingView, PolicyWrite, PoolInput, PoolVerdict, RefusedCeiling,
-    Release, binding_status, binding_status_document, pool_status, pool_status_document,
+    Release, binding_status, pool_status, pool_status_document,
 };
 use kvcache_render::backend::client_endpoint;
+use kvcache_render::events::{Kind, Note};
+use kvcache_render::world::World;
 use tracing::{instrument, warn};
 
 use crate::context::{Context, Figures, MANAGER, Polled};
@@ -40,9 +41,7 @@ pub const POOL_FINALIZER: &str = super::RELEASE_FINALIZER;
 
 const POOL: &str = "kvcachepool";
 
-pub(super) fn id(b: &KVCachePoolBinding) -> String {
-    format!("{}/{}", b.namespace().unwrap_or_default(), b.name_any())
-}
+pub(super) use kvcache_render::world::binding_id as id;
 
 /// Runs the pool controller until shutdown.
 pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCachePool>) {
@@ -80,19 +79,22 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
         .await;
 }
 
-pub(super) fn backend_of(
-    ctx: &Context,
+/// What the pool's backend is to its ledger (managed with or without multi-tenancy, external,
+/// missing), and the backend itself when it exists.
+pub(super) fn backend_of<'w>(
+    world: &'w World,
+    namespace: &str,
     pool: &KVCachePool,
-) -> (BackendView, Option<Arc<KVCacheBackend>>) {
+) -> (BackendView, Option<&'w KVCacheBackend>) {
     let name = pool.spec.backend().unwrap_or_default().to_owned();
-    let Some(b) = ctx.backends.get(&ObjectRef::new(&name)) else {
+    let Some(b) = world.backend(&name) else {
         return (BackendView::Missing { name }, None);
     };
     let view = match (&b.spec.connection.managed, &b.spec.connection.external) {
         (Some(m), _) => BackendView::Managed {
             name: name.clone(),
             multi_tenancy: m.leader.multi_tenancy,
-            client_endpoint: client_endpoint(&name, &ctx.config.namespace, &m.leader),
+            client_endpoint: client_endpoint(&name, namespace, &m.leader),
         },
         (None, Some(x)) => BackendView::External {
             name: name.clone(),
@@ -104,39 +106,6 @@ pub(super) fn backend_of(
         (None, None) => BackendView::Missing { name },
     };
     (view, Some(b))
-}
-
-fn bindings_of(ctx: &Context, pool: &str) -> Vec<Arc<KVCachePoolBinding>> {
-    let mut out: Vec<_> = ctx
-        .bindings
-        .state()
-        .into_iter()
-        .filter(|b| b.spec.pool_ref.name == pool)
-        .collect();
-    out.sort_by_key(|b| id(b));
-    out
-}
-
-/// Every claim on the backend (all pools), for `DomainExclusive`.
-pub(super) fn claims_on(ctx: &Context, backend: &str) -> Vec<Claim> {
-    let pools: BTreeMap<String, String> = ctx
-        .pools
-        .state()
-        .iter()
-        .filter_map(|p| Some((p.name_any(), p.spec.backend()?.to_owned())))
-        .collect();
-    ctx.bindings
-        .state()
-        .iter()
-        .filter(|b| pools.get(&b.spec.pool_ref.name).map(String::as_str) == Some(backend))
-        .map(|b| Claim {
-            backend: backend.to_owned(),
-            tenant: tenant_of(b).to_owned(),
-            binding: id(b),
-            pool: b.spec.pool_ref.name.clone(),
-            releasing: b.metadata.deletion_timestamp.is_some(),
-        })
-        .collect()
 }
 
 /// Reads the ledger and pushes ceilings. Returns the listing, the push outcome and capacity.
@@ -200,10 +169,11 @@ async fn reconcile_pool(p: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Action
     .map_err(crate::error::from_finalizer)
 }
 
-async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Action, Error> {
-    let name = p.name_any();
-    let (view, backend) = backend_of(ctx, p);
-    let bindings = bindings_of(ctx, &name);
+/// Each Binding's view for the ledger (its tenant and ceiling; one whose ceiling does not parse
+/// is left out with a warning), and those whose ceiling is pushed: a Binding being deleted gets
+/// none, since its release may have removed its tenant from the ledger already and a push would
+/// put it back.
+fn binding_views(bindings: &[&KVCachePoolBinding]) -> (Vec<BindingView>, Vec<BindingView>) {
     let views: Vec<BindingView> = bindings
         .iter()
         .filter_map(|b| {
@@ -221,18 +191,56 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
             })
         })
         .collect();
-    // A Binding being deleted gets no ceiling pushed: its release may have removed its tenant
-    // from the ledger already, and a push would put it back.
     let going: BTreeSet<String> = bindings
         .iter()
         .filter(|b| b.meta().deletion_timestamp.is_some())
         .map(|b| id(b))
         .collect();
-    let pushed: Vec<BindingView> = views
+    let pushed = views
         .iter()
         .filter(|v| !going.contains(&v.binding))
         .cloned()
         .collect();
+    (views, pushed)
+}
+
+/// Hands the Binding controller each pushed Binding's verdict from this pass's one reading of
+/// the ledger (a Binding being deleted reports its release itself, `binding.rs`).
+fn conclude_bindings(
+    ctx: &Context,
+    world: &World,
+    p: &KVCachePool,
+    pool: &PoolVerdict,
+    pushed: &[BindingView],
+    bindings: &[&KVCachePoolBinding],
+    entries: &BTreeMap<String, &TenantEntry>,
+) {
+    let name = p.name_any();
+    let raced = contested(&world.claims_on(p.spec.backend().unwrap_or_default()));
+    for v in pushed {
+        let Some(b) = bindings.iter().find(|b| id(b) == v.binding).copied() else {
+            continue;
+        };
+        let verdict = binding_status(&BindingInput {
+            binding: &v.binding,
+            tenant: &v.tenant,
+            ceiling_bytes: v.ceiling_bytes,
+            pool: Some((&name, pool)),
+            entry: entries.get(&v.tenant).copied(),
+            contested_with: raced.get(&v.binding).map_or(&[], Vec::as_slice),
+            release: Release::NotDeleting,
+        });
+        ctx.conclude_binding(b, verdict);
+    }
+}
+
+async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Action, Error> {
+    let name = p.name_any();
+    let world = ctx.world();
+    let (view, backend) = backend_of(&world, &ctx.config.namespace, p);
+    let mut bindings: Vec<&KVCachePoolBinding> = world.bindings_of_pool(&name).collect();
+    bindings.sort_by_key(|b| id(b));
+    let (views, pushed) = binding_views(&bindings);
     let declared_off = matches!(
         view,
         BackendView::Managed {
@@ -240,7 +248,7 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
             ..
         }
     );
-    let admin = backend.as_deref().and_then(|b| ctx.admin_address(b));
+    let admin = backend.and_then(|b| ctx.admin_address(b));
     let (ledger, policy_write, capacity) = match &admin {
         Some(admin) if !declared_off => ledger_pass(&ctx.store, admin, &pushed, !deleting).await,
         Some(admin) => (Outcome::NoLedger, None, ctx.store.capacity(admin).await),
@@ -273,9 +281,6 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
         release: release.clone(),
     });
     write_pool_status(ctx, p, &verdict, &views).await?;
-    // Each Binding's status from the same reading.
-    let backend_name = p.spec.backend().unwrap_or_default();
-    let raced = contested(&claims_on(ctx, backend_name));
     let entries: BTreeMap<String, &TenantEntry> = match &ledger {
         Outcome::Listed(e) => e.iter().map(|t| (t.tenant_id.clone(), t)).collect(),
         _ => BTreeMap::new(),
@@ -289,24 +294,7 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
             .map(|t| (t.tenant_id.clone(), t.effective_quota_bytes))
             .collect(),
     };
-    for v in &pushed {
-        // A Binding being deleted reports its release itself (`binding.rs`).
-        let Some(b) = bindings.iter().find(|b| id(b) == v.binding) else {
-            continue;
-        };
-        let none = Vec::new();
-        let contested_with = raced.get(&v.binding).unwrap_or(&none);
-        let verdict = binding_status(&BindingInput {
-            binding: &v.binding,
-            tenant: &v.tenant,
-            ceiling_bytes: v.ceiling_bytes,
-            pool: Some((&name, &verdict)),
-            entry: entries.get(&v.tenant).copied(),
-            contested_with,
-            release: Release::NotDeleting,
-        });
-        write_binding_status(ctx, b, verdict).await?;
-    }
+    conclude_bindings(ctx, &world, p, &verdict, &pushed, &bindings, &entries);
     match release {
         Release::Held(bindings) => Err(Error::PoolHeld {
             pool: name,
@@ -404,18 +392,19 @@ async fn remove_unclaimed(
 }
 
 async fn unclaimed_removed_event(ctx: &Context, p: &KVCachePool, backend: &str, tenant: &str) {
-    let event = Event {
-        type_: EventType::Normal,
-        reason: "UnclaimedTenantRemoved".into(),
-        note: Some(format!(
+    let note = Note {
+        kind: Kind::Normal,
+        reason: "UnclaimedTenantRemoved",
+        message: format!(
             "removed tenant {tenant} from the ledger of KVCacheBackend {backend}: this pool registered it, no Binding claims it any more (its Binding went while no operator released it) and it held nothing, but its ceiling still took a share of the capacity"
-        )),
-        action: "Release".into(),
-        secondary: None,
+        ),
     };
-    if let Err(e) = ctx.recorder.publish(&event, &p.object_ref(&())).await {
-        warn!(error = %e, "could not record an event");
-    }
+    super::publish(
+        ctx,
+        &p.object_ref(&()),
+        &super::event_of(&note, "Release", None),
+    )
+    .await;
 }
 
 fn now() -> Time {
@@ -438,16 +427,4 @@ async fn write_pool_status(
         &status,
     )
     .await
-}
-
-pub(super) async fn write_binding_status(
-    ctx: &Context,
-    b: &KVCachePoolBinding,
-    v: kvcache_quota::status::BindingVerdict,
-) -> Result<(), Error> {
-    let stored = b.status.clone().unwrap_or_default();
-    let status = binding_status_document(b.meta().generation, v, &stored, &now());
-    let api: Api<KVCachePoolBinding> =
-        Api::namespaced(ctx.client.clone(), &b.namespace().unwrap_or_default());
-    super::status::apply(&api, "KVCachePoolBinding", b.meta(), MANAGER, &status).await
 }

@@ -12,123 +12,60 @@
 //!   what `DomainExclusive=False/DomainClaimedByMultipleBindings` reports afterwards
 //!   (docs/design.md#raced-claims).
 
-use std::sync::Arc;
-
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::core::response::{Status, StatusCause, StatusDetails};
 use kvcache_api::manifest::{Manifest, Object};
-use kvcache_api::{GROUP, KVCacheBackend, KVCachePool, KVCachePoolBinding, Settings};
+use kvcache_api::{GROUP, Settings};
 use kvcache_render::review::{Review, review};
+pub use kvcache_render::world::World;
 
 use crate::error::Unjudgeable;
 
-/// The objects the cross-object rules read.
-#[derive(Clone, Debug, Default)]
-pub struct World {
-    /// Every backend in the operator's cache when the request came.
-    pub backends: Vec<Arc<KVCacheBackend>>,
-    /// Every pool in the operator's cache when the request came.
-    pub pools: Vec<Arc<KVCachePool>>,
-    /// Every Binding, in every namespace, in the operator's cache when the request came.
-    pub bindings: Vec<Arc<KVCachePoolBinding>>,
-    /// Every InstanceType (a role's accelerator maker picks vLLM-Ascend).
-    pub instance_types: Vec<Arc<kvcache_api::model::InstanceType>>,
-}
-
-/// What a Binding named from a namespace resolves to: the Binding, its pool, the pool's backend
-/// (each `None` from the first one missing on).
-type Chain<'a> = (
-    Option<&'a KVCachePoolBinding>,
-    Option<&'a KVCachePool>,
-    Option<&'a KVCacheBackend>,
-);
-
-impl World {
-    /// The Binding `binding` in namespace `ns`, its pool and that pool's backend.
-    pub fn chain(&self, ns: &str, binding: &str) -> Chain<'_> {
-        let b = self
-            .bindings
-            .iter()
-            .find(|b| {
-                b.metadata.namespace.as_deref() == Some(ns)
-                    && b.metadata.name.as_deref() == Some(binding)
-            })
-            .map(|b| &**b);
-        let p = b.and_then(|b| {
-            self.pools
-                .iter()
-                .find(|p| p.metadata.name.as_deref() == Some(b.spec.pool_ref.name.as_str()))
-                .map(|p| &**p)
-        });
-        let be = p.and_then(|p| p.spec.backend()).and_then(|name| {
-            self.backends
-                .iter()
-                .find(|b| b.metadata.name.as_deref() == Some(name))
-                .map(|b| &**b)
-        });
-        (b, p, be)
-    }
-
-    /// The objects `object` is judged beside, cloned: every backend, pool and InstanceType
-    /// (few), and of the Bindings only those the claims can read (docs/design.md#domain-claims): for
-    /// a Binding, those on its backend with its tenant (a duplicate) plus one with another
-    /// tenant (a second domain); for a ModelDeployment its own (the live world's); for the
-    /// other kinds none (their rules read no Binding). A
-    /// request thus costs the same with 2,000 Bindings stored as with 2.
-    fn objects(&self, object: &Object) -> Vec<Object> {
-        let backends = self
-            .backends
-            .iter()
-            .map(|b| Object::Backend(Box::new((**b).clone())));
-        let pools = self
-            .pools
-            .iter()
-            .map(|p| Object::Pool(Box::new((**p).clone())));
-        let instance_types = self
-            .instance_types
-            .iter()
-            .map(|i| Object::InstanceType(Box::new((**i).clone())));
-        let backend_of = |pool: &str| {
-            self.pools
-                .iter()
-                .find(|p| p.metadata.name.as_deref() == Some(pool))
-                .and_then(|p| p.spec.backend().map(str::to_owned))
-        };
-        let mut bindings = Vec::new();
-        if let Object::ModelDeployment(_) = object {
-            // Its own Binding (the live world holds only that one).
-            bindings.extend(
-                self.bindings
-                    .iter()
-                    .map(|b| Object::Binding(Box::new((**b).clone()))),
-            );
-        } else if let Object::Binding(candidate) = object
-            && let Some(backend) = backend_of(&candidate.spec.pool_ref.name)
-        {
-            let tenant = kvcache_api::admission::tenant_of(candidate);
-            let mut other_tenant = false;
-            // A Binding being deleted still holds its name: until its finalizer is gone the
-            // master keeps its tenant's data, which a new claim would inherit.
-            for b in self
-                .bindings
-                .iter()
-                .filter(|b| backend_of(&b.spec.pool_ref.name).as_deref() == Some(backend.as_str()))
-            {
-                let same = kvcache_api::admission::tenant_of(b) == tenant;
-                if same || !other_tenant {
-                    other_tenant |= !same;
-                    bindings.push(Object::Binding(Box::new((**b).clone())));
-                }
+/// The objects `object` is judged beside, cloned: every backend, pool and InstanceType (few),
+/// and of the Bindings only those the claims can read (docs/design.md#domain-claims): for a
+/// Binding, those on its backend with its tenant (a duplicate) plus one with another tenant (a
+/// second domain); for a ModelDeployment every Binding of `world` (the live world holds only its
+/// own); for the other kinds none (their rules read no Binding). A request thus costs the same
+/// with 2,000 Bindings stored as with 2.
+fn related(world: &World, object: &Object) -> Vec<Object> {
+    let backends = world
+        .backends()
+        .map(|b| Object::Backend(Box::new(b.clone())));
+    let pools = world.pools().map(|p| Object::Pool(Box::new(p.clone())));
+    let instance_types = world
+        .instance_types()
+        .map(|i| Object::InstanceType(Box::new(i.clone())));
+    let mut bindings = Vec::new();
+    if let Object::ModelDeployment(_) = object {
+        bindings.extend(
+            world
+                .bindings()
+                .map(|b| Object::Binding(Box::new(b.clone()))),
+        );
+    } else if let Object::Binding(candidate) = object
+        && let Some(backend) = world
+            .pool(&candidate.spec.pool_ref.name)
+            .and_then(|p| p.spec.backend())
+    {
+        let tenant = kvcache_api::admission::tenant_of(candidate);
+        let mut other_tenant = false;
+        // A Binding being deleted still holds its name: until its finalizer is gone the
+        // master keeps its tenant's data, which a new claim would inherit.
+        for b in world.bindings_on(backend) {
+            let same = kvcache_api::admission::tenant_of(b) == tenant;
+            if same || !other_tenant {
+                other_tenant |= !same;
+                bindings.push(Object::Binding(Box::new(b.clone())));
             }
         }
-        backends
-            .chain(pools)
-            .chain(bindings)
-            .chain(instance_types)
-            .collect()
     }
+    backends
+        .chain(pools)
+        .chain(bindings)
+        .chain(instance_types)
+        .collect()
 }
 
 /// One object of a request, decoded strictly (unknown fields listed).
@@ -169,7 +106,7 @@ pub fn verdict(
     Ok(Some(review(
         &new.object,
         old.as_ref().map(|m| &m.object),
-        &world.objects(&new.object),
+        &related(world, &new.object),
         &new.unknown_fields,
         settings,
     )))
@@ -253,24 +190,13 @@ pub fn mutate_pod(
         None => return response.deny("the request carries no Pod"),
     };
     let pod_ns = req.namespace.clone().unwrap_or_default();
-    let binding_name = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(kvcache_render::pod::BINDING_ANNOTATION))
-        .cloned()
-        .unwrap_or_default();
-    let (binding, pool, backend) = world.chain(&pod_ns, &binding_name);
+    let binding_name = kvcache_render::pod::binding_named(&pod.metadata).unwrap_or_default();
     let env = kvcache_render::resolve::Environment {
         namespace,
         settings,
     };
-    let refs = kvcache_render::pod::References {
-        binding,
-        pool,
-        backend,
-    };
-    match kvcache_render::pod::inject_pod(&pod, &pod_ns, refs, &env) {
+    let chain = world.chain(&pod_ns, binding_name);
+    match kvcache_render::pod::inject_pod(&pod, &pod_ns, chain, &env) {
         Ok(injected) => {
             let before = serde_json::to_value(&pod);
             let after = serde_json::to_value(&injected.pod);
@@ -321,14 +247,12 @@ pub fn freeze_pod(req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
 }
 
 /// Whether `world` holds the Binding a Pod names, its pool and backend.
-pub fn resolves(world: &World, ns: &str, binding: &str) -> bool {
-    world.chain(ns, binding).2.is_some()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use kube::core::admission::AdmissionReview;
+    use kvcache_api::{KVCachePool, KVCachePoolBinding};
+    use std::sync::Arc;
 
     fn request(
         kind: &str,
@@ -365,12 +289,7 @@ mod tests {
         .expect("pool");
         let first: KVCachePoolBinding =
             serde_json::from_value(binding("team-a", "qwen")).expect("binding");
-        World {
-            backends: vec![],
-            pools: vec![Arc::new(pool)],
-            bindings: vec![Arc::new(first)],
-            instance_types: vec![],
-        }
+        World::new([], [Arc::new(pool)], [Arc::new(first)], [], [])
     }
 
     #[test]

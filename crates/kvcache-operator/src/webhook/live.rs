@@ -44,7 +44,7 @@ pub async fn live_world(client: &kube::Client, object: &DynamicObject) -> Result
             .await
             .map_err(read(format!("InstanceType {name}")))?
         {
-            world.instance_types.push(Arc::new(it));
+            world.add_instance_type(Arc::new(it));
         }
     }
     Ok(world)
@@ -80,11 +80,11 @@ pub async fn live_binding(
                 .await
                 .map_err(read(format!("KVCacheBackend {name}")))?
             {
-                world.backends.push(Arc::new(be));
+                world.add_backend(Arc::new(be));
             }
         }
-        world.pools.push(Arc::new(p));
+        world.add_pool(Arc::new(p));
     }
-    world.bindings.push(Arc::new(b));
+    world.add_binding(Arc::new(b));
     Ok(())
 }

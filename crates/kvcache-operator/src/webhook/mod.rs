@@ -20,7 +20,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use tracing::{info, warn};
 
 use crate::context::Context;
-use admission::{World, freeze_pod, mutate_pod, resolves, validate};
+use admission::{World, freeze_pod, mutate_pod, validate};
 use live::{live_binding, live_world};
 
 /// What the handlers read.
@@ -31,12 +31,7 @@ pub struct Webhook {
 
 impl Webhook {
     fn world(&self) -> World {
-        World {
-            backends: self.ctx.backends.state(),
-            pools: self.ctx.pools.state(),
-            bindings: self.ctx.bindings.state(),
-            instance_types: self.ctx.instance_types.state(),
-        }
+        self.ctx.world()
     }
 }
 
@@ -133,27 +128,16 @@ async fn mutate_pods_handler(
         && let Some(pod) = &req.object
     {
         let ns = req.namespace.clone().unwrap_or_default();
-        let binding = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(kvcache_render::pod::BINDING_ANNOTATION))
-            .cloned();
-        if let Some(binding) = binding.filter(|b| !b.is_empty())
-            && !resolves(&world, &ns, &binding)
+        if let Some(binding) = kvcache_render::pod::binding_named(&pod.metadata)
+            && world.chain(&ns, binding).backend.is_none()
         {
-            let mut live = World::default();
-            if let Err(e) = live_binding(&hook.ctx.client, &ns, &binding, &mut live).await {
+            // What the live read finds replaces what the caches hold; a Binding it does not
+            // find is gone.
+            world.remove_binding(&ns, binding);
+            if let Err(e) = live_binding(&hook.ctx.client, &ns, binding, &mut world).await {
                 tracing::warn!(namespace = %ns, binding = %binding, error = %e, "live read for a Pod's Binding failed");
                 unreadable = Some(e);
             }
-            world.bindings.retain(|b| {
-                !(b.metadata.namespace.as_deref() == Some(ns.as_str())
-                    && b.metadata.name.as_deref() == Some(binding.as_str()))
-            });
-            world.bindings.extend(live.bindings);
-            world.pools.extend(live.pools);
-            world.backends.extend(live.backends);
         }
     }
     let config = &hook.ctx.config;

@@ -242,7 +242,10 @@ pub(super) fn etcd(
         }),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
-                ("cpu".to_owned(), K8sQuantity("25m".into())),
+                (
+                    "cpu".to_owned(),
+                    K8sQuantity(kvcache_api::resources::ETCD_CPU_REQUEST.into()),
+                ),
                 ("memory".to_owned(), K8sQuantity("64Mi".into())),
             ])),
             ..Default::default()
@@ -332,6 +335,12 @@ pub(super) fn etcd(
                     ))),
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
+                    priority_class_name: b
+                        .spec
+                        .connection
+                        .managed
+                        .as_ref()
+                        .and_then(|m| m.priority_class_name.clone()),
                     image_pull_secrets: pull_secrets(b),
                     security_context: Some(PodSecurityContext {
                         run_as_user: Some(ETCD_UID),

@@ -6,11 +6,12 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec,
-    Probe, ResourceRequirements, Volume,
+    Probe, Volume,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvcache_api::backend::Managed;
+use kvcache_api::resources::{LEADER_CPU_REQUEST, LEADER_MEMORY_REQUEST};
 use kvcache_inject::{env as env_value, field_env};
 use kvcache_quota::policy::{POLICY_KEY, POLICY_PATH};
 
@@ -137,6 +138,7 @@ pub(super) fn leader_deployment(
                 spec: Some(PodSpec {
                     service_account_name: Some(account(elects.then_some(leader))),
                     automount_service_account_token: Some(elects),
+                    priority_class_name: managed.priority_class_name.clone(),
                     image_pull_secrets: pull_secrets(b),
                     init_containers: (!init.is_empty()).then_some(init),
                     containers: vec![master_container(inputs, managed, env, mounts)],
@@ -243,10 +245,11 @@ fn master_container(
         env: Some(env),
         ports: Some(ports),
         readiness_probe: Some(ready),
-        resources: Some(ResourceRequirements {
-            requests: Some(std::collections::BTreeMap::from([store_cpu_request()])),
-            ..Default::default()
-        }),
+        resources: Some(store_resources(
+            managed.leader.resources.as_ref(),
+            LEADER_CPU_REQUEST,
+            LEADER_MEMORY_REQUEST,
+        )),
         liveness_probe: Some(Probe {
             initial_delay_seconds: Some(10),
             ..live

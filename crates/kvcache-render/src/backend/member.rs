@@ -14,13 +14,15 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvcache_api::backend::{LocalDisk, Managed, Medium, MemberAddressing, MemberGroup, Protocol};
+use kvcache_api::resources::MEMBER_CPU_REQUEST;
 use kvcache_api::rules::{BUCKET_BYTES, BUCKET_KEYS, DRAM_DEVICE_VISIBILITY_ENV};
+use kvcache_inject::transport::TCP_TUNING;
 use kvcache_inject::{env as env_value, field_env};
 
 use super::{
     BackendInputs, DEFAULT_LOCAL_BUFFER, ELECTOR_PATH, MEMBER_BASE_PORT, POD_SPEC_HASH,
     SHUTDOWN_MARGIN_SECONDS, TIER_STAGING_BYTES, account, bytes, client_endpoint, elector_install,
-    empty_dir, leader_name, meta, mount, pull_policy, pull_secrets, store_cpu_request,
+    empty_dir, leader_name, meta, mount, pull_policy, pull_secrets, store_resources,
 };
 use crate::names::{self, backend_labels, backend_selector};
 use crate::{Error, fingerprint};
@@ -119,6 +121,16 @@ fn store_env(g: &Group<'_>) -> Vec<EnvVar> {
             .filter(|name| !g.group.extra_env.iter().any(|e| e.name == **name))
             .map(|name| env_value(name, MEMBER_RPC_TIMEOUT_MS.to_string())),
     );
+    // The transport defaults engines get too (kvcache_inject::transport); the group's own
+    // `extraEnv` entry of a name replaces it.
+    if g.protocol.artifact() == "tcp" {
+        env.extend(
+            TCP_TUNING
+                .iter()
+                .filter(|t| !g.group.extra_env.iter().any(|e| e.name == t.name))
+                .map(|t| env_value(t.name, t.value)),
+        );
+    }
     if g.group.medium == Medium::Dram {
         env.extend(
             DRAM_DEVICE_VISIBILITY_ENV
@@ -362,17 +374,13 @@ pub(super) fn member_daemon_set(
     let mut env = store_env(&g);
     let (mut volumes, mut mounts) = (Vec::new(), Vec::new());
     let mut init = Vec::new();
-    let mut request = match group.medium {
-        Medium::Dram => g.segment.saturating_add(g.buffer),
-        Medium::Vram => g.buffer,
-    };
+    // The same floor admission holds a written request to.
+    let request = kvcache_api::backend::member_memory_floor(&g.field_path, group)?;
     let mut lifecycle = None;
     let mut grace = SHUTDOWN_MARGIN_SECONDS;
     if let Some(tier) = group.tier() {
         let parts = disk_tier(&g, managed, tier)?;
         env.extend(parts.env);
-        // The store allocates the tier's staging buffer in the member.
-        request = request.saturating_add(TIER_STAGING_BYTES);
         volumes.push(parts.volume);
         mounts.push(parts.mount);
         lifecycle = Some(parts.pre_stop);
@@ -435,6 +443,7 @@ pub(super) fn member_daemon_set(
                 .into(),
             ),
             runtime_class_name: group.runtime_class_name.clone(),
+            priority_class_name: managed.priority_class_name.clone(),
             image_pull_secrets: pull_secrets(inputs.backend),
             termination_grace_period_seconds: Some(grace),
             init_containers: (!init.is_empty()).then_some(init),
@@ -468,6 +477,25 @@ pub(super) fn member_daemon_set(
         }),
         ..Default::default()
     })
+}
+
+/// A member container's requests and limits: the group's `resources` over the defaults (1 CPU,
+/// the memory `request` of its segment and staging buffers), with the fabric's device limits
+/// (Kubernetes takes an extended resource's request from its limit).
+fn member_resources(
+    g: &Group<'_>,
+    request: u64,
+    fabric: BTreeMap<String, K8sQuantity>,
+) -> ResourceRequirements {
+    let memory = kvcache_api::quantity::format_bytes(request);
+    let mut resources = store_resources(g.group.resources.as_ref(), MEMBER_CPU_REQUEST, &memory);
+    if !fabric.is_empty() {
+        resources
+            .limits
+            .get_or_insert_with(BTreeMap::new)
+            .extend(fabric);
+    }
+    resources
 }
 
 /// The member container: `mc_store_rest_server` (under `kvcache-elector member --` with Lease
@@ -505,17 +533,7 @@ fn member_container(
             failure_threshold: Some(3),
             ..Default::default()
         }),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                store_cpu_request(),
-                (
-                    "memory".to_owned(),
-                    K8sQuantity(kvcache_api::quantity::format_bytes(request)),
-                ),
-            ])),
-            limits: (!limits.is_empty()).then_some(limits),
-            ..Default::default()
-        }),
+        resources: Some(member_resources(g, request, limits)),
         lifecycle,
         security_context: security(g),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),

@@ -6,21 +6,23 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference, Service,
-    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    ConfigMap, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference, ResourceRequirements,
+    Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::{MemberAddressing, PullPolicy};
-use kvcache_api::rules::BUCKET_BYTES;
+use kvcache_api::resources::StoreResources;
 use kvcache_quota::policy::{POLICY_KEY, PolicyDocument};
 
 mod etcd;
 mod leader;
 mod member;
+pub mod plan;
 pub use etcd::{DEFAULT_ETCD_STORAGE, ETCD_CLIENT_PORT, ETCD_PEER_PORT, etcd_endpoints, etcd_name};
 pub(crate) use member::fabric_device;
 
@@ -40,10 +42,7 @@ pub const ADMIN_PORT: i32 = 9003;
 pub const ELECTOR_PORT: i32 = 8090;
 /// A member group's REST port is this plus its index.
 pub const MEMBER_BASE_PORT: i32 = 8080;
-/// The default staging buffer per member.
-pub const DEFAULT_LOCAL_BUFFER: u64 = 16 << 20;
-/// The staging buffer of a disk tier (the store's default is 1.25 GiB): two buckets.
-pub const TIER_STAGING_BYTES: u64 = 2 * BUCKET_BYTES;
+pub use kvcache_api::resources::{DEFAULT_LOCAL_BUFFER, TIER_STAGING_BYTES};
 /// The annotation holding a member template's fingerprint.
 pub const POD_SPEC_HASH: &str = "kvcache.gpustack.ai/pod-spec-hash";
 /// Where the elector binary is delivered inside store Pods.
@@ -52,23 +51,36 @@ pub const ELECTOR_PATH: &str = "/kvcache/bin/kvcache-elector";
 pub const SHUTDOWN_MARGIN_SECONDS: i64 = 60;
 /// The Lease duration the elector is given.
 pub const LEASE_SECONDS: i32 = 6;
-/// The CPU every store container (master, member) requests. Without a request a container gets
-/// the kernel's minimum CPU share: beside engines that request cores and prefill on all of them,
-/// the elector then missed its 4 s renew deadline and restarted the master, emptying the cache
-/// (seen by `cargo xtask bench prefix` on two cores). 25m is a share twelve times the minimum
-/// and small enough that the test nodes (two cores each) still place every store the suites run
-/// (100m left engine Pods unschedulable there).
-pub const STORE_CPU_REQUEST: &str = "25m";
-
-/// The CPU request of a store container, as Kubernetes writes it.
-pub fn store_cpu_request() -> (
-    String,
-    k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-) {
-    (
-        "cpu".to_owned(),
-        k8s_openapi::apimachinery::pkg::api::resource::Quantity(STORE_CPU_REQUEST.to_owned()),
-    )
+/// A store container's requests and limits: what `written` says, each request it leaves out
+/// from its default (`cpu`, `memory`, from `kvcache_api::resources`), and only the limits it
+/// writes. Without a request a store container gets the kernel's smallest CPU weight and,
+/// beside engines prefilling on every core, the store starves (crates/kvcache-operator/README.md).
+pub(crate) fn store_resources(
+    written: Option<&StoreResources>,
+    cpu: &str,
+    memory: &str,
+) -> ResourceRequirements {
+    let request_cpu = written
+        .and_then(StoreResources::cpu_request)
+        .map_or(cpu, |q| q.as_str());
+    let request_memory = written
+        .and_then(StoreResources::memory_request)
+        .map_or(memory, |q| q.as_str());
+    let mut limits = BTreeMap::new();
+    if let Some(q) = written.and_then(StoreResources::cpu_limit) {
+        limits.insert("cpu".to_owned(), K8sQuantity(q.as_str().to_owned()));
+    }
+    if let Some(q) = written.and_then(StoreResources::memory_limit) {
+        limits.insert("memory".to_owned(), K8sQuantity(q.as_str().to_owned()));
+    }
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), K8sQuantity(request_cpu.to_owned())),
+            ("memory".to_owned(), K8sQuantity(request_memory.to_owned())),
+        ])),
+        limits: (!limits.is_empty()).then_some(limits),
+        ..Default::default()
+    }
 }
 
 /// What rendering a backend takes.
@@ -93,25 +105,12 @@ pub struct BackendInputs<'a> {
     pub policy: Option<&'a PolicyDocument>,
 }
 
-/// The namespaces holding a Binding to a pool on `backend`, sorted and once each: their
-/// engines dial a warm backend's etcd.
-pub fn bound_namespaces<'a>(
-    backend: &str,
-    pools: impl IntoIterator<Item = &'a kvcache_api::KVCachePool>,
-    bindings: impl IntoIterator<Item = &'a kvcache_api::KVCachePoolBinding>,
-) -> Vec<String> {
-    let pools: std::collections::BTreeSet<&str> = pools
-        .into_iter()
-        .filter(|p| p.spec.backend() == Some(backend))
-        .filter_map(|p| p.metadata.name.as_deref())
-        .collect();
-    bindings
-        .into_iter()
-        .filter(|b| pools.contains(b.spec.pool_ref.name.as_str()))
-        .filter_map(|b| b.metadata.namespace.clone())
-        .collect::<std::collections::BTreeSet<String>>()
-        .into_iter()
-        .collect()
+/// The store image a backend runs: its own, else the setting.
+pub fn store_image<'a>(
+    b: &'a KVCacheBackend,
+    settings: &'a kvcache_api::Settings,
+) -> Option<&'a str> {
+    b.spec.image.as_deref().or(settings.backend_image())
 }
 
 /// Every object of a managed backend.

@@ -1,0 +1,345 @@
+//! The applied set: every object a pass renders is applied under the operator's field manager
+//! and recorded; one sweep over the kinds the owner owns then deletes what belongs to the owner
+//! and was not recorded. A teardown is the same sweep over an empty set. What the sweep does with
+//! each object it lists is decided by [`sweep_action`], a pure function.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::info;
+
+use crate::error::{Error, kube as kerr};
+
+/// A kind whose objects an owner renders, listed by the sweep.
+#[derive(Clone, Debug)]
+pub struct OwnedKind {
+    resource: ApiResource,
+    /// A workload: a teardown deletes it in the foreground and waits for its Pods, within their
+    /// termination grace plus a slack.
+    workload: bool,
+}
+
+impl OwnedKind {
+    /// A kind whose objects go at once.
+    pub fn of<K: Resource<DynamicType = ()>>() -> Self {
+        OwnedKind {
+            resource: ApiResource::erase::<K>(&()),
+            workload: false,
+        }
+    }
+
+    /// A workload kind (Deployment, DaemonSet, StatefulSet): a teardown waits for its Pods.
+    pub fn workload<K: Resource<DynamicType = ()>>() -> Self {
+        OwnedKind {
+            workload: true,
+            ..Self::of::<K>()
+        }
+    }
+}
+
+/// How a sweep deletes what it does not keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sweep {
+    /// A pass: what the render no longer returns goes (in the background).
+    Prune,
+    /// The owner is going: workloads are deleted in the foreground and awaited, each for its
+    /// Pods' termination grace plus `slack` after the owner's deletion (`elapsed` ago), then
+    /// abandoned to the garbage collector.
+    Teardown {
+        /// Since the owner's deletion started.
+        elapsed: Duration,
+        /// Beyond a workload's termination grace.
+        slack: Duration,
+    },
+}
+
+/// What a sweep does with one listed object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SweepAction {
+    /// Rendered this pass, or not the owner's: left alone.
+    Keep,
+    /// Already going (a prune does not ask twice).
+    Going,
+    /// Deleted; `wait` when the teardown waits for it to be gone.
+    Delete {
+        /// In the foreground (its Pods first).
+        foreground: bool,
+        /// The teardown is held until it is gone.
+        wait: bool,
+    },
+    /// Past its Pods' termination grace plus the slack: left to the garbage collector.
+    Abandon {
+        /// The Pods' termination grace the workload declares.
+        grace: Duration,
+    },
+}
+
+/// What a sweep does with `object` of `kind`, owned by `owner_uid`, when the pass recorded
+/// `kept` (names of that kind).
+pub fn sweep_action(
+    object: &DynamicObject,
+    kind: &OwnedKind,
+    owner_uid: &str,
+    kept: &BTreeSet<String>,
+    how: Sweep,
+) -> SweepAction {
+    let owned = object.owner_references().iter().any(|o| o.uid == owner_uid)
+        || object.labels().get(kvcache_render::backend::OWNER_LABEL) == Some(&owner_uid.into());
+    if !owned || kept.contains(&object.name_any()) {
+        return SweepAction::Keep;
+    }
+    match how {
+        Sweep::Prune if object.meta().deletion_timestamp.is_some() => SweepAction::Going,
+        Sweep::Prune => SweepAction::Delete {
+            foreground: false,
+            wait: false,
+        },
+        Sweep::Teardown { .. } if !kind.workload => SweepAction::Delete {
+            foreground: false,
+            wait: false,
+        },
+        Sweep::Teardown { elapsed, slack } => {
+            let grace = Duration::from_secs(
+                object.data["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+                    .as_u64()
+                    .unwrap_or(30),
+            );
+            if elapsed > grace + slack {
+                SweepAction::Abandon { grace }
+            } else {
+                SweepAction::Delete {
+                    foreground: true,
+                    wait: true,
+                }
+            }
+        }
+    }
+}
+
+/// What a sweep left: the objects a teardown waits for, and those it abandoned.
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// `Kind name` of each object still going.
+    pub waiting: Vec<String>,
+    /// Each abandoned workload, its kind and its Pods' termination grace.
+    pub abandoned: Vec<(ObjectReference, String, Duration)>,
+}
+
+/// A namespaced kind an applied set can apply.
+pub trait Owned:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + Serialize
+    + DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> Owned for K where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug
+{
+}
+
+/// The objects one owner's pass applied, in one namespace.
+pub struct AppliedSet {
+    client: Client,
+    namespace: String,
+    owner_uid: String,
+    /// The label selector that finds the owner's objects of any kind.
+    selector: String,
+    /// `(kind, name)` of every object applied or kept this pass.
+    kept: BTreeSet<(String, String)>,
+    /// Kinds the sweep leaves alone this pass.
+    untouched: BTreeSet<String>,
+}
+
+fn kind_of<K: Resource<DynamicType = ()>>() -> String {
+    K::kind(&()).into_owned()
+}
+
+impl AppliedSet {
+    /// An empty set for the owner with uid `owner_uid`, whose objects in `namespace` carry
+    /// `selector`.
+    pub fn new(client: Client, namespace: &str, owner_uid: &str, selector: String) -> Self {
+        AppliedSet {
+            client,
+            namespace: namespace.to_owned(),
+            owner_uid: owner_uid.to_owned(),
+            selector,
+            kept: BTreeSet::new(),
+            untouched: BTreeSet::new(),
+        }
+    }
+
+    /// Applies `obj` (server-side, under the operator's field manager, forced) and records it.
+    pub async fn apply<K: Owned>(&mut self, obj: &K) -> Result<K, Error> {
+        let live =
+            super::apply(&Api::namespaced(self.client.clone(), &self.namespace), obj).await?;
+        self.keep::<K>(&obj.name_any());
+        Ok(live)
+    }
+
+    /// Creates `obj` when no object of its name exists and records it either way: fields other
+    /// writers own after creation (a Lease's holder) are never applied over.
+    pub async fn create_once<K: Owned>(&mut self, obj: &K) -> Result<(), Error> {
+        let api: Api<K> = Api::namespaced(self.client.clone(), &self.namespace);
+        let name = obj.name_any();
+        let live = api
+            .get_opt(&name)
+            .await
+            .map_err(kerr("get", format!("{} {name}", kind_of::<K>())))?;
+        if live.is_none() {
+            super::apply(&api, obj).await?;
+        }
+        self.keep::<K>(&name);
+        Ok(())
+    }
+
+    /// Records an object of kind `K` as rendered without applying it.
+    pub fn keep<K: Resource<DynamicType = ()>>(&mut self, name: &str) {
+        self.kept.insert((kind_of::<K>(), name.to_owned()));
+    }
+
+    /// Leaves every object of kind `K` as it is this pass (neither applied nor swept).
+    pub fn leave_kind<K: Resource<DynamicType = ()>>(&mut self) {
+        self.untouched.insert(kind_of::<K>());
+    }
+
+    /// Lists the owner's objects of each kind in `kinds` and deletes those not recorded, as
+    /// [`sweep_action`] decides.
+    pub async fn sweep(&self, kinds: &[OwnedKind], how: Sweep) -> Result<Swept, Error> {
+        let mut swept = Swept::default();
+        for kind in kinds {
+            let name = kind.resource.kind.clone();
+            if self.untouched.contains(&name) {
+                continue;
+            }
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(self.client.clone(), &self.namespace, &kind.resource);
+            let listed = api
+                .list(&ListParams::default().labels(&self.selector))
+                .await
+                .map_err(kerr("list", format!("{name}s of {}", self.owner_uid)))?;
+            let kept: BTreeSet<String> = self
+                .kept
+                .iter()
+                .filter(|(k, _)| *k == name)
+                .map(|(_, n)| n.clone())
+                .collect();
+            for o in listed {
+                let object = o.name_any();
+                match sweep_action(&o, kind, &self.owner_uid, &kept, how) {
+                    SweepAction::Keep | SweepAction::Going => {}
+                    SweepAction::Abandon { grace } => {
+                        swept
+                            .abandoned
+                            .push((o.object_ref(&kind.resource), name.clone(), grace));
+                    }
+                    SweepAction::Delete { foreground, wait } => {
+                        if how == Sweep::Prune {
+                            info!(kind = %name, name = %object, "pruning an object the render no longer returns");
+                        }
+                        let params = if foreground {
+                            DeleteParams::foreground()
+                        } else {
+                            DeleteParams::default()
+                        };
+                        if super::delete(&api, &name, &object, &params).await? && wait {
+                            swept.waiting.push(format!("{name} {object}"));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(swept)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Service;
+
+    fn object(name: &str, owner: &str, deleting: bool, grace: Option<u64>) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {
+                "name": name, "namespace": "ns",
+                "ownerReferences": [{"apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend",
+                    "name": "b", "uid": owner, "controller": true}],
+                "deletionTimestamp": deleting.then_some("2026-01-01T00:00:00Z"),
+            },
+            "spec": {"template": {"spec": {"terminationGracePeriodSeconds": grace}}}
+        }))
+        .expect("an object")
+    }
+
+    #[test]
+    fn a_prune_deletes_only_the_owners_objects_the_pass_did_not_record() {
+        let kind = OwnedKind::workload::<Deployment>();
+        let kept = BTreeSet::from(["leader".to_owned()]);
+        let act = |o: &DynamicObject| sweep_action(o, &kind, "u", &kept, Sweep::Prune);
+        assert_eq!(act(&object("leader", "u", false, None)), SweepAction::Keep);
+        assert_eq!(
+            act(&object("other", "someone", false, None)),
+            SweepAction::Keep
+        );
+        assert_eq!(act(&object("old", "u", true, None)), SweepAction::Going);
+        assert_eq!(
+            act(&object("old", "u", false, None)),
+            SweepAction::Delete {
+                foreground: false,
+                wait: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_teardown_waits_for_a_workload_within_its_grace_and_then_abandons_it() {
+        let kept = BTreeSet::new();
+        let teardown = |elapsed| Sweep::Teardown {
+            elapsed: Duration::from_secs(elapsed),
+            slack: Duration::from_secs(120),
+        };
+        let workload = OwnedKind::workload::<Deployment>();
+        let o = object("leader", "u", true, Some(60));
+        assert_eq!(
+            sweep_action(&o, &workload, "u", &kept, teardown(100)),
+            SweepAction::Delete {
+                foreground: true,
+                wait: true
+            }
+        );
+        assert_eq!(
+            sweep_action(&o, &workload, "u", &kept, teardown(181)),
+            SweepAction::Abandon {
+                grace: Duration::from_secs(60)
+            }
+        );
+        // Without a declared grace, Kubernetes' 30 s.
+        let o = object("leader", "u", true, None);
+        assert!(matches!(
+            sweep_action(&o, &workload, "u", &kept, teardown(151)),
+            SweepAction::Abandon { .. }
+        ));
+        // A Service is deleted and not waited for.
+        let service = OwnedKind::of::<Service>();
+        assert_eq!(
+            sweep_action(&o, &service, "u", &kept, teardown(1000)),
+            SweepAction::Delete {
+                foreground: false,
+                wait: false
+            }
+        );
+    }
+}

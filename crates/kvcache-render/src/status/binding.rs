@@ -1,0 +1,172 @@
+//! A Binding's whole status, decided in one place for its one writer (the Binding controller):
+//! what its pool's last pass concluded from the master's ledger, the workloads attached to it
+//! (`usedBy`), and, while it is deleted, where its release stands.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kvcache_api::KVCachePoolBinding;
+use kvcache_api::admission::tenant_of;
+use kvcache_api::backend::ObjectRef as Consumer;
+use kvcache_api::condition::merge;
+use kvcache_api::pool::{KVCachePoolBindingStatus, PoolPhase};
+use kvcache_quota::status::{
+    BindingInput, BindingVerdict, Release, binding_releasable, binding_status,
+    binding_status_document,
+};
+
+use crate::names::binding_id;
+
+/// What a Binding's ledger conditions come from this pass.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PoolConclusion {
+    /// Its pool's last pass concluded this from one reading of the master's ledger.
+    Concluded(BindingVerdict),
+    /// Its pool does not exist: the Binding says so itself until the pool arrives.
+    NoPool,
+    /// Its pool exists and has not concluded yet (the operator just started): what is stored
+    /// stays.
+    Pending,
+}
+
+/// The Binding's status after this pass, or `None` when it is what is stored already (nothing
+/// to write). `release` is where its deletion stands, once it has a deletion timestamp: its
+/// pool then leaves it alone, and the conditions its pool wrote last stay beside `Releasable`.
+pub fn binding_status_after(
+    b: &KVCachePoolBinding,
+    conclusion: PoolConclusion,
+    used_by: Vec<Consumer>,
+    release: Option<&Release>,
+    now: &Time,
+) -> Option<KVCachePoolBindingStatus> {
+    let stored = b.status.clone().unwrap_or_default();
+    let generation = b.metadata.generation;
+    let verdict = match (release, conclusion) {
+        (Some(_), _) | (None, PoolConclusion::Pending) => None,
+        (None, PoolConclusion::Concluded(v)) => Some(v),
+        (None, PoolConclusion::NoPool) => Some(binding_status(&BindingInput {
+            binding: &binding_id(b),
+            tenant: tenant_of(b),
+            ceiling_bytes: b
+                .spec
+                .quota
+                .ceiling
+                .bytes("spec.quota.ceiling")
+                .unwrap_or(0),
+            pool: None,
+            entry: None,
+            contested_with: &[],
+            release: Release::NotDeleting,
+        })),
+    };
+    let mut status = match verdict {
+        Some(v) => binding_status_document(generation, v, &stored, now),
+        None => stored.clone(),
+    };
+    if let Some(release) = release {
+        let condition = binding_releasable(&binding_id(b), release);
+        status.phase = Some(PoolPhase::Deleting);
+        status.phase_message = Some(condition.message.clone());
+        // `Releasable` replaced in place; the conditions its pool wrote last stay.
+        let merged = merge(&status.conditions, &[condition], now, generation);
+        for m in merged {
+            match status.conditions.iter_mut().find(|c| c.type_ == m.type_) {
+                Some(c) => *c = m,
+                None => status.conditions.push(m),
+            }
+        }
+    }
+    status.used_by = used_by;
+    (status != stored).then_some(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binding(status: Option<KVCachePoolBindingStatus>) -> KVCachePoolBinding {
+        let mut b: KVCachePoolBinding = serde_yaml::from_str(
+            "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {name: team, namespace: team-a, generation: 1}\nspec: {poolRef: {name: shared}, quota: {ceiling: 1Mi}, domain: {name: qwen, blockSize: 64, dtype: bfloat16}}\n",
+        )
+        .expect("a Binding");
+        b.status = status;
+        b
+    }
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+    }
+
+    fn user(name: &str) -> Consumer {
+        Consumer {
+            kind: "ModelDeployment".into(),
+            namespace: Some("team-a".into()),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn a_binding_without_its_pool_says_so_and_a_second_pass_writes_nothing() {
+        let first = binding_status_after(
+            &binding(None),
+            PoolConclusion::NoPool,
+            vec![user("qwen")],
+            None,
+            &now(),
+        )
+        .expect("a first status");
+        assert_eq!(first.phase, Some(PoolPhase::Error));
+        assert_eq!(first.used_by, [user("qwen")]);
+        let again = binding_status_after(
+            &binding(Some(first)),
+            PoolConclusion::NoPool,
+            vec![user("qwen")],
+            None,
+            &now(),
+        );
+        assert_eq!(again, None);
+    }
+
+    #[test]
+    fn a_pending_pool_keeps_the_stored_conditions_and_still_updates_used_by() {
+        let stored =
+            binding_status_after(&binding(None), PoolConclusion::NoPool, vec![], None, &now())
+                .expect("a status");
+        let after = binding_status_after(
+            &binding(Some(stored.clone())),
+            PoolConclusion::Pending,
+            vec![user("qwen")],
+            None,
+            &now(),
+        )
+        .expect("usedBy moved");
+        assert_eq!(after.conditions, stored.conditions);
+        assert_eq!(after.used_by, [user("qwen")]);
+    }
+
+    #[test]
+    fn a_deleted_binding_reports_its_release_beside_the_conditions_its_pool_wrote() {
+        let stored =
+            binding_status_after(&binding(None), PoolConclusion::NoPool, vec![], None, &now())
+                .expect("a status");
+        let held = Release::Held(vec!["ModelDeployment team-a/qwen".into()]);
+        let after = binding_status_after(
+            &binding(Some(stored.clone())),
+            // Ignored while deleting: the pool leaves a deleted Binding alone.
+            PoolConclusion::NoPool,
+            vec![user("qwen")],
+            Some(&held),
+            &now(),
+        )
+        .expect("the release is new");
+        assert_eq!(after.phase, Some(PoolPhase::Deleting));
+        let releasable = after
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Releasable")
+            .expect("Releasable");
+        assert_eq!(releasable.status, "False");
+        // The pool's conditions stay as stored.
+        for c in stored.conditions.iter().filter(|c| c.type_ != "Releasable") {
+            assert!(after.conditions.contains(c), "{c:?}");
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The backend controller's pass decided from recorded inputs (the snapshot inputs under
+//! `tests/inputs/`, live objects built from what the render returns), without an API server.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSetStatus, DeploymentStatus};
+use k8s_openapi::jiff::Timestamp;
+use kvcache_api::manifest::{self, Object};
+use kvcache_api::{KVCacheBackend, Settings};
+use kvcache_render::backend::plan::{BackendRead, plan};
+use kvcache_render::world::World;
+
+const NS: &str = "gpustack-system";
+
+fn input(name: &str) -> (KVCacheBackend, World) {
+    let path = format!("{}/tests/inputs/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("input");
+    let objects: Vec<Object> = manifest::parse(&path, &text)
+        .expect("input parses")
+        .into_iter()
+        .map(|m| m.object)
+        .collect();
+    let world = World::from_objects(&objects);
+    let backend = world.backends().next().expect("a backend").clone();
+    (backend, world)
+}
+
+fn read<'a>(
+    b: &'a KVCacheBackend,
+    world: &'a World,
+    settings: Option<&'a Settings>,
+) -> BackendRead<'a> {
+    BackendRead {
+        backend: b,
+        namespace: NS,
+        settings,
+        settings_refused: None,
+        world,
+        deployments: &[],
+        daemon_sets: &[],
+        stateful_sets: &[],
+        lease: None,
+        store_pods: &[],
+        store: None,
+        jobs: BTreeMap::new(),
+        now: Timestamp::UNIX_EPOCH,
+    }
+}
+
+#[test]
+fn a_managed_backend_renders_its_objects_and_decides_each_groups_step() {
+    let (b, world) = input("two-groups.yaml");
+    let settings = Settings::default();
+    let p = plan(&read(&b, &world, Some(&settings))).expect("a plan");
+    let objects = p.objects.expect("objects to apply");
+    assert_eq!(objects.daemon_sets.len(), 2);
+    assert_eq!(p.groups.len(), 2);
+    assert!(
+        p.groups.iter().all(|g| g.desired.is_none()),
+        "no DaemonSet read yet"
+    );
+    assert_eq!(p.observation.rollout.len(), 2);
+    assert_eq!(p.observation.rendered_hashes.len(), 2);
+    assert!(p.observation.endpoint.is_some());
+    assert!(p.write_policy);
+    assert!(p.foreign.is_empty());
+}
+
+#[test]
+fn what_runs_is_read_back_into_the_groups_and_the_leader() {
+    let (b, world) = input("two-groups.yaml");
+    let settings = Settings::default();
+    let first = plan(&read(&b, &world, Some(&settings))).expect("a plan");
+    let objects = first.objects.expect("objects");
+    let mut daemon_sets = objects.daemon_sets.clone();
+    daemon_sets[1].status = Some(DaemonSetStatus {
+        desired_number_scheduled: 2,
+        ..Default::default()
+    });
+    let mut leader = objects.deployment.clone().expect("a leader");
+    leader.status = Some(DeploymentStatus {
+        ready_replicas: Some(1),
+        ..Default::default()
+    });
+    let deployments = [leader];
+    let again = plan(&BackendRead {
+        daemon_sets: &daemon_sets,
+        deployments: &deployments,
+        ..read(&b, &world, Some(&settings))
+    })
+    .expect("a plan");
+    assert_eq!(
+        again.groups.iter().map(|g| g.desired).collect::<Vec<_>>(),
+        [None, Some(2)]
+    );
+    assert_eq!(again.observation.leader.map(|l| l.ready), Some(1));
+}
+
+#[test]
+fn without_settings_or_a_store_image_nothing_is_rendered_and_the_reason_is_kept() {
+    let (b, world) = input("walkthrough-backend.yaml");
+    let unsettled = plan(&BackendRead {
+        settings_refused: Some("kv-cache-dtype-owned: not a boolean".into()),
+        ..read(&b, &world, None)
+    })
+    .expect("a plan");
+    assert!(unsettled.objects.is_none());
+    assert_eq!(
+        unsettled.observation.settings_refused,
+        Some(("kv-cache-dtype-owned: not a boolean".into(), false))
+    );
+    let imageless = Settings {
+        kv_cache_backend_image: None,
+        ..Settings::default()
+    };
+    let mut own = b.clone();
+    own.spec.image = None;
+    let p = plan(&read(&own, &world, Some(&imageless))).expect("a plan");
+    assert!(p.objects.is_none());
+    assert_eq!(
+        p.observation.render_refused.map(|(reason, _)| reason),
+        Some("NoStoreImage")
+    );
+}
+
+#[test]
+fn an_external_backend_renders_nothing_and_reports_its_client_address() {
+    let (b, world) = input("external.yaml");
+    let settings = Settings::default();
+    let p = plan(&read(&b, &world, Some(&settings))).expect("a plan");
+    assert!(p.objects.is_none());
+    assert!(p.observation.rollout.is_empty());
+    assert!(p.observation.endpoint.is_some(), "{:?}", p.observation);
+}

@@ -1,0 +1,65 @@
+//! The rig the engine benchmarks share (`bench prefix`, `bench transfer`): two engine-sized
+//! nodes with the real vLLM image, the walkthrough's store at the rig's sizes, its pool,
+//! team-a's Binding, the engines' InstanceType, and the operator.
+
+use std::path::PathBuf;
+
+use kube::api::DynamicObject;
+use kvcache_e2e::cluster::{self, block_on, client_from};
+use kvcache_e2e::engine;
+use kvcache_e2e::nodes::{ENGINE_NODE_ALLOCATABLE_MEMORY, NodeCluster};
+use kvcache_e2e::operator::Operator;
+use kvcache_e2e::{images, paths, walkthrough};
+
+use crate::setup;
+
+/// Where the store runs.
+pub const NS: &str = "gpustack-system";
+/// The namespace of the engines and of their Binding.
+pub const TEAM: &str = "team-a";
+/// The walkthrough's backend.
+pub const BACKEND: &str = "mooncake-dram";
+
+/// A running rig; dropping it stops the operator, then the cluster (fields drop in order).
+pub struct Rig {
+    _operator: Operator,
+    pub nodes: NodeCluster,
+    pub dir: PathBuf,
+}
+
+/// Brings the rig up in a scratch folder named `name`; `edit` changes the backend (its JSON)
+/// before it is applied.
+pub fn up(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> anyhow::Result<Rig> {
+    setup::all()?;
+    let dir = paths::scratch(name)?;
+    let nodes =
+        NodeCluster::start_sized(&dir, 2, images::WITH_VLLM, ENGINE_NODE_ALLOCATABLE_MEMORY)?;
+    let mut objects = engine::walkthrough_store(1)?;
+    edit(&mut objects[0]);
+    objects.push(engine::binding(TEAM, "shared-dram", None));
+    objects.push(engine::instance_type());
+    let objects: Vec<DynamicObject> = objects
+        .into_iter()
+        .map(serde_json::from_value)
+        .collect::<Result<_, _>>()
+        .map_err(|e| kvcache_e2e::Error::Invalid {
+            path: format!("the {name} benchmark's objects"),
+            what: "object",
+            reason: e.to_string(),
+        })?;
+    let kc = nodes.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        cluster::install_crds(&client, &cluster::crds_dir()).await?;
+        walkthrough::ensure_namespace(&client, NS).await?;
+        walkthrough::apply(&client, &objects).await
+    })?;
+    let operator = Operator::builder(&nodes.nodes.kubeconfig, NS)
+        .on_nodes(&nodes.nodes)
+        .start(&dir)?;
+    Ok(Rig {
+        _operator: operator,
+        nodes,
+        dir,
+    })
+}

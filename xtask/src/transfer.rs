@@ -1,0 +1,404 @@
+//! `cargo xtask bench transfer`: how fast the store moves bytes between the two nodes, idle and
+//! while both engines serve prompts, beside raw TCP between the same two Pods, in one run.
+//!
+//! On two engine-sized nodes with the operator: the walkthrough's store at the rig's sizes
+//! (`walkthrough::ENGINE_RIG_STORE_CPU`), team-a's Binding, a ModelDeployment of two real vLLM
+//! replicas attached to it, and two probe Pods of the store image, one pinned to each node.
+//! - raw: a Python socket from the probe on node 0 to the probe on node 1 (256 MiB); each
+//!   probe requests an engine's CPU (the store's client runs inside the engine's process);
+//! - store: the store's own client in the probe on node 0 (no segment of its own, the master
+//!   through its Service), put then get of each object size, for each transport setting of
+//!   [`VARIANTS`] (the client's environment: pool, lanes, chunk size);
+//! - idle: the engines up and quiet; loaded: both engines answering a loop of 480-token prompts
+//!   (two streams each), as a busy inference node.
+//!
+//! Every setting runs [`ROUNDS`] times per condition in a rotated order; medians are printed.
+//!
+//! Every failed put or get is counted and printed: a store error is not a fast transfer.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kvcache_e2e::cluster::{block_on, client_from};
+use kvcache_e2e::engine::{self, TINY_MODEL};
+use kvcache_e2e::pods::{self, exec, ip_of, name_of};
+use kvcache_e2e::{images, walkthrough};
+
+use crate::engine_rig::{self, BACKEND, NS, TEAM};
+
+const MODEL: &str = "served";
+const WAIT: Duration = Duration::from_secs(900);
+/// The raw TCP probe's port and payload.
+const RAW_PORT: &str = "5555";
+const RAW_MIB: &str = "256";
+/// Each probe's CPU request: an engine's (the store's client runs inside the engine's process,
+/// with its share). At 100m the probes themselves starved under load: raw TCP fell to 0.07 of
+/// its idle rate, and every store figure with it.
+const PROBE_CPU: &str = "500m";
+/// Rounds of every variant per condition, in a rotated order each round; medians reported.
+const ROUNDS: usize = 3;
+/// Each member's segment: every pass's objects fit without eviction.
+const SEGMENT: &str = "2Gi";
+
+/// Object sizes and how many of each a pass puts and gets.
+const SIZES: [(usize, usize); 4] = [(64 << 10, 64), (512 << 10, 32), (1 << 20, 32), (8 << 20, 4)];
+
+/// The client settings compared: a name and the environment the store's client runs with.
+/// Mooncake 0.3.13.post1's TCP transport reads these at start (its `tcp_transport.cpp` and the
+/// session's chunk size): the connection pool (on unless `0`), its lanes per peer (4), the chunk
+/// each socket read and write moves (64 KiB), and the per-peer queue (1024 slices; past it and
+/// its 1024-entry overflow a burst is refused as queue-full).
+pub const VARIANTS: [(&str, &[(&str, &str)]); 5] = [
+    ("0.3.13 defaults", &[]),
+    ("pool off", &[("MC_TCP_ENABLE_CONNECTION_POOL", "0")]),
+    ("8 lanes", &[("MC_TCP_LANES_PER_PEER", "8")]),
+    ("1 MiB chunks", &[("MC_TCP_SLICE_SIZE", "1048576")]),
+    (
+        "rendered (queue 65535)",
+        &[("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535")],
+    ),
+];
+
+/// One pass of the store client: per size, MB/s of puts and gets and the failures.
+const STORE_PASS: &str = r#"
+import json, os, sys, time
+from mooncake.store import MooncakeDistributedStore
+master, host, tag, plan = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+store = MooncakeDistributedStore()
+rc = store.setup({"local_hostname": host, "metadata_server": "P2PHANDSHAKE", "global_segment_size": 0,
+                  "local_buffer_size": 256 << 20, "protocol": "tcp", "rdma_devices": "", "master_server_addr": master})
+if rc != 0:
+    print(json.dumps({"error": f"setup returned {rc}"})); sys.exit(1)
+rows = []
+for size, count in plan:
+    data = os.urandom(size)
+    keys = [f"xfer-{tag}-{size}-{i}" for i in range(count)]
+    t = time.perf_counter(); codes = [store.put(k, data) for k in keys]; put_s = time.perf_counter() - t
+    t = time.perf_counter(); got = [store.get(k) for k in keys]; get_s = time.perf_counter() - t
+    rows.append({"size": size, "count": count, "put_s": put_s, "get_s": get_s,
+                 "put_failed": sum(1 for c in codes if c != 0),
+                 "get_failed": sum(1 for g in got if len(g) != size or g != data)})
+store.close()
+print(json.dumps({"rows": rows}))
+"#;
+
+/// The raw TCP receiver: one connection, everything read, the byte count answered.
+const RAW_SERVER: &str = r#"
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(1); s.settimeout(120)
+c, _ = s.accept(); n = 0
+while True:
+    b = c.recv(1 << 20)
+    if not b: break
+    n += len(b)
+c.sendall(str(n).encode()); c.close()
+"#;
+
+/// The raw TCP sender: MiB of 1 MiB writes to the receiver, timed to its answer.
+const RAW_CLIENT: &str = r#"
+import json, socket, sys, time
+host, port, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+buf = b"x" * (1 << 20)
+for attempt in range(100):
+    try:
+        s = socket.create_connection((host, port), timeout=120); break
+    except OSError:
+        time.sleep(0.1)
+t = time.perf_counter()
+for _ in range(mib): s.sendall(buf)
+s.shutdown(socket.SHUT_WR)
+n = int(s.recv(64)); secs = time.perf_counter() - t
+print(json.dumps({"bytes": n, "seconds": secs}))
+"#;
+
+/// Every round's rows per (condition, variant).
+type Results = BTreeMap<(&'static str, &'static str), Vec<Vec<SizeRow>>>;
+
+/// The median over rounds of one size's put and get rates, and the failures summed.
+fn medians(rounds: &[Vec<SizeRow>], size: usize) -> (f64, f64, usize) {
+    let rows: Vec<&SizeRow> = rounds.iter().flatten().filter(|r| r.size == size).collect();
+    let mid = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    (
+        mid(rows.iter().map(|r| r.rate(r.put_s)).collect()),
+        mid(rows.iter().map(|r| r.rate(r.get_s)).collect()),
+        rows.iter().map(|r| r.put_failed + r.get_failed).sum(),
+    )
+}
+
+/// One store pass's figures for one size.
+#[derive(Clone, Debug, serde::Deserialize)]
+struct SizeRow {
+    size: usize,
+    count: usize,
+    put_s: f64,
+    get_s: f64,
+    put_failed: usize,
+    get_failed: usize,
+}
+
+impl SizeRow {
+    fn rate(&self, seconds: f64) -> f64 {
+        (self.size * self.count) as f64 / seconds / 1e6
+    }
+}
+
+pub fn transfer() -> anyhow::Result<()> {
+    let rig = engine_rig::up("bench-transfer", |backend| {
+        if let Some(groups) = backend["spec"]["connection"]["managed"]["members"].as_array_mut() {
+            for g in groups {
+                g["capacityPerMember"] = SEGMENT.into();
+            }
+        }
+    })?;
+    let node_names: Vec<String> = rig
+        .nodes
+        .nodes
+        .nodes
+        .iter()
+        .map(|n| n.name.clone())
+        .collect();
+    let kc = rig.nodes.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        measure(&client, &node_names).await
+    })?;
+    Ok(())
+}
+
+/// A probe Pod of the store image pinned to `node`, sleeping until exec'd into.
+fn probe(name: &str, node: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": TEAM},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "probe",
+                "image": images::STORE.name,
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "infinity"],
+                "resources": {"requests": {"cpu": PROBE_CPU, "memory": "512Mi"}}
+            }]
+        }
+    }))
+    .expect("a Pod")
+}
+
+/// Runs the ModelDeployment and the probes, then every pass idle and under load.
+async fn measure(client: &kube::Client, node_names: &[String]) -> Result<(), kvcache_e2e::Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), TEAM);
+    let [a, b] = ["probe-0", "probe-1"];
+    for (name, node) in [a, b].iter().zip(node_names) {
+        api.create(&PostParams::default(), &probe(name, node))
+            .await?;
+    }
+    let md = engine::model_deployment(TEAM, MODEL, TINY_MODEL, Some(TEAM), 2);
+    Api::<kvcache_api::ModelDeployment>::namespaced(client.clone(), TEAM)
+        .patch(
+            MODEL,
+            &PatchParams::apply(walkthrough::MANAGER).force(),
+            &Patch::Apply(&md),
+        )
+        .await?;
+    let engines = pods::wait_ready(&api, &walkthrough::role_pods(MODEL, "server"), 2, WAIT).await?;
+    let engines: Vec<String> = engines.iter().map(|p| name_of(p).to_owned()).collect();
+    for name in [a, b] {
+        pods::wait_pod(&api, name, "the probe Running", WAIT, |p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .await?;
+    }
+    let ip_a = ip_of(&api.get(a).await?).unwrap_or_default().to_owned();
+    let ip_b = ip_of(&api.get(b).await?).unwrap_or_default().to_owned();
+    let master = format!(
+        "{}:{}",
+        kvcache_render::backend::leader_name(BACKEND) + "." + NS + ".svc",
+        kvcache_render::backend::RPC_PORT
+    );
+    println!("engines {engines:?} Ready; probes on {node_names:?}; master {master}");
+
+    let mut results: Results = BTreeMap::new();
+    let mut raw = BTreeMap::new();
+    for condition in ["idle", "loaded"] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let served = Arc::new(AtomicU64::new(0));
+        let mut load = Vec::new();
+        if condition == "loaded" {
+            for (i, pod) in engines.iter().enumerate() {
+                for stream in 0..2u32 {
+                    let (api, pod, stop, served) =
+                        (api.clone(), pod.clone(), stop.clone(), served.clone());
+                    let mut seed = 100_000 * (1 + i as u32) + 10_000 * stream;
+                    load.push(tokio::spawn(async move {
+                        while !stop.load(Ordering::Relaxed) {
+                            seed += 1;
+                            let p = engine::prompt(seed, 480);
+                            if engine::complete(&api, &pod, TINY_MODEL, &p, 16)
+                                .await
+                                .is_ok()
+                            {
+                                served.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }));
+                }
+            }
+            // The engines busy before the first pass.
+            tokio::time::sleep(Duration::from_secs(10)).await;
+        }
+        let mut raws = Vec::new();
+        for round in 0..ROUNDS {
+            let r = raw_pass(&api, (a, b), &ip_b).await?;
+            println!("{condition} round {round}: raw TCP {r:.0} MB/s");
+            raws.push(r);
+            for k in 0..VARIANTS.len() {
+                let i = (k + round) % VARIANTS.len();
+                let (variant, env) = VARIANTS[i];
+                let tag = format!("{condition}-{round}-{i}");
+                let rows = store_pass(&api, a, &ip_a, &master, &tag, env).await?;
+                for row in &rows {
+                    println!(
+                        "{condition} round {round} {variant}: {} x {} KiB: put {:.1} MB/s, get {:.1} MB/s, failed {}/{}",
+                        row.count,
+                        row.size >> 10,
+                        row.rate(row.put_s),
+                        row.rate(row.get_s),
+                        row.put_failed,
+                        row.get_failed
+                    );
+                }
+                results.entry((condition, variant)).or_default().push(rows);
+            }
+        }
+        raws.sort_by(f64::total_cmp);
+        raw.insert(condition, raws[raws.len() / 2]);
+        stop.store(true, Ordering::Relaxed);
+        for task in load {
+            let _ = task.await;
+        }
+        if condition == "loaded" {
+            println!(
+                "loaded: the engines answered {} prompts meanwhile",
+                served.load(Ordering::Relaxed)
+            );
+        }
+    }
+    print_table(&results, &raw);
+    walkthrough::remove_model(client, TEAM, MODEL, WAIT).await?;
+    Ok(())
+}
+
+/// Raw TCP from the probe `a` to the probe `b` (at `ip_b`): MB/s.
+async fn raw_pass(
+    api: &Api<Pod>,
+    (a, b): (&str, &str),
+    ip_b: &str,
+) -> Result<f64, kvcache_e2e::Error> {
+    let server_cmd = ["python3", "-c", RAW_SERVER, RAW_PORT];
+    let sender_cmd = ["python3", "-c", RAW_CLIENT, ip_b, RAW_PORT, RAW_MIB];
+    let server = exec(api, b, None, &server_cmd);
+    let sender = exec(api, a, None, &sender_cmd);
+    let (server, sender) = tokio::join!(server, sender);
+    let (server, sender) = (server?, sender?);
+    if !server.success || !sender.success {
+        return Err(kvcache_e2e::Error::Engine {
+            pod: a.to_owned(),
+            message: format!(
+                "the raw TCP probe failed: sender {} {}; receiver {}",
+                sender.stdout, sender.stderr, server.stderr
+            ),
+        });
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(sender.stdout.trim()).map_err(|e| kvcache_e2e::Error::Engine {
+            pod: a.to_owned(),
+            message: format!("an unreadable raw TCP answer ({e}): {}", sender.stdout),
+        })?;
+    Ok(v["bytes"].as_f64().unwrap_or_default() / v["seconds"].as_f64().unwrap_or(f64::NAN) / 1e6)
+}
+
+/// One pass of the store's client in the probe `pod` with `env` set.
+async fn store_pass(
+    api: &Api<Pod>,
+    pod: &str,
+    ip: &str,
+    master: &str,
+    tag: &str,
+    env: &[(&str, &str)],
+) -> Result<Vec<SizeRow>, kvcache_e2e::Error> {
+    let plan = serde_json::to_string(&SIZES).unwrap_or_default();
+    let mut command: Vec<String> = vec!["env".into()];
+    command.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    command.extend(
+        ["python3", "-c", STORE_PASS, master, ip, tag, &plan]
+            .iter()
+            .map(|s| (*s).to_owned()),
+    );
+    let args: Vec<&str> = command.iter().map(String::as_str).collect();
+    let out = exec(api, pod, None, &args).await?;
+    let failed = |why: String| kvcache_e2e::Error::Engine {
+        pod: pod.to_owned(),
+        message: format!(
+            "the store pass {tag} failed ({why}): {} {}",
+            out.stdout,
+            out.stderr
+                .lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+    };
+    let last = out.stdout.lines().last().unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(last).map_err(|e| failed(e.to_string()))?;
+    if !out.success {
+        return Err(failed("a non-zero exit".into()));
+    }
+    serde_json::from_value(v["rows"].clone()).map_err(|e| failed(e.to_string()))
+}
+
+/// The README's tables: per variant and size, the median MB/s idle and loaded, loaded/idle,
+/// store/raw.
+fn print_table(results: &Results, raw: &BTreeMap<&str, f64>) {
+    let (raw_idle, raw_loaded) = (raw["idle"], raw["loaded"]);
+    println!();
+    println!(
+        "raw TCP node 0 -> node 1 (median of {ROUNDS}): idle {raw_idle:.0} MB/s, loaded {raw_loaded:.0} MB/s ({:.2})",
+        raw_loaded / raw_idle
+    );
+    println!();
+    println!(
+        "| client setting | object | put idle | get idle | put loaded | get loaded | loaded/idle (put, get) | idle store/raw (put, get) | failed |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (variant, _) in VARIANTS {
+        let (Some(idle), Some(loaded)) = (
+            results.get(&("idle", variant)),
+            results.get(&("loaded", variant)),
+        ) else {
+            continue;
+        };
+        for (size, count) in SIZES {
+            let (pi, gi, fi) = medians(idle, size);
+            let (pl, gl, fl) = medians(loaded, size);
+            println!(
+                "| {variant} | {count} x {} KiB | {pi:.0} MB/s | {gi:.0} MB/s | {pl:.0} MB/s | {gl:.0} MB/s | {:.2}, {:.2} | {:.2}, {:.2} | {} |",
+                size >> 10,
+                pl / pi,
+                gl / gi,
+                pi / raw_idle,
+                gi / raw_idle,
+                fi + fl
+            );
+        }
+    }
+}
