@@ -99,6 +99,73 @@ pub fn start_etcd(bin: &Path, dir: &Path) -> Result<(Proc, u16)> {
     Ok((etcd, client))
 }
 
+/// The API server's command line (audited, serving on `port`, storing in etcd at
+/// `etcd_client`) and where its audit log goes.
+fn apiserver(
+    bin: &Path,
+    dir: &Path,
+    options: &Options,
+    pki: &pki::PkiFiles,
+    etcd_client: u16,
+    port: u16,
+) -> Result<(Command, PathBuf)> {
+    // Writes by service accounts are audited (who, from which address): what a Pod of
+    // the operator wrote can be told from what its standby did not.
+    let audit_policy = dir.join("audit-policy.yaml");
+    std::fs::write(&audit_policy, AUDIT_POLICY).map_err(crate::io("writing the audit policy"))?;
+    let audit_log = dir.join("audit.log");
+    let mut api = Command::new(bin.join("kube-apiserver"));
+    api.arg(format!("--audit-policy-file={}", audit_policy.display()))
+        .arg(format!("--audit-log-path={}", audit_log.display()))
+        .arg("--audit-log-format=json")
+        .arg("--audit-log-maxsize=200");
+    api.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
+        .arg(match options.advertise {
+            Some(_) => "--bind-address=0.0.0.0",
+            None => "--bind-address=127.0.0.1",
+        })
+        .arg(format!(
+            "--advertise-address={}",
+            options.advertise.as_deref().unwrap_or("127.0.0.1")
+        ))
+        .arg(format!("--secure-port={port}"))
+        .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
+        .arg(format!(
+            "--tls-private-key-file={}",
+            pki.serving_key.display()
+        ))
+        .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
+        // Logs and exec reach the kubelets as the admin (the kubelets trust this CA).
+        .arg(format!(
+            "--kubelet-client-certificate={}",
+            pki.admin_cert.display()
+        ))
+        .arg(format!("--kubelet-client-key={}", pki.admin_key.display()))
+        .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
+        .arg(format!(
+            "--service-account-key-file={}",
+            pki.sa_pub.display()
+        ))
+        .arg(format!(
+            "--service-account-signing-key-file={}",
+            pki.sa_key.display()
+        ))
+        .arg("--service-account-issuer=https://kubernetes.default.svc")
+        .arg("--authorization-mode=Node,RBAC")
+        .arg("--service-cluster-ip-range=10.96.0.0/16")
+        .arg(format!(
+            "--cert-dir={}",
+            dir.join("apiserver-certs").display()
+        ))
+        .arg("--enable-priority-and-fairness=false")
+        // Webhook Services are dialled at a ready endpoint (the Pod's address, which the
+        // host routes to the nodes) rather than at the ClusterIP, which only the nodes'
+        // kube-proxy knows.
+        .arg("--enable-aggregator-routing=true")
+        .arg("--v=1");
+    Ok((api, audit_log))
+}
+
 impl ControlPlane {
     /// Starts etcd and the control plane in `dir` and waits until the API server is ready.
     /// Must not be called from inside a tokio runtime (it runs its own for the readiness check).
@@ -113,61 +180,7 @@ impl ControlPlane {
 
         let port = free_port()?;
         let server = format!("https://127.0.0.1:{port}");
-        // Writes by service accounts are audited (who, from which address): what a Pod of
-        // the operator wrote can be told from what its standby did not.
-        let audit_policy = dir.join("audit-policy.yaml");
-        std::fs::write(&audit_policy, AUDIT_POLICY)
-            .map_err(crate::io("writing the audit policy"))?;
-        let audit_log = dir.join("audit.log");
-        let mut api = Command::new(bin.join("kube-apiserver"));
-        api.arg(format!("--audit-policy-file={}", audit_policy.display()))
-            .arg(format!("--audit-log-path={}", audit_log.display()))
-            .arg("--audit-log-format=json")
-            .arg("--audit-log-maxsize=200");
-        api.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
-            .arg(match options.advertise {
-                Some(_) => "--bind-address=0.0.0.0",
-                None => "--bind-address=127.0.0.1",
-            })
-            .arg(format!(
-                "--advertise-address={}",
-                options.advertise.as_deref().unwrap_or("127.0.0.1")
-            ))
-            .arg(format!("--secure-port={port}"))
-            .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
-            .arg(format!(
-                "--tls-private-key-file={}",
-                pki.serving_key.display()
-            ))
-            .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
-            // Logs and exec reach the kubelets as the admin (the kubelets trust this CA).
-            .arg(format!(
-                "--kubelet-client-certificate={}",
-                pki.admin_cert.display()
-            ))
-            .arg(format!("--kubelet-client-key={}", pki.admin_key.display()))
-            .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
-            .arg(format!(
-                "--service-account-key-file={}",
-                pki.sa_pub.display()
-            ))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                pki.sa_key.display()
-            ))
-            .arg("--service-account-issuer=https://kubernetes.default.svc")
-            .arg("--authorization-mode=Node,RBAC")
-            .arg("--service-cluster-ip-range=10.96.0.0/16")
-            .arg(format!(
-                "--cert-dir={}",
-                dir.join("apiserver-certs").display()
-            ))
-            .arg("--enable-priority-and-fairness=false")
-            // Webhook Services are dialled at a ready endpoint (the Pod's address, which the
-            // host routes to the nodes) rather than at the ClusterIP, which only the nodes'
-            // kube-proxy knows.
-            .arg("--enable-aggregator-routing=true")
-            .arg("--v=1");
+        let (api, audit_log) = apiserver(&bin, dir, options, &pki, etcd_client, port)?;
         let mut api = Proc::spawn("kube-apiserver", api, &dir.join("kube-apiserver.log"))?;
         wait_tcp(
             &mut api,

@@ -115,62 +115,10 @@ pub fn launch(
         let base = basename(token);
         launcher = base;
         match base {
-            "tini" | "dumb-init" | "catatonit" => {
-                i += 1;
-                while let Some(t) = argv.get(i) {
-                    if *t == "--" {
-                        i += 1;
-                        break;
-                    }
-                    if !t.starts_with('-') {
-                        break;
-                    }
-                    i += 1;
-                }
-            }
-            "env" => {
-                i += 1;
-                while let Some(t) = argv.get(i) {
-                    if *t == "-S" || t.starts_with("-S") || t.starts_with("--split-string") {
-                        return Err(Error::refused(
-                            "HiddenCommand",
-                            "env -S (--split-string) hides the command inside one argument, so it cannot be inspected; write the program and its arguments as separate items",
-                        ));
-                    }
-                    if *t == "-u" || *t == "-C" || *t == "--unset" || *t == "--chdir" {
-                        i += 2;
-                    } else if t.starts_with('-') || t.contains('=') {
-                        i += 1;
-                    } else {
-                        break;
-                    }
-                }
-            }
+            "tini" | "dumb-init" | "catatonit" => i = after_init(&argv, i + 1),
+            "env" => i = after_env(&argv, i + 1)?,
             "exec" | "nice" | "nohup" => i += 1,
-            b if SHELLS.contains(&b) => {
-                let rest = &argv[i + 1..];
-                if rest
-                    .iter()
-                    .take_while(|t| t.starts_with('-'))
-                    .any(|t| t.trim_start_matches('-').contains('c') && !t.starts_with("--"))
-                {
-                    return Err(Error::refused(
-                        "ShellLaunch",
-                        format!(
-                            "{b} -c runs a command string: an appended flag would become $0, not reach the engine; run the engine's program directly"
-                        ),
-                    ));
-                }
-                return Err(match rest.iter().find(|t| !t.starts_with('-')) {
-                    Some(script) if script.ends_with(".sh") => script_refusal(script),
-                    _ => Error::refused(
-                        "UnknownLauncher",
-                        format!(
-                            "{b} runs a script whose forwarding of \"$@\" cannot be known; run the engine's program directly or declare forwarding"
-                        ),
-                    ),
-                });
-            }
+            b if SHELLS.contains(&b) => return Err(shell_refusal(b, &argv[i + 1..])),
             b if b.ends_with(".sh") => {
                 if forwarded {
                     return Ok(Launch {
@@ -197,6 +145,67 @@ pub fn launch(
             }
             b => return judge(b, None, Some(b), forwarded, row, all),
         }
+    }
+}
+
+/// Past an init process's own flags (`tini -s --`): the index of the program it runs.
+fn after_init(argv: &[&str], mut i: usize) -> usize {
+    while let Some(t) = argv.get(i) {
+        if *t == "--" {
+            return i + 1;
+        }
+        if !t.starts_with('-') {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// Past `env`'s flags and assignments: the index of the program it runs; `env -S` is refused
+/// (the command hides inside one argument).
+fn after_env(argv: &[&str], mut i: usize) -> Result<usize, Error> {
+    while let Some(t) = argv.get(i) {
+        if *t == "-S" || t.starts_with("-S") || t.starts_with("--split-string") {
+            return Err(Error::refused(
+                "HiddenCommand",
+                "env -S (--split-string) hides the command inside one argument, so it cannot be inspected; write the program and its arguments as separate items",
+            ));
+        }
+        if *t == "-u" || *t == "-C" || *t == "--unset" || *t == "--chdir" {
+            i += 2;
+        } else if t.starts_with('-') || t.contains('=') {
+            i += 1;
+        } else {
+            break;
+        }
+    }
+    Ok(i)
+}
+
+/// Why a shell launch is refused: `-c` makes an appended flag `$0`; a script's forwarding of
+/// `"$@"` cannot be known.
+fn shell_refusal(shell: &str, rest: &[&str]) -> Error {
+    if rest
+        .iter()
+        .take_while(|t| t.starts_with('-'))
+        .any(|t| t.trim_start_matches('-').contains('c') && !t.starts_with("--"))
+    {
+        return Error::refused(
+            "ShellLaunch",
+            format!(
+                "{shell} -c runs a command string: an appended flag would become $0, not reach the engine; run the engine's program directly"
+            ),
+        );
+    }
+    match rest.iter().find(|t| !t.starts_with('-')) {
+        Some(script) if script.ends_with(".sh") => script_refusal(script),
+        _ => Error::refused(
+            "UnknownLauncher",
+            format!(
+                "{shell} runs a script whose forwarding of \"$@\" cannot be known; run the engine's program directly or declare forwarding"
+            ),
+        ),
     }
 }
 

@@ -593,113 +593,187 @@ pub struct BindingVerdict {
     pub conditions: Vec<Cond>,
 }
 
-/// Computes a Binding's status.
+/// Computes a Binding's status: one function per condition, in the order they are written,
+/// then [`binding_phase`] from them.
 pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {
     let who = format!("KVCachePoolBinding {}", input.binding);
-    let tenant = input.tenant;
-    let mut conds = Vec::new();
-    let mut figures = (None, None, None);
-    match input.pool {
-        None => {
-            conds.push(Cond::no(b::QUOTA_OBSERVED, "PoolNotFound", format!("{who} names a KVCachePool that does not exist: ask an administrator to create it")));
-            conds.push(Cond::unknown(
-                b::QUOTA_GRANTED,
-                "PoolNotFound",
-                "no pool, so no grant",
-            ));
-        }
-        Some((pool, verdict)) => match (verdict.ledger, input.entry) {
-            (Some(false), _) => {
-                conds.push(Cond::yes(
-                    b::QUOTA_OBSERVED,
-                    "NoLedger",
-                    format!("the backend of KVCachePool {pool} keeps no tenant ledger"),
-                ));
-                conds.push(Cond::yes(
-                    b::QUOTA_GRANTED,
-                    "Unenforced",
-                    format!("no ceiling is enforced: the backend of KVCachePool {pool} runs without multi-tenancy, engines are given no tenant id and every write lands in the store's default tenant"),
-                ));
-            }
-            (Some(true), Some(entry)) => {
-                conds.push(Cond::yes(
-                    b::QUOTA_OBSERVED,
-                    "Observed",
-                    format!("tenant {tenant} read from the ledger"),
-                ));
-                figures = (
-                    Some(entry.effective_quota_bytes),
-                    Some(entry.usage_bytes()),
-                    Some(entry.over_quota),
-                );
-                conds.push(if entry.effective_quota_bytes == 0 {
-                    Cond::no(
-                        b::QUOTA_GRANTED,
-                        "ZeroGranted",
-                        format!("the master granted tenant {tenant} nothing: check KVCachePool {pool}'s CapacityAllocatable (NothingToAllocate while members mount or remount after a leader restart, about half a minute)"),
-                    )
-                } else if entry.effective_quota_bytes < input.ceiling_bytes {
-                    Cond::yes(
-                        b::QUOTA_GRANTED,
-                        "Recut",
-                        format!(
-                            "granted {} of the {} ceiling: the ceilings on this backend exceed its allocatable capacity, so the master recut every grant in proportion",
-                            bytes(entry.effective_quota_bytes),
-                            bytes(input.ceiling_bytes)
-                        ),
-                    )
-                } else {
-                    Cond::yes(b::QUOTA_GRANTED, "Granted", format!("granted {}", bytes(entry.effective_quota_bytes)))
-                });
-            }
-            (Some(true), None) => {
-                conds.push(Cond::no(
-                    b::QUOTA_OBSERVED,
-                    "TenantNotInLedger",
-                    format!("tenant {tenant} is not in the ledger yet: the operator registers it on its next pass; writes meanwhile fail with TENANT_NOT_REGISTERED"),
-                ));
-                conds.push(Cond::unknown(
-                    b::QUOTA_GRANTED,
-                    "TenantNotInLedger",
-                    format!("tenant {tenant} has no grant yet"),
-                ));
-            }
-            (None, _) => {
-                conds.push(Cond::unknown(
-                    b::QUOTA_OBSERVED,
-                    "LedgerNotObserved",
-                    format!("the ledger of KVCachePool {pool}'s backend is not readable now; see the pool's QuotaLedgerAvailable"),
-                ));
-                conds.push(Cond::unknown(
-                    b::QUOTA_GRANTED,
-                    "LedgerNotObserved",
-                    "no grant read",
-                ));
-            }
-        },
+    let (observed, granted, figures) = quota_observed_and_granted(input, &who);
+    let conds = vec![
+        observed,
+        granted,
+        domain_exclusive(input.tenant, input.contested_with),
+        release_cond(b::RELEASABLE, &input.release, &who, "workload"),
+    ];
+    let (phase, phase_message) = binding_phase(input, &conds);
+    BindingVerdict {
+        phase,
+        phase_message,
+        effective_quota_bytes: figures.map(|f| f.effective_quota_bytes),
+        usage_bytes: figures.map(|f| f.usage_bytes),
+        over_quota: figures.map(|f| f.over_quota),
+        conditions: conds,
     }
-    conds.push(if input.contested_with.is_empty() {
-        Cond::yes(b::DOMAIN_EXCLUSIVE, "Exclusive", format!("domain {tenant} is held by this Binding alone"))
+}
+
+/// The figures a Binding shows from its tenant's ledger entry.
+#[derive(Clone, Copy, Debug)]
+struct Figures {
+    effective_quota_bytes: u64,
+    usage_bytes: u64,
+    over_quota: bool,
+}
+
+/// `QuotaObserved` and `QuotaGranted`, decided together (both read the same pool verdict and
+/// ledger entry), and the figures the entry gives.
+fn quota_observed_and_granted(
+    input: &BindingInput<'_>,
+    who: &str,
+) -> (Cond, Cond, Option<Figures>) {
+    let tenant = input.tenant;
+    let Some((pool, verdict)) = input.pool else {
+        return (
+            Cond::no(
+                b::QUOTA_OBSERVED,
+                "PoolNotFound",
+                format!(
+                    "{who} names a KVCachePool that does not exist: ask an administrator to create it"
+                ),
+            ),
+            Cond::unknown(b::QUOTA_GRANTED, "PoolNotFound", "no pool, so no grant"),
+            None,
+        );
+    };
+    match (verdict.ledger, input.entry) {
+        (Some(false), _) => (
+            Cond::yes(
+                b::QUOTA_OBSERVED,
+                "NoLedger",
+                format!("the backend of KVCachePool {pool} keeps no tenant ledger"),
+            ),
+            Cond::yes(
+                b::QUOTA_GRANTED,
+                "Unenforced",
+                format!(
+                    "no ceiling is enforced: the backend of KVCachePool {pool} runs without multi-tenancy, engines are given no tenant id and every write lands in the store's default tenant"
+                ),
+            ),
+            None,
+        ),
+        (Some(true), Some(entry)) => (
+            Cond::yes(
+                b::QUOTA_OBSERVED,
+                "Observed",
+                format!("tenant {tenant} read from the ledger"),
+            ),
+            quota_granted(
+                pool,
+                tenant,
+                entry.effective_quota_bytes,
+                input.ceiling_bytes,
+            ),
+            Some(Figures {
+                effective_quota_bytes: entry.effective_quota_bytes,
+                usage_bytes: entry.usage_bytes(),
+                over_quota: entry.over_quota,
+            }),
+        ),
+        (Some(true), None) => (
+            Cond::no(
+                b::QUOTA_OBSERVED,
+                "TenantNotInLedger",
+                format!(
+                    "tenant {tenant} is not in the ledger yet: the operator registers it on its next pass; writes meanwhile fail with TENANT_NOT_REGISTERED"
+                ),
+            ),
+            Cond::unknown(
+                b::QUOTA_GRANTED,
+                "TenantNotInLedger",
+                format!("tenant {tenant} has no grant yet"),
+            ),
+            None,
+        ),
+        (None, _) => (
+            Cond::unknown(
+                b::QUOTA_OBSERVED,
+                "LedgerNotObserved",
+                format!(
+                    "the ledger of KVCachePool {pool}'s backend is not readable now; see the pool's QuotaLedgerAvailable"
+                ),
+            ),
+            Cond::unknown(b::QUOTA_GRANTED, "LedgerNotObserved", "no grant read"),
+            None,
+        ),
+    }
+}
+
+/// `QuotaGranted` for a tenant the ledger lists: nothing, less than the ceiling (a recut), or
+/// the ceiling.
+fn quota_granted(pool: &str, tenant: &str, granted: u64, ceiling: u64) -> Cond {
+    if granted == 0 {
+        Cond::no(
+            b::QUOTA_GRANTED,
+            "ZeroGranted",
+            format!(
+                "the master granted tenant {tenant} nothing: check KVCachePool {pool}'s CapacityAllocatable (NothingToAllocate while members mount or remount after a leader restart, about half a minute)"
+            ),
+        )
+    } else if granted < ceiling {
+        Cond::yes(
+            b::QUOTA_GRANTED,
+            "Recut",
+            format!(
+                "granted {} of the {} ceiling: the ceilings on this backend exceed its allocatable capacity, so the master recut every grant in proportion",
+                bytes(granted),
+                bytes(ceiling)
+            ),
+        )
+    } else {
+        Cond::yes(
+            b::QUOTA_GRANTED,
+            "Granted",
+            format!("granted {}", bytes(granted)),
+        )
+    }
+}
+
+/// `DomainExclusive`: whether another Binding claims the same tenant on the same backend.
+fn domain_exclusive(tenant: &str, contested_with: &[String]) -> Cond {
+    if contested_with.is_empty() {
+        Cond::yes(
+            b::DOMAIN_EXCLUSIVE,
+            "Exclusive",
+            format!("domain {tenant} is held by this Binding alone"),
+        )
     } else {
         Cond::no(
             b::DOMAIN_EXCLUSIVE,
             "DomainClaimedByMultipleBindings",
             format!(
                 "domain {tenant} is also claimed on the same backend by {}: they raced past admission; delete all but one, or give each its own spec.domain.name (in a new Binding)",
-                input.contested_with.join(", ")
+                contested_with.join(", ")
             ),
         )
-    });
-    conds.push(release_cond(
-        b::RELEASABLE,
-        &input.release,
-        &who,
-        "workload",
-    ));
+    }
+}
 
-    let blocking = conds
+/// A Binding's phase from its conditions: `Deleting` with the release's message while it is
+/// deleted, `Error` with the first failing condition (or its pool's error), else `Ready`.
+fn binding_phase(input: &BindingInput<'_>, conds: &[Cond]) -> (PoolPhase, Option<String>) {
+    if input.release != Release::NotDeleting {
+        return (
+            PoolPhase::Deleting,
+            find(conds, b::RELEASABLE).map(|c| c.message.clone()),
+        );
+    }
+    if let Some(c) = conds
         .iter()
-        .find(|c| c.status == Status::False && c.type_ != b::RELEASABLE);
+        .find(|c| c.status == Status::False && c.type_ != b::RELEASABLE)
+    {
+        return (
+            PoolPhase::Error,
+            Some(format!("{}: {}", c.type_, c.message)),
+        );
+    }
     let pool_error = input
         .pool
         .filter(|(_, v)| v.phase == PoolPhase::Error)
@@ -708,28 +782,9 @@ pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {
                 .as_ref()
                 .map(|m| format!("KVCachePool {name}: {m}"))
         });
-    let (phase, phase_message) = if input.release != Release::NotDeleting {
-        (
-            PoolPhase::Deleting,
-            find(&conds, b::RELEASABLE).map(|c| c.message.clone()),
-        )
-    } else if let Some(c) = blocking {
-        (
-            PoolPhase::Error,
-            Some(format!("{}: {}", c.type_, c.message)),
-        )
-    } else if let Some(m) = pool_error {
-        (PoolPhase::Error, Some(m))
-    } else {
-        (PoolPhase::Ready, None)
-    };
-    BindingVerdict {
-        phase,
-        phase_message,
-        effective_quota_bytes: figures.0,
-        usage_bytes: figures.1,
-        over_quota: figures.2,
-        conditions: conds,
+    match pool_error {
+        Some(m) => (PoolPhase::Error, Some(m)),
+        None => (PoolPhase::Ready, None),
     }
 }
 

@@ -152,9 +152,8 @@ fn etcd_policy(
     }
 }
 
-/// The headless Service (peers find each other by name before any is ready) and the
-/// StatefulSet: `Parallel` so that three members start together and form their cluster, claims
-/// deleted with the backend.
+/// The headless Service (peers find each other by name before any is ready), the StatefulSet
+/// and the NetworkPolicy of a warm backend's etcd.
 pub(super) fn etcd(
     b: &KVCacheBackend,
     namespace: &str,
@@ -163,9 +162,6 @@ pub(super) fn etcd(
     bound_namespaces: &[String],
 ) -> Result<EtcdObjects, Error> {
     let backend = b.metadata.name.clone().unwrap_or_default();
-    let set = etcd_name(&backend);
-    let labels = backend_labels(&backend, "etcd");
-    let replicas = leader.etcd_replicas().max(1);
     let spec = leader.etcd.clone().unwrap_or_default();
     let size = spec
         .storage_size
@@ -178,6 +174,42 @@ pub(super) fn etcd(
             reason,
         })
     })?;
+    let member = EtcdMember {
+        backend: &backend,
+        namespace,
+        replicas: leader.etcd_replicas().max(1),
+    };
+    let claim = etcd_claim(&backend, spec.storage_class_name.clone(), size);
+    let container = etcd_container(b, &member, image, claim_bytes);
+    Ok(EtcdObjects {
+        policy: etcd_policy(b, namespace, &backend, bound_namespaces),
+        service: etcd_service(b, &member),
+        stateful_set: etcd_stateful_set(b, &member, container, claim),
+    })
+}
+
+/// What the etcd's objects share: whose it is, where, and how many members.
+struct EtcdMember<'a> {
+    backend: &'a str,
+    namespace: &'a str,
+    replicas: i32,
+}
+
+/// The etcd container: its flags name every member as an initial peer (a member finds the
+/// others under the headless Service), the cluster token is the backend's, and the database
+/// quota is half the claim.
+fn etcd_container(
+    b: &KVCacheBackend,
+    member: &EtcdMember<'_>,
+    image: &str,
+    claim_bytes: u64,
+) -> Container {
+    let EtcdMember {
+        backend,
+        namespace,
+        replicas,
+    } = *member;
+    let set = etcd_name(backend);
     let peers = (0..replicas)
         .map(|i| format!("{set}-{i}=http://{set}-{i}.{set}.{namespace}.svc:{ETCD_PEER_PORT}"))
         .collect::<Vec<_>>()
@@ -195,7 +227,7 @@ pub(super) fn etcd(
         // A token per backend: members of another backend's etcd can never join this one.
         format!(
             "--initial-cluster-token={}",
-            b.metadata.uid.as_deref().unwrap_or(&backend)
+            b.metadata.uid.as_deref().unwrap_or(backend)
         ),
         // etcd refuses writes (an alarm, not a crash) once its database reaches the quota; half
         // the claim leaves room for the write-ahead log and snapshots beside it.
@@ -213,7 +245,7 @@ pub(super) fn etcd(
         failure_threshold: Some(failures),
         ..Default::default()
     };
-    let container = Container {
+    Container {
         name: "etcd".into(),
         image: Some(image.into()),
         image_pull_policy: Some(pull_policy(b.spec.image_pull_policy, image)),
@@ -262,16 +294,24 @@ pub(super) fn etcd(
         }),
         volume_mounts: Some(vec![mount("data", DATA_MOUNT, false)]),
         ..Default::default()
-    };
-    let claim = PersistentVolumeClaim {
+    }
+}
+
+/// The claim template each etcd member gets (`data`, of `size`).
+fn etcd_claim(
+    backend: &str,
+    storage_class_name: Option<String>,
+    size: String,
+) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some("data".into()),
-            labels: Some(labels.clone()),
+            labels: Some(backend_labels(backend, "etcd")),
             ..Default::default()
         },
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(vec!["ReadWriteOnce".into()]),
-            storage_class_name: spec.storage_class_name.clone(),
+            storage_class_name,
             resources: Some(VolumeResourceRequirements {
                 requests: Some(BTreeMap::from([("storage".to_owned(), K8sQuantity(size))])),
                 ..Default::default()
@@ -279,13 +319,24 @@ pub(super) fn etcd(
             ..Default::default()
         }),
         ..Default::default()
-    };
-    let service = Service {
-        metadata: meta(&set, namespace, labels.clone(), b),
+    }
+}
+
+/// The headless Service: it publishes members before they are ready, since peers must find
+/// each other by name to form the cluster at all.
+fn etcd_service(b: &KVCacheBackend, member: &EtcdMember<'_>) -> Service {
+    let set = etcd_name(member.backend);
+    Service {
+        metadata: meta(
+            &set,
+            member.namespace,
+            backend_labels(member.backend, "etcd"),
+            b,
+        ),
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".into()),
             publish_not_ready_addresses: Some(true),
-            selector: Some(backend_selector(&backend, "etcd")),
+            selector: Some(backend_selector(member.backend, "etcd")),
             ports: Some(vec![
                 ServicePort {
                     name: Some("client".into()),
@@ -305,15 +356,28 @@ pub(super) fn etcd(
             ..Default::default()
         }),
         ..Default::default()
-    };
-    let stateful_set = StatefulSet {
-        metadata: meta(&set, namespace, labels.clone(), b),
+    }
+}
+
+/// The StatefulSet: `Parallel` so that three members start together and form their cluster,
+/// claims deleted with the backend, members preferring separate nodes.
+fn etcd_stateful_set(
+    b: &KVCacheBackend,
+    member: &EtcdMember<'_>,
+    container: Container,
+    claim: PersistentVolumeClaim,
+) -> StatefulSet {
+    let backend = member.backend;
+    let set = etcd_name(backend);
+    let labels = backend_labels(backend, "etcd");
+    StatefulSet {
+        metadata: meta(&set, member.namespace, labels.clone(), b),
         spec: Some(StatefulSetSpec {
-            replicas: Some(replicas),
+            replicas: Some(member.replicas),
             service_name: Some(set.clone()),
             pod_management_policy: Some("Parallel".into()),
             selector: LabelSelector {
-                match_labels: Some(backend_selector(&backend, "etcd")),
+                match_labels: Some(backend_selector(backend, "etcd")),
                 ..Default::default()
             },
             persistent_volume_claim_retention_policy: Some(
@@ -327,44 +391,43 @@ pub(super) fn etcd(
                     labels: Some(labels),
                     ..Default::default()
                 }),
-                spec: Some(PodSpec {
-                    // One member per node where the nodes allow it: a node lost costs one
-                    // member, and the quorum survives it.
-                    affinity: Some(names::prefer_separate_nodes(backend_selector(
-                        &backend, "etcd",
-                    ))),
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    priority_class_name: b
-                        .spec
-                        .connection
-                        .managed
-                        .as_ref()
-                        .and_then(|m| m.priority_class_name.clone()),
-                    image_pull_secrets: pull_secrets(b),
-                    security_context: Some(PodSecurityContext {
-                        run_as_user: Some(ETCD_UID),
-                        run_as_group: Some(ETCD_UID),
-                        fs_group: Some(ETCD_UID),
-                        run_as_non_root: Some(true),
-                        seccomp_profile: Some(k8s_openapi::api::core::v1::SeccompProfile {
-                            type_: "RuntimeDefault".into(),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }),
-                    containers: vec![container],
-                    ..Default::default()
-                }),
+                spec: Some(etcd_pod(b, backend, container)),
             },
             volume_claim_templates: Some(vec![claim]),
             ..Default::default()
         }),
         ..Default::default()
-    };
-    Ok(EtcdObjects {
-        policy: etcd_policy(b, namespace, &backend, bound_namespaces),
-        service,
-        stateful_set,
-    })
+    }
+}
+
+/// An etcd member's Pod: one member per node where the nodes allow it (a node lost costs one
+/// member, and the quorum survives it), no service-account token, the store's priority class.
+fn etcd_pod(b: &KVCacheBackend, backend: &str, container: Container) -> PodSpec {
+    PodSpec {
+        affinity: Some(names::prefer_separate_nodes(backend_selector(
+            backend, "etcd",
+        ))),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        priority_class_name: b
+            .spec
+            .connection
+            .managed
+            .as_ref()
+            .and_then(|m| m.priority_class_name.clone()),
+        image_pull_secrets: pull_secrets(b),
+        security_context: Some(PodSecurityContext {
+            run_as_user: Some(ETCD_UID),
+            run_as_group: Some(ETCD_UID),
+            fs_group: Some(ETCD_UID),
+            run_as_non_root: Some(true),
+            seccomp_profile: Some(k8s_openapi::api::core::v1::SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        containers: vec![container],
+        ..Default::default()
+    }
 }

@@ -461,24 +461,8 @@ fn members_against_listing(
     others: &[OtherMember],
 ) -> (Cond, Option<String>) {
     const T: &str = MEMBERS_MOUNTED;
-    // A member that cannot start, or cannot be scheduled, degrades the backend with its own
-    // reason even while others serve; members still starting are not counted.
-    if let Some((pod, (reason, message))) = pods
-        .iter()
-        .filter(|p| !p.terminating)
-        .find_map(|p| p.problem.as_ref().map(|pr| (p, pr)))
-    {
-        let why = format!(
-            "member Pod {} ({}): {reason}: {message}",
-            pod.name,
-            where_(pod)
-        );
-        let cond_reason = match reason.as_str() {
-            "CrashLoopBackOff" => "MemberCrashLooping",
-            "Unschedulable" => "MemberUnschedulable",
-            _ => "MemberNotStarting",
-        };
-        return (Cond::no(T, cond_reason, why.clone()), Some(why));
+    if let Some(stuck) = member_not_starting(pods) {
+        return stuck;
     }
     let segments = match &reading.segments {
         Ok(s) => s,
@@ -497,25 +481,8 @@ fn members_against_listing(
             return (Cond::no(T, "ListingFailed", why.clone()), Some(why));
         }
     };
-    let foreign = foreign_mounts(segments, pods, others);
-    if !foreign.is_empty() {
-        let named: Vec<String> = foreign
-            .iter()
-            .map(|m| {
-                format!(
-                    "{} of backend {} ({}, {})",
-                    m.pod.name,
-                    m.backend,
-                    where_(&m.pod),
-                    m.pod.ip
-                )
-            })
-            .collect();
-        let why = format!(
-            "the master lists segments of another backend's members: {}; they are restarted to mount on their own master",
-            named.join(", ")
-        );
-        return (Cond::no(T, "ForeignMember", why.clone()), Some(why));
+    if let Some(foreign) = foreign_member(segments, pods, others) {
+        return foreign;
     }
     let ready: Vec<&MemberPod> = pods.iter().filter(|p| p.ready && !p.terminating).collect();
     if ready.is_empty() {
@@ -584,6 +551,62 @@ fn members_against_listing(
         ),
         None,
     )
+}
+
+/// A member that cannot start, or cannot be scheduled, degrades the backend with its own
+/// reason even while others serve; members still starting are not counted.
+fn member_not_starting(pods: &[MemberPod]) -> Option<(Cond, Option<String>)> {
+    let (pod, (reason, message)) = pods
+        .iter()
+        .filter(|p| !p.terminating)
+        .find_map(|p| p.problem.as_ref().map(|pr| (p, pr)))?;
+    let why = format!(
+        "member Pod {} ({}): {reason}: {message}",
+        pod.name,
+        where_(pod)
+    );
+    let cond_reason = match reason.as_str() {
+        "CrashLoopBackOff" => "MemberCrashLooping",
+        "Unschedulable" => "MemberUnschedulable",
+        _ => "MemberNotStarting",
+    };
+    Some((
+        Cond::no(MEMBERS_MOUNTED, cond_reason, why.clone()),
+        Some(why),
+    ))
+}
+
+/// Segments on this master of another backend's members (they are restarted to mount on their
+/// own master).
+fn foreign_member(
+    segments: &[Segment],
+    pods: &[MemberPod],
+    others: &[OtherMember],
+) -> Option<(Cond, Option<String>)> {
+    let foreign = foreign_mounts(segments, pods, others);
+    if foreign.is_empty() {
+        return None;
+    }
+    let named: Vec<String> = foreign
+        .iter()
+        .map(|m| {
+            format!(
+                "{} of backend {} ({}, {})",
+                m.pod.name,
+                m.backend,
+                where_(&m.pod),
+                m.pod.ip
+            )
+        })
+        .collect();
+    let why = format!(
+        "the master lists segments of another backend's members: {}; they are restarted to mount on their own master",
+        named.join(", ")
+    );
+    Some((
+        Cond::no(MEMBERS_MOUNTED, "ForeignMember", why.clone()),
+        Some(why),
+    ))
 }
 
 fn where_(p: &MemberPod) -> String {
