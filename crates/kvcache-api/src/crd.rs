@@ -80,7 +80,7 @@ fn tidy(schema: &mut JSONSchemaProps) {
 
 /// Joins the lines of each paragraph; keeps blank lines between paragraphs, list items on lines
 /// of their own, and fenced code blocks as written.
-pub fn reflow(text: &str) -> String {
+pub(crate) fn reflow(text: &str) -> String {
     let mut out: Vec<String> = Vec::new();
     let mut fenced = false;
     let mut joinable = false;

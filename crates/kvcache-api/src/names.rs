@@ -8,7 +8,7 @@ pub const MAX_LABEL: usize = 63;
 
 /// Whether `s` is a DNS-1123 label: lowercase letters, digits and `-`, at most 63 characters,
 /// starting and ending with a letter or digit (Namespaces, most object names, role names).
-pub fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= MAX_LABEL
         && s.bytes()
@@ -19,7 +19,7 @@ pub fn is_dns_label(s: &str) -> bool {
 
 /// Whether `s` is a DNS-1123 subdomain: dot-separated DNS labels, at most 253 characters
 /// (PriorityClass and most other cluster-scoped object names).
-pub fn is_dns_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 

@@ -28,7 +28,7 @@ pub const MEMBER_CPU_REQUEST: &str = "1";
 /// millicores: below it, beside engines prefilling on every core, the store's transfers fell
 /// from hundreds of MB/s to about 1 MB/s and a hit came slower than recomputing (measured
 /// with the kernel's CPU weight of a 25m request; `crates/kvcache-operator/README.md`).
-pub const STORE_CPU_FLOOR_MILLICORES: u64 = 250;
+pub(crate) const STORE_CPU_FLOOR_MILLICORES: u64 = 250;
 /// The etcd container's CPU request (`electionBackend: Etcd`): the masters' election and
 /// operation log go through it, and a starved etcd loses the leader's lease.
 pub const ETCD_CPU_REQUEST: &str = "100m";

@@ -11,7 +11,7 @@ use kube::core::{Message, Reason, Rule};
 /// `capacityPerMember` and `localDisks[].capacity` on a group with a tier.
 pub const BUCKET_BYTES: u64 = 16 << 20;
 /// [`BUCKET_BYTES`] as users write it.
-pub const BUCKET_QUANTITY: &str = "16Mi";
+pub(crate) const BUCKET_QUANTITY: &str = "16Mi";
 /// Keys in one operator bucket: the floor of `localDisks[].keyLimit`.
 pub const BUCKET_KEYS: i64 = 32;
 
@@ -105,7 +105,7 @@ pub fn flag_key(arg: &str) -> &str {
 }
 
 /// The reason a leader flag is refused, if it is.
-pub fn refused_leader_flag(arg: &str) -> Option<&'static str> {
+pub(crate) fn refused_leader_flag(arg: &str) -> Option<&'static str> {
     let key = flag_key(arg);
     REFUSED_LEADER_FLAGS
         .iter()
@@ -114,12 +114,12 @@ pub fn refused_leader_flag(arg: &str) -> Option<&'static str> {
 }
 
 /// Environment the operator renders into the leader container (Pod identity and the elector).
-pub const LEADER_RENDERED_ENV: &[&str] = &["POD_NAME", "POD_NAMESPACE", "POD_IP"];
+pub(crate) const LEADER_RENDERED_ENV: &[&str] = &["POD_NAME", "POD_NAMESPACE", "POD_IP"];
 /// Prefix of the elector's own configuration variables, rendered into leader and member Pods.
-pub const ELECTOR_ENV_PREFIX: &str = "KVCACHE_ELECTOR_";
+pub(crate) const ELECTOR_ENV_PREFIX: &str = "KVCACHE_ELECTOR_";
 
 /// Environment the operator renders into every member container.
-pub const MEMBER_RENDERED_ENV: &[&str] = &[
+pub(crate) const MEMBER_RENDERED_ENV: &[&str] = &[
     "POD_NAME",
     "POD_NAMESPACE",
     "POD_IP",
@@ -160,10 +160,10 @@ pub const DRAM_DEVICE_VISIBILITY_ENV: &[&str] = &[
 ];
 
 /// Why an environment name is refused in extraEnv (same words for leader and members).
-pub const RENDERED_ENV_REASON: &str = "the operator renders this variable, and with two entries of one name the runtime picks the winner";
+pub(crate) const RENDERED_ENV_REASON: &str = "the operator renders this variable, and with two entries of one name the runtime picks the winner";
 
 /// The device tree no member mounts: device plugins inject the granted devices.
-pub const INFINIBAND_DIR: &str = "/dev/infiniband";
+pub(crate) const INFINIBAND_DIR: &str = "/dev/infiniband";
 
 fn cel_list(items: &[&str]) -> String {
     let quoted: Vec<String> = items.iter().map(|i| format!("'{i}'")).collect();
@@ -187,7 +187,7 @@ pub fn exactly_one_connection() -> Rule {
 }
 
 /// `spec.image` / `members[].image`: blank is refused.
-pub fn image_not_blank() -> Rule {
+pub(crate) fn image_not_blank() -> Rule {
     rule(
         "self.trim() != ''",
         "must not be blank: an image is either named here or left out entirely so the \"kv-cache-backend-image\" setting decides",
@@ -195,7 +195,7 @@ pub fn image_not_blank() -> Rule {
 }
 
 /// `leader`: standbys need the Lease election.
-pub fn standbys_need_election() -> Rule {
+pub(crate) fn standbys_need_election() -> Rule {
     rule(
         "self.electionBackend != 'None' || self.replicas <= 1",
         "leader.replicas above 1 needs leader.electionBackend: Kubernetes or Etcd; with None only one leader can run",
@@ -203,7 +203,7 @@ pub fn standbys_need_election() -> Rule {
 }
 
 /// `leader`: `electionBackend: Etcd` is chosen when the backend is created.
-pub fn etcd_election_immutable() -> Rule {
+pub(crate) fn etcd_election_immutable() -> Rule {
     rule(
         "(self.electionBackend == 'Etcd') == (oldSelf.electionBackend == 'Etcd')",
         ETCD_SWITCH_REFUSED,
@@ -212,7 +212,7 @@ pub fn etcd_election_immutable() -> Rule {
 
 /// `leader`: with `Etcd`, the etcd's size (three members with standbys, one without) is fixed
 /// when the backend is created, so `replicas` stays on its side of one.
-pub fn etcd_size_immutable() -> Rule {
+pub(crate) fn etcd_size_immutable() -> Rule {
     rule(
         "self.electionBackend != 'Etcd' || oldSelf.electionBackend != 'Etcd' || (self.replicas > 1) == (oldSelf.replicas > 1)",
         ETCD_SIZE_REFUSED,
@@ -221,7 +221,7 @@ pub fn etcd_size_immutable() -> Rule {
 
 /// `leader`: with `Etcd`, the etcd's claims (class and size) are fixed when the backend is
 /// created: a StatefulSet's claim templates cannot be changed.
-pub fn etcd_storage_immutable() -> Rule {
+pub(crate) fn etcd_storage_immutable() -> Rule {
     rule(
         "self.electionBackend != 'Etcd' || oldSelf.electionBackend != 'Etcd' || (has(self.etcd) == has(oldSelf.etcd) && (!has(self.etcd) || self.etcd == oldSelf.etcd))",
         ETCD_STORAGE_REFUSED,
@@ -229,13 +229,13 @@ pub fn etcd_storage_immutable() -> Rule {
 }
 
 /// Why a warm backend's `leader.etcd` cannot change.
-pub const ETCD_STORAGE_REFUSED: &str = "leader.etcd (storageClassName, storageSize) is fixed when the backend is created: the etcd's claims are made from it and Kubernetes does not change a StatefulSet's claim templates; create a new backend for other storage";
+pub(crate) const ETCD_STORAGE_REFUSED: &str = "leader.etcd (storageClassName, storageSize) is fixed when the backend is created: the etcd's claims are made from it and Kubernetes does not change a StatefulSet's claim templates; create a new backend for other storage";
 
 /// Why a warm backend's `replicas` cannot cross one.
-pub const ETCD_SIZE_REFUSED: &str = "with leader.electionBackend: Etcd, leader.replicas cannot move between 1 and more than 1: the backend's etcd has three members with standbys and one without, and its membership is not changed in place; scale within the same side, or create a new backend";
+pub(crate) const ETCD_SIZE_REFUSED: &str = "with leader.electionBackend: Etcd, leader.replicas cannot move between 1 and more than 1: the backend's etcd has three members with standbys and one without, and its membership is not changed in place; scale within the same side, or create a new backend";
 
 /// Why `electionBackend` cannot move to or from `Etcd`.
-pub const ETCD_SWITCH_REFUSED: &str = "leader.electionBackend cannot move to or from Etcd: it replaces every leader and member Pod (members and engines dial etcd:// instead of the leader Service) and the cache is lost either way; create a new backend with the other mode and move the pools to it";
+pub(crate) const ETCD_SWITCH_REFUSED: &str = "leader.electionBackend cannot move to or from Etcd: it replaces every leader and member Pod (members and engines dial etcd:// instead of the leader Service) and the cache is lost either way; create a new backend with the other mode and move the pools to it";
 
 fn regex_alternatives(f: &RefusedFlags) -> String {
     let mut alts: Vec<String> = f.keys.iter().map(|k| (*k).to_string()).collect();
@@ -245,7 +245,7 @@ fn regex_alternatives(f: &RefusedFlags) -> String {
 
 /// `leader.extraArgs`: the rule for one refused family (an index into
 /// [`REFUSED_LEADER_FLAGS`]), naming the offending argument.
-pub fn leader_flags_refused(family: usize) -> Rule {
+pub(crate) fn leader_flags_refused(family: usize) -> Rule {
     let Some(f) = REFUSED_LEADER_FLAGS.get(family) else {
         return Rule::new("true");
     };
@@ -260,7 +260,7 @@ pub fn leader_flags_refused(family: usize) -> Rule {
 }
 
 /// `leader.extraEnv`: names the operator renders are refused.
-pub fn leader_env_allowed() -> Rule {
+pub(crate) fn leader_env_allowed() -> Rule {
     let names = cel_list(LEADER_RENDERED_ENV);
     rule_expr(
         format!("self.all(e, !(e.name in {names}) && !e.name.startsWith('{ELECTOR_ENV_PREFIX}'))"),
@@ -271,7 +271,7 @@ pub fn leader_env_allowed() -> Rule {
 }
 
 /// `members[].extraEnv`: names the operator renders are refused.
-pub fn member_env_allowed() -> Rule {
+pub(crate) fn member_env_allowed() -> Rule {
     let names = cel_list(MEMBER_RENDERED_ENV);
     rule_expr(
         format!("self.all(e, !(e.name in {names}) && !e.name.startsWith('{ELECTOR_ENV_PREFIX}'))"),
@@ -282,7 +282,7 @@ pub fn member_env_allowed() -> Rule {
 }
 
 /// `members[].extraArgs`: each entry is `key=value`.
-pub fn member_args_shape() -> Rule {
+pub(crate) fn member_args_shape() -> Rule {
     rule(
         "self.all(a, a.matches('^[A-Za-z0-9_.-]+=.*$'))",
         "each members[].extraArgs entry is a store configuration override written key=value; it is rendered as -D key=value",
@@ -290,7 +290,7 @@ pub fn member_args_shape() -> Rule {
 }
 
 /// A member group: no host path mounted over the group's own tier.
-pub fn host_path_not_tier() -> Rule {
+pub(crate) fn host_path_not_tier() -> Rule {
     rule(
         "!has(self.hostPaths) || !has(self.localDisks) || self.hostPaths.all(h, !self.localDisks.exists(d, d.path == h.mountPath))",
         "hostPaths[].mountPath must not be the group's own localDisks[].path: the tier is mounted there already",
@@ -298,7 +298,7 @@ pub fn host_path_not_tier() -> Rule {
 }
 
 /// A DRAM member group: the device-visibility variables are the operator's.
-pub fn dram_visibility_env() -> Rule {
+pub(crate) fn dram_visibility_env() -> Rule {
     let vis = cel_list(DRAM_DEVICE_VISIBILITY_ENV);
     rule_expr(
         format!(
@@ -311,7 +311,7 @@ pub fn dram_visibility_env() -> Rule {
 }
 
 /// `hostPaths[].mountPath`: never the InfiniBand device tree.
-pub fn mount_path_not_infiniband() -> Rule {
+pub(crate) fn mount_path_not_infiniband() -> Rule {
     rule(
         format!("self != '{INFINIBAND_DIR}' && self != '{INFINIBAND_DIR}/'"),
         "hostPaths[].mountPath must not be /dev/infiniband: device plugins inject the granted devices, and mounting the tree breaks partial grants",
@@ -321,7 +321,7 @@ pub fn mount_path_not_infiniband() -> Rule {
 const HAS_TIER: &str = "has(m.localDisks) && size(m.localDisks) > 0";
 
 /// `managed`: at most one group carries a disk tier.
-pub fn one_tier_per_backend() -> Rule {
+pub(crate) fn one_tier_per_backend() -> Rule {
     rule(
         format!("self.members.filter(m, {HAS_TIER}).size() <= 1"),
         "at most one member group per backend may declare localDisks",
@@ -329,7 +329,7 @@ pub fn one_tier_per_backend() -> Rule {
 }
 
 /// The most member groups a backend holds (the schema's `maxItems`).
-pub const MAX_GROUPS: usize = 32;
+pub(crate) const MAX_GROUPS: usize = 32;
 
 /// The projection of each group agrees between old and new at every index both have (groups are
 /// appended or dropped at the end). Kubernetes CEL has no index iteration or list slicing, so
@@ -346,7 +346,7 @@ fn common_prefix_equal(projection: &str) -> String {
 }
 
 /// `managed`: a group's medium never changes (groups are identified by position).
-pub fn medium_immutable() -> Rule {
+pub(crate) fn medium_immutable() -> Rule {
     rule(
         common_prefix_equal("m.medium"),
         "members[].medium is immutable: add a new group for the other medium (and narrow this one's nodeSelector to retire it)",
@@ -354,7 +354,7 @@ pub fn medium_immutable() -> Rule {
 }
 
 /// `managed`: a group's tier is chosen once (not added, removed or repathed).
-pub fn tier_path_immutable() -> Rule {
+pub(crate) fn tier_path_immutable() -> Rule {
     rule(
         common_prefix_equal(&format!("({HAS_TIER} ? m.localDisks[0].path : '')")),
         "members[].localDisks is chosen when the group is created: adding a tier to an existing group, removing it or changing its path is refused (capacity, keyLimit and eviction stay editable); append a new group instead",
@@ -362,7 +362,7 @@ pub fn tier_path_immutable() -> Rule {
 }
 
 /// `managed`: the 16Mi segment floor on a tiered group, judged only when the value moves.
-pub fn tier_segment_floor() -> Rule {
+pub(crate) fn tier_segment_floor() -> Rule {
     rule(
         format!(
             "self.members.all(m, !({HAS_TIER}) \
@@ -380,12 +380,12 @@ pub fn tier_segment_floor() -> Rule {
 }
 
 /// `localDisks[].path`: absolute.
-pub fn tier_path_absolute() -> Rule {
+pub(crate) fn tier_path_absolute() -> Rule {
     rule("self.startsWith('/')", "localDisks[].path must be absolute")
 }
 
 /// `localDisks[].path`: not the root.
-pub fn tier_path_not_root() -> Rule {
+pub(crate) fn tier_path_not_root() -> Rule {
     rule(
         "self.matches('^/*[^/].*$')",
         "localDisks[].path must not be /",
@@ -393,7 +393,7 @@ pub fn tier_path_not_root() -> Rule {
 }
 
 /// `localDisks[].path`: no `..` component.
-pub fn tier_path_no_dotdot() -> Rule {
+pub(crate) fn tier_path_no_dotdot() -> Rule {
     rule(
         "!self.split('/').exists(c, c == '..')",
         "localDisks[].path must not contain a .. component",
@@ -401,7 +401,7 @@ pub fn tier_path_no_dotdot() -> Rule {
 }
 
 /// `localDisks[].path`: no leading or trailing whitespace.
-pub fn tier_path_no_whitespace() -> Rule {
+pub(crate) fn tier_path_no_whitespace() -> Rule {
     rule(
         "!self.matches('^[ \\t].*$') && !self.matches('^.*[ \\t]$')",
         "localDisks[].path must not start or end with spaces or tabs",
@@ -409,7 +409,7 @@ pub fn tier_path_no_whitespace() -> Rule {
 }
 
 /// `localDisks[].path`: not the InfiniBand device tree, inside it or above it.
-pub fn tier_path_not_infiniband() -> Rule {
+pub(crate) fn tier_path_not_infiniband() -> Rule {
     rule(
         format!(
             "!(self + '/').startsWith('{INFINIBAND_DIR}/') && !'{INFINIBAND_DIR}/'.startsWith(self.endsWith('/') ? self : self + '/')"
@@ -419,7 +419,7 @@ pub fn tier_path_not_infiniband() -> Rule {
 }
 
 /// `localDisks[].capacity`: one bucket at least.
-pub fn tier_capacity_floor() -> Rule {
+pub(crate) fn tier_capacity_floor() -> Rule {
     rule(
         format!("quantity(self).compareTo(quantity('{BUCKET_QUANTITY}')) >= 0"),
         format!("localDisks[].capacity must hold one bucket ({BUCKET_QUANTITY})"),
@@ -427,7 +427,7 @@ pub fn tier_capacity_floor() -> Rule {
 }
 
 /// `localDisks[].keyLimit`: one bucket's worth of keys at least.
-pub fn tier_key_floor() -> Rule {
+pub(crate) fn tier_key_floor() -> Rule {
     rule(
         format!("self >= {BUCKET_KEYS}"),
         format!(
@@ -437,7 +437,7 @@ pub fn tier_key_floor() -> Rule {
 }
 
 /// `localDisks[]`: watermarks are percentages of `capacity`, so they need it.
-pub fn watermark_needs_capacity() -> Rule {
+pub(crate) fn watermark_needs_capacity() -> Rule {
     rule(
         "!has(self.eviction) || !has(self.eviction.watermark) || has(self.capacity)",
         "localDisks[].eviction.watermark needs localDisks[].capacity: watermarks are percentages of it",
@@ -445,7 +445,7 @@ pub fn watermark_needs_capacity() -> Rule {
 }
 
 /// `eviction`: disabled eviction takes no policy.
-pub fn disabled_eviction_has_no_policy() -> Rule {
+pub(crate) fn disabled_eviction_has_no_policy() -> Rule {
     rule(
         "self.enabled || !has(self.policy)",
         "eviction.policy has no effect with eviction.enabled: false; remove one of them",
@@ -453,7 +453,7 @@ pub fn disabled_eviction_has_no_policy() -> Rule {
 }
 
 /// `eviction`: disabled eviction takes no watermark.
-pub fn disabled_eviction_has_no_watermark() -> Rule {
+pub(crate) fn disabled_eviction_has_no_watermark() -> Rule {
     rule(
         "self.enabled || !has(self.watermark)",
         "eviction.watermark has no effect with eviction.enabled: false; remove one of them",
@@ -461,7 +461,7 @@ pub fn disabled_eviction_has_no_watermark() -> Rule {
 }
 
 /// `watermark`: low below high.
-pub fn watermark_order() -> Rule {
+pub(crate) fn watermark_order() -> Rule {
     rule(
         "self.low < self.high",
         "eviction.watermark.low must be below eviction.watermark.high",
@@ -469,7 +469,7 @@ pub fn watermark_order() -> Rule {
 }
 
 /// External `address`: `host:port`.
-pub fn host_port() -> Rule {
+pub(crate) fn host_port() -> Rule {
     rule(
         "self.matches('^([^\\\\s:/\\\\[\\\\]]+|\\\\[[0-9A-Fa-f:.]+\\\\]):[0-9]{1,5}$')",
         "address must be host:port, e.g. mooncake-master.store.svc:50051",
@@ -485,7 +485,7 @@ pub fn immutable(what: &str, fix: &str) -> Rule {
 }
 
 /// `KVCachePool.spec.backends`: exactly one.
-pub fn exactly_one_backend() -> Rule {
+pub(crate) fn exactly_one_backend() -> Rule {
     rule(
         "size(self) == 1",
         "spec.backends must name exactly one KVCacheBackend",
@@ -493,7 +493,7 @@ pub fn exactly_one_backend() -> Rule {
 }
 
 /// A Binding's domain name: the store's tenant rules and a DNS-1123 label.
-pub fn domain_name_shape() -> Rule {
+pub(crate) fn domain_name_shape() -> Rule {
     rule(
         "self.matches('^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$')",
         "spec.domain.name must be a DNS-1123 label (lowercase letters, digits and '-', at most 63 characters); it is the store's tenant id",
@@ -501,7 +501,7 @@ pub fn domain_name_shape() -> Rule {
 }
 
 /// ModelDeployment: the role set and each role's kind are frozen.
-pub fn roles_frozen() -> Rule {
+pub(crate) fn roles_frozen() -> Rule {
     rule(
         "size(self.roles) == size(oldSelf.roles) && self.roles.all(r, oldSelf.roles.exists(o, o.name == r.name && o.kind == r.kind))",
         "spec.roles: the role set (names and kinds) cannot be edited; a different set means a new ModelDeployment",
@@ -509,14 +509,14 @@ pub fn roles_frozen() -> Rule {
 }
 
 /// A frozen field checked at the spec level (so adding or removing it counts as an edit).
-pub fn immutable_on(expr: &str, what: &str, fix: &str) -> Rule {
+pub(crate) fn immutable_on(expr: &str, what: &str, fix: &str) -> Rule {
     Rule::new(expr)
         .message(Message::Message(format!("{what} cannot be edited: {fix}")))
         .reason(Reason::FieldValueForbidden)
 }
 
 /// ModelDeployment: a role without an image needs an engine version to pick the runner image.
-pub fn engine_version_or_images() -> Rule {
+pub(crate) fn engine_version_or_images() -> Rule {
     rule(
         "(has(self.engine.version) && self.engine.version != '') || self.roles.all(r, has(r.image))",
         "spec.engine.version is required when a role names no image: it picks the runner image and the store client it carries",

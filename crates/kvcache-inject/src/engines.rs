@@ -228,10 +228,10 @@ pub static ENGINES: &[EngineRow] = &[
 ];
 
 /// The `--kv-cache-dtype` flag, owned on attached containers while the dtype setting is on.
-pub const DTYPE_FLAG: &str = "--kv-cache-dtype";
+pub(crate) const DTYPE_FLAG: &str = "--kv-cache-dtype";
 
 /// Names reserved on ModelDeployment roles at every size.
-pub const RESERVED_ENV: &[&str] = &[
+pub(crate) const RESERVED_ENV: &[&str] = &[
     "GPUSTACK_REPLICA_LEADER_ADDRESS",
     "GPUSTACK_REPLICA_SIZE",
     "GPUSTACK_MEMBER_INDEX",

@@ -27,15 +27,15 @@ pub const CLIENT_CONFIG_ANNOTATION: &str = "kvcache.gpustack.ai/client-config";
 /// The Pod annotation holding the decision record.
 pub const INJECTED_ANNOTATION: &str = "kvcache.gpustack.ai/injected";
 /// The projected volume's name.
-pub const VOLUME_NAME: &str = "kvcache-client-config";
+pub(crate) const VOLUME_NAME: &str = "kvcache-client-config";
 /// Where the client document is mounted.
-pub const MOUNT_PATH: &str = "/etc/gpustack/kvcache";
+pub(crate) const MOUNT_PATH: &str = "/etc/gpustack/kvcache";
 /// The client document's file name.
-pub const FILE_NAME: &str = "mooncake.json";
+pub(crate) const FILE_NAME: &str = "mooncake.json";
 /// Staging buffer handed to vLLM (add it to the container's memory request and limit).
 pub const LOCAL_BUFFER_BYTES: u64 = 128 << 20;
 /// Observability toggles: defaults the user may override.
-pub const TOGGLES: &[&str] = &["MC_TE_METRIC", "MC_STORE_CLIENT_METRIC_BANDWIDTH"];
+pub(crate) const TOGGLES: &[&str] = &["MC_TE_METRIC", "MC_STORE_CLIENT_METRIC_BANDWIDTH"];
 
 /// Whether a container's own value of the injected variable `name` is kept: the observability
 /// toggles and the transport settings of [`transport::TCP_TUNING`] are defaults, not identity.

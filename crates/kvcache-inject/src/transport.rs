@@ -24,7 +24,7 @@ pub const TCP_TUNING: &[Tuning] = &[Tuning {
 }];
 
 /// Whether `name` is a defaulted transport setting.
-pub fn is_tuning(name: &str) -> bool {
+pub(crate) fn is_tuning(name: &str) -> bool {
     TCP_TUNING.iter().any(|t| t.name == name)
 }
 

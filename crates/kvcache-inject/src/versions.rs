@@ -41,7 +41,7 @@ pub fn store_version_of_image(image: &str) -> Option<String> {
 }
 
 /// The store client an engine version carries, per the engine's lines.
-pub fn client_of(row: &EngineRow, engine_version: &str) -> Option<&'static str> {
+pub(crate) fn client_of(row: &EngineRow, engine_version: &str) -> Option<&'static str> {
     let v = numbers(engine_version)?;
     row.client_lines
         .iter()

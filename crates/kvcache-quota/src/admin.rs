@@ -7,7 +7,7 @@ use serde_json::Value;
 use crate::Error;
 
 /// The route on the master's admin port (9003 for a managed leader).
-pub const ROUTE: &str = "/api/v1/tenant_quotas";
+pub(crate) const ROUTE: &str = "/api/v1/tenant_quotas";
 
 /// A request to the ledger.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub enum Request {
 }
 
 /// The master's route that removes objects, all or one tenant's.
-pub const REMOVE_ALL_ROUTE: &str = "/api/v1/remove_all";
+pub(crate) const REMOVE_ALL_ROUTE: &str = "/api/v1/remove_all";
 
 impl Request {
     /// The HTTP method: `GET` to list or get, `PUT` to upsert, `DELETE` to delete.

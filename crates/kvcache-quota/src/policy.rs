@@ -128,7 +128,7 @@ pub fn render(backend: &str, bindings: &[BindingCeiling]) -> Result<PolicyDocume
 }
 
 /// Why the master (or the DNS-1123 label rule) refuses a tenant name.
-pub fn tenant_problem(name: &str) -> Option<&'static str> {
+pub(crate) fn tenant_problem(name: &str) -> Option<&'static str> {
     if name.chars().any(char::is_control) {
         return Some("must not contain control characters");
     }

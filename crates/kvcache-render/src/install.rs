@@ -27,9 +27,9 @@ use serde::Serialize;
 
 const NAME: &str = "kvcache-operator";
 /// The webhook server's port in the operator Pod.
-pub const WEBHOOK_PORT: i32 = 9443;
+pub(crate) const WEBHOOK_PORT: i32 = 9443;
 /// Metrics and health.
-pub const METRICS_PORT: i32 = 8080;
+pub(crate) const METRICS_PORT: i32 = 8080;
 
 fn labels() -> BTreeMap<String, String> {
     BTreeMap::from([
@@ -404,7 +404,7 @@ fn disruption_budget(namespace: &str) -> PodDisruptionBudget {
 /// The operator container's CPU request. At 50m (a CPU weight of 51 against an engine's
 /// hundreds) the leader missed its Lease renewals while engines prefilled on every core
 /// (`lost the operator's Lease kvcache-operator while leading`, seen in `cargo xtask demo`).
-pub const OPERATOR_CPU_REQUEST: &str = "200m";
+pub(crate) const OPERATOR_CPU_REQUEST: &str = "200m";
 
 /// The operator container's requests and limits.
 fn default_resources() -> ResourceRequirements {
@@ -461,7 +461,7 @@ fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
 /// `caBundle`. Until a replica serves, writes of our kinds and of Pods labelled
 /// The validating webhook's match condition: every CREATE, and an UPDATE only when the spec
 /// changes (none of the kinds' rules read metadata).
-pub const SPEC_CHANGES_ONLY: &str =
+pub(crate) const SPEC_CHANGES_ONLY: &str =
     "request.operation != 'UPDATE' || object.spec != oldObject.spec";
 
 /// `kvcache.gpustack.ai/inject: "true"` are refused (they fail closed); nothing else is matched.

@@ -25,7 +25,7 @@ use crate::{Error, names};
 /// The port every replica serves on.
 pub const SERVING_PORT: i32 = 8000;
 /// `/dev/shm` per role.
-pub const SHM_SIZE: &str = "16Gi";
+pub(crate) const SHM_SIZE: &str = "16Gi";
 
 /// The resolved cache attachment of a deployment.
 #[derive(Clone, Debug)]
@@ -73,7 +73,11 @@ pub struct ModelObjects {
 
 /// The runner image for an engine version on an accelerator
 /// (`gpustack/runner:<backend><runtime>-<engine><version>`).
-pub fn runner_image(engine: EngineName, version: &str, manufacturer: Option<&str>) -> String {
+pub(crate) fn runner_image(
+    engine: EngineName,
+    version: &str,
+    manufacturer: Option<&str>,
+) -> String {
     let backend = match manufacturer {
         Some("nvidia") => "cuda12.9",
         Some("ascend") => "cann8.2",

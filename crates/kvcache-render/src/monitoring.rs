@@ -23,7 +23,7 @@ pub struct Alert {
 }
 
 /// What operators of a Mooncake store get paged for.
-pub fn alerts() -> Vec<Alert> {
+pub(crate) fn alerts() -> Vec<Alert> {
     vec![
         Alert {
             name: "KVCacheStoreLeaderStalled",
@@ -95,12 +95,12 @@ fn rule_groups() -> Value {
 }
 
 /// The plain Prometheus rule file (`rule_files:`).
-pub fn rule_file() -> Value {
+pub(crate) fn rule_file() -> Value {
     json!({"groups": rule_groups()})
 }
 
 /// The same rules as a prometheus-operator `PrometheusRule` in `namespace`.
-pub fn prometheus_rule(namespace: &str) -> Value {
+pub(crate) fn prometheus_rule(namespace: &str) -> Value {
     json!({
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",

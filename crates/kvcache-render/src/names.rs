@@ -72,7 +72,7 @@ pub fn label_value(value: &str) -> String {
 }
 
 /// The labels every object of one backend carries; `component` is `leader` or `member-<i>`.
-pub fn backend_labels(backend: &str, component: &str) -> BTreeMap<String, String> {
+pub(crate) fn backend_labels(backend: &str, component: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".into(), "kv-cache-backend".into()),
         ("app.kubernetes.io/instance".into(), label_value(backend)),
@@ -97,7 +97,7 @@ pub fn backend_selector(backend: &str, component: &str) -> BTreeMap<String, Stri
 
 /// Prefer one Pod of `selector` per node where the nodes allow it (the operator's two replicas,
 /// a warm backend's etcd members): a node lost then costs one of them.
-pub fn prefer_separate_nodes(
+pub(crate) fn prefer_separate_nodes(
     selector: BTreeMap<String, String>,
 ) -> k8s_openapi::api::core::v1::Affinity {
     use k8s_openapi::api::core::v1::{

@@ -23,19 +23,19 @@ use crate::resolve::{Environment, attachment_on};
 use crate::world::Chain;
 
 /// The label that opts a Pod in (the webhook's `objectSelector`).
-pub const INJECT_LABEL: &str = "kvcache.gpustack.ai/inject";
+pub(crate) const INJECT_LABEL: &str = "kvcache.gpustack.ai/inject";
 /// The Binding of the Pod's namespace.
-pub const BINDING_ANNOTATION: &str = "kvcache.gpustack.ai/binding";
+pub(crate) const BINDING_ANNOTATION: &str = "kvcache.gpustack.ai/binding";
 /// `vLLM` or `SGLang`.
-pub const ENGINE_ANNOTATION: &str = "kvcache.gpustack.ai/engine";
+pub(crate) const ENGINE_ANNOTATION: &str = "kvcache.gpustack.ai/engine";
 /// `ascend` (vLLM only).
-pub const MANUFACTURER_ANNOTATION: &str = "kvcache.gpustack.ai/manufacturer";
+pub(crate) const MANUFACTURER_ANNOTATION: &str = "kvcache.gpustack.ai/manufacturer";
 /// `Prefill` or `Decode`.
-pub const ROLE_ANNOTATION: &str = "kvcache.gpustack.ai/role";
+pub(crate) const ROLE_ANNOTATION: &str = "kvcache.gpustack.ai/role";
 /// Which container, when there are several.
-pub const CONTAINER_ANNOTATION: &str = "kvcache.gpustack.ai/container";
+pub(crate) const CONTAINER_ANNOTATION: &str = "kvcache.gpustack.ai/container";
 /// The launcher passes appended args through.
-pub const FORWARDED_ANNOTATION: &str = "kvcache.gpustack.ai/launch-args-forwarded";
+pub(crate) const FORWARDED_ANNOTATION: &str = "kvcache.gpustack.ai/launch-args-forwarded";
 const PREFIX: &str = "kvcache.gpustack.ai/";
 
 /// A refused Pod: the reason (CamelCase) and what to do.

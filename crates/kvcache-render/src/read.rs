@@ -87,7 +87,7 @@ pub fn pod_ready(p: &Pod) -> bool {
 
 /// A member Pod (`app.kubernetes.io/component: member-<group>`) as the backend status reads it;
 /// `None` for any other Pod.
-pub fn member_pod(p: &Pod) -> Option<MemberPod> {
+pub(crate) fn member_pod(p: &Pod) -> Option<MemberPod> {
     let labels = p.metadata.labels.as_ref()?;
     let component = labels.get("app.kubernetes.io/component")?;
     let group = component.strip_prefix("member-")?.parse().ok()?;

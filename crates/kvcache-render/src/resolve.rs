@@ -184,7 +184,7 @@ fn attachment(
 /// The cache attachment a Binding gives, on its pool's backend: endpoint, tenant, dtype,
 /// protocols, ledger and store version (the version the running master reported, when known,
 /// else the image tag's).
-pub fn attachment_on(
+pub(crate) fn attachment_on(
     binding: &str,
     b: &KVCachePoolBinding,
     backend: &KVCacheBackend,

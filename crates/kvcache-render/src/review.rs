@@ -136,7 +136,7 @@ fn role_keys(md: &kvcache_api::ModelDeployment, settings: &Settings) -> Vec<Refu
 }
 
 /// The first store version whose master has multi-tenancy (`--enable_multi_tenants`).
-pub const MULTI_TENANT_STORE: [u64; 3] = [0, 3, 12];
+pub(crate) const MULTI_TENANT_STORE: [u64; 3] = [0, 3, 12];
 
 /// The store image version rule (docs/design.md#store-image-version): a managed backend whose
 /// image runs a master older than 0.3.12 must declare `leader.multiTenancy: false`, because the
@@ -192,7 +192,7 @@ fn image_older_than<'a>(
 /// 0.3.11.post1 master lists `enable_ha` and `ha_backend_type` but not it, 0.3.13.post1 has it
 /// (`mooncake_master --help`; the 0.3.12 wheels do not start here, so 0.3.13 is the first line
 /// seen with it).
-pub const OPLOG_STORE: [u64; 3] = [0, 3, 13];
+pub(crate) const OPLOG_STORE: [u64; 3] = [0, 3, 13];
 
 /// `electionBackend: Etcd` needs a master with the operation log: an older one exits on the
 /// unknown flag. Judged when the backend is created or its image moves; an image whose tag

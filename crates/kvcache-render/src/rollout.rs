@@ -855,7 +855,7 @@ impl GroupStep {
 /// `RolloutComplete`'s reason and member clauses while member groups roll (`None`: every group
 /// up to date): `MembersRolledWithoutDrain` when a member is, or is next, replaced without a
 /// drain; otherwise `MembersDraining`.
-pub fn member_progress(steps: &[GroupStep]) -> Option<(&'static str, String)> {
+pub(crate) fn member_progress(steps: &[GroupStep]) -> Option<(&'static str, String)> {
     let clauses: Vec<String> = steps.iter().filter_map(GroupStep::describe).collect();
     if clauses.is_empty() {
         return None;

@@ -22,11 +22,11 @@ use crate::status::model::{Resolution, RoleObservation};
 use crate::store::{BadAnswer, ReadError};
 
 /// vLLM's counter of prompt tokens looked up in the store.
-pub const VLLM_QUERIES: &str = "vllm:external_prefix_cache_queries_total";
+pub(crate) const VLLM_QUERIES: &str = "vllm:external_prefix_cache_queries_total";
 /// vLLM's counter of those found.
-pub const VLLM_HITS: &str = "vllm:external_prefix_cache_hits_total";
+pub(crate) const VLLM_HITS: &str = "vllm:external_prefix_cache_hits_total";
 /// vLLM's prompt tokens by where they came from; `source="external_kv_transfer"`: the store.
-pub const VLLM_TOKENS_BY_SOURCE: &str = "vllm:prompt_tokens_by_source_total";
+pub(crate) const VLLM_TOKENS_BY_SOURCE: &str = "vllm:prompt_tokens_by_source_total";
 /// The `source` label value of tokens taken from the store.
 pub const FROM_STORE: &str = "external_kv_transfer";
 

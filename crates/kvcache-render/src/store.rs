@@ -90,7 +90,7 @@ impl BadAnswer {
 }
 
 /// The master's `error_code` for a drain job it does not know (a new leader forgets jobs).
-pub const JOB_NOT_FOUND: i32 = -1402;
+pub(crate) const JOB_NOT_FOUND: i32 = -1402;
 
 impl ReadError {
     /// The route is not served: a plain 404 without the master's JSON error (a master older

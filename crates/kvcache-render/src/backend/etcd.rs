@@ -32,11 +32,11 @@ use crate::Error;
 use crate::names::{self, backend_labels, backend_selector};
 
 /// etcd's client port.
-pub const ETCD_CLIENT_PORT: i32 = 2379;
+pub(crate) const ETCD_CLIENT_PORT: i32 = 2379;
 /// etcd's peer port.
-pub const ETCD_PEER_PORT: i32 = 2380;
+pub(crate) const ETCD_PEER_PORT: i32 = 2380;
 /// The claim each etcd Pod gets unless `leader.etcd.storageSize` says otherwise.
-pub const DEFAULT_ETCD_STORAGE: &str = "1Gi";
+pub(crate) const DEFAULT_ETCD_STORAGE: &str = "1Gi";
 /// The user etcd runs as (the image's, as the store's).
 const ETCD_UID: i64 = 65532;
 /// Where the claim is mounted; etcd's data directory is a folder inside it, which etcd creates
@@ -44,7 +44,7 @@ const ETCD_UID: i64 = 65532;
 const DATA_MOUNT: &str = "/var/lib/etcd";
 
 /// `<backend>-etcd`: the StatefulSet, its headless Service and the Pods' stable names.
-pub fn etcd_name(backend: &str) -> String {
+pub(crate) fn etcd_name(backend: &str) -> String {
     names::object(backend, "etcd")
 }
 
@@ -61,7 +61,7 @@ pub fn etcd_endpoints(backend: &str, namespace: &str, leader: &Leader) -> String
 
 /// The etcd's database quota for a claim of `claim_bytes`: half of it, at most 8 GiB (etcd's
 /// own recommended ceiling).
-pub fn etcd_quota(claim_bytes: u64) -> u64 {
+pub(crate) fn etcd_quota(claim_bytes: u64) -> u64 {
     (claim_bytes / 2).min(8 << 30)
 }
 

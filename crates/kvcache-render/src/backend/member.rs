@@ -89,11 +89,11 @@ impl<'a> Group<'a> {
 /// member's requests are metadata (mount, ping, remount, its REST puts' and gets' replica
 /// lists), far under it; a group's `extraEnv` naming either variable replaces it
 /// ([`RPC_TIMEOUT_ENV`]).
-pub const MEMBER_RPC_TIMEOUT_MS: u32 = 2000;
+pub(crate) const MEMBER_RPC_TIMEOUT_MS: u32 = 2000;
 
 /// The variables that carry [`MEMBER_RPC_TIMEOUT_MS`]: rendered unless the group's `extraEnv`
 /// names them (one entry per name: with two the runtime picks the winner).
-pub const RPC_TIMEOUT_ENV: [&str; 2] = ["MC_RPC_TIMEOUT_MS", "MC_RPC_CONNECT_TIMEOUT_MS"];
+pub(crate) const RPC_TIMEOUT_ENV: [&str; 2] = ["MC_RPC_TIMEOUT_MS", "MC_RPC_CONNECT_TIMEOUT_MS"];
 
 /// The store client's environment: where the master is, the transport, the segment.
 fn store_env(g: &Group<'_>) -> Vec<EnvVar> {

@@ -23,13 +23,12 @@ mod etcd;
 mod leader;
 mod member;
 pub mod plan;
-pub use etcd::{DEFAULT_ETCD_STORAGE, ETCD_CLIENT_PORT, ETCD_PEER_PORT, etcd_endpoints, etcd_name};
+pub use etcd::etcd_endpoints;
 pub(crate) use member::fabric_device;
 
 use leader::leader_deployment;
 pub use leader::master_flags;
 use member::member_daemon_set;
-pub use member::{MEMBER_RPC_TIMEOUT_MS, RPC_TIMEOUT_ENV};
 
 use crate::Error;
 use crate::names::{self, backend_labels, backend_selector};
@@ -39,16 +38,16 @@ pub const RPC_PORT: i32 = 50051;
 /// The leader's admin port (health, metrics, segments, tenant ledger).
 pub const ADMIN_PORT: i32 = 9003;
 /// The elector's readiness port.
-pub const ELECTOR_PORT: i32 = 8090;
+pub(crate) const ELECTOR_PORT: i32 = 8090;
 /// A member group's REST port is this plus its index.
-pub const MEMBER_BASE_PORT: i32 = 8080;
+pub(crate) const MEMBER_BASE_PORT: i32 = 8080;
 pub use kvcache_api::resources::{DEFAULT_LOCAL_BUFFER, TIER_STAGING_BYTES};
 /// The annotation holding a member template's fingerprint.
-pub const POD_SPEC_HASH: &str = "kvcache.gpustack.ai/pod-spec-hash";
+pub(crate) const POD_SPEC_HASH: &str = "kvcache.gpustack.ai/pod-spec-hash";
 /// Where the elector binary is delivered inside store Pods.
-pub const ELECTOR_PATH: &str = "/kvcache/bin/kvcache-elector";
+pub(crate) const ELECTOR_PATH: &str = "/kvcache/bin/kvcache-elector";
 /// Shutdown budget beyond a tier's grace period.
-pub const SHUTDOWN_MARGIN_SECONDS: i64 = 60;
+pub(crate) const SHUTDOWN_MARGIN_SECONDS: i64 = 60;
 /// The Lease duration the elector is given.
 pub const LEASE_SECONDS: i32 = 6;
 /// A store container's requests and limits: what `written` says, each request it leaves out
@@ -224,7 +223,7 @@ fn empty_dir(name: &str) -> Volume {
 }
 
 /// The pull policy: as declared, else derived from the tag like the API server does.
-pub fn pull_policy(declared: Option<PullPolicy>, image: &str) -> String {
+pub(crate) fn pull_policy(declared: Option<PullPolicy>, image: &str) -> String {
     if let Some(p) = declared {
         return p.as_str().into();
     }

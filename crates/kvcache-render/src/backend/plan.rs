@@ -30,7 +30,7 @@ use crate::world::World;
 /// How long a member's drain may run before the member is replaced without it: longer than the
 /// master's read lease (`-default_kv_lease_ttl=5m`, crates/kvcache-render/src/backend/leader.rs),
 /// during which an object read just before the drain cannot move.
-pub const DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(600);
+pub(crate) const DRAIN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What one pass read for a backend (every read done before anything is decided).
 #[derive(Clone, Debug)]

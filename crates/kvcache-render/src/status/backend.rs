@@ -242,7 +242,10 @@ fn warm(b: &KVCacheBackend) -> bool {
 /// count; a view newer than the stored one is a failover, recorded with the key count last read
 /// before it and the new master's first. Kept as stored while no master serves, when the view
 /// reads older than the stored one, and while a new view has no key count yet.
-pub fn election_record(previous: Option<&ElectionStatus>, obs: &Observation) -> ElectionStatus {
+pub(crate) fn election_record(
+    previous: Option<&ElectionStatus>,
+    obs: &Observation,
+) -> ElectionStatus {
     let stored = previous.cloned().unwrap_or_default();
     let Some(store) = obs.store.as_ref() else {
         return stored;
