@@ -18,6 +18,7 @@ pub mod monitoring;
 pub mod mounts;
 pub mod names;
 pub mod pod;
+pub mod pool_plan;
 pub mod read;
 pub mod resolve;
 pub mod review;

@@ -25,9 +25,10 @@ use tracing::instrument;
 
 use kvcache_render::status::binding::{PoolConclusion, binding_status_after};
 
-use super::pool::{backend_of, id};
+use super::pool::id;
 use crate::context::{Context, MANAGER};
 use crate::error::Error;
+use kvcache_render::pool_plan::backend_view;
 
 /// Held while a Binding's tenant is not released on the master.
 pub const BINDING_FINALIZER: &str = super::RELEASE_FINALIZER;
@@ -119,7 +120,8 @@ fn ledger_of(ctx: &Context, b: &KVCachePoolBinding) -> (Ledger, Option<String>) 
     let Some(pool) = world.pool(&b.spec.pool_ref.name) else {
         return (Ledger::None, None);
     };
-    let (view, backend) = backend_of(&world, &ctx.config.namespace, pool);
+    let view = backend_view(&world, &ctx.config.namespace, pool);
+    let backend = world.backend(pool.spec.backend().unwrap_or_default());
     let Some(admin) = backend.and_then(|be| ctx.admin_address(be)) else {
         return (Ledger::None, None);
     };

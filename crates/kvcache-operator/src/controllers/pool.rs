@@ -3,10 +3,11 @@
 //! One pool pass reads its backend's ledger once, pushes every Binding's ceiling through the
 //! admin API (`/api/v1/tenant_quotas`, so a ceiling change takes effect without a restart), reads
 //! the grants back, writes the pool's status and hands what it concluded of each Binding to the
-//! Binding controller, its status's one writer (`binding.rs`). What the statuses say is
-//! `kvcache-quota::status` (pure); the operator caps nothing: grants are the master's.
+//! Binding controller, its status's one writer (`binding.rs`). What a pass asks and concludes
+//! is `kvcache_render::pool_plan` (pure, over `kvcache-quota::status`'s verdicts); the operator
+//! caps nothing: grants are the master's.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -18,18 +19,15 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::admission::tenant_of;
-use kvcache_api::backend::EndpointName;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_quota::admin::{self, Outcome, Request, TenantEntry};
-use kvcache_quota::claims::contested;
 use kvcache_quota::release::{self, Unclaimed};
 use kvcache_quota::status::{
-    BackendView, BindingInput, BindingView, PolicyWrite, PoolInput, PoolVerdict, RefusedCeiling,
-    Release, binding_status, pool_status, pool_status_document,
+    BackendView, BindingView, PolicyWrite, PoolVerdict, RefusedCeiling, Release,
+    pool_status_document,
 };
-use kvcache_render::backend::client_endpoint;
 use kvcache_render::events::{Kind, Note};
-use kvcache_render::world::World;
+use kvcache_render::pool_plan::{self, LedgerAnswers};
 use tracing::{instrument, warn};
 
 use crate::context::{Context, Figures, MANAGER, Polled};
@@ -77,35 +75,6 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
         )
         .for_each(|_| futures::future::ready(()))
         .await;
-}
-
-/// What the pool's backend is to its ledger (managed with or without multi-tenancy, external,
-/// missing), and the backend itself when it exists.
-pub(super) fn backend_of<'w>(
-    world: &'w World,
-    namespace: &str,
-    pool: &KVCachePool,
-) -> (BackendView, Option<&'w KVCacheBackend>) {
-    let name = pool.spec.backend().unwrap_or_default().to_owned();
-    let Some(b) = world.backend(&name) else {
-        return (BackendView::Missing { name }, None);
-    };
-    let view = match (&b.spec.connection.managed, &b.spec.connection.external) {
-        (Some(m), _) => BackendView::Managed {
-            name: name.clone(),
-            multi_tenancy: m.leader.multi_tenancy,
-            client_endpoint: client_endpoint(&name, namespace, &m.leader),
-        },
-        (None, Some(x)) => BackendView::External {
-            name: name.clone(),
-            client_endpoint: x
-                .address(EndpointName::Client)
-                .unwrap_or_default()
-                .to_owned(),
-        },
-        (None, None) => BackendView::Missing { name },
-    };
-    (view, Some(b))
 }
 
 /// Reads the ledger and pushes ceilings. Returns the listing, the push outcome and capacity.
@@ -169,135 +138,50 @@ async fn reconcile_pool(p: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Action
     .map_err(crate::error::from_finalizer)
 }
 
-/// Each Binding's view for the ledger (its tenant and ceiling; one whose ceiling does not parse
-/// is left out with a warning), and those whose ceiling is pushed: a Binding being deleted gets
-/// none, since its release may have removed its tenant from the ledger already and a push would
-/// put it back.
-fn binding_views(bindings: &[&KVCachePoolBinding]) -> (Vec<BindingView>, Vec<BindingView>) {
-    let views: Vec<BindingView> = bindings
-        .iter()
-        .filter_map(|b| {
-            let ceiling = b
-                .spec
-                .quota
-                .ceiling
-                .bytes(&format!("KVCachePoolBinding {} spec.quota.ceiling", id(b)))
-                .map_err(|e| warn!(binding = %id(b), error = %e, "unreadable ceiling"))
-                .ok()?;
-            Some(BindingView {
-                binding: id(b),
-                tenant: tenant_of(b).to_owned(),
-                ceiling_bytes: ceiling,
-            })
-        })
-        .collect();
-    let going: BTreeSet<String> = bindings
-        .iter()
-        .filter(|b| b.meta().deletion_timestamp.is_some())
-        .map(|b| id(b))
-        .collect();
-    let pushed = views
-        .iter()
-        .filter(|v| !going.contains(&v.binding))
-        .cloned()
-        .collect();
-    (views, pushed)
-}
-
-/// Hands the Binding controller each pushed Binding's verdict from this pass's one reading of
-/// the ledger (a Binding being deleted reports its release itself, `binding.rs`).
-fn conclude_bindings(
-    ctx: &Context,
-    world: &World,
-    p: &KVCachePool,
-    pool: &PoolVerdict,
-    pushed: &[BindingView],
-    bindings: &[&KVCachePoolBinding],
-    entries: &BTreeMap<String, &TenantEntry>,
-) {
-    let name = p.name_any();
-    let raced = contested(&world.claims_on(p.spec.backend().unwrap_or_default()));
-    for v in pushed {
-        let Some(b) = bindings.iter().find(|b| id(b) == v.binding).copied() else {
-            continue;
-        };
-        let verdict = binding_status(&BindingInput {
-            binding: &v.binding,
-            tenant: &v.tenant,
-            ceiling_bytes: v.ceiling_bytes,
-            pool: Some((&name, pool)),
-            entry: entries.get(&v.tenant).copied(),
-            contested_with: raced.get(&v.binding).map_or(&[], Vec::as_slice),
-            release: Release::NotDeleting,
-        });
-        ctx.conclude_binding(b, verdict);
-    }
-}
-
+/// A pool pass: read the World, plan what to ask the master
+/// (`kvcache_render::pool_plan::plan`), ask it, conclude (`pool_plan::conclude`), write the
+/// pool's status and hand each Binding's verdict to the Binding controller.
 async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Action, Error> {
-    let name = p.name_any();
     let world = ctx.world();
-    let (view, backend) = backend_of(&world, &ctx.config.namespace, p);
-    let mut bindings: Vec<&KVCachePoolBinding> = world.bindings_of_pool(&name).collect();
-    bindings.sort_by_key(|b| id(b));
-    let (views, pushed) = binding_views(&bindings);
-    let declared_off = matches!(
-        view,
-        BackendView::Managed {
-            multi_tenancy: false,
-            ..
-        }
-    );
+    let plan = pool_plan::plan(&world, &ctx.config.namespace, p, deleting);
+    for (binding, error) in &plan.unreadable {
+        warn!(%binding, %error, "unreadable ceiling");
+    }
+    let backend = world.backend(p.spec.backend().unwrap_or_default());
     let admin = backend.and_then(|b| ctx.admin_address(b));
-    let (ledger, policy_write, capacity) = match &admin {
-        Some(admin) if !declared_off => ledger_pass(&ctx.store, admin, &pushed, !deleting).await,
+    let (ledger, policy_write, capacity_bytes) = match &admin {
+        Some(admin) if plan.read_ledger => {
+            ledger_pass(&ctx.store, admin, &plan.pushed, plan.push).await
+        }
         Some(admin) => (Outcome::NoLedger, None, ctx.store.capacity(admin).await),
         None => (Outcome::NotObserved, None, None),
     };
     // Only on a store the operator runs: an external master's other tenants are not its own.
-    let (ledger, unclaimed) = match (ledger, &admin, &view) {
+    let (ledger, unclaimed) = match (ledger, &admin, &plan.backend) {
         (Outcome::Listed(entries), Some(admin), BackendView::Managed { .. }) => {
             remove_unclaimed(ctx, p, admin, entries).await
         }
         (other, _, _) => (other, Vec::new()),
     };
-    let release = if !deleting {
-        Release::NotDeleting
-    } else if !views.is_empty() {
-        Release::Held(views.iter().map(|v| v.binding.clone()).collect())
-    } else {
-        Release::Released
-    };
-    let total_bytes = p.spec.quota.total.bytes("spec.quota.total").unwrap_or(0);
-    let verdict = pool_status(&PoolInput {
-        pool: &name,
-        total_bytes,
-        backend: view.clone(),
-        ledger: &ledger,
-        capacity_bytes: capacity,
+    let answers = LedgerAnswers {
+        ledger,
         policy_write,
-        bindings: &views,
-        unclaimed: &unclaimed,
-        release: release.clone(),
-    });
-    write_pool_status(ctx, p, &verdict, &views).await?;
-    let entries: BTreeMap<String, &TenantEntry> = match &ledger {
-        Outcome::Listed(e) => e.iter().map(|t| (t.tenant_id.clone(), t)).collect(),
-        _ => BTreeMap::new(),
+        capacity_bytes,
+        unclaimed,
     };
-    // What the next read is compared with: the capacity and each tenant's grant (not usage,
-    // which moves with every write).
-    let grants = Figures::Pool {
-        capacity,
-        grants: entries
-            .values()
-            .map(|t| (t.tenant_id.clone(), t.effective_quota_bytes))
-            .collect(),
-    };
-    conclude_bindings(ctx, &world, p, &verdict, &pushed, &bindings, &entries);
-    match release {
+    let concluded = pool_plan::conclude(&plan, &world, &answers);
+    write_pool_status(ctx, p, &concluded.verdict, &plan.bindings).await?;
+    for (binding, verdict) in concluded.bindings {
+        if let Some(b) = world
+            .bindings_of_pool(&plan.pool)
+            .find(|b| id(b) == binding)
+        {
+            ctx.conclude_binding(b, verdict);
+        }
+    }
+    match plan.release {
         Release::Held(bindings) => Err(Error::PoolHeld {
-            pool: name,
+            pool: plan.pool,
             bindings,
         }),
         Release::Released => Ok(Action::await_change()),
@@ -305,8 +189,11 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
         // read again soon while the grants or the capacity move, then back off to the ledger
         // interval (a grant read after one of two members mounted is otherwise stale for it).
         _ => Ok(Action::requeue(ctx.next_poll(
-            Polled::Pool(name),
-            grants,
+            Polled::Pool(plan.pool),
+            Figures::Pool {
+                capacity: capacity_bytes,
+                grants: concluded.grants.into_iter().collect(),
+            },
             ctx.config.ledger_interval,
         ))),
     }
