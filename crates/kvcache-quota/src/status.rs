@@ -1,5 +1,6 @@
-//! Pool and Binding status from what the operator observed: phases, figures and conditions as
-//! plain values (the operator stamps times and writes them).
+//! Pool and Binding verdicts from what the operator observed: phases, figures and conditions as
+//! plain values. The status documents built from them, stamped and merged, are
+//! `kvcache_render::status::{pool, binding}`.
 
 use bytesize::ByteSize;
 use kvcache_api::condition::{Cond, Status, find};
@@ -785,68 +786,5 @@ fn binding_phase(input: &BindingInput<'_>, conds: &[Cond]) -> (PoolPhase, Option
     match pool_error {
         Some(m) => (PoolPhase::Error, Some(m)),
         None => (PoolPhase::Ready, None),
-    }
-}
-
-/// A pool's whole status from its verdict: the Bindings it holds as `usedBy`, conditions merged
-/// with the `stored` ones at `now` (an unchanged condition keeps its transition time).
-pub fn pool_status_document(
-    generation: Option<i64>,
-    verdict: &PoolVerdict,
-    bindings: &[BindingView],
-    stored: &kvcache_api::pool::KVCachePoolStatus,
-    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
-) -> kvcache_api::pool::KVCachePoolStatus {
-    kvcache_api::pool::KVCachePoolStatus {
-        observed_generation: generation,
-        phase: Some(verdict.phase),
-        phase_message: verdict.phase_message.clone(),
-        client_endpoint: verdict.client_endpoint.clone(),
-        domains: verdict.domains.clone(),
-        unclaimed_tenants: verdict.unclaimed_tenants.clone(),
-        used_by: bindings
-            .iter()
-            .map(|b| {
-                let (ns, name) = b.binding.split_once('/').unwrap_or(("", &b.binding));
-                kvcache_api::backend::ObjectRef {
-                    kind: "KVCachePoolBinding".into(),
-                    namespace: Some(ns.to_owned()),
-                    name: name.to_owned(),
-                }
-            })
-            .collect(),
-        conditions: kvcache_api::condition::merge(
-            &stored.conditions,
-            &verdict.conditions,
-            now,
-            generation,
-        ),
-    }
-}
-
-/// A Binding's status from its verdict (`usedBy` left empty: it is written under its own field
-/// manager), conditions merged with the `stored` ones at `now`.
-pub fn binding_status_document(
-    generation: Option<i64>,
-    verdict: BindingVerdict,
-    stored: &kvcache_api::pool::KVCachePoolBindingStatus,
-    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
-) -> kvcache_api::pool::KVCachePoolBindingStatus {
-    kvcache_api::pool::KVCachePoolBindingStatus {
-        observed_generation: generation,
-        phase: Some(verdict.phase),
-        phase_message: verdict.phase_message,
-        effective_quota: verdict
-            .effective_quota_bytes
-            .map(kvcache_api::Quantity::from_bytes),
-        usage: verdict.usage_bytes.map(kvcache_api::Quantity::from_bytes),
-        over_quota: verdict.over_quota,
-        used_by: Vec::new(),
-        conditions: kvcache_api::condition::merge(
-            &stored.conditions,
-            &verdict.conditions,
-            now,
-            generation,
-        ),
     }
 }

@@ -24,10 +24,10 @@ use kvcache_quota::admin::{self, Outcome, Request, TenantEntry};
 use kvcache_quota::release::{self, Unclaimed};
 use kvcache_quota::status::{
     BackendView, BindingView, PolicyWrite, PoolVerdict, RefusedCeiling, Release,
-    pool_status_document,
 };
 use kvcache_render::events::{Kind, Note};
 use kvcache_render::pool_plan::{self, LedgerAnswers};
+use kvcache_render::status::pool::pool_status_document;
 use tracing::{instrument, warn};
 
 use crate::context::{Context, Figures, MANAGER, Polled};

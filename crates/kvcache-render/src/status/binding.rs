@@ -10,7 +10,6 @@ use kvcache_api::condition::merge;
 use kvcache_api::pool::{KVCachePoolBindingStatus, PoolPhase};
 use kvcache_quota::status::{
     BindingInput, BindingVerdict, Release, binding_releasable, binding_status,
-    binding_status_document,
 };
 
 use crate::names::binding_id;
@@ -76,6 +75,32 @@ pub fn binding_status_after(
     }
     status.used_by = used_by;
     (status != stored).then_some(status)
+}
+
+/// A Binding's status from its verdict (`usedBy` left empty: the caller fills it), conditions merged with the `stored` ones at `now`.
+fn binding_status_document(
+    generation: Option<i64>,
+    verdict: BindingVerdict,
+    stored: &kvcache_api::pool::KVCachePoolBindingStatus,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> kvcache_api::pool::KVCachePoolBindingStatus {
+    kvcache_api::pool::KVCachePoolBindingStatus {
+        observed_generation: generation,
+        phase: Some(verdict.phase),
+        phase_message: verdict.phase_message,
+        effective_quota: verdict
+            .effective_quota_bytes
+            .map(kvcache_api::Quantity::from_bytes),
+        usage: verdict.usage_bytes.map(kvcache_api::Quantity::from_bytes),
+        over_quota: verdict.over_quota,
+        used_by: Vec::new(),
+        conditions: kvcache_api::condition::merge(
+            &stored.conditions,
+            &verdict.conditions,
+            now,
+            generation,
+        ),
+    }
 }
 
 #[cfg(test)]
