@@ -227,7 +227,7 @@ pub struct PoolVerdict {
 }
 
 /// Computes a pool's status: one function per condition, in the order they are written, then
-/// [`pool_phase`] from them.
+/// `pool_phase` from them.
 pub fn pool_status(input: &PoolInput<'_>) -> PoolVerdict {
     let (resolved, backend_name, client_endpoint, declared_off) =
         backend_resolved(input.pool, &input.backend);
@@ -595,7 +595,7 @@ pub struct BindingVerdict {
 }
 
 /// Computes a Binding's status: one function per condition, in the order they are written,
-/// then [`binding_phase`] from them.
+/// then `binding_phase` from them.
 pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {
     let who = format!("KVCachePoolBinding {}", input.binding);
     let (observed, granted, figures) = quota_observed_and_granted(input, &who);
