@@ -74,7 +74,10 @@ const WRITE: &[&str] = &[
 ];
 
 /// Every object of the installation, as YAML documents in apply order.
-pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, crate::Error> {
+pub fn operator(
+    namespace: &str,
+    image: &str,
+) -> Result<Vec<serde_yaml::Value>, crate::error::Error> {
     let ns = Some(namespace);
     let mut docs = Vec::new();
     // The CRDs first: everything else may name their kinds.
@@ -120,8 +123,8 @@ pub fn operator(namespace: &str, image: &str) -> Result<Vec<serde_yaml::Value>, 
 fn push<T: Serialize + k8s_openapi::Resource>(
     docs: &mut Vec<serde_yaml::Value>,
     o: &T,
-) -> Result<(), crate::Error> {
-    let v = serde_yaml::to_value(o).map_err(|e| crate::Error::Yaml {
+) -> Result<(), crate::error::Error> {
+    let v = serde_yaml::to_value(o).map_err(|e| crate::error::Error::Yaml {
         object: T::KIND.to_owned(),
         message: e.to_string(),
     })?;
@@ -561,12 +564,12 @@ pub fn webhooks(namespace: &str) -> (MutatingWebhookConfiguration, ValidatingWeb
 }
 
 /// The installation as one YAML stream with a header.
-pub fn operator_yaml(namespace: &str, image: &str) -> Result<String, crate::Error> {
+pub fn operator_yaml(namespace: &str, image: &str) -> Result<String, crate::error::Error> {
     let body = operator(namespace, image)?
         .iter()
         .map(serde_yaml::to_string)
         .collect::<Result<Vec<String>, _>>()
-        .map_err(|e| crate::Error::Yaml {
+        .map_err(|e| crate::error::Error::Yaml {
             object: "the installation".into(),
             message: e.to_string(),
         })?;
@@ -584,10 +587,13 @@ const HELM_RESOURCES: &str = "HELM_VALUES_RESOURCES";
 /// same objects as [`operator_yaml`], with values for the image, replicas, resources,
 /// namespace, the webhooks (on/off) and a ServiceMonitor (on/off). Rendered with its default
 /// values it is `deploy/operator.yaml` (a test runs `helm template` and compares the objects).
-pub fn helm_chart(namespace: &str, image: &str) -> Result<Vec<(String, String)>, crate::Error> {
+pub fn helm_chart(
+    namespace: &str,
+    image: &str,
+) -> Result<Vec<(String, String)>, crate::error::Error> {
     let yaml_err = |what: &str| {
         let what = what.to_owned();
-        move |e: serde_yaml::Error| crate::Error::Yaml {
+        move |e: serde_yaml::Error| crate::error::Error::Yaml {
             object: what.clone(),
             message: e.to_string(),
         }
@@ -668,15 +674,16 @@ pub fn helm_chart(namespace: &str, image: &str) -> Result<Vec<(String, String)>,
         "templates/operator.yaml".to_owned(),
         format!("{header}{}\n", objects.join("\n---\n")),
     ));
-    let selector = serde_json::to_string(&selector_labels()).map_err(|e| crate::Error::Yaml {
-        object: "the ServiceMonitor".into(),
-        message: e.to_string(),
-    })?;
+    let selector =
+        serde_json::to_string(&selector_labels()).map_err(|e| crate::error::Error::Yaml {
+            object: "the ServiceMonitor".into(),
+            message: e.to_string(),
+        })?;
     files.push((
         "templates/servicemonitor.yaml".to_owned(),
         format!(
             "{header}{{{{- if .Values.serviceMonitor.enabled }}}}\napiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata:\n  name: {NAME}\n  namespace: {{{{ .Values.namespace }}}}\n  labels: {labels}\nspec:\n  selector:\n    matchLabels: {selector}\n  endpoints:\n    - port: metrics\n      path: /metrics\n      interval: {{{{ .Values.serviceMonitor.interval }}}}\n{{{{- end }}}}\n",
-            labels = serde_json::to_string(&labels()).map_err(|e| crate::Error::Yaml {
+            labels = serde_json::to_string(&labels()).map_err(|e| crate::error::Error::Yaml {
                 object: "the ServiceMonitor".into(),
                 message: e.to_string(),
             })?,

@@ -20,7 +20,8 @@ use kvcache_inject::{
 };
 
 use crate::backend::pull_policy;
-use crate::{Error, names};
+use crate::error::Error;
+use crate::names;
 
 /// The port every replica serves on.
 pub const SERVING_PORT: i32 = 8000;

@@ -275,9 +275,9 @@ pub fn dashboard() -> Value {
 
 /// The files of `deploy/monitoring/`, by name: `alerts.yaml` (a plain rule file),
 /// `prometheusrule.yaml` (the same rules for the prometheus-operator) and `dashboard.json`.
-pub fn files(namespace: &str) -> Result<Vec<(&'static str, String)>, crate::Error> {
+pub fn files(namespace: &str) -> Result<Vec<(&'static str, String)>, crate::error::Error> {
     let yaml = |what: &str, v: &Value| {
-        serde_yaml::to_string(v).map_err(|e| crate::Error::Yaml {
+        serde_yaml::to_string(v).map_err(|e| crate::error::Error::Yaml {
             object: what.to_owned(),
             message: e.to_string(),
         })
@@ -298,7 +298,7 @@ pub fn files(namespace: &str) -> Result<Vec<(&'static str, String)>, crate::Erro
         ),
         (
             "dashboard.json",
-            serde_json::to_string_pretty(&dashboard()).map_err(|e| crate::Error::Yaml {
+            serde_json::to_string_pretty(&dashboard()).map_err(|e| crate::error::Error::Yaml {
                 object: "the dashboard".into(),
                 message: e.to_string(),
             })? + "\n",

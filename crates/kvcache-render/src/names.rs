@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
+use kvcache_api::backend::Leader;
 pub use kvcache_api::names::MAX_LABEL;
 use kvcache_api::names::is_dns1035_label;
 
@@ -133,6 +134,29 @@ pub fn binding_id(b: &kvcache_api::KVCachePoolBinding) -> String {
         b.metadata.namespace.as_deref().unwrap_or("default"),
         b.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+/// The annotation holding a member template's fingerprint.
+pub(crate) const POD_SPEC_HASH: &str = "kvcache.gpustack.ai/pod-spec-hash";
+/// Where the elector binary is delivered inside store Pods.
+pub(crate) const ELECTOR_PATH: &str = "/kvcache/bin/kvcache-elector";
+/// etcd's client port.
+pub(crate) const ETCD_CLIENT_PORT: i32 = 2379;
+
+/// `<backend>-etcd`: the StatefulSet, its headless Service and the Pods' stable names.
+pub(crate) fn etcd_name(backend: &str) -> String {
+    object(backend, "etcd")
+}
+
+/// The etcd members' client addresses, `;`-separated as Mooncake's `--etcd_endpoints` reads
+/// them (`mooncake_master --help`): each Pod's stable name under the headless Service, so a
+/// client fails over between members by itself.
+pub fn etcd_endpoints(backend: &str, namespace: &str, leader: &Leader) -> String {
+    let set = etcd_name(backend);
+    (0..leader.etcd_replicas().max(1))
+        .map(|i| format!("{set}-{i}.{set}.{namespace}.svc:{ETCD_CLIENT_PORT}"))
+        .collect::<Vec<_>>()
+        .join(";")
 }
 
 #[cfg(test)]

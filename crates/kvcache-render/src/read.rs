@@ -6,7 +6,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::backend::POD_SPEC_HASH;
+use crate::names::POD_SPEC_HASH;
 
 /// A member Pod as the operator sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -177,7 +177,7 @@ pub fn etcd(
             .as_ref()
             .and_then(|st| st.ready_replicas)
             .unwrap_or(0),
-        endpoints: crate::backend::etcd_endpoints(backend, namespace, leader),
+        endpoints: crate::names::etcd_endpoints(backend, namespace, leader),
     }
 }
 

@@ -11,8 +11,8 @@ use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
 use serde::Serialize;
 
-use crate::Error;
 use crate::backend::{self, BackendInputs};
+use crate::error::Error;
 use crate::model::{self, Attachment, ModelInputs};
 use crate::world::World;
 

@@ -34,7 +34,7 @@ fn elects(d: &Deployment) -> bool {
         .and_then(|p| p.containers.first())
         .and_then(|c| c.command.as_ref())
         .and_then(|c| c.first())
-        .is_some_and(|c| c == crate::backend::ELECTOR_PATH)
+        .is_some_and(|c| c == crate::names::ELECTOR_PATH)
 }
 
 /// The two-step election enablement (docs/design.md#two-step-election): when the live leader

@@ -17,7 +17,7 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployme
 use kvcache_quota::claims::Claim;
 use kvcache_quota::policy::BindingCeiling;
 
-use crate::Error;
+use crate::error::Error;
 use crate::status::model::{Resolution, Unresolved};
 
 /// The namespace a namespaced object without one is read in (as `kubectl apply` would).

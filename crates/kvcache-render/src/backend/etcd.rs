@@ -28,11 +28,9 @@ use kvcache_api::backend::Leader;
 use kvcache_inject::field_env;
 
 use super::{meta, mount, pull_policy, pull_secrets};
-use crate::Error;
-use crate::names::{self, backend_labels, backend_selector};
+use crate::error::Error;
+use crate::names::{self, ETCD_CLIENT_PORT, backend_labels, backend_selector, etcd_name};
 
-/// etcd's client port.
-pub(crate) const ETCD_CLIENT_PORT: i32 = 2379;
 /// etcd's peer port.
 pub(crate) const ETCD_PEER_PORT: i32 = 2380;
 /// The claim each etcd Pod gets unless `leader.etcd.storageSize` says otherwise.
@@ -42,22 +40,6 @@ const ETCD_UID: i64 = 65532;
 /// Where the claim is mounted; etcd's data directory is a folder inside it, which etcd creates
 /// with the mode it insists on.
 const DATA_MOUNT: &str = "/var/lib/etcd";
-
-/// `<backend>-etcd`: the StatefulSet, its headless Service and the Pods' stable names.
-pub(crate) fn etcd_name(backend: &str) -> String {
-    names::object(backend, "etcd")
-}
-
-/// The etcd members' client addresses, `;`-separated as Mooncake's `--etcd_endpoints` reads
-/// them (`mooncake_master --help`): each Pod's stable name under the headless Service, so a
-/// client fails over between members by itself.
-pub fn etcd_endpoints(backend: &str, namespace: &str, leader: &Leader) -> String {
-    let set = etcd_name(backend);
-    (0..leader.etcd_replicas().max(1))
-        .map(|i| format!("{set}-{i}.{set}.{namespace}.svc:{ETCD_CLIENT_PORT}"))
-        .collect::<Vec<_>>()
-        .join(";")
-}
 
 /// The etcd's database quota for a claim of `claim_bytes`: half of it, at most 8 GiB (etcd's
 /// own recommended ceiling).

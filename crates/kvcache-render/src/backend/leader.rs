@@ -16,7 +16,7 @@ use kvcache_inject::{env as env_value, field_env};
 use kvcache_quota::policy::{POLICY_KEY, POLICY_PATH};
 
 use super::*;
-use crate::Error;
+use crate::error::Error;
 use crate::names::{self, backend_labels, backend_selector};
 
 /// With `electionBackend: Etcd`: Mooncake's own election on the backend's etcd and its

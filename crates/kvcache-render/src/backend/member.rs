@@ -19,13 +19,14 @@ use kvcache_api::rules::{BUCKET_BYTES, BUCKET_KEYS, DRAM_DEVICE_VISIBILITY_ENV};
 use kvcache_inject::transport::TCP_TUNING;
 use kvcache_inject::{env as env_value, field_env};
 
+use super::fingerprint;
 use super::{
     BackendInputs, DEFAULT_LOCAL_BUFFER, ELECTOR_PATH, MEMBER_BASE_PORT, POD_SPEC_HASH,
     SHUTDOWN_MARGIN_SECONDS, TIER_STAGING_BYTES, account, bytes, client_endpoint, elector_install,
     empty_dir, leader_name, meta, mount, pull_policy, pull_secrets, store_resources,
 };
+use crate::error::Error;
 use crate::names::{self, backend_labels, backend_selector};
-use crate::{Error, fingerprint};
 
 /// A member group with its figures resolved once.
 struct Group<'a> {

@@ -23,14 +23,16 @@ mod etcd;
 mod leader;
 mod member;
 pub mod plan;
-pub use etcd::etcd_endpoints;
+pub use crate::names::etcd_endpoints;
 pub(crate) use member::fabric_device;
 
 use leader::leader_deployment;
 pub use leader::master_flags;
 use member::member_daemon_set;
 
-use crate::Error;
+use sha2::{Digest, Sha256};
+
+use crate::error::Error;
 use crate::names::{self, backend_labels, backend_selector};
 
 /// The leader's RPC port (engines and members dial it).
@@ -41,11 +43,8 @@ pub const ADMIN_PORT: i32 = 9003;
 pub(crate) const ELECTOR_PORT: i32 = 8090;
 /// A member group's REST port is this plus its index.
 pub(crate) const MEMBER_BASE_PORT: i32 = 8080;
+pub(crate) use crate::names::{ELECTOR_PATH, POD_SPEC_HASH};
 pub use kvcache_api::resources::{DEFAULT_LOCAL_BUFFER, TIER_STAGING_BYTES};
-/// The annotation holding a member template's fingerprint.
-pub(crate) const POD_SPEC_HASH: &str = "kvcache.gpustack.ai/pod-spec-hash";
-/// Where the elector binary is delivered inside store Pods.
-pub(crate) const ELECTOR_PATH: &str = "/kvcache/bin/kvcache-elector";
 /// Shutdown budget beyond a tier's grace period.
 pub(crate) const SHUTDOWN_MARGIN_SECONDS: i64 = 60;
 /// The Lease duration the elector is given.
@@ -411,4 +410,24 @@ fn rbac(
 /// Pods keep asking for the account the same apply pruned (their creation is then refused).
 pub(crate) fn account(own: Option<&str>) -> String {
     own.unwrap_or("default").to_owned()
+}
+
+/// The fingerprint of a Pod template: its JSON without the node selector (widening a selector
+/// restarts nothing) and without the fingerprint annotation itself.
+pub fn fingerprint(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> String {
+    let mut t = template.clone();
+    if let Some(spec) = t.spec.as_mut() {
+        spec.node_selector = None;
+    }
+    if let Some(meta) = t.metadata.as_mut()
+        && let Some(a) = meta.annotations.as_mut()
+    {
+        a.remove(POD_SPEC_HASH);
+        if a.is_empty() {
+            meta.annotations = None;
+        }
+    }
+    let json = serde_json::to_vec(&t).unwrap_or_default();
+    let digest = Sha256::digest(&json);
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }

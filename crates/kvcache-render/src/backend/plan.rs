@@ -15,10 +15,10 @@ use kvcache_api::settings::Settings;
 use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
 
-use crate::Error;
 use crate::backend::{
     BackendInputs, BackendObjects, client_endpoint, pod_spec_hash, render, store_image,
 };
+use crate::error::Error;
 use crate::mounts::{OtherMember, foreign_mounts};
 use crate::names::label_value;
 use crate::read::{self, MemberPod};
