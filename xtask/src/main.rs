@@ -1,19 +1,11 @@
 //! `cargo xtask`: the project's own tasks.
 
-mod admission;
-mod bench;
 mod cluster;
 mod crds;
 mod demo;
-mod engine_rig;
 mod images;
-mod prefix;
-mod rollout;
-mod scale;
 mod setup;
-mod soak;
 mod test;
-mod transfer;
 
 use clap::{Parser, Subcommand};
 
@@ -103,7 +95,7 @@ enum BenchKind {
     },
     /// The real vLLM's time to first token with the prompt's blocks in the store, against no
     /// shared cache and a cold store, on a quiet and a busy node, each hit checked against the
-    /// reader's own counters (figures in crates/kvcache-operator/README.md).
+    /// reader's own counters (figures in BENCHMARKS.md).
     Prefix {
         /// Prompt lengths in tokens (a length over a model's context is skipped for it).
         #[arg(long, value_delimiter = ',', default_value = "256,512,1024,2048")]
@@ -141,11 +133,11 @@ enum BenchKind {
     },
     /// The store's put/get throughput between the two nodes for 64 KiB to 8 MiB objects, idle
     /// and while both engines serve prompts, beside raw TCP between the same two Pods, for each
-    /// client transport setting compared (figures in crates/kvcache-operator/README.md).
+    /// client transport setting compared (figures in BENCHMARKS.md).
     Transfer,
     /// Two backends failing over together, again and again, on real nodes with the operator:
     /// moments with two serving masters and members mounted on the other backend's master
-    /// (figures in crates/kvcache-operator/README.md).
+    /// (figures in BENCHMARKS.md).
     Soak {
         /// Rounds (both backends' serving leader Pods deleted at once each).
         #[arg(long, default_value_t = 50)]
@@ -193,36 +185,11 @@ fn main() -> anyhow::Result<()> {
             ClusterAction::Status => cluster::status(),
             ClusterAction::Env => cluster::env(),
         },
-        Task::Bench { which } => match which {
-            BenchKind::Failover { runs } => bench::failover(runs),
-            BenchKind::Capacity { runs } => bench::capacity(runs),
-            BenchKind::Prefix {
-                lengths,
-                prompts,
-                models,
-                get_rate,
-                conditions,
-            } => prefix::prefix(&lengths, prompts, &models, get_rate, &conditions),
-            BenchKind::Rollout { runs } => rollout::rollout(runs),
-            BenchKind::Transfer => transfer::transfer(),
-            BenchKind::Soak { failovers } => soak::soak(failovers),
-            BenchKind::Admission {
-                creates,
-                concurrency,
-            } => admission::admission(admission::Shape {
-                creates,
-                concurrency,
-            }),
-            BenchKind::Scale {
-                backends,
-                namespaces,
-                per_namespace,
-            } => scale::scale(scale::Shape {
-                backends,
-                namespaces,
-                per_namespace,
-            }),
-        },
+        Task::Bench { which } => {
+            // Every bench runs on the installed parts.
+            setup::all()?;
+            bench(which)
+        }
         Task::Store { action } => match action {
             StoreAction::Up {
                 members,
@@ -230,5 +197,40 @@ fn main() -> anyhow::Result<()> {
             } => cluster::store_up(members, segment_mib),
             StoreAction::Down => cluster::store_down(),
         },
+    }
+}
+
+/// Runs the benchmark named on the command line (`kvcache-bench`).
+fn bench(which: BenchKind) -> anyhow::Result<()> {
+    use kvcache_bench::{admission, capacity, failover, prefix, rollout, scale, soak, transfer};
+    match which {
+        BenchKind::Failover { runs } => failover::failover(runs),
+        BenchKind::Capacity { runs } => capacity::capacity(runs),
+        BenchKind::Prefix {
+            lengths,
+            prompts,
+            models,
+            get_rate,
+            conditions,
+        } => prefix::prefix(&lengths, prompts, &models, get_rate, &conditions),
+        BenchKind::Rollout { runs } => rollout::rollout(runs),
+        BenchKind::Transfer => transfer::transfer(),
+        BenchKind::Soak { failovers } => soak::soak(failovers),
+        BenchKind::Admission {
+            creates,
+            concurrency,
+        } => admission::admission(admission::Shape {
+            creates,
+            concurrency,
+        }),
+        BenchKind::Scale {
+            backends,
+            namespaces,
+            per_namespace,
+        } => scale::scale(scale::Shape {
+            backends,
+            namespaces,
+            per_namespace,
+        }),
     }
 }

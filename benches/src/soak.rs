@@ -146,7 +146,7 @@ async fn sample(client: &Client, store: &Api<Pod>) -> Result<(Vec<usize>, Vec<St
 
 /// `cargo xtask bench soak`.
 pub fn soak(failovers: usize) -> anyhow::Result<()> {
-    let bench = crate::bench::with_operator("bench-soak", NS)?;
+    let bench = crate::operator::with_operator("bench-soak", NS)?;
     let kc = bench.nodes.control_plane.kubeconfig.clone();
     let (rounds, two_serving, foreign, restarted, samples) = block_on(async move {
         let client = client_from(&kc).await?;

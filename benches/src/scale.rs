@@ -18,8 +18,6 @@ use kvcache_e2e::status::has_condition;
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
 use kvcache_e2e::{Watched, paths};
 
-use crate::setup;
-
 /// The sizes `cargo xtask bench scale` runs at (its `--backends`, `--namespaces` and
 /// `--per-namespace`).
 pub struct Shape {
@@ -161,7 +159,6 @@ fn settle(operator: &Operator, quiet: Duration, limit: Duration) -> anyhow::Resu
 }
 
 pub fn scale(shape: Shape) -> anyhow::Result<()> {
-    setup::all()?;
     paths::use_release_builds();
     // Built now, so that the cold start below measures the operator, not the compiler.
     paths::operator_bin()?;

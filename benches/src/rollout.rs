@@ -181,7 +181,7 @@ async fn round(client: &Client, name: &str) -> Result<Round, Error> {
 
 /// `cargo xtask bench rollout`.
 pub fn rollout(runs: usize) -> anyhow::Result<()> {
-    let bench = crate::bench::with_operator("bench-rollout", NS)?;
+    let bench = crate::operator::with_operator("bench-rollout", NS)?;
     let kc = bench.nodes.control_plane.kubeconfig.clone();
     let rounds = block_on(async move {
         let client = client_from(&kc).await?;

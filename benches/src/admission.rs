@@ -25,8 +25,6 @@ use kvcache_e2e::operator::{Operator, register_webhooks};
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
 use kvcache_e2e::{Watched, paths};
 
-use crate::setup;
-
 /// The load `cargo xtask bench admission` applies (its `--creates` and `--concurrency`).
 pub struct Shape {
     /// Bindings created per round (and as many Pods).
@@ -338,7 +336,6 @@ struct Round {
 }
 
 pub fn admission(shape: Shape) -> anyhow::Result<()> {
-    setup::all()?;
     paths::use_release_builds();
     paths::operator_bin()?;
     let dir = paths::scratch("bench-admission")?;

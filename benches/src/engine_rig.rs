@@ -11,8 +11,6 @@ use kvcache_e2e::nodes::{ENGINE_NODE_ALLOCATABLE_MEMORY, NodeCluster};
 use kvcache_e2e::operator::Operator;
 use kvcache_e2e::{images, paths, walkthrough};
 
-use crate::setup;
-
 /// Where the store runs.
 pub const NS: &str = "gpustack-system";
 /// The namespace of the engines and of their Binding.
@@ -30,7 +28,6 @@ pub struct Rig {
 /// Brings the rig up in a scratch folder named `name`; `edit` changes the backend (its JSON)
 /// before it is applied.
 pub fn up(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> anyhow::Result<Rig> {
-    setup::all()?;
     let dir = paths::scratch(name)?;
     let nodes =
         NodeCluster::start_sized(&dir, 2, images::WITH_VLLM, ENGINE_NODE_ALLOCATABLE_MEMORY)?;
