@@ -128,6 +128,13 @@ pub fn capacity(runs: usize) -> anyhow::Result<()> {
         }
         Ok(samples)
     })?;
+    print_capacity(samples, runs);
+    drop(bench);
+    Ok(())
+}
+
+/// The capacity table: the lag's median and spread over the runs.
+fn print_capacity(samples: Vec<Duration>, runs: usize) {
     let (median, min, max) = stats(samples);
     println!();
     println!(
@@ -140,6 +147,4 @@ pub fn capacity(runs: usize) -> anyhow::Result<()> {
         fmt(min),
         fmt(max)
     );
-    drop(bench);
-    Ok(())
 }
