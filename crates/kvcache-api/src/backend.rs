@@ -217,6 +217,7 @@ pub struct Managed {
     /// delays an engine before the cache every engine reads. Unset: the cluster's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = rules::priority_class_name_shape())]
     pub priority_class_name: Option<String>,
 }
 
@@ -564,6 +565,8 @@ pub struct LocalDisk {
     #[x_kube(validation = rules::tier_path_no_dotdot())]
     #[x_kube(validation = rules::tier_path_no_whitespace())]
     #[x_kube(validation = rules::tier_path_not_infiniband())]
+    #[x_kube(validation = rules::tier_path_normalized())]
+    #[x_kube(validation = rules::tier_path_not_system())]
     pub path: String,
     /// Tier ceiling per member. Unset: the store's own ceiling. At least one bucket (16Mi).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -300,6 +300,9 @@ pub mod conditions {
     pub const REPLICAS_UP_TO_DATE: &str = "ReplicasUpToDate";
     /// Every ready engine's shared-cache counters were read.
     pub const SHARED_CACHE_OBSERVED: &str = "SharedCacheObserved";
+    /// Every Deployment and Service the roles render is this deployment's own: none bears the
+    /// name of an object something else controls.
+    pub const OBJECTS_OWNED: &str = "ObjectsOwned";
 }
 
 /// A ModelDeployment's `status.phase`: where its replicas stand.

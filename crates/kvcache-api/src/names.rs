@@ -51,7 +51,33 @@ pub fn tier_path_problem(path: &str) -> Option<&'static str> {
     if with_slash.starts_with(&ib) || ib.starts_with(&with_slash) {
         return Some("must not equal, be inside or contain /dev/infiniband");
     }
+    if !is_normalized(path) {
+        return Some(TIER_PATH_NOT_NORMALIZED);
+    }
+    if SYSTEM_DIRS
+        .iter()
+        .any(|d| path == *d || path.starts_with(&format!("{d}/")))
+    {
+        return Some(TIER_PATH_IN_SYSTEM_DIR);
+    }
     None
+}
+
+/// Folders of the node's system a disk tier must not be written into: the kernel's views and
+/// devices, and the node's configuration.
+pub(crate) const SYSTEM_DIRS: [&str; 4] = ["/proc", "/sys", "/dev", "/etc"];
+
+/// Why a tier path under [`SYSTEM_DIRS`] is refused.
+pub(crate) const TIER_PATH_IN_SYSTEM_DIR: &str =
+    "must not be /proc, /sys, /dev or /etc, or inside them: those are the node's own";
+
+/// Why a tier path that is not in its normal form is refused.
+pub(crate) const TIER_PATH_NOT_NORMALIZED: &str = "must be written in its normal form: no '.' component, no '//', no trailing '/' (the same folder written two ways would be two tiers to the operator)";
+
+/// Whether an absolute path is in its normal form: no `.` or empty component, no trailing `/`.
+fn is_normalized(path: &str) -> bool {
+    path.strip_prefix('/')
+        .is_some_and(|rest| rest.split('/').all(|c| !c.is_empty() && c != "."))
 }
 
 /// Whether an address is `host:port` (bracketed IPv6 hosts allowed).

@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use kube::KubeSchema;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
@@ -102,8 +103,9 @@ pub struct CpuMemory {
 
 /// CPU and memory of a store container. Each figure left out takes its default: the leader
 /// requests 1 CPU and 1Gi, a member 1 CPU and its segment plus staging buffers; no limits.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = crate::rules::limits_not_under_requests())]
 pub struct StoreResources {
     /// What the container is guaranteed and weighted by on a busy node. A CPU request below
     /// 250m is admitted with a warning: beside busy engines the store's transfers starve. A

@@ -178,6 +178,40 @@ fn rule_expr(expr: impl Into<String>, message_expression: impl Into<String>) -> 
     Rule::new(expr.into()).message(Message::Expression(message_expression.into()))
 }
 
+/// A store container's `resources`: a written limit is not under the written request (the
+/// API server would refuse the rendered Pod). The validator also judges a limit against the
+/// default request, which CEL does not know.
+pub(crate) fn limits_not_under_requests() -> Rule {
+    let pair = |k: &str| {
+        format!(
+            "(!has(self.requests.{k}) || !has(self.limits.{k}) || !isQuantity(self.requests.{k}) || !isQuantity(self.limits.{k}) || quantity(self.limits.{k}).compareTo(quantity(self.requests.{k})) >= 0)"
+        )
+    };
+    rule(
+        format!(
+            "!has(self.requests) || !has(self.limits) || ({} && {})",
+            pair("cpu"),
+            pair("memory")
+        ),
+        LIMIT_UNDER_REQUEST,
+    )
+}
+
+/// Why a store container's limit under its request is refused.
+pub(crate) const LIMIT_UNDER_REQUEST: &str = "a limit is below its request (limits.cpu under requests.cpu, or limits.memory under requests.memory): the Pod would be refused; raise the limit or lower the request";
+
+/// `priorityClassName`: the name of a PriorityClass, a DNS-1123 subdomain.
+pub(crate) fn priority_class_name_shape() -> Rule {
+    rule(
+        "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",
+        PRIORITY_CLASS_NAME_REFUSED,
+    )
+}
+
+/// Why a `priorityClassName` is refused.
+pub(crate) const PRIORITY_CLASS_NAME_REFUSED: &str =
+    "must be the name of a PriorityClass: lowercase letters, digits, '-' and '.'";
+
 /// `connection`: exactly one of `managed` and `external`.
 pub fn exactly_one_connection() -> Rule {
     rule(
@@ -415,6 +449,33 @@ pub(crate) fn tier_path_not_infiniband() -> Rule {
             "!(self + '/').startsWith('{INFINIBAND_DIR}/') && !'{INFINIBAND_DIR}/'.startsWith(self.endsWith('/') ? self : self + '/')"
         ),
         "localDisks[].path must not equal, be inside or contain /dev/infiniband",
+    )
+}
+
+/// `localDisks[].path`: in its normal form (no `.` component, no `//`, no trailing `/`).
+pub(crate) fn tier_path_normalized() -> Rule {
+    rule(
+        "size(self) <= 1 || (!self.split('/').exists(c, c == '.') && !self.contains('//') && !self.endsWith('/'))",
+        format!(
+            "localDisks[].path {}",
+            crate::names::TIER_PATH_NOT_NORMALIZED
+        ),
+    )
+}
+
+/// `localDisks[].path`: not the node's system folders or inside them.
+pub(crate) fn tier_path_not_system() -> Rule {
+    let dirs = crate::names::SYSTEM_DIRS
+        .iter()
+        .map(|d| format!("'{d}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    rule(
+        format!("![{dirs}].exists(d, self == d || self.startsWith(d + '/'))"),
+        format!(
+            "localDisks[].path {}",
+            crate::names::TIER_PATH_IN_SYSTEM_DIR
+        ),
     )
 }
 

@@ -598,9 +598,19 @@ fn tier_path_rules() {
         ("/dev/infiniband/cache", Some("/dev/infiniband")),
         ("/dev", Some("/dev/infiniband")),
         ("/dev/", Some("/dev/infiniband")),
-        ("/dev/infiniband-cache", None),
+        ("/dev/infiniband-cache", Some("/proc, /sys, /dev or /etc")),
+        ("/.", Some("normal form")),
+        ("/var/./lib", Some("normal form")),
+        ("/var//lib", Some("normal form")),
+        ("/var/lib/kvcache/", Some("normal form")),
+        ("/proc/cache", Some("/proc, /sys, /dev or /etc")),
+        ("/sys", Some("/proc, /sys, /dev or /etc")),
+        ("/dev/shm/kvcache", Some("/proc, /sys, /dev or /etc")),
+        ("/etc/kvcache", Some("/proc, /sys, /dev or /etc")),
+        ("/etcetera", None),
         ("/var/lib/kvcache", None),
         ("/mnt/nvme0/..cache", None),
+        ("/mnt/nvme0/.cache", None),
     ];
     for (path, problem) in cases {
         let got = tier_path_problem(path);

@@ -134,6 +134,36 @@ fn create_rules_agree_with_the_pure_validator() {
         ),
         (
             managed(
+                "leader: {resources: {requests: {cpu: 500m}, limits: {cpu: 250m}}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+            ),
+            "raise the limit",
+        ),
+        (
+            managed(
+                "leader: {resources: {requests: {memory: 2Gi}, limits: {memory: 1Gi}}}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+            ),
+            "raise the limit",
+        ),
+        (
+            managed(
+                "members: [{medium: DRAM, capacityPerMember: 1Gi, localDisks: [{path: /proc/kvcache}]}]\n",
+            ),
+            "/proc, /sys, /dev or /etc",
+        ),
+        (
+            managed(
+                "members: [{medium: DRAM, capacityPerMember: 1Gi, localDisks: [{path: /var/lib/kvcache/}]}]\n",
+            ),
+            "normal form",
+        ),
+        (
+            managed(
+                "priorityClassName: Kv_Cache\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
+            ),
+            "must be the name of a PriorityClass",
+        ),
+        (
+            managed(
                 "leader: {extraEnv: [{name: POD_IP, value: x}]}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi}]\n",
             ),
             "POD_IP is refused",
@@ -236,9 +266,9 @@ fn create_rules_agree_with_the_pure_validator() {
             v.violations
         );
     }
-    // Deliberately allowed flags and a sibling of /dev/infiniband pass CEL as well.
+    // Deliberately allowed flags and a sibling of /etc pass CEL as well.
     let ok = managed(
-        "leader: {extraArgs: ['metrics_host=::', 'default_kv_lease_ttl=10s']}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi, localDisks: [{path: /dev/infiniband-cache}]}]\n",
+        "leader: {extraArgs: ['metrics_host=::', 'default_kv_lease_ttl=10s']}\nmembers: [{medium: DRAM, capacityPerMember: 1Gi, localDisks: [{path: /etcetera}]}]\n",
     );
     assert_eq!(cel(&ok, None), Vec::<String>::new());
 }

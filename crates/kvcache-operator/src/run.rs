@@ -317,7 +317,15 @@ fn start_webhook(
         let stopped = async move {
             let _ = stopping.wait_for(|s| *s).await;
         };
-        if let Err(e) = webhook::tls::serve(addr, router, presented, stopped).await {
+        if let Err(e) = webhook::tls::serve(
+            addr,
+            router,
+            presented,
+            webhook::tls::Limits::default(),
+            stopped,
+        )
+        .await
+        {
             error!(error = %e, %addr, "the webhook server stopped");
         }
     });

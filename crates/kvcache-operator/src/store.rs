@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -18,6 +18,11 @@ use kvcache_render::store::{
 
 /// How long one request may take, answer body included.
 const TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// The most one answer's body may hold: an engine's `/metrics` is about 100 KiB, a ledger of
+/// 2,000 tenants under 1 MiB. An engine runs a tenant's own image, so what it answers is capped
+/// before the operator (256Mi) holds it.
+const MAX_ANSWER_BYTES: usize = 4 << 20;
 
 /// How long an idle connection to a store is kept for the next read.
 const IDLE: Duration = Duration::from_secs(30);
@@ -59,11 +64,10 @@ impl StoreClient {
         let answer = async {
             let response = self.http.request(request).await.map_err(|e| unsent(&e))?;
             let status = response.status().as_u16();
-            let bytes = response
-                .into_body()
+            let bytes = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
                 .collect()
                 .await
-                .map_err(|e| cut(&e))?
+                .map_err(|e| cut_or_too_large(e.as_ref()))?
                 .to_bytes();
             let text = String::from_utf8(bytes.to_vec()).map_err(|e| NoAnswer::NotText {
                 at: e.utf8_error().valid_up_to(),
@@ -204,6 +208,19 @@ fn unsent(e: &hyper_util::client::legacy::Error) -> NoAnswer {
 }
 
 /// Why an answer's body could not be read to its end.
+/// Why a body was not read whole: past [`MAX_ANSWER_BYTES`], or cut as [`cut`] says.
+fn cut_or_too_large(e: &(dyn std::error::Error + Send + Sync + 'static)) -> NoAnswer {
+    if e.is::<LengthLimitError>() {
+        return NoAnswer::TooLarge {
+            limit_bytes: MAX_ANSWER_BYTES as u64,
+        };
+    }
+    match e.downcast_ref::<hyper::Error>() {
+        Some(h) => cut(h),
+        None => NoAnswer::Transport(e.to_string()),
+    }
+}
+
 fn cut(e: &hyper::Error) -> NoAnswer {
     if e.is_incomplete_message() || e.is_closed() || io_kind(e).is_some() {
         NoAnswer::Cut
@@ -278,6 +295,28 @@ mod tests {
             client.fetch(&format!("http://{addr}/health")).await,
             Err(ReadError::Status { status: 503, .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_the_cap_is_not_read() {
+        let big: &'static str = Box::leak("x".repeat(MAX_ANSWER_BYTES + 1).into_boxed_str());
+        let under: &'static str = Box::leak("y".repeat(MAX_ANSWER_BYTES).into_boxed_str());
+        let addr = serve(vec![(200, big), (200, under)]).await;
+        let client = StoreClient::default();
+        let url = format!("http://{addr}/metrics");
+        assert_eq!(
+            client.fetch(&url).await,
+            Err(ReadError::Unreachable {
+                url: url.clone(),
+                cause: NoAnswer::TooLarge {
+                    limit_bytes: MAX_ANSWER_BYTES as u64
+                }
+            })
+        );
+        assert_eq!(
+            client.fetch(&url).await.map(|b| b.len()),
+            Ok(MAX_ANSWER_BYTES)
+        );
     }
 
     #[tokio::test]

@@ -292,6 +292,8 @@ pub struct Metrics {
     pub webhook_seconds: Family<WebhookLabels, Histogram>,
     /// 1 while this replica leads (runs the controllers), 0 while it stands by.
     pub leader: prometheus_client::metrics::gauge::Gauge,
+    /// When the presented webhook certificate expires, seconds since the epoch (0: none).
+    pub webhook_certificate_expiry: prometheus_client::metrics::gauge::Gauge,
     /// A backend's capacity as its status reports it (what members registered), bytes.
     pub backend_capacity: Family<BackendLabels, prometheus_client::metrics::gauge::Gauge>,
     /// A backend's member counts: Pods Ready and segments mounted on the leader.
@@ -316,6 +318,12 @@ impl Default for Metrics {
             Histogram::new(exponential_buckets(0.0005, 2.0, 14))
         });
         let leader = prometheus_client::metrics::gauge::Gauge::default();
+        let webhook_certificate_expiry = prometheus_client::metrics::gauge::Gauge::default();
+        registry.register(
+            "webhook_certificate_expiry_timestamp_seconds",
+            "When the webhook's presented serving certificate expires, seconds since the epoch (0 while none is presented)",
+            webhook_certificate_expiry.clone(),
+        );
         let backend_capacity = Family::default();
         let backend_members = Family::default();
         let backend_degraded = Family::default();
@@ -372,6 +380,7 @@ impl Default for Metrics {
             store_reads,
             webhook_seconds,
             leader,
+            webhook_certificate_expiry,
             backend_capacity,
             backend_members,
             backend_degraded,
@@ -468,6 +477,23 @@ pub struct Readiness {
     pub controllers: AtomicBool,
     /// The webhook serves (or none is asked for).
     pub webhook: AtomicBool,
+    /// When the presented webhook certificate expires, seconds since the epoch (0: none
+    /// presented).
+    pub certificate_not_after: std::sync::atomic::AtomicI64,
+}
+
+/// Whether the replica is alive as its liveness probe asks: not when the webhook's presented
+/// certificate has expired (`not_after`, seconds since the epoch; 0 when none is presented) at
+/// `now`, since then the API server refuses every request the webhook guards and a restart
+/// makes the keeper start afresh.
+pub fn health(not_after: i64, now: i64) -> Result<(), String> {
+    if not_after > 0 && now >= not_after {
+        return Err(format!(
+            "the webhook's serving certificate expired {} s ago and was not renewed",
+            now - not_after
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Clone)]
@@ -477,9 +503,22 @@ struct Context {
 }
 
 async fn metrics(State(s): State<Context>) -> (StatusCode, String) {
+    s.metrics
+        .webhook_certificate_expiry
+        .set(s.ready.certificate_not_after.load(Ordering::Relaxed));
     match s.metrics.encode() {
         Ok(text) => (StatusCode::OK, text),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn healthz(State(s): State<Context>) -> (StatusCode, String) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    match health(s.ready.certificate_not_after.load(Ordering::Relaxed), now) {
+        Ok(()) => (StatusCode::OK, "ok".to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
 
@@ -504,11 +543,27 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(Context {
             metrics: metrics_,
             ready,
         });
     axum::serve(listener, app).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expired_webhook_certificate_fails_the_liveness_probe() {
+        assert_eq!(health(0, 1_000), Ok(()), "no certificate presented");
+        assert_eq!(health(2_000, 1_000), Ok(()));
+        assert_eq!(
+            health(1_000, 1_060),
+            Err("the webhook's serving certificate expired 60 s ago and was not renewed".into())
+        );
+        assert!(health(1_000, 1_000).is_err(), "expired at its own second");
+    }
 }

@@ -312,6 +312,13 @@ pub enum NoAnswer {
         /// The offset of the first invalid byte in the body.
         at: usize,
     },
+    /// The answer's body ran past the client's cap (a store or an engine answering more than
+    /// any real answer holds): the rest is not read.
+    #[error("the answer is larger than the client reads ({limit_bytes} bytes)")]
+    TooLarge {
+        /// The client's cap on one answer's body, bytes.
+        limit_bytes: u64,
+    },
     /// Any other transport failure, in the HTTP client's words (its error and each cause).
     #[error("{0}")]
     Transport(String),

@@ -10,7 +10,7 @@ use kvcache_api::{ModelDeployment, Settings};
 
 use crate::model::{ModelInputs, ModelObjects, render};
 use crate::resolve::{Environment, attachment_on};
-use crate::status::model::Resolution;
+use crate::status::model::{ForeignObject, Resolution};
 use crate::world::World;
 
 /// What a pass does with a ModelDeployment's roles.
@@ -84,6 +84,50 @@ pub fn plan(
         Err(e) => plan.refusal = Some((e.reason(), e.to_string())),
     }
     plan
+}
+
+/// An object of the deployment's namespace that bears the name of one the roles render.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Existing {
+    /// `Deployment` or `Service`.
+    pub kind: &'static str,
+    /// Its name.
+    pub name: String,
+    /// Its controller's uid (`ownerReferences[].controller: true`), if any.
+    pub controller_uid: Option<String>,
+    /// Its controller as `Kind name`, if any, for the message.
+    pub controller: Option<String>,
+}
+
+/// Which of the rendered `objects` would take over an existing object the deployment
+/// (`owner_uid`) does not control; those are taken out of `objects`, so a pass never applies
+/// over, nor sweeps, what is someone else's.
+pub fn leave_foreign(
+    objects: &mut ModelObjects,
+    existing: &[Existing],
+    owner_uid: &str,
+) -> Vec<ForeignObject> {
+    let foreign: Vec<ForeignObject> = existing
+        .iter()
+        .filter(|e| e.controller_uid.as_deref() != Some(owner_uid))
+        .map(|e| ForeignObject {
+            kind: e.kind,
+            name: e.name.clone(),
+            controller: e.controller.clone(),
+        })
+        .collect();
+    let taken = |kind: &str, name: Option<&String>| {
+        foreign
+            .iter()
+            .any(|f| f.kind == kind && Some(&f.name) == name)
+    };
+    objects
+        .deployments
+        .retain(|d| !taken("Deployment", d.metadata.name.as_ref()));
+    objects
+        .services
+        .retain(|s| !taken("Service", s.metadata.name.as_ref()));
+    foreign
 }
 
 #[cfg(test)]
@@ -164,6 +208,53 @@ mod tests {
         let (reason, message) = p.refusal.expect("a refusal");
         assert_eq!(reason, "SettingsUnreadable");
         assert!(message.starts_with("a refused key;"), "{message}");
+    }
+
+    #[test]
+    fn an_object_of_the_same_name_that_is_not_the_deployments_is_left_alone() {
+        let w = world(&["walkthrough-model-without-cache.yaml"]);
+        let md = model(&w);
+        let mut objects = settled(&md, &w).objects.expect("role objects");
+        let deployment = objects.deployments[0]
+            .metadata
+            .name
+            .clone()
+            .expect("a name");
+        let service = objects.services[0].metadata.name.clone().expect("a name");
+        let existing = [
+            Existing {
+                kind: "Deployment",
+                name: deployment.clone(),
+                controller_uid: Some("md-uid".into()),
+                controller: Some("ModelDeployment x".into()),
+            },
+            Existing {
+                kind: "Service",
+                name: service.clone(),
+                controller_uid: None,
+                controller: None,
+            },
+        ];
+        let before = objects.deployments.len();
+        let foreign = leave_foreign(&mut objects, &existing, "md-uid");
+        assert_eq!(
+            foreign,
+            [ForeignObject {
+                kind: "Service",
+                name: service,
+                controller: None
+            }]
+        );
+        assert!(objects.services.is_empty(), "the Service is not applied");
+        assert_eq!(objects.deployments.len(), before, "its own Deployment is");
+        let foreign = leave_foreign(&mut objects, &existing, "another-uid");
+        assert_eq!(foreign.len(), 2);
+        assert!(
+            objects
+                .deployments
+                .iter()
+                .all(|d| d.metadata.name.as_ref() != Some(&deployment))
+        );
     }
 
     #[test]

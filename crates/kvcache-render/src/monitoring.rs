@@ -68,6 +68,15 @@ pub(crate) fn alerts() -> Vec<Alert> {
             description: "Controller {{ $labels.controller }} fails with {{ $labels.result }}: the objects' conditions and events say which and why (`kubectl get events -A --field-selector reportingComponent=kvcache-operator`).",
         },
         Alert {
+            name: "KVCacheOperatorWebhookCertificateExpiring",
+            // 0: the replica serves no webhook, or no pair is loaded yet.
+            expr: "kvcache_operator_webhook_certificate_expiry_timestamp_seconds > 0 and (kvcache_operator_webhook_certificate_expiry_timestamp_seconds - time()) < 7 * 24 * 3600",
+            for_: "60m",
+            severity: "critical",
+            summary: "The operator's webhook certificate expires within 7 days",
+            description: "The operator replica {{ $labels.pod }} presents a webhook certificate that expires within 7 days: it renews 30 days ahead, so the renewal failed. When it expires the API server refuses every create and update of the operator's kinds and of opted-in Pods. Check the replicas' logs for \"webhook certificate\" and the Secret kvcache-operator-webhook-tls; deleting the Secret makes the leader issue a new pair.",
+        },
+        Alert {
             name: "KVCacheOperatorNoLeader",
             expr: "max(kvcache_operator_leader) == 0",
             for_: "5m",

@@ -702,6 +702,7 @@ mod model_deployment {
             held: false,
             deleting: false,
             missing_instance_types: Vec::new(),
+            foreign: Vec::new(),
         }
     }
 

@@ -3,8 +3,8 @@
 //! Deployment labelled for injection gets the store settings and writes under its Binding.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kvcache_api::backend::BackendPhase;
 use kvcache_api::quantity::parse_bytes;
 use kvcache_api::{KVCachePool, KVCachePoolBinding, ModelDeployment};
@@ -84,6 +84,91 @@ fn a_model_deployment_without_kv_cache_runs_with_no_shared_cache() {
             assert!(log.contains("without the shared cache"), "{log}");
         }
         remove_model(&client, "team-nocache", "qwen-chat").await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_service_the_user_made_under_a_role_objects_name_is_left_alone_and_named() {
+    let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let dir = paths::scratch("walkthrough-name-taken")?;
+        let manifests =
+            walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
+                walkthrough_as(v, "taken");
+                if v["kind"] == "ModelDeployment"
+                    && let Some(spec) = v["spec"].as_object_mut()
+                {
+                    spec.remove("kvCache");
+                }
+                matches!(
+                    v["kind"].as_str(),
+                    Some("Namespace" | "InstanceType" | "ModelDeployment")
+                )
+            })?;
+        let files = walkthrough::manifest_files(&manifests)?;
+        let (namespace, rest): (Vec<_>, Vec<_>) = files.iter().partition(|f| {
+            walkthrough::read_objects(f).is_ok_and(|o| {
+                o.iter()
+                    .all(|v| v.types.as_ref().is_some_and(|t| t.kind == "Namespace"))
+            })
+        });
+        for f in namespace {
+            walkthrough::apply(&client, &walkthrough::read_objects(f)?).await?;
+        }
+        // The user's own Service, under the name the serving role's Service takes.
+        let name = kvcache_render::names::object("qwen-chat", "");
+        let services: Api<Service> = Api::namespaced(client.clone(), "team-taken");
+        let mine: Service = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "team-taken"},
+            "spec": {"selector": {"app": "mine"}, "ports": [{"port": 1234}]}
+        }))
+        .map_err(|e| Error::Invalid {
+            path: name.clone(),
+            what: "Service",
+            reason: e.to_string(),
+        })?;
+        services.create(&PostParams::default(), &mine).await?;
+        for f in rest {
+            walkthrough::apply(&client, &walkthrough::read_objects(f)?).await?;
+        }
+        let models: Api<ModelDeployment> = Api::namespaced(client.clone(), "team-taken");
+        wait_condition(&models, "qwen-chat", "ObjectsOwned=False/NameTaken", WAIT).await?;
+        kvcache_e2e::status::wait_event(&client, "qwen-chat", "NameTaken", &name, WAIT).await?;
+        // Left as the user made it: not applied over, not swept.
+        let after = services.get(&name).await?;
+        let spec = after.spec.clone().unwrap_or_default();
+        assert_eq!(
+            spec.selector,
+            Some([("app".to_owned(), "mine".to_owned())].into()),
+            "{after:?}"
+        );
+        assert_eq!(
+            spec.ports
+                .iter()
+                .flatten()
+                .map(|p| p.port)
+                .collect::<Vec<_>>(),
+            [1234]
+        );
+        assert!(after.metadata.owner_references.is_none(), "{after:?}");
+        // Once the user's Service is gone, the role gets its own.
+        services.delete(&name, &DeleteParams::default()).await?;
+        wait_condition(&models, "qwen-chat", "ObjectsOwned=True/Owned", WAIT).await?;
+        let own = services.get(&name).await?;
+        assert!(
+            own.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "ModelDeployment" && o.controller == Some(true)),
+            "{own:?}"
+        );
+        remove_model(&client, "team-taken", "qwen-chat").await
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }

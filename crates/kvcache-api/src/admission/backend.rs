@@ -197,7 +197,7 @@ fn managed_static(b: &KVCacheBackend, m: &Managed, v: &mut Verdict) {
     {
         v.refuse(
             format!("{MANAGED}.priorityClassName"),
-            "must be the name of a PriorityClass: lowercase letters, digits, '-' and '.'",
+            crate::rules::PRIORITY_CLASS_NAME_REFUSED,
         );
     }
 

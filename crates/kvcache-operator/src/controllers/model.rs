@@ -21,6 +21,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::model::{InstanceType, SharedCacheStatus};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
+use kvcache_render::events::{Kind, Note};
 use kvcache_render::model::{ModelObjects, SERVING_PORT};
 use kvcache_render::model_plan;
 use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
@@ -113,8 +114,16 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
         &ctx.config.namespace,
         &instance_types,
     );
-    if let Some(objects) = &plan.objects {
-        apply_roles(&ctx, &md, objects).await?;
+    let mut foreign = Vec::new();
+    if let Some(mut objects) = plan.objects.clone() {
+        // Never over what is someone else's: an object of a rendered name that this deployment
+        // does not control is left alone and named (docs/design.md#model-objects-owned).
+        let existing = existing_objects(&ctx, &ns, &objects).await?;
+        foreign = model_plan::leave_foreign(&mut objects, &existing, &md.uid().unwrap_or_default());
+        apply_roles(&ctx, &md, &objects).await?;
+        if !foreign.is_empty() {
+            name_taken_event(&ctx, &md, &foreign).await;
+        }
     }
     let resolution = plan.resolution.clone();
     let domain = match &resolution {
@@ -143,6 +152,7 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
             .filter(|r| !instance_types.contains_key(&r.instance_type))
             .map(|r| (r.name.clone(), r.instance_type.clone()))
             .collect(),
+        foreign,
     };
     let engines = shared_cache::engines(md.spec.engine.name, &resolution, &roles);
     let (shared_cache, observed) = observe_engines(&ctx, &md, &ns, engines).await?;
@@ -174,6 +184,87 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
             .min(ctx.config.model_resync),
         _ => ctx.config.model_resync,
     }))
+}
+
+/// The objects of the namespace `ns` bearing the names of the rendered `objects`, each with its
+/// controller.
+async fn existing_objects(
+    ctx: &Context,
+    ns: &str,
+    objects: &ModelObjects,
+) -> Result<Vec<model_plan::Existing>, Error> {
+    fn existing<K: Resource>(kind: &'static str, object: &K) -> model_plan::Existing {
+        let controller = object
+            .meta()
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true));
+        model_plan::Existing {
+            kind,
+            name: object.meta().name.clone().unwrap_or_default(),
+            controller_uid: controller.map(|o| o.uid.clone()),
+            controller: controller.map(|o| format!("{} {}", o.kind, o.name)),
+        }
+    }
+    let mut found = Vec::new();
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    for name in objects
+        .deployments
+        .iter()
+        .filter_map(|d| d.metadata.name.as_ref())
+    {
+        if let Some(d) = deployments
+            .get_opt(name)
+            .await
+            .map_err(kerr("get", format!("Deployment {ns}/{name}")))?
+        {
+            found.push(existing("Deployment", &d));
+        }
+    }
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    for name in objects
+        .services
+        .iter()
+        .filter_map(|s| s.metadata.name.as_ref())
+    {
+        if let Some(s) = services
+            .get_opt(name)
+            .await
+            .map_err(kerr("get", format!("Service {ns}/{name}")))?
+        {
+            found.push(existing("Service", &s));
+        }
+    }
+    Ok(found)
+}
+
+/// A warning on the deployment naming each object it left alone.
+async fn name_taken_event(
+    ctx: &Context,
+    md: &ModelDeployment,
+    foreign: &[kvcache_render::status::model::ForeignObject],
+) {
+    let note = Note {
+        kind: Kind::Warning,
+        reason: "NameTaken",
+        message: foreign
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} {} exists and is not this deployment's: left as it is",
+                    f.kind, f.name
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    };
+    super::publish(
+        ctx,
+        &md.object_ref(&()),
+        &super::event_of(&note, "Reconcile", None),
+    )
+    .await;
 }
 
 /// Applies the planned role objects through the deployment's applied set; a role the render no

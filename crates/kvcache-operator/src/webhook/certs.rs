@@ -227,6 +227,8 @@ pub fn carry_out(plan: &Plan, stored: &Stored, names: &[String]) -> Result<Store
 #[derive(Debug, Default)]
 pub struct Presented {
     current: RwLock<Option<Arc<CertifiedKey>>>,
+    /// When the presented certificate expires, seconds since the epoch (0: none presented).
+    not_after: std::sync::atomic::AtomicI64,
 }
 
 impl Presented {
@@ -242,7 +244,16 @@ impl Presented {
             rustls::crypto::ring::sign::any_supported_type(&key).map_err(Error::certificate)?;
         let pair = Arc::new(CertifiedKey::new(certs, key));
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(pair);
+        self.not_after.store(
+            facts(&stored.tls_cert).map_or(0, |f| f.not_after),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         Ok(())
+    }
+
+    /// When the presented certificate expires, seconds since the epoch (0: none presented).
+    pub fn not_after(&self) -> i64 {
+        self.not_after.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether a certificate is loaded (readiness).
@@ -502,6 +513,10 @@ impl Keeper {
                     .store(trusted, std::sync::atomic::Ordering::Relaxed),
                 Err(e) => tracing::warn!(error = %e, "webhook certificate"),
             }
+            ready.certificate_not_after.store(
+                self.presented.not_after(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             let wait = tokio::time::sleep(if self.presented.loaded() {
                 RELOAD
             } else {
@@ -547,6 +562,7 @@ mod tests {
         let presented = Presented::default();
         presented.load(&made).expect("loads");
         assert!(presented.loaded());
+        assert_eq!(presented.not_after(), f.not_after);
     }
 
     #[test]

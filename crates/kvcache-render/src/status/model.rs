@@ -106,6 +106,19 @@ pub struct ModelObservation {
     pub deleting: bool,
     /// Roles whose InstanceType does not exist: (role, InstanceType).
     pub missing_instance_types: Vec<(String, String)>,
+    /// Rendered objects left alone: an object of the same name is not this deployment's.
+    pub foreign: Vec<ForeignObject>,
+}
+
+/// A rendered object left alone because an object of the same name is not this deployment's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignObject {
+    /// `Deployment` or `Service`.
+    pub kind: &'static str,
+    /// Its name.
+    pub name: String,
+    /// Who controls the existing object (`Kind name`), or `None` when nothing does.
+    pub controller: Option<String>,
 }
 
 /// A ModelDeployment's conditions and phase from what was observed (docs/design.md#model-status).
@@ -115,6 +128,7 @@ pub fn model_status(obs: &ModelObservation) -> (Phase, Option<String>, Vec<Cond>
         cache_attached(obs),
         instance_types_resolved(&obs.missing_instance_types),
         replicas_up_to_date(obs),
+        objects_owned(&obs.foreign),
     ];
     let (phase, message) = phase(obs);
     (phase, message, conds)
@@ -222,6 +236,36 @@ fn instance_types_resolved(missing: &[(String, String)]) -> Cond {
     }
 }
 
+/// `ObjectsOwned`: no rendered object bears the name of one something else controls (those are
+/// neither applied nor swept: docs/design.md#model-objects-owned).
+fn objects_owned(foreign: &[ForeignObject]) -> Cond {
+    if foreign.is_empty() {
+        return Cond::yes(
+            OBJECTS_OWNED,
+            "Owned",
+            "every Deployment and Service of the roles is this deployment's own",
+        );
+    }
+    Cond::no(
+        OBJECTS_OWNED,
+        "NameTaken",
+        foreign
+            .iter()
+            .map(|f| {
+                let by = f
+                    .controller
+                    .as_deref()
+                    .map_or_else(|| "nothing controls it".to_owned(), |c| format!("{c} controls it"));
+                format!(
+                    "{} {} exists and is not this deployment's ({by}): it is left as it is; delete or rename it, or rename the role",
+                    f.kind, f.name
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    )
+}
+
 /// `ReplicasUpToDate`: every replica on the current template, or why the rollout waits.
 fn replicas_up_to_date(obs: &ModelObservation) -> Cond {
     let behind: Vec<&RoleObservation> = obs
@@ -279,6 +323,8 @@ pub fn phase(obs: &ModelObservation) -> (Phase, Option<String>) {
         (Phase::Deleting, Some("being deleted".to_owned()))
     } else if let Some((_, m)) = &obs.refusal {
         (Phase::Degraded, Some(m.clone()))
+    } else if !obs.foreign.is_empty() {
+        (Phase::Degraded, Some(objects_owned(&obs.foreign).message))
     } else if short.is_empty() && !obs.roles.is_empty() {
         (Phase::Ready, None)
     } else if obs.roles.iter().all(|r| r.ready == 0) {
