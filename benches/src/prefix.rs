@@ -87,28 +87,58 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-pub fn prefix(
-    lengths: &[usize],
+/// What `cargo xtask bench prefix` runs: its arguments, checked before anything is installed
+/// or started.
+pub struct Plan {
+    lengths: Vec<usize>,
     prompts: usize,
-    models: &[String],
+    models: Vec<Model>,
     get_rate_mbs: f64,
-    conditions: &[String],
-) -> anyhow::Result<()> {
-    let conditions: Vec<&'static str> = conditions
-        .iter()
-        .map(|c| match c.as_str() {
-            "quiet" => Ok("quiet"),
-            "busy" => Ok("busy"),
-            other => Err(anyhow::anyhow!("no condition {other:?}: quiet or busy")),
+    conditions: Vec<&'static str>,
+}
+
+impl Plan {
+    /// Checks `--lengths`, `--prompts`, `--models`, `--get-rate` and `--conditions`.
+    pub fn new(
+        lengths: &[usize],
+        prompts: usize,
+        models: &[String],
+        get_rate_mbs: f64,
+        conditions: &[String],
+    ) -> anyhow::Result<Self> {
+        let conditions: Vec<&'static str> = conditions
+            .iter()
+            .map(|c| match c.as_str() {
+                "quiet" => Ok("quiet"),
+                "busy" => Ok("busy"),
+                other => Err(anyhow::anyhow!("no condition {other:?}: quiet or busy")),
+            })
+            .collect::<Result<_, _>>()?;
+        let models: Vec<Model> = models.iter().map(|m| model(m)).collect::<Result<_, _>>()?;
+        let longest = models.iter().map(|m| m.context).max().unwrap_or(0);
+        anyhow::ensure!(
+            lengths.iter().all(|l| (32..=longest - 32).contains(l)),
+            "prompt lengths must lie in 32..={} tokens (the longest context run is {longest}; a length over a model's context is skipped for it)",
+            longest - 32
+        );
+        Ok(Plan {
+            lengths: lengths.to_vec(),
+            prompts,
+            models,
+            get_rate_mbs,
+            conditions,
         })
-        .collect::<Result<_, _>>()?;
-    let models: Vec<Model> = models.iter().map(|m| model(m)).collect::<Result<_, _>>()?;
-    let longest = models.iter().map(|m| m.context).max().unwrap_or(0);
-    anyhow::ensure!(
-        lengths.iter().all(|l| (32..=longest - 32).contains(l)),
-        "prompt lengths must lie in 32..={} tokens (the longest context run is {longest}; a length over a model's context is skipped for it)",
-        longest - 32
-    );
+    }
+}
+
+pub fn prefix(plan: Plan) -> anyhow::Result<()> {
+    let Plan {
+        lengths,
+        prompts,
+        models,
+        get_rate_mbs,
+        conditions,
+    } = plan;
     let rig = engine_rig::up("bench-prefix", |_| {})?;
     let mut rows = Vec::new();
     for m in models {
@@ -434,5 +464,26 @@ mod tests {
         );
         assert_eq!(sum(text, name, &[]), 112.0);
         assert_eq!(sum(text, "other", &[]), 0.0);
+    }
+
+    #[test]
+    fn a_plan_refuses_what_it_cannot_run() {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let models = strings(&["llama-bench"]);
+        let quiet = strings(&["quiet"]);
+        assert!(
+            Plan::new(
+                &[256, 4064],
+                3,
+                &models,
+                300.0,
+                &strings(&["quiet", "busy"])
+            )
+            .is_ok()
+        );
+        assert!(Plan::new(&[256], 3, &models, 300.0, &strings(&["loud"])).is_err());
+        assert!(Plan::new(&[256], 3, &strings(&["gpt"]), 300.0, &quiet).is_err());
+        assert!(Plan::new(&[16], 3, &models, 300.0, &quiet).is_err());
+        assert!(Plan::new(&[4096], 3, &models, 300.0, &quiet).is_err());
     }
 }

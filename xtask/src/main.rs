@@ -185,11 +185,7 @@ fn main() -> anyhow::Result<()> {
             ClusterAction::Status => cluster::status(),
             ClusterAction::Env => cluster::env(),
         },
-        Task::Bench { which } => {
-            // Every bench runs on the installed parts.
-            setup::all()?;
-            bench(which)
-        }
+        Task::Bench { which } => bench(which),
         Task::Store { action } => match action {
             StoreAction::Up {
                 members,
@@ -200,37 +196,48 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// Runs the benchmark named on the command line (`kvcache-bench`).
+/// Runs the benchmark named on the command line (`kvcache-bench`), its arguments checked before
+/// the parts are installed.
 fn bench(which: BenchKind) -> anyhow::Result<()> {
     use kvcache_bench::{admission, capacity, failover, prefix, rollout, scale, soak, transfer};
-    match which {
-        BenchKind::Failover { runs } => failover::failover(runs),
-        BenchKind::Capacity { runs } => capacity::capacity(runs),
+    let run: Box<dyn FnOnce() -> anyhow::Result<()>> = match which {
+        BenchKind::Failover { runs } => Box::new(move || failover::failover(runs)),
+        BenchKind::Capacity { runs } => Box::new(move || capacity::capacity(runs)),
         BenchKind::Prefix {
             lengths,
             prompts,
             models,
             get_rate,
             conditions,
-        } => prefix::prefix(&lengths, prompts, &models, get_rate, &conditions),
-        BenchKind::Rollout { runs } => rollout::rollout(runs),
-        BenchKind::Transfer => transfer::transfer(),
-        BenchKind::Soak { failovers } => soak::soak(failovers),
+        } => {
+            let plan = prefix::Plan::new(&lengths, prompts, &models, get_rate, &conditions)?;
+            Box::new(move || prefix::prefix(plan))
+        }
+        BenchKind::Rollout { runs } => Box::new(move || rollout::rollout(runs)),
+        BenchKind::Transfer => Box::new(transfer::transfer),
+        BenchKind::Soak { failovers } => Box::new(move || soak::soak(failovers)),
         BenchKind::Admission {
             creates,
             concurrency,
-        } => admission::admission(admission::Shape {
-            creates,
-            concurrency,
+        } => Box::new(move || {
+            admission::admission(admission::Shape {
+                creates,
+                concurrency,
+            })
         }),
         BenchKind::Scale {
             backends,
             namespaces,
             per_namespace,
-        } => scale::scale(scale::Shape {
-            backends,
-            namespaces,
-            per_namespace,
+        } => Box::new(move || {
+            scale::scale(scale::Shape {
+                backends,
+                namespaces,
+                per_namespace,
+            })
         }),
-    }
+    };
+    // Every bench runs on the installed parts.
+    setup::all()?;
+    run()
 }
