@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kvcache_api::admission::tenant_of;
 use kvcache_api::backend::EndpointName;
 use kvcache_api::{KVCachePool, KVCachePoolBinding};
 use kvcache_quota::admin::{Outcome, TenantEntry};
@@ -19,7 +18,7 @@ use kvcache_quota::status::{
 };
 
 use crate::backend::client_endpoint;
-use crate::world::{World, binding_id};
+use crate::world::{World, binding_id, ceiling_view};
 
 /// What a pool pass asks the master, decided from the [`World`].
 #[derive(Clone, Debug)]
@@ -80,19 +79,9 @@ pub fn plan(world: &World, namespace: &str, pool: &KVCachePool, deleting: bool) 
     let mut views = Vec::new();
     let mut unreadable = Vec::new();
     for b in &bindings {
-        let id = binding_id(b);
-        match b
-            .spec
-            .quota
-            .ceiling
-            .bytes(&format!("KVCachePoolBinding {id} spec.quota.ceiling"))
-        {
-            Ok(ceiling_bytes) => views.push(BindingView {
-                binding: id,
-                tenant: tenant_of(b).to_owned(),
-                ceiling_bytes,
-            }),
-            Err(e) => unreadable.push((id, e.to_string())),
+        match ceiling_view(b) {
+            Ok(v) => views.push(v),
+            Err(e) => unreadable.push((binding_id(b), e.to_string())),
         }
     }
     let going: BTreeSet<String> = bindings

@@ -262,17 +262,11 @@ impl World {
         let mut ceilings = Vec::new();
         let mut errors = Vec::new();
         for b in self.bindings_on(backend) {
-            let id = binding_id(b);
-            match b
-                .spec
-                .quota
-                .ceiling
-                .bytes(&format!("KVCachePoolBinding {id} spec.quota.ceiling"))
-            {
-                Ok(bytes) => ceilings.push(BindingCeiling {
-                    binding: id,
-                    tenant: tenant_of(b).to_owned(),
-                    ceiling_bytes: bytes,
+            match ceiling_view(b) {
+                Ok(v) => ceilings.push(BindingCeiling {
+                    binding: v.binding,
+                    tenant: v.tenant,
+                    ceiling_bytes: v.ceiling_bytes,
                 }),
                 Err(e) => errors.push(e.into()),
             }
@@ -363,6 +357,24 @@ impl World {
             Some((b, backend)),
         )
     }
+}
+
+/// A Binding as the ledger sees it: `namespace/name`, its tenant and its ceiling in bytes, or
+/// why the ceiling does not parse.
+pub fn ceiling_view(
+    b: &KVCachePoolBinding,
+) -> Result<kvcache_quota::status::BindingView, kvcache_api::Error> {
+    let binding = binding_id(b);
+    let ceiling_bytes = b
+        .spec
+        .quota
+        .ceiling
+        .bytes(&format!("KVCachePoolBinding {binding} spec.quota.ceiling"))?;
+    Ok(kvcache_quota::status::BindingView {
+        tenant: tenant_of(b).to_owned(),
+        binding,
+        ceiling_bytes,
+    })
 }
 
 #[cfg(test)]
