@@ -19,6 +19,24 @@ use crate::{
     walkthrough_as,
 };
 
+/// The walkthrough's workload (its namespace, instance type and ModelDeployment) under `tag`
+/// with `kvCache` left out, written to the scratch folder `scratch`.
+fn workload_without_cache(tag: &str, scratch: &str) -> Result<std::path::PathBuf, Error> {
+    let dir = paths::scratch(scratch)?;
+    walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
+        walkthrough_as(v, tag);
+        if v["kind"] == "ModelDeployment"
+            && let Some(spec) = v["spec"].as_object_mut()
+        {
+            spec.remove("kvCache");
+        }
+        matches!(
+            v["kind"].as_str(),
+            Some("Namespace" | "InstanceType" | "ModelDeployment")
+        )
+    })
+}
+
 #[test]
 fn a_model_deployment_without_kv_cache_runs_with_no_shared_cache() {
     let _gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
@@ -26,21 +44,7 @@ fn a_model_deployment_without_kv_cache_runs_with_no_shared_cache() {
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {
         let client = client_from(&kc).await?;
-        let dir = paths::scratch("walkthrough-no-cache")?;
-        // The walkthrough's workload (and its namespace and instance type) with kvCache left out.
-        let manifests =
-            walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
-                walkthrough_as(v, "nocache");
-                if v["kind"] == "ModelDeployment"
-                    && let Some(spec) = v["spec"].as_object_mut()
-                {
-                    spec.remove("kvCache");
-                }
-                matches!(
-                    v["kind"].as_str(),
-                    Some("Namespace" | "InstanceType" | "ModelDeployment")
-                )
-            })?;
+        let manifests = workload_without_cache("nocache", "walkthrough-no-cache")?;
         for f in walkthrough::manifest_files(&manifests)? {
             walkthrough::apply(&client, &walkthrough::read_objects(&f)?).await?;
         }
@@ -95,20 +99,7 @@ fn a_service_the_user_made_under_a_role_objects_name_is_left_alone_and_named() {
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {
         let client = client_from(&kc).await?;
-        let dir = paths::scratch("walkthrough-name-taken")?;
-        let manifests =
-            walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
-                walkthrough_as(v, "taken");
-                if v["kind"] == "ModelDeployment"
-                    && let Some(spec) = v["spec"].as_object_mut()
-                {
-                    spec.remove("kvCache");
-                }
-                matches!(
-                    v["kind"].as_str(),
-                    Some("Namespace" | "InstanceType" | "ModelDeployment")
-                )
-            })?;
+        let manifests = workload_without_cache("taken", "walkthrough-name-taken")?;
         let files = walkthrough::manifest_files(&manifests)?;
         let (namespace, rest): (Vec<_>, Vec<_>) = files.iter().partition(|f| {
             walkthrough::read_objects(f).is_ok_and(|o| {
