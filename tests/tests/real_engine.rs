@@ -242,15 +242,22 @@ fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
         let md = wait_object(
             &models,
             CHAT,
-            "CacheAttached=True/CacheActive, SharedCacheObserved=True/EnginesRead, hitTokens > 0",
+            "CacheAttached=True/CacheActive, SharedCacheObserved=True/EnginesRead, both engines \
+             read and at least B's tokens from the store",
             WAIT,
+            // The status may still hold a window an earlier test of this binary left: wait for
+            // one that includes this test's own hit, not merely any hit.
             |m| {
                 has_condition(m, "CacheAttached=True/CacheActive")
                     && has_condition(m, "SharedCacheObserved=True/EnginesRead")
                     && m.status
                         .as_ref()
                         .and_then(|s| s.shared_cache.as_ref())
-                        .is_some_and(|c| c.hit_tokens > 0)
+                        .is_some_and(|c| {
+                            c.hit_tokens > 0
+                                && c.engines_read == 2
+                                && c.tokens_from_store >= b_added.tokens_from_store
+                        })
             },
         )
         .await?;

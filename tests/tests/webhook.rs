@@ -298,7 +298,8 @@ fn with_the_operator_stopped_other_groups_are_still_written_and_a_new_certificat
     })
     .unwrap_or_else(|e| panic!("{e}"));
     h.operator.restart().expect("the operator restarts");
-    drop(h);
+    // The turn is held until the new CA is trusted and a create passes: the next test must not
+    // meet a webhook whose CA the API server does not trust yet.
     block_on(async move {
         let client = client().await?;
         let ca = wait_trusted(&client).await?;
@@ -310,6 +311,7 @@ fn with_the_operator_stopped_other_groups_are_still_written_and_a_new_certificat
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));
+    drop(h);
 }
 
 /// The certificate the webhook presents on `port` (PEM), as `openssl s_client` reads it.

@@ -135,13 +135,33 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
         converged(&client).await?;
         let leader = holder(&client).await?.expect("the Lease has a holder");
         let leader = pod_of(&leader).to_owned();
-        let text = scrape(&client, &leader).await?;
+        // A leader that took over moments ago (another test of this binary may have killed or
+        // upgraded the replicas) has not made every pass yet: wait for the series this test
+        // asserts on rather than reading them from the first scrape.
+        let capacity = "kvcache_operator_backend_capacity_bytes{backend=\"mooncake-dram\"}";
+        let reconciled = |text: &str| {
+            ["kvcachebackend", "kvcachepool", "kvcachepoolbinding", "modeldeployment"]
+                .iter()
+                .all(|c| {
+                    value(
+                        text,
+                        &format!("kvcache_operator_reconciles_total{{controller=\"{c}\",result=\"ok\"}}"),
+                    )
+                    .is_some_and(|v| v > 0.0)
+                })
+        };
+        let store_read =
+            |text: &str| sum(text, "kvcache_operator_store_reads_total{backend=\"mooncake-dram\",result=\"ok\"}") > 0.0;
+        let text = wait_scrape_for(
+            &client,
+            &leader,
+            "the leader's capacity gauge, a reconcile of every controller and a store read",
+            |text| {
+                value(text, capacity) == Some((512 * MIB) as f64) && reconciled(text) && store_read(text)
+            },
+        )
+        .await?;
         assert_eq!(value(&text, "kvcache_operator_leader"), Some(1.0), "{text}");
-        assert_eq!(
-            value(&text, "kvcache_operator_backend_capacity_bytes{backend=\"mooncake-dram\"}"),
-            Some((512 * MIB) as f64),
-            "{text}"
-        );
         // Member Pods turn Ready a little after they mount (their probe): the gauge follows.
         let store_pods: Api<Pod> = Api::namespaced(client.clone(), NS);
         pods::wait_ready(&store_pods, &walkthrough::backend_pods("mooncake-dram", "member-0"), 2, WAIT).await?;

@@ -180,15 +180,30 @@ pub(crate) async fn wait_scrape(
     series: &str,
     want: f64,
 ) -> Result<String, Error> {
+    wait_scrape_for(client, pod, &format!("{series} reading {want}"), |text| {
+        value(text, series) == Some(want)
+    })
+    .await
+}
+
+/// Scrapes `pod` until `holds` is true of its text: a replica that has just become leader (or
+/// restarted) has not yet made every pass, so a test waits for what it asserts on. Fails naming
+/// `what` with the last scrape.
+pub(crate) async fn wait_scrape_for(
+    client: &Client,
+    pod: &str,
+    what: &str,
+    holds: impl Fn(&str) -> bool,
+) -> Result<String, Error> {
     let deadline = Instant::now() + WAIT;
     loop {
         let text = scrape(client, pod).await?;
-        if value(&text, series) == Some(want) {
+        if holds(&text) {
             return Ok(text);
         }
         assert!(
             Instant::now() < deadline,
-            "{series} never read {want} on {pod} within {WAIT:?}; last scrape:\n{text}"
+            "{what}: never seen on {pod} within {WAIT:?}; last scrape:\n{text}"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -11,7 +11,9 @@ use kvcache_e2e::pods::{self, name_of};
 use kvcache_e2e::status::{has_condition, wait_condition};
 use kvcache_e2e::walkthrough::{self, backend_pods};
 
-use crate::{GPUS, MIB, NAMESPACE, WAIT, cluster, effective, remove_model, wait_backend_ready};
+use crate::{
+    GPUS, MIB, NAMESPACE, PINNED_IMAGE, WAIT, cluster, effective, remove_model, wait_backend_ready,
+};
 
 #[test]
 fn the_walkthrough_applied_in_creation_order_converges_on_real_pods() {
@@ -21,7 +23,14 @@ fn the_walkthrough_applied_in_creation_order_converges_on_real_pods() {
     block_on(async move {
         let client = client_from(&kc).await?;
         let dir = paths::scratch("walkthrough-in-order")?;
-        let manifests = walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |_| true)?;
+        // The backend's image pinned: the settings test of this binary rolls every backend that
+        // follows the cluster setting while it runs.
+        let manifests = walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
+            if v["kind"].as_str() == Some("KVCacheBackend") {
+                v["spec"]["image"] = PINNED_IMAGE.into();
+            }
+            true
+        })?;
         // Each file in turn, as `kubectl apply -f 00-… -f 01-… …` would.
         for f in walkthrough::manifest_files(&manifests)? {
             walkthrough::apply(&client, &walkthrough::read_objects(&f)?).await?;
@@ -81,7 +90,10 @@ fn the_walkthrough_applied_in_reverse_order_reports_what_is_missing_then_converg
             walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |v| {
                 match v["kind"].as_str() {
                     Some("Namespace") => v["metadata"]["name"] = "team-b".into(),
-                    Some("KVCacheBackend") => v["metadata"]["name"] = "mooncake-rev".into(),
+                    Some("KVCacheBackend") => {
+                        v["metadata"]["name"] = "mooncake-rev".into();
+                        v["spec"]["image"] = PINNED_IMAGE.into();
+                    }
                     Some("KVCachePool") => {
                         v["metadata"]["name"] = "shared-rev".into();
                         v["spec"]["backends"] = serde_json::json!(["mooncake-rev"]);

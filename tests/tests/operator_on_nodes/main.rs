@@ -20,7 +20,7 @@ mod rollout;
 mod warm_failover;
 mod workloads;
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -69,6 +69,10 @@ fn operator() -> &'static Mutex<Operator> {
         Err(e) => panic!("the operator could not start on the nodes: {e}"),
     }
 }
+
+/// The operator restarted mid-way by one test (write) is down for moments; a test whose Pods
+/// pass its webhook (read) waits for it instead of being refused while it is down.
+static OPERATOR_UP: RwLock<()> = RwLock::new(());
 
 /// The walkthrough's role asks for one GPU per replica and the nodes offer two in all: the
 /// tests that run it take turns.

@@ -246,6 +246,7 @@ fn an_sglang_deployment_on_another_store_line_is_refused_and_no_pod_starts() {
 #[test]
 fn a_deployment_labelled_for_injection_gets_the_store_settings_and_its_pods_write_under_the_binding()
  {
+    let _up = crate::OPERATOR_UP.read().unwrap_or_else(|p| p.into_inner());
     let cluster = cluster();
     let kc = cluster.control_plane.kubeconfig.clone();
     let webhook = operator()
