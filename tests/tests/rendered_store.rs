@@ -43,6 +43,7 @@ fn the_rendered_leader_and_member_run_on_the_real_store() {
         etcd_image: "etcd:1",
         bound_namespaces: &[],
         policy: Some(&doc),
+        access: &kvcache_render::backend::StoreAccess::IN_CLUSTER,
     })
     .expect("renders");
 

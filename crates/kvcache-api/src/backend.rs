@@ -809,6 +809,9 @@ pub mod conditions {
     pub const TIER_REGISTERED: &str = "TierRegistered";
     /// The running master's version agrees with the image tag (once the elector reported it).
     pub const STORE_VERSION_OBSERVED: &str = "StoreVersionObserved";
+    /// NetworkPolicies keep the store's Pods to the backend's own Pods and its bound namespaces
+    /// (`False` while a member group runs on the host network, which no policy covers).
+    pub const NETWORK_ISOLATED: &str = "NetworkIsolated";
     /// The backend's objects could not be rendered (written only then, always `False`).
     pub const RENDERED: &str = "Rendered";
     /// The cluster settings could not be read (written only then, always `False`): the message

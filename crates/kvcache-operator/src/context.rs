@@ -43,6 +43,8 @@ pub struct Config {
     pub engine_metrics_interval: Duration,
     /// How far back `status.sharedCache` reaches.
     pub shared_cache_window: Duration,
+    /// Who besides a backend's Pods and its bound namespaces reaches its store.
+    pub access: kvcache_render::backend::StoreAccess,
 }
 
 /// The caches of every watched kind, one reflector each, filled before the controllers start.

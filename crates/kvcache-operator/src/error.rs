@@ -78,6 +78,12 @@ pub enum Error {
     /// A `--store-address-override` entry that is not `BACKEND=HOST:PORT` (the entry).
     #[error("{0:?} is not BACKEND=HOST:PORT")]
     NotAnOverride(String),
+    /// A `--store-admin-from` entry that is not an address block (the entry).
+    #[error("{0:?} is not ADDRESS/PREFIX (an IPv4 or IPv6 CIDR)")]
+    NotACidr(String),
+    /// A `--store-metrics-from` entry that is not a namespace name (the entry).
+    #[error("{0:?} is not a namespace name (lowercase letters, digits and '-', at most 63)")]
+    NotANamespace(String),
     /// SIGTERM could not be listened for.
     #[error("cannot listen for SIGTERM: {0}")]
     Signal(#[source] std::io::Error),
@@ -107,7 +113,11 @@ impl Error {
             Error::Connect(_) => "connect",
             Error::CrdMissing { .. } => "crd_missing",
             Error::Election(_) | Error::LeaseLost(_) => "election",
-            Error::Signal(_) | Error::Serve { .. } | Error::NotAnOverride(_) => "start",
+            Error::Signal(_)
+            | Error::Serve { .. }
+            | Error::NotAnOverride(_)
+            | Error::NotACidr(_)
+            | Error::NotANamespace(_) => "start",
             Error::Unjudgeable(_) => "admission",
         }
     }

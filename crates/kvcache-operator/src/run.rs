@@ -80,6 +80,14 @@ pub struct RunArgs {
     /// this address instead of its leader Service. Only for running outside the cluster.
     #[arg(long = "store-address-override", env = "KVCACHE_STORE_ADDRESS_OVERRIDE", value_delimiter = ',', value_parser = parse_override)]
     pub store_address_overrides: Vec<(String, String)>,
+    /// Addresses (CIDRs) that may reach the stores' admin port besides the operator's own Pods:
+    /// where this operator runs outside a Pod (its node's address). See docs/isolation.md.
+    #[arg(long = "store-admin-from", env = "KVCACHE_STORE_ADMIN_FROM", value_delimiter = ',', value_parser = parse_cidr)]
+    pub store_admin_from: Vec<String>,
+    /// Namespaces whose Pods may scrape the masters' `/metrics` (Prometheus): the port is the
+    /// admin API's too, so name only a namespace trusted with the tenant ledger.
+    #[arg(long = "store-metrics-from", env = "KVCACHE_STORE_METRICS_FROM", value_delimiter = ',', value_parser = parse_namespace)]
+    pub store_metrics_from: Vec<String>,
     /// Where the admission webhook listens (HTTPS). Unset: no webhook is served (the
     /// installation sets `0.0.0.0:9443`).
     #[arg(long, env = "KVCACHE_WEBHOOK_ADDR")]
@@ -123,6 +131,35 @@ fn parse_override(text: &str) -> Result<(String, String), Error> {
             Ok((backend.to_owned(), address.to_owned()))
         }
         _ => Err(Error::NotAnOverride(text.to_owned())),
+    }
+}
+
+/// `ADDRESS/PREFIX`, an IPv4 or IPv6 block as a NetworkPolicy's `ipBlock.cidr` takes it.
+fn parse_cidr(text: &str) -> Result<String, Error> {
+    let bad = || Error::NotACidr(text.to_owned());
+    let (address, prefix) = text.split_once('/').ok_or_else(bad)?;
+    let address: std::net::IpAddr = address.parse().map_err(|_| bad())?;
+    let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+    let longest = if address.is_ipv4() { 32 } else { 128 };
+    if prefix > longest {
+        return Err(bad());
+    }
+    Ok(text.to_owned())
+}
+
+/// A namespace name (a DNS label).
+fn parse_namespace(text: &str) -> Result<String, Error> {
+    let label = !text.is_empty()
+        && text.len() <= 63
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !text.starts_with('-')
+        && !text.ends_with('-');
+    if label {
+        Ok(text.to_owned())
+    } else {
+        Err(Error::NotANamespace(text.to_owned()))
     }
 }
 
@@ -237,6 +274,10 @@ fn config(args: &RunArgs) -> Config {
         model_resync: args.model_resync,
         engine_metrics_interval: args.engine_metrics_interval,
         shared_cache_window: args.shared_cache_window,
+        access: kvcache_render::backend::StoreAccess {
+            admin_from: args.store_admin_from.clone(),
+            metrics_from: args.store_metrics_from.clone(),
+        },
     }
 }
 
@@ -348,6 +389,22 @@ mod tests {
         );
         assert!(parse_override("mooncake-dram").is_err());
         assert!(parse_override("=127.0.0.1:9003").is_err());
+    }
+
+    #[test]
+    fn the_store_access_flags_take_cidrs_and_namespace_names_only() {
+        assert_eq!(
+            parse_cidr("10.0.0.5/32").ok().as_deref(),
+            Some("10.0.0.5/32")
+        );
+        assert!(parse_cidr("fd00::/8").is_ok());
+        for bad in ["10.0.0.5", "10.0.0.5/33", "x/8", "fd00::/129", ""] {
+            assert!(parse_cidr(bad).is_err(), "{bad}");
+        }
+        assert!(parse_namespace("monitoring").is_ok());
+        for bad in ["", "Monitoring", "-a", "a_b"] {
+            assert!(parse_namespace(bad).is_err(), "{bad}");
+        }
         assert!(parse_override("b=localhost").is_err());
         assert_eq!(
             humantime::parse_duration("200ms"),

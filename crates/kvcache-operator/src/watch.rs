@@ -81,6 +81,15 @@ where
 pub struct Subscription<K: Watched> {
     cache: Store<K>,
     reader: Arc<Mutex<Option<UnboundedSender<Arc<K>>>>>,
+    /// Other controllers' relation watches of the kind ([`Subscription::relation_changes`]).
+    relations: Arc<Mutex<Vec<UnboundedSender<Relation<K>>>>>,
+}
+
+/// One event a relation watch is told of, after the cache applied it.
+enum Relation<K> {
+    Applied(Arc<K>),
+    Deleted(Arc<K>),
+    Listed(Vec<Arc<K>>),
 }
 
 impl<K: Watched> Clone for Subscription<K> {
@@ -88,6 +97,7 @@ impl<K: Watched> Clone for Subscription<K> {
         Subscription {
             cache: self.cache.clone(),
             reader: self.reader.clone(),
+            relations: self.relations.clone(),
         }
     }
 }
@@ -97,7 +107,42 @@ impl<K: Watched> Subscription<K> {
         Subscription {
             cache,
             reader: Arc::new(Mutex::new(None)),
+            relations: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    /// What [`spec_changes`] passes on, read from this shared cache instead of a watch of its
+    /// own: each object is handed over only once the cache holds the change, so a controller
+    /// that reads the cache in the pass it triggers (the backend's NetworkPolicies follow the
+    /// Bindings, read from the World) never sees the state before it. Deletions included.
+    pub fn relation_changes(
+        &self,
+    ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        {
+            let mut relations = self
+                .relations
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let _ = tx.unbounded_send(Relation::Listed(self.cache.state()));
+            relations.push(tx);
+        }
+        let mut seen: HashMap<String, SpecKey> = HashMap::new();
+        rx.flat_map(move |relation| {
+            let out: Vec<Result<K, watcher::Error>> = match relation {
+                Relation::Applied(o) => changed(&mut seen, &o).into_iter().map(Ok).collect(),
+                Relation::Listed(all) => all
+                    .iter()
+                    .filter_map(|o| changed(&mut seen, o))
+                    .map(Ok)
+                    .collect(),
+                Relation::Deleted(o) => {
+                    seen.remove(&o.meta().uid.clone().unwrap_or_default());
+                    vec![Ok(K::clone(&o))]
+                }
+            };
+            futures::stream::iter(out)
+        })
     }
 
     /// Every object the cache holds now, then each one it applies from here on (a later
@@ -120,6 +165,7 @@ impl<K: Watched> Subscription<K> {
     /// streams do). A deletion is not handed over (the kinds that need to see one hold a
     /// finalizer). A subscriber that has gone is dropped.
     fn dispatch(&self, event: &watcher::Event<K>) {
+        self.tell_relations(event);
         let mut reader = self.reader.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(tx) = reader.as_ref() else {
             return;
@@ -137,6 +183,36 @@ impl<K: Watched> Subscription<K> {
             *reader = None;
         }
     }
+}
+
+impl<K: Watched> Subscription<K> {
+    /// Tells every relation watch what `event` changed; a watch that has gone is dropped.
+    fn tell_relations(&self, event: &watcher::Event<K>) {
+        let mut relations = self
+            .relations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if relations.is_empty() {
+            return;
+        }
+        let relation = || match event {
+            watcher::Event::Apply(o) => self
+                .cache
+                .get(&ObjectRef::from_obj(o))
+                .map(Relation::Applied),
+            watcher::Event::Delete(o) => Some(Relation::Deleted(Arc::new(o.clone()))),
+            watcher::Event::InitDone => Some(Relation::Listed(self.cache.state())),
+            _ => None,
+        };
+        relations.retain(|tx| relation().is_none_or(|r| tx.unbounded_send(r).is_ok()));
+    }
+}
+
+/// Whether `o`'s [`SpecKey`] differs from the one last seen for its uid (recording it).
+fn changed<K: Watched>(seen: &mut HashMap<String, SpecKey>, o: &Arc<K>) -> Option<K> {
+    let key = SpecKey::of(&**o);
+    let uid = o.meta().uid.clone().unwrap_or_default();
+    (seen.insert(uid, key.clone()) != Some(key)).then(|| K::clone(o))
 }
 
 /// A reflector store kept up to date by its own task, whose changes one controller reads as
@@ -382,6 +458,68 @@ mod tests {
         driven.await.expect("the driver ends with its events");
         assert_eq!(cache.state().len(), 1001);
         assert!(changes.reader.lock().expect("unpoisoned").is_none());
+    }
+
+    /// The next object a relation watch hands over (within 5 s), and whether the cache held
+    /// its change when it came.
+    async fn next_relation(
+        relations: &mut (
+                 impl futures::Stream<
+            Item = Result<k8s_openapi::api::core::v1::ConfigMap, watcher::Error>,
+        > + Unpin
+             ),
+        cache: &Store<k8s_openapi::api::core::v1::ConfigMap>,
+    ) -> (String, bool) {
+        let o = tokio::time::timeout(std::time::Duration::from_secs(5), relations.next())
+            .await
+            .expect("a change within 5 s")
+            .expect("the stream goes on")
+            .expect("no watch error");
+        let held = cache.get(&ObjectRef::from_obj(&o)).is_some();
+        (o.metadata.name.clone().unwrap_or_default(), held)
+    }
+
+    #[tokio::test]
+    async fn a_relation_watch_hears_of_a_change_only_once_the_cache_holds_it_deletions_included() {
+        use kube::runtime::watcher::Event;
+        let (cache, writer) = reflector::store();
+        let changes = Subscription::new(cache.clone());
+        let (tx, events) = futures::channel::mpsc::unbounded();
+        let driven = tokio::spawn(drive(reflector::reflector(writer, events), changes.clone()));
+        let mut first = config_map("cm-a");
+        first.metadata.uid = Some("a".into());
+        first.metadata.generation = Some(1);
+        tx.unbounded_send(Ok(Event::Apply(first.clone())))
+            .expect("the driver reads");
+        wait_until(&cache, |names| names == ["cm-a"]).await;
+        let relations = changes.relation_changes();
+        futures::pin_mut!(relations);
+        // What the cache held when the watch began.
+        assert_eq!(
+            next_relation(&mut relations, &cache).await,
+            ("cm-a".to_owned(), true)
+        );
+        // A write that changes nothing of the spec (a status write) passes by; a new object
+        // comes, already in the cache.
+        let mut b = config_map("cm-b");
+        b.metadata.uid = Some("b".into());
+        tx.unbounded_send(Ok(Event::Apply(first.clone())))
+            .expect("the driver reads");
+        tx.unbounded_send(Ok(Event::Apply(b)))
+            .expect("the driver reads");
+        assert_eq!(
+            next_relation(&mut relations, &cache).await,
+            ("cm-b".to_owned(), true)
+        );
+        // A deletion comes once the cache has let it go.
+        tx.unbounded_send(Ok(Event::Delete(first)))
+            .expect("the driver reads");
+        assert_eq!(
+            next_relation(&mut relations, &cache).await,
+            ("cm-a".to_owned(), false)
+        );
+        drop(tx);
+        driven.await.expect("the driver ends with its events");
     }
 
     #[test]

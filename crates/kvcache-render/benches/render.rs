@@ -30,6 +30,7 @@ fn bench(c: &mut Criterion) {
                     etcd_image: "gpustack/kvcache-etcd:v3.6.4",
                     bound_namespaces: &[],
                     policy: None,
+                    access: &kvcache_render::backend::StoreAccess::IN_CLUSTER,
                 })
                 .expect("renders")
             })

@@ -93,6 +93,11 @@ pub fn backend_events(before: &KVCacheBackendStatus, after: &KVCacheBackendStatu
             "SettingsUnreadable",
             Kind::Warning,
         ),
+        (
+            conditions::NETWORK_ISOLATED,
+            "HostNetworkMembers",
+            Kind::Warning,
+        ),
     ] {
         let was = condition(before, t);
         let now = condition(after, t);

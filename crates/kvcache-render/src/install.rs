@@ -113,6 +113,7 @@ pub fn operator(
     push(&mut docs, &deployment(namespace, image))?;
     push(&mut docs, &service(namespace))?;
     push(&mut docs, &disruption_budget(namespace))?;
+    push(&mut docs, &network_policy(namespace))?;
     let (mutating, validating) = webhooks(namespace);
     push(&mut docs, &validating)?;
     push(&mut docs, &mutating)?;
@@ -359,6 +360,34 @@ fn operator_container(image: &str) -> Container {
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// The operator's own Pods take connections on the webhook port (from the API server, which
+/// may run on a host's network) and the metrics port (Prometheus) alone.
+fn network_policy(namespace: &str) -> k8s_openapi::api::networking::v1::NetworkPolicy {
+    use k8s_openapi::api::networking::v1::{
+        NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPort, NetworkPolicySpec,
+    };
+    let port = |n: i32| NetworkPolicyPort {
+        port: Some(IntOrString::Int(n)),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    NetworkPolicy {
+        metadata: meta(NAME, Some(namespace)),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(selector_labels()),
+                ..Default::default()
+            }),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: None,
+                ports: Some(vec![port(WEBHOOK_PORT), port(METRICS_PORT)]),
+            }]),
+            ..Default::default()
+        }),
     }
 }
 
@@ -616,11 +645,12 @@ pub fn helm_chart(
         "resources": resources,
         "webhook": {"enabled": true},
         "serviceMonitor": {"enabled": false, "interval": "30s"},
+        "storeMetricsFrom": [],
     });
     files.push((
         "values.yaml".to_owned(),
         format!(
-            "{header}# image: the operator image. Store Pods take the elector from their own image (the kv-cache-elector-image setting), so changing this restarts no store Pod.\n# webhook.enabled: false leaves out the admission webhooks (cross-object rules and Pod injection).\n# serviceMonitor.enabled: a prometheus-operator ServiceMonitor for /metrics.\n{}",
+            "{header}# image: the operator image. Store Pods take the elector from their own image (the kv-cache-elector-image setting), so changing this restarts no store Pod.\n# webhook.enabled: false leaves out the admission webhooks (cross-object rules and Pod injection).\n# serviceMonitor.enabled: a prometheus-operator ServiceMonitor for /metrics.\n# storeMetricsFrom: namespaces whose Pods (Prometheus) may scrape the Mooncake masters' /metrics; the port is the master's admin API too, so name only a namespace trusted with the tenant ledger (docs/isolation.md).\n{}",
             serde_yaml::to_string(&values).map_err(yaml_err("values"))?
         ),
     ));
@@ -655,6 +685,14 @@ pub fn helm_chart(
                 .replace(HELM_RESOURCES, "{{ toJson .Values.resources }}");
             if line.trim_start() == "replicas: 2" {
                 lines.push(line.replace("2", "{{ .Values.replicas }}"));
+            } else if line.contains("--log-format=json") {
+                let indent = &line[..line.len() - line.trim_start().len()];
+                lines.push(line.clone());
+                lines.push("{{- with .Values.storeMetricsFrom }}".to_owned());
+                lines.push(format!(
+                    "{indent}- --store-metrics-from={{{{ join \",\" . }}}}"
+                ));
+                lines.push("{{- end }}".to_owned());
             } else if line.contains("--webhook-addr=") {
                 lines.push("{{- if .Values.webhook.enabled }}".to_owned());
                 lines.push(line);

@@ -11,7 +11,7 @@ use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
 use serde::Serialize;
 
-use crate::backend::{self, BackendInputs};
+use crate::backend::{self, BackendInputs, StoreAccess};
 use crate::error::Error;
 use crate::model::{self, Attachment, ModelInputs};
 use crate::world::World;
@@ -95,6 +95,9 @@ pub fn render_all(
             etcd_image: env.settings.etcd_image(),
             bound_namespaces: &bound,
             policy: Some(&doc),
+            // What an operator in a Pod applies (no `--store-admin-from` or
+            // `--store-metrics-from`).
+            access: &StoreAccess::IN_CLUSTER,
         }) {
             Ok(o) => {
                 to_docs(&mut docs, &mut errors, &o.service_accounts);
@@ -104,6 +107,7 @@ pub fn render_all(
                 to_docs(&mut docs, &mut errors, o.config_map.as_slice());
                 to_docs(&mut docs, &mut errors, o.deployment.as_slice());
                 to_docs(&mut docs, &mut errors, o.service.as_slice());
+                to_docs(&mut docs, &mut errors, &o.network_policies);
                 to_docs(&mut docs, &mut errors, &o.daemon_sets);
                 to_docs(&mut docs, &mut errors, o.etcd_service.as_slice());
                 to_docs(&mut docs, &mut errors, o.etcd.as_slice());

@@ -10,6 +10,10 @@ use kvcache_api::{KVCacheBackend, Settings};
 use kvcache_render::backend::plan::{BackendRead, plan};
 use kvcache_render::world::World;
 
+/// An operator in a Pod (a `static`: the read borrows it beyond one expression).
+static IN_CLUSTER: kvcache_render::backend::StoreAccess =
+    kvcache_render::backend::StoreAccess::IN_CLUSTER;
+
 const NS: &str = "gpustack-system";
 
 fn input(name: &str) -> (KVCacheBackend, World) {
@@ -33,6 +37,7 @@ fn read<'a>(
     BackendRead {
         backend: b,
         namespace: NS,
+        access: &IN_CLUSTER,
         settings,
         settings_refused: None,
         world,

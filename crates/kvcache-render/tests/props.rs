@@ -11,6 +11,10 @@ use kvcache_api::backend::*;
 use kvcache_render::backend::{BackendInputs, render};
 use proptest::prelude::*;
 
+/// An operator in a Pod (a `static`: the inputs borrow it beyond one expression).
+static IN_CLUSTER: kvcache_render::backend::StoreAccess =
+    kvcache_render::backend::StoreAccess::IN_CLUSTER;
+
 fn group() -> impl Strategy<Value = MemberGroup> {
     (
         any::<bool>(),
@@ -114,6 +118,7 @@ fn inputs(b: &KVCacheBackend) -> BackendInputs<'_> {
         etcd_image: "etcd:1",
         bound_namespaces: &[],
         policy: None,
+        access: &IN_CLUSTER,
     }
 }
 

@@ -96,6 +96,7 @@ fn observation(store: Option<StoreReading>, members: Vec<MemberPod>) -> Observat
         settings_refused: None,
         other_members: Vec::new(),
         etcd: None,
+        unguarded_groups: None,
     }
 }
 
@@ -603,6 +604,7 @@ fn standbys_wait_for_election_to_be_enabled_first() {
             etcd_image: "etcd:1",
             bound_namespaces: &[],
             policy: None,
+            access: &kvcache_render::backend::StoreAccess::IN_CLUSTER,
         })
         .expect("renders")
         .deployment
@@ -966,4 +968,44 @@ fn a_warm_backend_records_each_failover_with_the_keys_on_either_side() {
     let k = cond(&c.conditions, conditions::FAILOVER_KEPT_CACHE);
     assert_eq!((k.status, k.reason), (Status::False, "KeysLost"));
     assert!(k.message.contains("kept 0 of 40"), "{k:?}");
+}
+
+#[test]
+fn network_isolation_is_stated_once_rendered_and_a_host_network_group_is_named_without_degrading() {
+    let b = dram();
+    let ready = || {
+        observation(
+            Some(serving(
+                128 * MI,
+                vec![segment("10.0.0.5", "a"), segment("10.0.0.6", "b")],
+            )),
+            vec![
+                pod("m-1", "node-1", "10.0.0.5"),
+                pod("m-2", "node-2", "10.0.0.6"),
+            ],
+        )
+    };
+    // Not rendered in this pass: nothing said.
+    let s = backend_status(&b, &ready(), &KVCacheBackendStatus::default());
+    assert!(
+        s.conditions.iter().all(|c| c.type_ != "NetworkIsolated"),
+        "{:?}",
+        s.conditions
+    );
+    let mut obs = ready();
+    obs.unguarded_groups = Some(Vec::new());
+    let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
+    let c = cond(&s.conditions, "NetworkIsolated");
+    assert_eq!((c.status, c.reason), (Status::True, "PoliciesApplied"));
+    obs.unguarded_groups = Some(vec!["mooncake-dram-member-1".into()]);
+    let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
+    let c = cond(&s.conditions, "NetworkIsolated");
+    assert_eq!((c.status, c.reason), (Status::False, "HostNetworkMembers"));
+    assert!(
+        c.message.contains("mooncake-dram-member-1"),
+        "{}",
+        c.message
+    );
+    // A warning the user acts on, not a fault of the store: the phase stays Ready.
+    assert_eq!(s.phase, BackendPhase::Ready);
 }

@@ -84,8 +84,14 @@ fn owning_backend(
         .map(|o| ObjectRef::new(&o.name))
 }
 
-/// Runs the controller until shutdown.
-pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheBackend>) {
+/// Runs the controller until shutdown. Pools and Bindings wake the backend they lead to
+/// through their shared caches' relation watches, once the cache the pass reads holds them.
+pub async fn run(
+    ctx: Arc<Context>,
+    changes: crate::watch::Subscription<KVCacheBackend>,
+    pools: crate::watch::Subscription<KVCachePool>,
+    bindings: crate::watch::Subscription<KVCachePoolBinding>,
+) {
     let client = ctx.client.clone();
     let ns = ctx.config.namespace.clone();
     let backends: Api<KVCacheBackend> = Api::all(client.clone());
@@ -165,26 +171,21 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheB
             },
         )
         // A pool names its backend (status.usedBy, deletion hold, the tenant policy).
-        .watches_stream(
-            crate::watch::spec_changes(Api::<KVCachePool>::all(client.clone())),
-            |pool| {
-                pool.spec
-                    .backend()
-                    .map(ObjectRef::new)
-                    .into_iter()
-                    .collect::<Vec<_>>()
-            },
-        )
-        // A Binding's ceiling or domain changes its backend's tenant policy seed.
-        .watches_stream(
-            crate::watch::spec_changes(Api::<KVCachePoolBinding>::all(client.clone())),
-            move |binding| {
-                binding_ctx
-                    .pools
-                    .get(&ObjectRef::new(&binding.spec.pool_ref.name))
-                    .and_then(|p| p.spec.backend().map(ObjectRef::new))
-            },
-        )
+        .watches_stream(pools.relation_changes(), |pool| {
+            pool.spec
+                .backend()
+                .map(ObjectRef::new)
+                .into_iter()
+                .collect::<Vec<_>>()
+        })
+        // A Binding's ceiling or domain changes its backend's tenant policy seed; one made or
+        // gone opens or closes its namespace in the store's NetworkPolicies.
+        .watches_stream(bindings.relation_changes(), move |binding| {
+            binding_ctx
+                .pools
+                .get(&ObjectRef::new(&binding.spec.pool_ref.name))
+                .and_then(|p| p.spec.backend().map(ObjectRef::new))
+        })
         .shutdown_on_signal()
         .run(
             super::traced(CONTROLLER, reconcile),
@@ -278,6 +279,10 @@ async fn apply_objects(
         }
         _ if write_policy => {}
         _ => set.leave_kind::<ConfigMap>(),
+    }
+    // The store's policies before its Pods: a leader or member is never reachable unguarded.
+    for p in &objects.network_policies {
+        set.apply(p).await?;
     }
     if let Some(d) = &objects.deployment {
         set.apply(d).await?;
@@ -374,6 +379,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     let read = BackendRead {
         backend: b,
         namespace: &ctx.config.namespace,
+        access: &ctx.config.access,
         settings: chosen.settings.as_ref(),
         settings_refused: chosen.refused.as_ref().map(ToString::to_string),
         world: &world,

@@ -46,13 +46,13 @@ pub async fn run(ctx: Arc<Context>, changes: Changes) {
     } = changes;
     if ctx.config.backend_selector.is_empty() {
         tokio::join!(
-            backend::run(ctx.clone(), backends),
+            backend::run(ctx.clone(), backends, pools.clone(), bindings.clone()),
             pool::run(ctx.clone(), pools),
             binding::run(ctx.clone(), bindings),
             model::run(ctx.clone(), models),
         );
     } else {
-        backend::run(ctx, backends).await;
+        backend::run(ctx, backends, pools, bindings).await;
     }
 }
 

@@ -19,6 +19,7 @@ use kvcache_api::backend::{MemberAddressing, PullPolicy};
 use kvcache_api::resources::StoreResources;
 use kvcache_quota::policy::{POLICY_KEY, PolicyDocument};
 
+pub mod access;
 mod etcd;
 mod leader;
 mod member;
@@ -26,6 +27,7 @@ pub mod plan;
 pub use crate::names::etcd_endpoints;
 pub(crate) use member::fabric_device;
 
+pub use access::StoreAccess;
 use leader::leader_deployment;
 pub use leader::master_flags;
 use member::member_daemon_set;
@@ -101,6 +103,8 @@ pub struct BackendInputs<'a> {
     pub bound_namespaces: &'a [String],
     /// The tenant policy from the pools on this backend (empty when there are none yet).
     pub policy: Option<&'a PolicyDocument>,
+    /// Who else may reach the store (the operator outside a Pod, the monitoring).
+    pub access: &'a StoreAccess,
 }
 
 /// The store image a backend runs: its own, else the setting.
@@ -137,6 +141,9 @@ pub struct BackendObjects {
     pub etcd: Option<StatefulSet>,
     /// Who may reach the etcd, `<backend>-etcd` (`electionBackend: Etcd`).
     pub etcd_policy: Option<NetworkPolicy>,
+    /// Who may reach the leader and the members: `<backend>-leader`, and `<backend>-members`
+    /// unless every member group is on the host network ([`access`]).
+    pub network_policies: Vec<NetworkPolicy>,
 }
 
 /// The fingerprint a member DaemonSet's Pod template carries (empty when it has none).
@@ -355,6 +362,14 @@ pub fn render(inputs: &BackendInputs<'_>) -> Result<BackendObjects, Error> {
         out.daemon_sets
             .push(member_daemon_set(inputs, managed, &name, i, group)?);
     }
+    out.network_policies = access::store_policies(
+        b,
+        ns,
+        &name,
+        inputs.bound_namespaces,
+        inputs.access,
+        &out.daemon_sets,
+    );
     if managed.leader.warm() {
         let e = etcd::etcd(
             b,

@@ -16,7 +16,8 @@ use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
 
 use crate::backend::{
-    BackendInputs, BackendObjects, client_endpoint, pod_spec_hash, render, store_image,
+    BackendInputs, BackendObjects, StoreAccess, access, client_endpoint, pod_spec_hash, render,
+    store_image,
 };
 use crate::error::Error;
 use crate::mounts::{OtherMember, foreign_mounts};
@@ -39,6 +40,8 @@ pub struct BackendRead<'a> {
     pub backend: &'a KVCacheBackend,
     /// The operator's namespace, where a managed backend's objects live.
     pub namespace: &'a str,
+    /// Who besides the backend's Pods and bound namespaces reaches its store.
+    pub access: &'a StoreAccess,
     /// The cluster settings in force; `None` when a read was refused and none was read before.
     pub settings: Option<&'a Settings>,
     /// Why the newest settings read was refused, when it was.
@@ -190,6 +193,7 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
                     etcd_image: settings.etcd_image(),
                     bound_namespaces: &bound,
                     policy: doc.as_ref(),
+                    access: read.access,
                 })?;
                 let live = |n: Option<&String>| {
                     read.deployments
@@ -211,6 +215,7 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
                         .map(|s| read::etcd(s, &name, read.namespace, &managed.leader))
                 });
                 obs.rendered_hashes = objects.daemon_sets.iter().map(pod_spec_hash).collect();
+                obs.unguarded_groups = Some(access::uncovered_groups(&objects.daemon_sets));
                 plan.groups = managed
                     .members
                     .iter()

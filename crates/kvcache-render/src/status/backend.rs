@@ -62,6 +62,9 @@ pub struct Observation {
     /// A warm backend's etcd StatefulSet: Pods asked for and ready (`None`: not warm, or the
     /// StatefulSet does not exist yet), with the endpoint list.
     pub etcd: Option<EtcdStatus>,
+    /// The member groups on the host network, out of every NetworkPolicy's reach (`None`: the
+    /// objects were not rendered in this pass).
+    pub unguarded_groups: Option<Vec<String>>,
 }
 
 impl Observation {
@@ -84,6 +87,7 @@ impl Observation {
             settings_refused: None,
             other_members: Vec::new(),
             etcd: None,
+            unguarded_groups: None,
         }
     }
 }
@@ -217,6 +221,7 @@ pub fn backend_status(
         tier_problem = problem;
     }
     conditions.extend(store_version_observed(obs));
+    conditions.extend(network_isolated(obs));
     let (phase, phase_message) = phase(b, obs, serving, &conditions, shortfall.or(tier_problem));
     conditions.extend(rendered(obs));
     conditions.extend(settings_read(obs));
@@ -872,6 +877,29 @@ fn store_version_observed(obs: &Observation) -> Option<Cond> {
 }
 
 /// `Rendered`, written only when the backend's objects could not be rendered this pass.
+/// `NetworkIsolated` (written once the objects were rendered): the leader and member Pods take
+/// store traffic only from the backend's own Pods and the namespaces bound to it, or which
+/// member groups run on the host network where no NetworkPolicy reaches (docs/isolation.md).
+fn network_isolated(obs: &Observation) -> Option<Cond> {
+    let unguarded = obs.unguarded_groups.as_ref()?;
+    Some(if unguarded.is_empty() {
+        Cond::yes(
+            NETWORK_ISOLATED,
+            "PoliciesApplied",
+            "the leader and member Pods take store traffic only from this backend's Pods and the namespaces bound to it, the admin port only from the operator",
+        )
+    } else {
+        Cond::no(
+            NETWORK_ISOLATED,
+            "HostNetworkMembers",
+            format!(
+                "the Pods of member DaemonSet {} run on the host network (the RDMA fabric), which no NetworkPolicy covers: any Pod that reaches their node reaches their ports; keep those nodes for trusted tenants or guard them with the hosts' firewall",
+                unguarded.join(", ")
+            ),
+        )
+    })
+}
+
 fn rendered(obs: &Observation) -> Option<Cond> {
     let (reason, why) = obs.render_refused.as_ref()?;
     Some(Cond::no(RENDERED, reason, why.clone()))
