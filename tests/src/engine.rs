@@ -249,22 +249,25 @@ pub async fn counters(client: &kube::Client, namespace: &str, pod: &str) -> Resu
 /// `backend` (in `namespace`, the store's) through the leader Service.
 pub async fn master_keys(client: &kube::Client, namespace: &str, backend: &str) -> Result<f64> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let members = api
+    let leaders = api
         .list(
             &kube::api::ListParams::default()
-                .labels(&crate::walkthrough::backend_pods(backend, "member-0")),
+                .labels(&crate::walkthrough::backend_pods(backend, "leader")),
         )
         .await?;
-    let member = members
+    let leader = leaders
         .items
         .iter()
         .find(|p| pods::is_ready(p))
         .ok_or_else(|| Error::Wait {
-            what: format!("a Ready member Pod of {backend}"),
+            what: format!("a Ready leader Pod of {backend}"),
             reason: "none is Ready".into(),
         })?;
-    let admin = format!("{backend}-leader.{namespace}.svc:9003");
-    let text = pods::master_page(&api, pods::name_of(member), &admin, "metrics").await?;
+    // Inside the serving leader: its admin port answers the operator alone across the network
+    // (the backend's NetworkPolicy), and its own loopback.
+    let admin = "127.0.0.1:9003";
+    let text =
+        pods::master_page_in(&api, pods::name_of(leader), "master", admin, "metrics").await?;
     crate::store::metric_value(&text, "master_key_count").ok_or_else(|| Error::Http {
         url: format!("http://{admin}/metrics"),
         message: "no master_key_count".into(),

@@ -16,6 +16,7 @@ pub mod paths;
 pub mod pki;
 pub mod pods;
 pub mod process;
+pub mod reach;
 pub mod rollout;
 pub mod status;
 pub mod store;

@@ -132,6 +132,9 @@ impl<'a> OperatorBuilder<'a> {
                     format!("--metrics-addr={}:{metrics_port}", node.ip),
                     format!("--webhook-addr={}:{webhook_port}", node.ip),
                     format!("--webhook-name={}", node.ip),
+                    // Not in a Pod: the stores' admin port admits this node's address, as a
+                    // user running the operator on a host would set it (docs/isolation.md).
+                    format!("--store-admin-from={}/32", node.ip),
                 ];
                 let launcher = Launch::OnNode {
                     netns: node.name.clone(),

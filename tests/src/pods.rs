@@ -213,11 +213,33 @@ pub async fn proxy_get(
 /// One of the master's admin pages (`metrics`, `get_all_segments`, …) at `admin` (the leader
 /// Service's `host:port`), read from inside `pod` (the host has no route to Services).
 pub async fn master_page(api: &Api<Pod>, pod: &str, admin: &str, page: &str) -> Result<String> {
+    master_page_in_container(api, pod, None, admin, page).await
+}
+
+/// As [`master_page`], from `container` of `pod` (a leader Pod's `master`, reading its own
+/// `127.0.0.1:9003`).
+pub async fn master_page_in(
+    api: &Api<Pod>,
+    pod: &str,
+    container: &str,
+    admin: &str,
+    page: &str,
+) -> Result<String> {
+    master_page_in_container(api, pod, Some(container), admin, page).await
+}
+
+async fn master_page_in_container(
+    api: &Api<Pod>,
+    pod: &str,
+    container: Option<&str>,
+    admin: &str,
+    page: &str,
+) -> Result<String> {
     let url = format!("http://{admin}/{page}");
     let out = exec(
         api,
         pod,
-        None,
+        container,
         &[
             "python3",
             "-c",

@@ -249,3 +249,209 @@ fn a_warm_backends_etcd_answers_its_own_pods_and_bound_namespaces_and_nothing_el
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Two plain backends and their tenants, and a namespace with no Binding: what a team can
+/// reach of a store it is bound to, of another team's, and what an unbound Pod reaches.
+mod tenants {
+    use super::*;
+    use kvcache_e2e::reach::{self, Reach};
+
+    /// (backend and pool, the namespace bound to it).
+    const A: (&str, &str) = ("iso-a", "iso-team-a");
+    const B: (&str, &str) = ("iso-b", "iso-team-b");
+    const ATTACKER: &str = "iso-attacker";
+
+    async fn apply_tenant(client: &Client, (backend, ns): (&str, &str)) -> Result<(), Error> {
+        let pp = PatchParams::apply(walkthrough::MANAGER).force();
+        let mut b = serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend",
+            "metadata": {"name": backend},
+            "spec": {
+                "image": kvcache_api::settings::DEFAULT_BACKEND_IMAGE,
+                "connection": {"managed": {"members": [{"medium": "DRAM", "capacityPerMember": "64Mi"}]}}
+            }
+        });
+        walkthrough::fill_store_resources(&mut b, walkthrough::RIG_STORE_CPU);
+        let b: KVCacheBackend = serde_json::from_value(b).expect("a KVCacheBackend");
+        Api::<KVCacheBackend>::all(client.clone())
+            .patch(backend, &pp, &Patch::Apply(&b))
+            .await?;
+        let pool: KVCachePool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool",
+            "metadata": {"name": backend},
+            "spec": {"backends": [backend], "quota": {"total": "128Mi"}},
+        }))
+        .expect("a pool");
+        Api::<KVCachePool>::all(client.clone())
+            .patch(backend, &pp, &Patch::Apply(&pool))
+            .await?;
+        walkthrough::ensure_namespace(client, ns).await?;
+        bind(client, backend, ns).await
+    }
+
+    async fn bind(client: &Client, pool: &str, ns: &str) -> Result<(), Error> {
+        let binding: KVCachePoolBinding = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+            "metadata": {"name": ns, "namespace": ns},
+            "spec": {"poolRef": {"name": pool}, "quota": {"ceiling": "64Mi"},
+                     "domain": {"blockSize": 64, "dtype": "bfloat16"}},
+        }))
+        .expect("a Binding");
+        Api::<KVCachePoolBinding>::namespaced(client.clone(), ns)
+            .patch(
+                ns,
+                &PatchParams::apply(walkthrough::MANAGER).force(),
+                &Patch::Apply(&binding),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// What a store offers: its master's RPC port (by the Service's name and the Pod's
+    /// address), its admin port, and every port its members listen on.
+    struct Targets {
+        rpc: Vec<String>,
+        admin: String,
+        members: Vec<String>,
+        master: String,
+    }
+
+    async fn targets(client: &Client, backend: &str) -> Result<Targets, Error> {
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let leader = pods::wait_ready(&store, &backend_pods(backend, "leader"), 1, WAIT).await?;
+        let ip = ip_of(&leader[0]).expect("the leader's address").to_owned();
+        let master = format!("{backend}-leader.{NAMESPACE}.svc:50051");
+        let mut members = Vec::new();
+        for m in pods::wait_ready(&store, &backend_pods(backend, "member-0"), 2, WAIT).await? {
+            let ports = reach::listening(&store, &m, None).await?;
+            assert!(!ports.is_empty(), "{} listens on no port", name_of(&m));
+            members.extend(ports);
+        }
+        Ok(Targets {
+            rpc: vec![format!("{ip}:50051"), master.clone()],
+            admin: format!("{ip}:9003"),
+            members,
+            master,
+        })
+    }
+
+    /// Probes until what `pod` reaches of `targets` is `want` for every one; how long it took.
+    async fn wait_reach(
+        client: &Client,
+        pod: &Pod,
+        targets: &[String],
+        want: bool,
+        what: &str,
+    ) -> Result<Duration, Error> {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+        let started = Instant::now();
+        loop {
+            let seen = reach::probe(&api, name_of(pod), targets).await?;
+            if seen.values().all(|r| r.open() == want) {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > WAIT {
+                return Err(Error::Wait {
+                    what: what.to_owned(),
+                    reason: format!("{} last saw {seen:?}", name_of(pod)),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The targets `pod` reaches of `targets` now, and the answer of each.
+    async fn seen(
+        client: &Client,
+        pod: &Pod,
+        targets: &[String],
+    ) -> Result<std::collections::BTreeMap<String, Reach>, Error> {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+        reach::probe(&api, name_of(pod), targets).await
+    }
+
+    /// Every target answered `Dropped` (the enforcer's answer to a denied packet).
+    fn all_dropped(seen: &std::collections::BTreeMap<String, Reach>) -> bool {
+        !seen.is_empty() && seen.values().all(|r| *r == Reach::Dropped)
+    }
+
+    #[test]
+    fn a_store_takes_its_bound_namespaces_alone_and_its_admin_port_the_operator_alone() {
+        operator();
+        let cluster = cluster();
+        let kc = cluster.control_plane.kubeconfig.clone();
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            apply_tenant(&client, A).await?;
+            apply_tenant(&client, B).await?;
+            walkthrough::ensure_namespace(&client, ATTACKER).await?;
+            // Ready with capacity: the operator read each master's admin port, and the members
+            // mounted on it, through the policies.
+            let backends: Api<KVCacheBackend> = Api::all(client.clone());
+            for (backend, _) in [A, B] {
+                wait_object(&backends, backend, "Ready with capacity, NetworkIsolated=True", WAIT, |b| {
+                    phase(b) == Some(BackendPhase::Ready)
+                        && b.status.as_ref().is_some_and(|s| s.capacity.is_some())
+                        && has_condition(b, "NetworkIsolated=True/PoliciesApplied")
+                })
+                .await?;
+            }
+            let a = targets(&client, A.0).await?;
+            let b = targets(&client, B.0).await?;
+            let team_a = prober(&client, A.1).await?;
+            let team_b = prober(&client, B.1).await?;
+            let attacker = prober(&client, ATTACKER).await?;
+            let store_of_a: Vec<String> = a.rpc.iter().chain(&a.members).cloned().collect();
+            let store_of_b: Vec<String> = b.rpc.iter().chain(&b.members).cloned().collect();
+
+            // Team A reaches its master and every member port: a put and a read through the
+            // store's own client pass (the transfer engine dials the members).
+            wait_reach(&client, &team_a, &store_of_a, true, "team A reaching its store").await?;
+            let api_a: Api<Pod> = Api::namespaced(client.clone(), A.1);
+            let code = pods::store_put(&api_a, name_of(&team_a), &a.master, "iso-secret", None, 4096).await?;
+            assert_eq!(code, 0, "team A's put");
+            assert_eq!(
+                pods::store_get(&api_a, name_of(&team_a), &a.master, "iso-secret", None).await?,
+                kvcache_e2e::store::Lookup::Hit(4096)
+            );
+            // Not the admin port: the tenant ledger is the operator's.
+            let admin = seen(&client, &team_a, std::slice::from_ref(&a.admin)).await?;
+            assert!(all_dropped(&admin), "team A reaches the admin port: {admin:?}");
+
+            // The attacker reaches nothing of either store: no master, no member, no ledger;
+            // its store client cannot even set up.
+            let everything: Vec<String> = store_of_a
+                .iter()
+                .chain(&store_of_b)
+                .chain([&a.admin, &b.admin])
+                .cloned()
+                .collect();
+            let attacked = seen(&client, &attacker, &everything).await?;
+            assert!(all_dropped(&attacked), "an unbound namespace: {attacked:?}");
+            let api_x: Api<Pod> = Api::namespaced(client.clone(), ATTACKER);
+            assert!(
+                !reach::store_answers(&api_x, &attacker, &a.master, "iso-secret").await?,
+                "the unbound namespace read through team A's master"
+            );
+
+            // Team B reaches its own store and nothing of team A's.
+            wait_reach(&client, &team_b, &store_of_b, true, "team B reaching its store").await?;
+            let crossed = seen(&client, &team_b, &store_of_a).await?;
+            assert!(all_dropped(&crossed), "team B reaching team A's store: {crossed:?}");
+
+            // Team A's Binding deleted: its namespace is cut off from the master and members.
+            Api::<KVCachePoolBinding>::namespaced(client.clone(), A.1)
+                .delete(A.1, &DeleteParams::default())
+                .await?;
+            let closed = wait_reach(&client, &team_a, &store_of_a, false, "team A cut off with its Binding").await?;
+            // And bound again: open.
+            bind(&client, A.0, A.1).await?;
+            let opened = wait_reach(&client, &team_a, &store_of_a, true, "team A bound again").await?;
+            println!(
+                "store NetworkPolicies under kube-router: a deleted Binding's namespace cut off after {closed:.1?}, a new Binding's opened after {opened:.1?}"
+            );
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}

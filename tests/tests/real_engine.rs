@@ -45,8 +45,15 @@ fn cluster() -> &'static NodeCluster {
     static CLUSTER: OnceLock<Result<NodeCluster, String>> = OnceLock::new();
     let c = CLUSTER.get_or_init(|| {
         let dir = paths::scratch("real-engine").map_err(|e| e.to_string())?;
-        NodeCluster::start_sized(&dir, 2, images::WITH_VLLM, ENGINE_NODE_ALLOCATABLE_MEMORY)
-            .map_err(|e| e.to_string())
+        let mut c =
+            NodeCluster::start_sized(&dir, 2, images::WITH_VLLM, ENGINE_NODE_ALLOCATABLE_MEMORY)
+                .map_err(|e| e.to_string())?;
+        // NetworkPolicy enforced, as on the demo's cluster: the real engines write and hit
+        // through the store's policies (their namespaces hold the Bindings).
+        c.nodes
+            .enforce_network_policy()
+            .map_err(|e| e.to_string())?;
+        Ok(c)
     });
     match c {
         Ok(c) => c,

@@ -35,7 +35,9 @@ fn running(what: &str) -> bool {
     !pids.is_empty() && pids.iter().all(|p| alive(*p))
 }
 
-pub fn up(nodes: usize, real_engine: bool) -> anyhow::Result<()> {
+/// Starts the control plane and `nodes` nodes (sized for the real engine with `real_engine`),
+/// enforcing NetworkPolicy on them with `enforce`.
+pub fn up(nodes: usize, real_engine: bool, enforce: bool) -> anyhow::Result<()> {
     if running("cluster") {
         println!("the control plane is already running");
         return env();
@@ -64,7 +66,7 @@ pub fn up(nodes: usize, real_engine: bool) -> anyhow::Result<()> {
     let server = cp.server.clone();
     if nodes > 0 {
         let started = std::time::Instant::now();
-        let n = if real_engine {
+        let mut n = if real_engine {
             Nodes::start_sized(
                 &cp,
                 &net,
@@ -76,6 +78,9 @@ pub fn up(nodes: usize, real_engine: bool) -> anyhow::Result<()> {
         } else {
             Nodes::start(&cp, &net, nodes, &dir)?
         };
+        if enforce {
+            n.enforce_network_policy()?;
+        }
         let names: Vec<String> = n
             .nodes
             .iter()
@@ -86,9 +91,14 @@ pub fn up(nodes: usize, real_engine: bool) -> anyhow::Result<()> {
         let list: Vec<String> = node_pids.iter().map(u32::to_string).collect();
         std::fs::write(dir.join("node-pids"), list.join(" "))?;
         println!(
-            "{nodes} nodes Ready in {:.1?}: {}",
+            "{nodes} nodes Ready in {:.1?}: {}{}",
             started.elapsed(),
-            names.join(", ")
+            names.join(", "),
+            if enforce {
+                "; NetworkPolicy enforced (kube-router's firewall)"
+            } else {
+                "; NetworkPolicy not enforced (--no-network-policy)"
+            }
         );
     }
     let pids = cp.detach();

@@ -387,32 +387,41 @@ fn counters(d: &Demo, pod: &str) -> anyhow::Result<kvcache_render::shared_cache:
     )?)
 }
 
-/// The new master's own key count, read from a member Pod through the leader Service.
+/// The new master's own key count, read inside its Pod: the admin port answers only the
+/// operator across the network (the backend's NetworkPolicy), and the master's own loopback.
 fn master_keys(d: &Demo) -> anyhow::Result<String> {
-    let member = d.quiet(&[
+    let text = leader_metrics(d, "mooncake-dram")?;
+    Ok(text
+        .lines()
+        .find(|l| l.starts_with("master_key_count"))
+        .unwrap_or("master_key_count (absent)")
+        .to_owned())
+}
+
+/// The serving master's `/metrics` of `backend`, read inside its Pod at `127.0.0.1:9003`.
+fn leader_metrics(d: &Demo, backend: &str) -> anyhow::Result<String> {
+    let leader = d.quiet(&[
         "-n",
         NS,
         "get",
         "pods",
         "-l",
-        "app.kubernetes.io/instance=mooncake-dram,app.kubernetes.io/component=member-0",
+        &format!("app.kubernetes.io/instance={backend},app.kubernetes.io/component=leader"),
         "-o",
         "jsonpath={.items[0].metadata.name}",
     ])?;
-    let script = format!(
-        "import urllib.request; print([l for l in urllib.request.urlopen('http://mooncake-dram-leader.{NS}.svc:9003/metrics', timeout=5).read().decode().splitlines() if l.startswith('master_key_count')][0])"
-    );
-    let out = d.quiet(&[
+    d.quiet(&[
         "-n",
         NS,
         "exec",
-        member.trim(),
+        leader.trim(),
+        "-c",
+        "master",
         "--",
         "python3",
         "-c",
-        &script,
-    ])?;
-    Ok(out.trim().to_owned())
+        "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9003/metrics', timeout=5).read().decode())",
+    ])
 }
 
 pub fn demo(keep: bool) -> anyhow::Result<()> {
@@ -450,7 +459,8 @@ pub fn demo(keep: bool) -> anyhow::Result<()> {
 fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
     demo.step(
         "cluster: a control plane and 2 real nodes, the images loaded",
-        |_| crate::cluster::up(2, true),
+        // NetworkPolicy enforced: the store the demo shows is the isolated one.
+        |_| crate::cluster::up(2, true, true),
     )?;
     demo.step("install: kubectl apply -f deploy/operator.yaml", install)?;
     demo.step(
@@ -546,6 +556,17 @@ fn the_pool_and_binding(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
     )?;
     d.show(&["get", "kvcp"])?;
     d.show(&["-n", "team-a", "get", "kvcpb"])?;
+    // The store now takes traffic from team-a (its Binding) and no other namespace.
+    d.show(&["-n", NS, "get", "networkpolicy"])?;
+    d.show(&[
+        "-n",
+        NS,
+        "get",
+        "networkpolicy",
+        "mooncake-dram-leader",
+        "-o",
+        "jsonpath={.spec.ingress[0].from[*].namespaceSelector.matchExpressions[0].values}",
+    ])?;
     Ok(())
 }
 
@@ -830,20 +851,9 @@ fn tier_folders() -> anyhow::Result<Vec<PathBuf>> {
 /// Two rounds of 56 x 1 MiB through a store client in a member Pod, until the store's tier
 /// figure (`master_allocated_file_size_bytes`) moves; shows the store's figures after.
 fn fill_the_tier(d: &Demo) -> anyhow::Result<()> {
-    let leader = d.quiet(&[
-        "-n",
-        NS,
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/instance=mooncake-disk,app.kubernetes.io/component=leader",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ])?;
-    let leader = leader.trim().to_owned();
-    let metrics = format!("/api/v1/namespaces/{NS}/pods/{leader}:9003/proxy/metrics");
+    // Inside the leader's Pod: across the network its admin port answers the operator alone.
     let tier_figure = |d: &Demo| -> anyhow::Result<f64> {
-        let text = d.quiet(&["get", "--raw", &metrics])?;
+        let text = leader_metrics(d, "mooncake-disk")?;
         Ok(text
             .lines()
             .find_map(|l| l.strip_prefix("master_allocated_file_size_bytes "))
@@ -898,7 +908,7 @@ fn fill_the_tier(d: &Demo) -> anyhow::Result<()> {
     println!(
         "the tier figure (master_allocated_file_size_bytes) went from {before} to {after} bytes"
     );
-    let text = d.quiet(&["get", "--raw", &metrics])?;
+    let text = leader_metrics(d, "mooncake-disk")?;
     for l in text.lines().filter(|l| {
         l.starts_with("master_allocated_file_size_bytes")
             || l.starts_with("master_total_file_capacity_bytes")

@@ -68,6 +68,10 @@ enum ClusterAction {
         /// engine replicas each (10 GiB offered instead of 4).
         #[arg(long)]
         real_engine: bool,
+        /// Leave NetworkPolicy unenforced (by default the nodes run the harness's enforcer,
+        /// kube-router's firewall, so the store's policies hold as on a production cluster).
+        #[arg(long)]
+        no_network_policy: bool,
     },
     /// Stop every process it started and remove the nodes' namespaces, bridge, routes, mounts
     /// and cgroups.
@@ -180,7 +184,11 @@ fn main() -> anyhow::Result<()> {
         Task::Test { args } => test::run(&args),
         Task::Setup => setup::all().map(|_| ()),
         Task::Cluster { action } => match action {
-            ClusterAction::Up { nodes, real_engine } => cluster::up(nodes, real_engine),
+            ClusterAction::Up {
+                nodes,
+                real_engine,
+                no_network_policy,
+            } => cluster::up(nodes, real_engine, !no_network_policy),
             ClusterAction::Down => cluster::down(),
             ClusterAction::Status => cluster::status(),
             ClusterAction::Env => cluster::env(),

@@ -265,3 +265,52 @@ fn a_member_of_another_backend_mounted_on_this_master_is_named_and_restarted() {
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// The counterpart of `network_policy.rs`'s tenant test on nodes without an enforcer: the
+/// same probes see an unbound namespace connect to the master's RPC and admin ports, so that
+/// test's refusals are the enforcer's doing, not the probe's.
+#[test]
+fn without_an_enforcer_the_same_probes_see_an_unbound_namespace_reach_the_store() {
+    use kvcache_e2e::reach::{self, Reach};
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-unenforced";
+        apply(
+            &client,
+            &backend(name, |v| {
+                v["spec"]["connection"]["managed"]["members"][0]["capacityPerMember"] =
+                    "64Mi".into();
+            }),
+        )
+        .await?;
+        wait_backend_ready(&client, name, 128 * MIB).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let leader = pods::wait_ready(&store, &backend_pods(name, "leader"), 1, WAIT).await?;
+        let ip = pods::ip_of(&leader[0]).expect("an address").to_owned();
+        let ns = "unbound-probe";
+        walkthrough::ensure_namespace(&client, ns).await?;
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "prober", "namespace": ns, "labels": {"app": "prober"}},
+            "spec": {
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": crate::PINNED_IMAGE, "imagePullPolicy": "Never",
+                                "command": ["sleep", "3600"]}]
+            }
+        }))
+        .expect("a Pod");
+        api.create(&Default::default(), &pod).await?;
+        let prober = pods::wait_ready(&api, "app=prober", 1, WAIT).await?;
+        let targets = [format!("{ip}:50051"), format!("{ip}:9003")];
+        let seen = reach::probe(&api, name_of(&prober[0]), &targets).await?;
+        assert!(
+            seen.values().all(|r| *r == Reach::Connected),
+            "no enforcer: the policies are inert and the probe connects: {seen:?}"
+        );
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
