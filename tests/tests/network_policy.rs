@@ -53,7 +53,18 @@ fn operator() -> &'static Mutex<Operator> {
         block_on(async move {
             let client = client_from(&kc).await?;
             install_crds(&client, &crds_dir()).await?;
-            walkthrough::ensure_namespace(&client, NAMESPACE).await
+            walkthrough::ensure_namespace(&client, NAMESPACE).await?;
+            // The store namespace under the restricted Pod Security Standard, enforced by the
+            // API server's own admission: every store Pod of this binary (leader, members,
+            // electors, the warm etcd) must meet it to start (docs/isolation.md#pod-security).
+            let labels = serde_json::json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            }}});
+            Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+                .patch(NAMESPACE, &PatchParams::default(), &Patch::Merge(&labels))
+                .await?;
+            Ok::<_, Error>(())
         })
         .map_err(|e| e.to_string())?;
         let dir = paths::scratch("network-policy-operator").map_err(|e| e.to_string())?;

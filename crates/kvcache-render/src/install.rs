@@ -150,10 +150,23 @@ fn namespace_object(namespace: &str) -> Namespace {
     Namespace {
         metadata: ObjectMeta {
             name: Some(namespace.into()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/managed-by".into(),
-                "kvcache-operator".into(),
-            )])),
+            // The store Pods meet the restricted Pod Security Standard but for a fabric
+            // group's host network and a disk tier's host folder (docs/isolation.md
+            // #pod-security): warned and audited here; a cluster with neither sets `enforce`.
+            labels: Some(BTreeMap::from([
+                (
+                    "app.kubernetes.io/managed-by".into(),
+                    "kvcache-operator".into(),
+                ),
+                (
+                    "pod-security.kubernetes.io/warn".into(),
+                    "restricted".into(),
+                ),
+                (
+                    "pod-security.kubernetes.io/audit".into(),
+                    "restricted".into(),
+                ),
+            ])),
             ..Default::default()
         },
         ..Default::default()

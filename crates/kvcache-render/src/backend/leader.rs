@@ -117,6 +117,9 @@ pub(super) fn leader_deployment(
         mounts.push(mount("tenant-policy", "/var/lib/mooncake", false));
         init.push(tenant_policy_seed(inputs));
     }
+    let (tmp, tmp_mount) = super::scratch();
+    volumes.push(tmp);
+    mounts.push(tmp_mount);
     let labels = backend_labels(name, "leader");
     Ok(Deployment {
         metadata: meta(leader, inputs.namespace, labels.clone(), b),
@@ -140,6 +143,7 @@ pub(super) fn leader_deployment(
                     automount_service_account_token: Some(elects),
                     priority_class_name: managed.priority_class_name.clone(),
                     image_pull_secrets: pull_secrets(b),
+                    security_context: Some(super::restricted_pod()),
                     init_containers: (!init.is_empty()).then_some(init),
                     containers: vec![master_container(inputs, managed, env, mounts)],
                     volumes: (!volumes.is_empty()).then_some(volumes),
@@ -187,6 +191,7 @@ fn tenant_policy_seed(inputs: &BackendInputs<'_>) -> Container {
             env_value("EMPTY", PolicyDocument::empty().to_yaml().trim_end()),
         ]),
         volume_mounts: Some(vec![mount("tenant-policy", "/var/lib/mooncake", false), mount("tenant-policy-seed", "/seed", true)]),
+        security_context: Some(super::restricted_container()),
         ..Default::default()
     }
 }
@@ -256,6 +261,7 @@ fn master_container(
         }),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
+        security_context: Some(super::restricted_container()),
         ..Default::default()
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, ExecAction, HostPathVolumeSource, Lifecycle,
+    Container, ContainerPort, EnvVar, ExecAction, HostPathVolumeSource, Lifecycle,
     LifecycleHandler, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext,
     TCPSocketAction, Volume, VolumeMount,
 };
@@ -256,6 +256,7 @@ fn disk_tier(g: &Group<'_>, managed: &Managed, tier: &LocalDisk) -> Result<TierP
             env: Some(vec![env_value("TIER", tier.path.as_str())]),
             volume_mounts: Some(vec![mount("local-disk", &tier.path, false)]),
             termination_message_policy: Some("File".into()),
+            security_context: Some(super::restricted_container()),
             ..Default::default()
         },
         grace_seconds: seconds + SHUTDOWN_MARGIN_SECONDS,
@@ -306,45 +307,51 @@ pub(crate) fn fabric_device(protocol: Protocol, count: i32) -> BTreeMap<String, 
     BTreeMap::from([(resource.to_owned(), K8sQuantity(n.to_string()))])
 }
 
-/// What the fabric grants (locked memory), with the user's context laid over it.
+/// The restricted standard's container settings; a fabric group adds the two capabilities
+/// RDMA needs to register memory (`IPC_LOCK` to pin it, `SYS_RESOURCE` to lift the locked
+/// memory limit), the one exception the render makes (docs/isolation.md#pod-security); the
+/// user's context is laid over it.
 fn security(g: &Group<'_>) -> Option<SecurityContext> {
-    let mut security = if g.fabric() {
-        SecurityContext {
-            capabilities: Some(Capabilities {
-                add: Some(vec!["IPC_LOCK".into(), "SYS_RESOURCE".into()]),
-                drop: None,
-            }),
-            ..Default::default()
-        }
-    } else {
-        SecurityContext::default()
-    };
+    let mut security = super::restricted_container();
+    if g.fabric()
+        && let Some(caps) = security.capabilities.as_mut()
+    {
+        caps.add = Some(vec!["IPC_LOCK".into(), "SYS_RESOURCE".into()]);
+    }
     if let Some(user) = &g.group.security_context {
         merge_security(&mut security, user);
     }
-    (security != SecurityContext::default()).then_some(security)
+    Some(security)
 }
 
-/// The user's security context over what the protocol grants, field by field;
-/// `capabilities.add` is unioned.
+/// The user's security context over the rendered one, field by field (what the user sets
+/// wins); `capabilities.add` is unioned and `drop` is the user's when given.
 fn merge_security(base: &mut SecurityContext, user: &SecurityContext) {
-    let granted: Vec<String> = base
+    let rendered = base.clone();
+    let granted: Vec<String> = rendered
         .capabilities
         .as_ref()
         .and_then(|c| c.add.clone())
         .unwrap_or_default();
     let mut merged = user.clone();
-    if !granted.is_empty() || user.capabilities.is_some() {
-        let mut caps = user.capabilities.clone().unwrap_or_default();
-        let mut add = granted;
-        for c in caps.add.take().unwrap_or_default() {
-            if !add.contains(&c) {
-                add.push(c);
-            }
+    merged.allow_privilege_escalation = user
+        .allow_privilege_escalation
+        .or(rendered.allow_privilege_escalation);
+    merged.read_only_root_filesystem = user
+        .read_only_root_filesystem
+        .or(rendered.read_only_root_filesystem);
+    let mut caps = user.capabilities.clone().unwrap_or_default();
+    let mut add = granted;
+    for c in caps.add.take().unwrap_or_default() {
+        if !add.contains(&c) {
+            add.push(c);
         }
-        caps.add = Some(add);
-        merged.capabilities = Some(caps);
     }
+    caps.add = (!add.is_empty()).then_some(add);
+    caps.drop = caps
+        .drop
+        .or_else(|| rendered.capabilities.as_ref().and_then(|c| c.drop.clone()));
+    merged.capabilities = Some(caps);
     *base = merged;
 }
 
@@ -418,6 +425,9 @@ pub(super) fn member_daemon_set(
     } else {
         store
     };
+    let (tmp, tmp_mount) = super::scratch();
+    volumes.push(tmp);
+    mounts.push(tmp_mount);
     let container = member_container(&g, command, env, mounts, request, lifecycle);
     let labels = backend_labels(name, &component);
     let fabric = g.fabric();
@@ -444,6 +454,7 @@ pub(super) fn member_daemon_set(
                 .into(),
             ),
             runtime_class_name: group.runtime_class_name.clone(),
+            security_context: Some(super::restricted_pod()),
             priority_class_name: managed.priority_class_name.clone(),
             image_pull_secrets: pull_secrets(inputs.backend),
             termination_grace_period_seconds: Some(grace),

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference, ResourceRequirements,
-    Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference,
+    PodSecurityContext, ResourceRequirements, SeccompProfile, SecurityContext, Service,
+    ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -220,6 +221,40 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
+/// A store Pod under the restricted Pod Security Standard (docs/isolation.md#pod-security):
+/// never root (the images run as uid 65532), the runtime's default seccomp profile.
+pub(crate) fn restricted_pod() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A store container under the restricted standard: no privilege escalation, every capability
+/// dropped, a read-only root (what the processes write goes to their volumes and to `/tmp`, an
+/// emptyDir of its own: [`scratch`]).
+pub(crate) fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// The writable `/tmp` a store container with a read-only root gets (the master's and the
+/// client's logs and sockets).
+pub(crate) fn scratch() -> (Volume, VolumeMount) {
+    (empty_dir("tmp"), mount("tmp", "/tmp", false))
+}
+
 fn empty_dir(name: &str) -> Volume {
     Volume {
         name: name.into(),
@@ -261,6 +296,7 @@ fn elector_install(elector_image: &str) -> Container {
             "/kvcache/bin".into(),
         ]),
         volume_mounts: Some(vec![mount("elector", "/kvcache/bin", false)]),
+        security_context: Some(restricted_container()),
         ..Default::default()
     }
 }
