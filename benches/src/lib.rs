@@ -7,6 +7,7 @@ pub mod admission;
 pub mod capacity;
 mod engine_rig;
 pub mod failover;
+pub mod isolation;
 mod operator;
 pub mod prefix;
 pub mod rollout;

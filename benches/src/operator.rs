@@ -16,9 +16,22 @@ pub struct WithOperator {
 /// Starts [`WithOperator`] in the scratch folder `name`,
 /// the operator's store namespace `namespace`.
 pub fn with_operator(name: &str, namespace: &str) -> anyhow::Result<WithOperator> {
+    start(name, namespace, false)
+}
+
+/// As [`with_operator`], the nodes enforcing NetworkPolicy (the harness's kube-router
+/// firewall).
+pub fn with_operator_enforced(name: &str, namespace: &str) -> anyhow::Result<WithOperator> {
+    start(name, namespace, true)
+}
+
+fn start(name: &str, namespace: &str, enforce: bool) -> anyhow::Result<WithOperator> {
     use kvcache_e2e::{cluster, images, walkthrough};
     let dir = paths::scratch(name)?;
-    let nodes = kvcache_e2e::nodes::NodeCluster::start(&dir, 2, images::NODE_DEFAULT)?;
+    let mut nodes = kvcache_e2e::nodes::NodeCluster::start(&dir, 2, images::NODE_DEFAULT)?;
+    if enforce {
+        nodes.nodes.enforce_network_policy()?;
+    }
     let kc = nodes.control_plane.kubeconfig.clone();
     let ns = namespace.to_owned();
     block_on(async move {

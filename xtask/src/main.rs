@@ -135,6 +135,13 @@ enum BenchKind {
         #[arg(long, default_value_t = 1)]
         runs: usize,
     },
+    /// How soon a Binding created opens its namespace to the store's Pods and a Binding
+    /// deleted closes it, under a real NetworkPolicy enforcer (docs/isolation.md).
+    Isolation {
+        /// Open-and-close rounds.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// The store's put/get throughput between the two nodes for 64 KiB to 8 MiB objects, idle
     /// and while both engines serve prompts, beside raw TCP between the same two Pods, for each
     /// client transport setting compared (figures in BENCHMARKS.md).
@@ -207,7 +214,9 @@ fn main() -> anyhow::Result<()> {
 /// Runs the benchmark named on the command line (`kvcache-bench`), its arguments checked before
 /// the parts are installed.
 fn bench(which: BenchKind) -> anyhow::Result<()> {
-    use kvcache_bench::{admission, capacity, failover, prefix, rollout, scale, soak, transfer};
+    use kvcache_bench::{
+        admission, capacity, failover, isolation, prefix, rollout, scale, soak, transfer,
+    };
     let run: Box<dyn FnOnce() -> anyhow::Result<()>> = match which {
         BenchKind::Failover { runs } => Box::new(move || failover::failover(runs)),
         BenchKind::Capacity { runs } => Box::new(move || capacity::capacity(runs)),
@@ -222,6 +231,10 @@ fn bench(which: BenchKind) -> anyhow::Result<()> {
             Box::new(move || prefix::prefix(plan))
         }
         BenchKind::Rollout { runs } => Box::new(move || rollout::rollout(runs)),
+        BenchKind::Isolation { rounds } => {
+            anyhow::ensure!(rounds > 0, "--rounds must be at least 1");
+            Box::new(move || isolation::isolation(rounds))
+        }
         BenchKind::Transfer => Box::new(transfer::transfer),
         BenchKind::Soak { failovers } => Box::new(move || soak::soak(failovers)),
         BenchKind::Admission {
