@@ -179,6 +179,7 @@ async fn ask(
             queried_tokens: after.queried_tokens - before.queried_tokens,
             hit_tokens: after.hit_tokens - before.hit_tokens,
             tokens_from_store: after.tokens_from_store - before.tokens_from_store,
+            operations: after.operations.since(&before.operations),
         },
     ))
 }
@@ -237,6 +238,11 @@ fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
             b_added.queried_tokens, PROMPT_TOKENS as u64,
             "B asked the store for the whole prompt"
         );
+        assert!(
+            b_added.operations.loads > 0 && b_added.operations.failed_loads == 0,
+            "B's connector loaded the blocks, none failed: {:?}",
+            b_added.operations
+        );
         assert!(!written.is_empty(), "replica A answered with tokens");
         assert_eq!(answer, written, "the same greedy answer with the fetched blocks");
 
@@ -249,7 +255,7 @@ fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
         let md = wait_object(
             &models,
             CHAT,
-            "CacheAttached=True/CacheActive, SharedCacheObserved=True/EnginesRead, both engines \
+            "CacheAttached=True/CacheActive, SharedCacheObserved=True/EnginesRead, SharedCacheHealthy=True/LoadsSucceed, both engines \
              read and at least B's tokens from the store",
             WAIT,
             // The status may still hold a window an earlier test of this binary left: wait for
@@ -257,6 +263,7 @@ fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
             |m| {
                 has_condition(m, "CacheAttached=True/CacheActive")
                     && has_condition(m, "SharedCacheObserved=True/EnginesRead")
+                    && has_condition(m, "SharedCacheHealthy=True/LoadsSucceed")
                     && m.status
                         .as_ref()
                         .and_then(|s| s.shared_cache.as_ref())

@@ -286,6 +286,23 @@ pub struct SharedCacheStatus {
     /// Engine Pods whose counters are in these figures.
     #[serde(default)]
     pub engines_read: u32,
+    /// The engines' loads from the store within the window (vLLM's
+    /// `vllm:mooncake_store_operation_total{operation="load_get"}`).
+    #[serde(default)]
+    pub loads: u64,
+    /// Of those, the loads that failed: vLLM computed those prompts after all.
+    #[serde(default)]
+    pub failed_loads: u64,
+    /// The engines' saves to the store within the window.
+    #[serde(default)]
+    pub saves: u64,
+    /// Of those, the saves that failed.
+    #[serde(default)]
+    pub failed_saves: u64,
+    /// The loads' median time within the window (`0.125s`), from the engines' histograms;
+    /// absent without loads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_time_p50: Option<String>,
 }
 
 /// The condition types of a ModelDeployment's status, in the order the operator writes them.
@@ -300,6 +317,9 @@ pub mod conditions {
     pub const REPLICAS_UP_TO_DATE: &str = "ReplicasUpToDate";
     /// Every ready engine's shared-cache counters were read.
     pub const SHARED_CACHE_OBSERVED: &str = "SharedCacheObserved";
+    /// The engines' loads from the store succeed (no more than a set share failed in the
+    /// window: a failed load is a prefill paid after all).
+    pub const SHARED_CACHE_HEALTHY: &str = "SharedCacheHealthy";
     /// Every Deployment and Service the roles render is this deployment's own: none bears the
     /// name of an object something else controls.
     pub const OBJECTS_OWNED: &str = "ObjectsOwned";

@@ -246,7 +246,7 @@ impl prometheus_client::collector::Collector for ModelCollector {
             (&a.0.namespace, &a.0.deployment).cmp(&(&b.0.namespace, &b.0.deployment))
         });
         type Pick = fn(&kvcache_api::model::SharedCacheStatus) -> Option<f64>;
-        let series: [(&str, &str, Pick); 4] = [
+        let series: [(&str, &str, Pick); 7] = [
             (
                 "model_shared_cache_hit_ratio",
                 "Share of the prompt tokens a ModelDeployment's engines looked up in the store that the store had, over status.sharedCache.window",
@@ -266,6 +266,21 @@ impl prometheus_client::collector::Collector for ModelCollector {
                 "model_tokens_from_store",
                 "Prompt tokens a ModelDeployment's ready engines loaded from the store since each started",
                 |c| Some(c.tokens_from_store as f64),
+            ),
+            (
+                "model_shared_cache_loads",
+                "Loads from the store a ModelDeployment's engines made over status.sharedCache.window",
+                |c| Some(c.loads as f64),
+            ),
+            (
+                "model_shared_cache_failed_loads",
+                "Loads from the store that failed (each prompt computed after all) over status.sharedCache.window",
+                |c| Some(c.failed_loads as f64),
+            ),
+            (
+                "model_shared_cache_failed_saves",
+                "Saves to the store that failed over status.sharedCache.window",
+                |c| Some(c.failed_saves as f64),
             ),
         ];
         for (name, help, pick) in series {

@@ -118,9 +118,69 @@ pub fn backend_events(before: &KVCacheBackendStatus, after: &KVCacheBackendStatu
     out
 }
 
+/// The events of a ModelDeployment's shared cache: `LoadsFallingBack` (a warning) when
+/// `SharedCacheHealthy` turns False, `LoadsRecovered` when it turns True again. Each once, on
+/// the transition.
+pub fn model_events(
+    before: &kvcache_api::model::ModelDeploymentStatus,
+    after: &kvcache_api::model::ModelDeploymentStatus,
+) -> Vec<Note> {
+    use kvcache_api::model::conditions::SHARED_CACHE_HEALTHY;
+    let find = |s: &kvcache_api::model::ModelDeploymentStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == SHARED_CACHE_HEALTHY)
+            .map(|c| (c.status.clone(), c.message.clone()))
+    };
+    let (was, now) = (find(before), find(after));
+    let false_ = Status::False.as_str();
+    let true_ = Status::True.as_str();
+    match (&was, &now) {
+        (w, Some((s, message))) if s == false_ && w.as_ref().is_none_or(|(ws, _)| ws != false_) => {
+            vec![Note {
+                kind: Kind::Warning,
+                reason: "LoadsFallingBack",
+                message: message.clone(),
+            }]
+        }
+        (Some((ws, _)), Some((s, message))) if ws == false_ && s == true_ => vec![Note {
+            kind: Kind::Normal,
+            reason: "LoadsRecovered",
+            message: message.clone(),
+        }],
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn model_status(healthy: Option<&str>) -> kvcache_api::model::ModelDeploymentStatus {
+        serde_json::from_value(serde_json::json!({
+            "conditions": healthy.map(|s| vec![serde_json::json!({
+                "type": "SharedCacheHealthy", "status": s, "reason": "R", "message": format!("m {s}"),
+                "lastTransitionTime": "2026-12-04T00:00:00Z"
+            })]).unwrap_or_default()
+        }))
+        .expect("a status")
+    }
+
+    #[test]
+    fn a_deployment_falling_back_is_warned_once_and_its_recovery_noted() {
+        let reasons = |b: Option<&str>, a: Option<&str>| -> Vec<&'static str> {
+            model_events(&model_status(b), &model_status(a))
+                .iter()
+                .map(|n| n.reason)
+                .collect()
+        };
+        assert_eq!(reasons(Some("True"), Some("False")), ["LoadsFallingBack"]);
+        assert_eq!(reasons(None, Some("False")), ["LoadsFallingBack"]);
+        assert!(reasons(Some("False"), Some("False")).is_empty(), "once");
+        assert_eq!(reasons(Some("False"), Some("True")), ["LoadsRecovered"]);
+        assert!(reasons(Some("Unknown"), Some("True")).is_empty());
+        assert!(reasons(Some("True"), Some("True")).is_empty());
+    }
 
     fn status(v: serde_json::Value) -> KVCacheBackendStatus {
         serde_json::from_value(v).expect("a status")

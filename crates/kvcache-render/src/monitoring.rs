@@ -60,6 +60,15 @@ pub(crate) fn alerts() -> Vec<Alert> {
             description: "The master {{ $labels.namespace }}/{{ $labels.pod }} refuses puts (a tenant at its grant, or no space): engines write less than they try. Compare each Binding's grant and usage (kvcache_operator_binding_granted_bytes, kvcache_operator_binding_used_bytes) and mooncake_tenant_quota_admission_closed.",
         },
         Alert {
+            name: "KVCacheLoadsFallingBack",
+            // The same share as SharedCacheHealthy (kvcache_render::shared_cache::FALLBACK_SHARE).
+            expr: "kvcache_operator_model_shared_cache_failed_loads > 0.1 * kvcache_operator_model_shared_cache_loads and kvcache_operator_model_shared_cache_loads > 0",
+            for_: "10m",
+            severity: "warning",
+            summary: "A deployment's loads from the shared cache keep failing",
+            description: "More than 10% of the loads of ModelDeployment {{ $labels.namespace }}/{{ $labels.deployment }} from the store failed over its window: vLLM computes each such prompt again (kv_load_failure_policy: recompute), so the cache saves nothing for them. `kubectl -n {{ $labels.namespace }} describe md {{ $labels.deployment }}` names the Pods (SharedCacheHealthy); check the backend's members and the engines' logs.",
+        },
+        Alert {
             name: "KVCacheOperatorReconcileErrors",
             expr: "sum by (controller, result) (rate(kvcache_operator_reconciles_total{result!=\"ok\"}[10m])) > 0",
             for_: "15m",
@@ -128,6 +137,8 @@ pub(crate) fn prometheus_rule(namespace: &str) -> Value {
 pub const ENGINE_SERIES: &[&str] = &[
     "kvcache_operator_model_shared_cache_hit_ratio",
     "kvcache_operator_model_tokens_from_store",
+    "kvcache_operator_model_shared_cache_loads",
+    "kvcache_operator_model_shared_cache_failed_loads",
 ];
 
 /// A dashboard panel: title, unit, the expressions and their legends.
@@ -177,6 +188,20 @@ const PANELS: &[Panel] = &[
             "kvcache_operator_model_tokens_from_store",
             "{{namespace}}/{{deployment}} ({{domain}})",
         )],
+    },
+    Panel {
+        title: "Failed loads per deployment (each one a prefill paid after all)",
+        unit: "short",
+        targets: &[
+            (
+                "kvcache_operator_model_shared_cache_failed_loads",
+                "{{namespace}}/{{deployment}} failed",
+            ),
+            (
+                "kvcache_operator_model_shared_cache_loads",
+                "{{namespace}}/{{deployment}} loads",
+            ),
+        ],
     },
     Panel {
         title: "Store: allocated vs total",

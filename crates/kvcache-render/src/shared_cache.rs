@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use kvcache_api::condition::Cond;
-use kvcache_api::model::conditions::SHARED_CACHE_OBSERVED;
+use kvcache_api::model::conditions::{SHARED_CACHE_HEALTHY, SHARED_CACHE_OBSERVED};
 use kvcache_api::model::{EngineName, SharedCacheStatus};
 
 use crate::status::model::{Resolution, RoleObservation};
@@ -30,8 +30,18 @@ pub(crate) const VLLM_TOKENS_BY_SOURCE: &str = "vllm:prompt_tokens_by_source_tot
 /// The `source` label value of tokens taken from the store.
 pub const FROM_STORE: &str = "external_kv_transfer";
 
+/// vLLM's Mooncake store connector: operations by `operation` and `status` (`ok`, `error`).
+pub(crate) const VLLM_STORE_OPERATIONS: &str = "vllm:mooncake_store_operation_total";
+/// Its operations' time, a histogram by `operation`.
+pub(crate) const VLLM_STORE_TIME_BUCKETS: &str =
+    "vllm:mooncake_store_operation_time_seconds_bucket";
+/// The connector's load from the store (a hit being fetched).
+pub const LOAD_OPERATION: &str = "load_get";
+/// The connector's save to the store.
+pub const SAVE_OPERATION: &str = "save_put";
+
 /// One engine's counters since it started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EngineCounters {
     /// Prompt tokens looked up in the store.
     pub queried_tokens: u64,
@@ -39,6 +49,93 @@ pub struct EngineCounters {
     pub hit_tokens: u64,
     /// Prompt tokens loaded from the store instead of computed.
     pub tokens_from_store: u64,
+    /// The connector's loads and saves (zero for an engine that publishes none).
+    pub operations: StoreOperations,
+}
+
+/// An engine's store loads and saves since it started, from its connector's own series.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreOperations {
+    /// Loads, whatever their outcome.
+    pub loads: u64,
+    /// Loads that failed (vLLM then computes the prompt: `kv_load_failure_policy: recompute`).
+    pub failed_loads: u64,
+    /// Saves, whatever their outcome.
+    pub saves: u64,
+    /// Saves that failed.
+    pub failed_saves: u64,
+    /// The loads' time histogram: (upper bound in microseconds, `u64::MAX` for `+Inf`;
+    /// cumulative count), ascending.
+    pub load_time: Vec<(u64, u64)>,
+}
+
+impl StoreOperations {
+    /// What grew from `base` to `self` (an engine's counters only grow while it runs).
+    pub fn since(&self, base: &StoreOperations) -> StoreOperations {
+        let bucket = |le: u64, of: &StoreOperations| {
+            of.load_time
+                .iter()
+                .find(|(b, _)| *b == le)
+                .map_or(0, |(_, c)| *c)
+        };
+        StoreOperations {
+            loads: self.loads.saturating_sub(base.loads),
+            failed_loads: self.failed_loads.saturating_sub(base.failed_loads),
+            saves: self.saves.saturating_sub(base.saves),
+            failed_saves: self.failed_saves.saturating_sub(base.failed_saves),
+            load_time: self
+                .load_time
+                .iter()
+                .map(|(le, c)| (*le, c.saturating_sub(bucket(*le, base))))
+                .collect(),
+        }
+    }
+
+    /// `self` and `other` summed (histograms bucket by bucket).
+    fn add(&mut self, other: &StoreOperations) {
+        self.loads += other.loads;
+        self.failed_loads += other.failed_loads;
+        self.saves += other.saves;
+        self.failed_saves += other.failed_saves;
+        let mut buckets: BTreeMap<u64, u64> = self.load_time.iter().copied().collect();
+        for (le, c) in &other.load_time {
+            *buckets.entry(*le).or_default() += c;
+        }
+        self.load_time = buckets.into_iter().collect();
+    }
+
+    /// Whether a counter went down since `earlier`: the engine restarted.
+    fn went_down(&self, earlier: &StoreOperations) -> bool {
+        self.loads < earlier.loads || self.saves < earlier.saves
+    }
+}
+
+/// The median of a cumulative histogram ((upper bound µs, count) ascending), interpolated
+/// linearly inside its bucket as Prometheus's `histogram_quantile` does; `None` when empty.
+pub fn median_micros(histogram: &[(u64, u64)]) -> Option<u64> {
+    let total = histogram.last()?.1;
+    if total == 0 {
+        return None;
+    }
+    let rank = total as f64 / 2.0;
+    let mut lower = (0u64, 0u64);
+    for &(le, count) in histogram {
+        if count as f64 >= rank {
+            if le == u64::MAX {
+                // In the `+Inf` bucket: the highest finite bound is all that is known.
+                return Some(lower.0);
+            }
+            let inside = (count - lower.1) as f64;
+            let share = if inside > 0.0 {
+                (rank - lower.1 as f64) / inside
+            } else {
+                1.0
+            };
+            return Some(lower.0 + ((le - lower.0) as f64 * share) as u64);
+        }
+        lower = (le, count);
+    }
+    Some(lower.0)
 }
 
 /// One sample line of the Prometheus text format: its name, labels and value. Comments, blank
@@ -109,9 +206,45 @@ pub fn parse_engine_metrics(
         });
     }
     let (mut queries, mut hits, mut from_store) = (None::<u64>, None::<u64>, 0u64);
+    let mut operations = StoreOperations::default();
+    let mut load_time: BTreeMap<u64, u64> = BTreeMap::new();
     for (name, labels, value) in samples(text) {
         let Some(v) = counter(value) else { continue };
+        let label = |key: &str| {
+            labels
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.as_str())
+        };
         match name {
+            VLLM_STORE_OPERATIONS => {
+                let failed = label("status") == Some("error");
+                match label("operation") {
+                    Some(LOAD_OPERATION) => {
+                        operations.loads += v;
+                        operations.failed_loads += if failed { v } else { 0 };
+                    }
+                    Some(SAVE_OPERATION) => {
+                        operations.saves += v;
+                        operations.failed_saves += if failed { v } else { 0 };
+                    }
+                    _ => {}
+                }
+            }
+            VLLM_STORE_TIME_BUCKETS if label("operation") == Some(LOAD_OPERATION) => {
+                let le = match label("le") {
+                    Some("+Inf") => Some(u64::MAX),
+                    Some(s) => s
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|b| b.is_finite() && *b >= 0.0)
+                        .map(|b| (b * 1e6).round() as u64),
+                    None => None,
+                };
+                if let Some(le) = le {
+                    *load_time.entry(le).or_default() += v;
+                }
+            }
             VLLM_QUERIES => *queries.get_or_insert(0) += v,
             VLLM_HITS => *hits.get_or_insert(0) += v,
             VLLM_TOKENS_BY_SOURCE
@@ -129,6 +262,10 @@ pub fn parse_engine_metrics(
             queried_tokens,
             hit_tokens,
             tokens_from_store: from_store,
+            operations: StoreOperations {
+                load_time: load_time.into_iter().collect(),
+                ..operations
+            },
         }),
         _ => Err(ReadError::Unreadable {
             url: url.to_owned(),
@@ -156,7 +293,12 @@ pub struct EngineReading {
 pub struct Window {
     /// Per Pod uid: (milliseconds, counters), oldest first.
     pods: BTreeMap<String, VecDeque<(u64, EngineCounters)>>,
+    /// Per Pod uid: its name, for the condition.
+    names: BTreeMap<String, String>,
 }
+
+/// Above this share of failed loads in the window, `SharedCacheHealthy` turns False.
+pub const FALLBACK_SHARE: f64 = 0.10;
 
 impl Window {
     /// Records this pass's readings taken at `now_ms`. Pods not among `readings` are gone (or no
@@ -165,15 +307,20 @@ impl Window {
     pub fn record(&mut self, now_ms: u64, window_ms: u64, readings: &[EngineReading]) {
         self.pods
             .retain(|uid, _| readings.iter().any(|r| &r.uid == uid));
+        self.names
+            .retain(|uid, _| readings.iter().any(|r| &r.uid == uid));
         for r in readings {
+            self.names.insert(r.uid.clone(), r.pod.clone());
             let Ok(c) = &r.counters else { continue };
             let samples = self.pods.entry(r.uid.clone()).or_default();
             if samples.back().is_some_and(|(_, last)| {
-                c.queried_tokens < last.queried_tokens || c.hit_tokens < last.hit_tokens
+                c.queried_tokens < last.queried_tokens
+                    || c.hit_tokens < last.hit_tokens
+                    || c.operations.went_down(&last.operations)
             }) {
                 samples.clear();
             }
-            samples.push_back((now_ms, *c));
+            samples.push_back((now_ms, c.clone()));
             // Keep the newest sample at or before the window's start (the baseline) and every
             // later one.
             let start = now_ms.saturating_sub(window_ms);
@@ -188,21 +335,13 @@ impl Window {
     /// it was first read inside the window: an engine's counters start at zero, so a Pod first
     /// read within the window counts from its start), summed.
     pub fn summary(&self, now_ms: u64, window_ms: u64, window: &str) -> SharedCacheStatus {
-        let start = now_ms.saturating_sub(window_ms);
         let (mut queried, mut hit, mut total_from_store) = (0u64, 0u64, 0u64);
-        for samples in self.pods.values() {
-            let Some((_, last)) = samples.back() else {
-                continue;
-            };
-            let base = samples
-                .iter()
-                .rev()
-                .find(|(t, _)| *t < start)
-                .map(|(_, c)| *c)
-                .unwrap_or_default();
-            queried += last.queried_tokens.saturating_sub(base.queried_tokens);
-            hit += last.hit_tokens.saturating_sub(base.hit_tokens);
+        let mut operations = StoreOperations::default();
+        for (_, last, grown) in self.growth(now_ms, window_ms) {
+            queried += grown.queried_tokens;
+            hit += grown.hit_tokens;
             total_from_store += last.tokens_from_store;
+            operations.add(&grown.operations);
         }
         SharedCacheStatus {
             window: window.to_owned(),
@@ -211,6 +350,99 @@ impl Window {
             hit_ratio: ratio(hit, queried),
             tokens_from_store: total_from_store,
             engines_read: u32::try_from(self.pods.len()).unwrap_or(u32::MAX),
+            loads: operations.loads,
+            failed_loads: operations.failed_loads,
+            saves: operations.saves,
+            failed_saves: operations.failed_saves,
+            load_time_p50: median_micros(&operations.load_time)
+                .map(|us| format!("{:.3}s", us as f64 / 1e6)),
+        }
+    }
+
+    /// Per engine in the window: its uid, its newest counters and their growth since the
+    /// window's start (since zero for an engine first read inside it).
+    fn growth(
+        &self,
+        now_ms: u64,
+        window_ms: u64,
+    ) -> impl Iterator<Item = (&String, &EngineCounters, EngineCounters)> {
+        let start = now_ms.saturating_sub(window_ms);
+        self.pods.iter().filter_map(move |(uid, samples)| {
+            let (_, last) = samples.back()?;
+            let base = samples
+                .iter()
+                .rev()
+                .find(|(t, _)| *t < start)
+                .map(|(_, c)| c.clone())
+                .unwrap_or_default();
+            let grown = EngineCounters {
+                queried_tokens: last.queried_tokens.saturating_sub(base.queried_tokens),
+                hit_tokens: last.hit_tokens.saturating_sub(base.hit_tokens),
+                tokens_from_store: last
+                    .tokens_from_store
+                    .saturating_sub(base.tokens_from_store),
+                operations: last.operations.since(&base.operations),
+            };
+            Some((uid, last, grown))
+        })
+    }
+
+    /// `SharedCacheHealthy` over the window: `False/LoadsFallingBack` when more than
+    /// [`FALLBACK_SHARE`] of the engines' loads failed (each a prefill the engine paid for after
+    /// all), naming the Pods and their share; `Unknown` while an engine's metrics cannot be
+    /// read (named: never counted as healthy); `True` otherwise.
+    pub fn health(&self, now_ms: u64, window_ms: u64, readings: &[EngineReading]) -> Cond {
+        let unread: Vec<&str> = readings
+            .iter()
+            .filter(|r| r.counters.is_err())
+            .map(|r| r.pod.as_str())
+            .collect();
+        if !unread.is_empty() {
+            return Cond::unknown(
+                SHARED_CACHE_HEALTHY,
+                "EngineMetricsUnreadable",
+                format!(
+                    "the metrics of {} could not be read: their loads are not known",
+                    unread.join(", ")
+                ),
+            );
+        }
+        let mut total = StoreOperations::default();
+        let mut failing = Vec::new();
+        for (uid, _, grown) in self.growth(now_ms, window_ms) {
+            let ops = &grown.operations;
+            total.add(ops);
+            if ops.failed_loads > 0 {
+                let name = self.names.get(uid).map_or(uid.as_str(), String::as_str);
+                failing.push(format!("{name} {} of {}", ops.failed_loads, ops.loads));
+            }
+        }
+        if total.loads == 0 {
+            return Cond::yes(
+                SHARED_CACHE_HEALTHY,
+                "NoLoads",
+                "no engine loaded from the store in the window",
+            );
+        }
+        let share = total.failed_loads as f64 / total.loads as f64;
+        let figures = format!(
+            "{} of {} loads failed in the window ({:.0}%)",
+            total.failed_loads,
+            total.loads,
+            share * 100.0
+        );
+        if share > FALLBACK_SHARE {
+            Cond::no(
+                SHARED_CACHE_HEALTHY,
+                "LoadsFallingBack",
+                format!(
+                    "{figures}, above {:.0}%: each failed load was computed again (kv_load_failure_policy: recompute), so those hits saved nothing; failing: {}. Check the backend's members and the engines' logs for the store's errors",
+                    FALLBACK_SHARE * 100.0,
+                    failing.join(", ")
+                ),
+            )
+        } else {
+            Cond::yes(SHARED_CACHE_HEALTHY, "LoadsSucceed", figures)
         }
     }
 }
@@ -323,7 +555,135 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="a \"quoted\" , name}",
             queried_tokens: q,
             hit_tokens: h,
             tokens_from_store: s,
+            operations: StoreOperations::default(),
         }
+    }
+
+    /// Counters with `loads` loads of which `failed` failed, each taking 0.1 s.
+    fn loading(loads: u64, failed: u64) -> EngineCounters {
+        EngineCounters {
+            operations: StoreOperations {
+                loads,
+                failed_loads: failed,
+                load_time: vec![(50_000, 0), (100_000, loads), (u64::MAX, loads)],
+                ..Default::default()
+            },
+            ..counters(loads * 10, loads * 10, 0)
+        }
+    }
+
+    const OPERATIONS: &str = r#"vllm:external_prefix_cache_queries_total{engine="0"} 10
+vllm:external_prefix_cache_hits_total{engine="0"} 10
+vllm:mooncake_store_operation_total{engine="0",operation="load_get",status="ok"} 7.0
+vllm:mooncake_store_operation_total{engine="0",operation="load_get",status="error"} 3.0
+vllm:mooncake_store_operation_total{engine="0",operation="save_put",status="ok"} 4.0
+vllm:mooncake_store_operation_total{engine="0",operation="exists",status="error"} 9.0
+vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="load_get",le="0.05"} 2.0
+vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="load_get",le="0.1"} 10.0
+vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="load_get",le="+Inf"} 10.0
+vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="save_put",le="0.05"} 4.0
+"#;
+
+    #[test]
+    fn the_connectors_loads_saves_and_load_times_are_read_by_operation_and_status() {
+        let c = parse_engine_metrics(EngineName::Vllm, "u", OPERATIONS).expect("readable");
+        assert_eq!(
+            c.operations,
+            StoreOperations {
+                loads: 10,
+                failed_loads: 3,
+                saves: 4,
+                failed_saves: 0,
+                load_time: vec![(50_000, 2), (100_000, 10), (u64::MAX, 10)],
+            }
+        );
+        // The median of 10 loads, 2 under 50 ms and 8 between 50 and 100 ms: 5 is the third of
+        // the 8 of the second bucket.
+        assert_eq!(median_micros(&c.operations.load_time), Some(68_750));
+        assert_eq!(median_micros(&[]), None);
+        assert_eq!(median_micros(&[(u64::MAX, 0)]), None);
+        assert_eq!(median_micros(&[(1_000, 0), (u64::MAX, 4)]), Some(1_000));
+    }
+
+    #[test]
+    fn failed_loads_in_the_window_turn_the_deployment_unhealthy_naming_the_pod() {
+        let mut w = Window::default();
+        w.record(
+            0,
+            60_000,
+            &[
+                reading("a", Ok(loading(100, 0))),
+                reading("b", Ok(loading(100, 0))),
+            ],
+        );
+        // 70 s on: within the window a loaded 20 more, all fine; b 20 more, 10 failed.
+        let now = [
+            reading("a", Ok(loading(120, 0))),
+            reading("b", Ok(loading(120, 10))),
+        ];
+        w.record(70_000, 60_000, &now);
+        let s = w.summary(70_000, 60_000, "1m");
+        assert_eq!((s.loads, s.failed_loads), (40, 10));
+        assert_eq!(s.load_time_p50.as_deref(), Some("0.075s"));
+        let c = w.health(70_000, 60_000, &now);
+        assert_eq!(
+            (c.status, c.reason),
+            (kvcache_api::condition::Status::False, "LoadsFallingBack")
+        );
+        assert!(
+            c.message.contains("10 of 40 loads failed") && c.message.contains("b 10 of 20"),
+            "{}",
+            c.message
+        );
+        assert!(!c.message.contains("a "), "{}", c.message);
+        // Within the share: healthy.
+        let mut w = Window::default();
+        w.record(0, 60_000, &[reading("a", Ok(loading(100, 5)))]);
+        let c = w.health(0, 60_000, &[reading("a", Ok(loading(100, 5)))]);
+        assert_eq!(c.reason, "LoadsSucceed");
+        // No loads: nothing failing.
+        assert_eq!(Window::default().health(0, 60_000, &[]).reason, "NoLoads");
+    }
+
+    #[test]
+    fn an_unreadable_engine_makes_health_unknown_and_is_named() {
+        let mut w = Window::default();
+        let now = [
+            reading("a", Ok(loading(10, 0))),
+            reading(
+                "b",
+                Err(ReadError::Status {
+                    url: "u".into(),
+                    status: 500,
+                }),
+            ),
+        ];
+        w.record(0, 60_000, &now);
+        let c = w.health(0, 60_000, &now);
+        assert_eq!(
+            (c.status, c.reason),
+            (
+                kvcache_api::condition::Status::Unknown,
+                "EngineMetricsUnreadable"
+            )
+        );
+        assert!(c.message.contains('b'), "{}", c.message);
+    }
+
+    #[test]
+    fn an_engine_restarted_mid_window_neither_goes_negative_nor_doubles() {
+        let mut w = Window::default();
+        w.record(0, 60_000, &[reading("a", Ok(loading(50, 5)))]);
+        w.record(10_000, 60_000, &[reading("a", Ok(loading(80, 8)))]);
+        // The container restarted (same Pod uid): its counters start again from zero.
+        w.record(20_000, 60_000, &[reading("a", Ok(loading(4, 1)))]);
+        let s = w.summary(20_000, 60_000, "1m");
+        assert_eq!(
+            (s.loads, s.failed_loads),
+            (4, 1),
+            "the new run's counts alone"
+        );
+        assert_eq!((s.queried_tokens, s.hit_tokens), (40, 40));
     }
 
     fn reading(pod: &str, c: Result<EngineCounters, ReadError>) -> EngineReading {

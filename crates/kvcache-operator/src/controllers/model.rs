@@ -161,7 +161,7 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
         &obs,
         domain,
         shared_cache,
-        vec![observed],
+        observed,
         &Time(k8s_openapi::jiff::Timestamp::now()),
     );
     super::status::apply(
@@ -172,6 +172,15 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
         &status,
     )
     .await?;
+    let before = md.status.clone().unwrap_or_default();
+    for note in kvcache_render::events::model_events(&before, &status) {
+        super::publish(
+            &ctx,
+            &md.object_ref(&()),
+            &super::event_of(&note, "Reconcile", None),
+        )
+        .await;
+    }
     // A resync while nothing changes (`--model-resync`, 5 minutes): every input (the deployment,
     // its Deployments, its Binding and through it the store's figures, InstanceTypes)
     // re-triggers a reconcile by itself. A short interval here was the scale benchmark's
@@ -362,17 +371,17 @@ fn now_ms() -> u64 {
 
 /// Reads the `/metrics` of every ready engine Pod of the deployment's managed roles, records
 /// the readings in the deployment's window and returns `status.sharedCache` and the
-/// `SharedCacheObserved` condition.
+/// `SharedCacheObserved` and (for engines that count) `SharedCacheHealthy` conditions.
 async fn observe_engines(
     ctx: &Context,
     md: &ModelDeployment,
     ns: &str,
     engines: Engines,
-) -> Result<(Option<SharedCacheStatus>, kvcache_api::condition::Cond), Error> {
+) -> Result<(Option<SharedCacheStatus>, Vec<kvcache_api::condition::Cond>), Error> {
     let key = id(md);
     let Engines::Counted { ready } = engines else {
         lock(&ctx.engine_windows).remove(&key);
-        return Ok((None, shared_cache::condition(engines, &[])));
+        return Ok((None, vec![shared_cache::condition(engines, &[])]));
     };
     let pods = if ready > 0 {
         ready_engine_pods(ctx, md, ns).await?
@@ -397,7 +406,7 @@ async fn observe_engines(
     let window = ctx.config.shared_cache_window;
     let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
     let now = now_ms();
-    let summary = {
+    let (summary, health) = {
         let mut windows = lock(&ctx.engine_windows);
         sweep(ctx, &mut windows, now);
         let uid = md.uid().unwrap_or_default();
@@ -407,7 +416,10 @@ async fn observe_engines(
             *entry = (uid, shared_cache::Window::default());
         }
         entry.1.record(now, window_ms, &readings);
-        entry.1.summary(now, window_ms, &window_text(window))
+        (
+            entry.1.summary(now, window_ms, &window_text(window)),
+            entry.1.health(now, window_ms, &readings),
+        )
     };
     let condition = shared_cache::condition(
         Engines::Counted {
@@ -415,7 +427,10 @@ async fn observe_engines(
         },
         &readings,
     );
-    Ok(((!readings.is_empty()).then_some(summary), condition))
+    Ok((
+        (!readings.is_empty()).then_some(summary),
+        vec![condition, health],
+    ))
 }
 
 /// A window as a user reads it: `5m`, `90s`.
