@@ -28,17 +28,9 @@ pub struct Rig {
 /// Brings the rig up in a scratch folder named `name`; `edit` changes the backend (its JSON)
 /// before it is applied.
 pub fn up(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> anyhow::Result<Rig> {
-    up_sized(name, ENGINE_NODE_ALLOCATABLE_MEMORY, edit)
-}
-
-/// As [`up`], each node offering Pods `memory` bytes.
-pub fn up_sized(
-    name: &str,
-    memory: u64,
-    edit: impl FnOnce(&mut serde_json::Value),
-) -> anyhow::Result<Rig> {
     let dir = paths::scratch(name)?;
-    let nodes = NodeCluster::start_sized(&dir, 2, images::WITH_VLLM, memory)?;
+    let nodes =
+        NodeCluster::start_sized(&dir, 2, images::WITH_VLLM, ENGINE_NODE_ALLOCATABLE_MEMORY)?;
     let mut objects = engine::walkthrough_store(1)?;
     edit(&mut objects[0]);
     objects.push(engine::binding(TEAM, "shared-dram", None));

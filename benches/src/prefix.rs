@@ -43,33 +43,23 @@ const ENGINES: [(&str, bool); 3] = [("writer", true), ("reader", true), ("plain"
 /// The reader's store load operation in vLLM's Mooncake store connector metrics.
 const LOAD: &str = "load_get";
 
-/// A model the benchmark can run, the context its engines get and the memory each engine
-/// Pod is given (its InstanceType).
+/// A model the benchmark can run, and the context its engines get.
 #[derive(Clone, Copy)]
 struct Model {
     path: &'static str,
     context: usize,
-    memory: &'static str,
 }
-
-/// The nodes' memory for Pods: two engines of the bench model (5Gi each) and the store's
-/// Pods on one node. The host has 24 GiB; the engines use about 4.5 GiB each at 2,048 tokens.
-const NODE_MEMORY: u64 = 11 << 30;
 
 /// The models by the name `--models` takes.
 fn model(name: &str) -> anyhow::Result<Model> {
     match name {
-        // At 4Gi its worker was killed while prefilling 2,048 tokens beside two 512-token
-        // streams (`Worker proc VllmWorker-0 died unexpectedly`), the host far from short.
         "llama-bench" => Ok(Model {
             path: BENCH_MODEL,
             context: 4096,
-            memory: "5Gi",
         }),
         "tiny-llama" => Ok(Model {
             path: TINY_MODEL,
             context: 1024,
-            memory: "4Gi",
         }),
         other => anyhow::bail!("no model {other:?}: llama-bench or tiny-llama"),
     }
@@ -149,7 +139,7 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
         get_rate_mbs,
         conditions,
     } = plan;
-    let rig = engine_rig::up_sized("bench-prefix", NODE_MEMORY, |_| {})?;
+    let rig = engine_rig::up("bench-prefix", |_| {})?;
     let mut rows = Vec::new();
     for m in models {
         let kc = rig.nodes.control_plane.kubeconfig.clone();
@@ -331,21 +321,8 @@ async fn measure(
     let models: Api<ModelDeployment> = Api::namespaced(client.clone(), TEAM);
     let api: Api<Pod> = Api::namespaced(client.clone(), TEAM);
     let mut pod = std::collections::BTreeMap::new();
-    // The model's own InstanceType: the engines' memory as the model needs it.
-    let sized = format!("{}-{}", engine::INSTANCE_TYPE, m.memory.to_lowercase());
-    let mut it = engine::instance_type();
-    it["metadata"]["name"] = sized.clone().into();
-    it["spec"]["resources"]["memory"] = m.memory.into();
-    let it: kube::api::DynamicObject =
-        serde_json::from_value(it).map_err(|e| kvcache_e2e::Error::Invalid {
-            path: "the bench's InstanceType".into(),
-            what: "object",
-            reason: e.to_string(),
-        })?;
-    walkthrough::apply(client, std::slice::from_ref(&it)).await?;
     for (name, attached) in ENGINES {
         let mut md = engine::model_deployment(TEAM, name, model, attached.then_some(TEAM), 1);
-        md["spec"]["roles"][0]["instanceType"] = sized.clone().into();
         if let Some(args) = md["spec"]["roles"][0]["extraArgs"].as_array_mut()
             && let Some(i) = args.iter().position(|a| a == "--max-model-len")
         {
