@@ -180,6 +180,8 @@ async fn ask(
             hit_tokens: after.hit_tokens - before.hit_tokens,
             tokens_from_store: after.tokens_from_store - before.tokens_from_store,
             operations: after.operations.since(&before.operations),
+            computed_tokens: after.computed_tokens - before.computed_tokens,
+            prefill_micros: after.prefill_micros - before.prefill_micros,
         },
     ))
 }

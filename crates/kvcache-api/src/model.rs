@@ -303,6 +303,11 @@ pub struct SharedCacheStatus {
     /// absent without loads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_time_p50: Option<String>,
+    /// Prefill the store saved the engines within the window, seconds with one decimal: the
+    /// tokens each loaded from the store times its own prefill time per computed token
+    /// (docs/shared-cache-hits.md); absent before an engine computed any prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_seconds_saved: Option<String>,
 }
 
 /// The condition types of a ModelDeployment's status, in the order the operator writes them.

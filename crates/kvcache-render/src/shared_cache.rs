@@ -29,6 +29,10 @@ pub(crate) const VLLM_HITS: &str = "vllm:external_prefix_cache_hits_total";
 pub(crate) const VLLM_TOKENS_BY_SOURCE: &str = "vllm:prompt_tokens_by_source_total";
 /// The `source` label value of tokens taken from the store.
 pub const FROM_STORE: &str = "external_kv_transfer";
+/// The `source` label value of tokens the engine computed.
+pub const COMPUTED: &str = "local_compute";
+/// vLLM's time spent in prefill, a histogram (its `_sum` in seconds).
+pub(crate) const VLLM_PREFILL_SECONDS: &str = "vllm:request_prefill_time_seconds_sum";
 
 /// vLLM's Mooncake store connector: operations by `operation` and `status` (`ok`, `error`).
 pub(crate) const VLLM_STORE_OPERATIONS: &str = "vllm:mooncake_store_operation_total";
@@ -51,6 +55,18 @@ pub struct EngineCounters {
     pub tokens_from_store: u64,
     /// The connector's loads and saves (zero for an engine that publishes none).
     pub operations: StoreOperations,
+    /// Prompt tokens the engine computed itself.
+    pub computed_tokens: u64,
+    /// The engine's time in prefill, microseconds (`vllm:request_prefill_time_seconds_sum`).
+    pub prefill_micros: u64,
+}
+
+impl EngineCounters {
+    /// The engine's own prefill cost per token, microseconds: its prefill time over the prompt
+    /// tokens it computed since it started; `None` before it computed any.
+    pub fn prefill_micros_per_token(&self) -> Option<f64> {
+        (self.computed_tokens > 0).then(|| self.prefill_micros as f64 / self.computed_tokens as f64)
+    }
 }
 
 /// An engine's store loads and saves since it started, from its connector's own series.
@@ -208,7 +224,12 @@ pub fn parse_engine_metrics(
     let (mut queries, mut hits, mut from_store) = (None::<u64>, None::<u64>, 0u64);
     let mut operations = StoreOperations::default();
     let mut load_time: BTreeMap<u64, u64> = BTreeMap::new();
+    let (mut computed, mut prefill_micros) = (0u64, 0u64);
     for (name, labels, value) in samples(text) {
+        if name == VLLM_PREFILL_SECONDS && value.is_finite() && value >= 0.0 {
+            prefill_micros += (value * 1e6).round() as u64;
+            continue;
+        }
         let Some(v) = counter(value) else { continue };
         let label = |key: &str| {
             labels
@@ -247,13 +268,8 @@ pub fn parse_engine_metrics(
             }
             VLLM_QUERIES => *queries.get_or_insert(0) += v,
             VLLM_HITS => *hits.get_or_insert(0) += v,
-            VLLM_TOKENS_BY_SOURCE
-                if labels
-                    .iter()
-                    .any(|(k, val)| *k == "source" && val == FROM_STORE) =>
-            {
-                from_store += v
-            }
+            VLLM_TOKENS_BY_SOURCE if label("source") == Some(FROM_STORE) => from_store += v,
+            VLLM_TOKENS_BY_SOURCE if label("source") == Some(COMPUTED) => computed += v,
             _ => {}
         }
     }
@@ -266,6 +282,8 @@ pub fn parse_engine_metrics(
                 load_time: load_time.into_iter().collect(),
                 ..operations
             },
+            computed_tokens: computed,
+            prefill_micros,
         }),
         _ => Err(ReadError::Unreadable {
             url: url.to_owned(),
@@ -337,11 +355,18 @@ impl Window {
     pub fn summary(&self, now_ms: u64, window_ms: u64, window: &str) -> SharedCacheStatus {
         let (mut queried, mut hit, mut total_from_store) = (0u64, 0u64, 0u64);
         let mut operations = StoreOperations::default();
+        let mut saved_micros = 0.0f64;
+        let mut priced = false;
         for (_, last, grown) in self.growth(now_ms, window_ms) {
             queried += grown.queried_tokens;
             hit += grown.hit_tokens;
             total_from_store += last.tokens_from_store;
             operations.add(&grown.operations);
+            // Each engine's own price of a token (docs/shared-cache-hits.md#prefill-time-saved).
+            if let Some(per_token) = last.prefill_micros_per_token() {
+                saved_micros += grown.tokens_from_store as f64 * per_token;
+                priced = true;
+            }
         }
         SharedCacheStatus {
             window: window.to_owned(),
@@ -356,6 +381,7 @@ impl Window {
             failed_saves: operations.failed_saves,
             load_time_p50: median_micros(&operations.load_time)
                 .map(|us| format!("{:.3}s", us as f64 / 1e6)),
+            prefill_seconds_saved: priced.then(|| format!("{:.1}", saved_micros / 1e6)),
         }
     }
 
@@ -382,6 +408,8 @@ impl Window {
                     .tokens_from_store
                     .saturating_sub(base.tokens_from_store),
                 operations: last.operations.since(&base.operations),
+                computed_tokens: last.computed_tokens.saturating_sub(base.computed_tokens),
+                prefill_micros: last.prefill_micros.saturating_sub(base.prefill_micros),
             };
             Some((uid, last, grown))
         })
@@ -556,6 +584,8 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="a \"quoted\" , name}",
             hit_tokens: h,
             tokens_from_store: s,
             operations: StoreOperations::default(),
+            computed_tokens: 0,
+            prefill_micros: 0,
         }
     }
 
@@ -646,6 +676,48 @@ vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="save_put
     }
 
     #[test]
+    fn prefill_saved_is_the_tokens_loaded_in_the_window_at_each_engines_own_price() {
+        let text = "vllm:external_prefix_cache_queries_total 10\nvllm:external_prefix_cache_hits_total 5\nvllm:prompt_tokens_by_source_total{source=\"local_compute\"} 1000\nvllm:request_prefill_time_seconds_sum{engine=\"0\"} 4.0\n";
+        let c = parse_engine_metrics(EngineName::Vllm, "u", text).expect("readable");
+        assert_eq!((c.computed_tokens, c.prefill_micros), (1000, 4_000_000));
+        assert_eq!(c.prefill_micros_per_token(), Some(4000.0));
+        // Engine a: 4 ms a token, 500 tokens from the store in the window; b: 2 ms, 1,000.
+        let priced = |from_store: u64, micros: u64| EngineCounters {
+            tokens_from_store: from_store,
+            computed_tokens: 1000,
+            prefill_micros: micros,
+            ..counters(1, 1, 0)
+        };
+        let mut w = Window::default();
+        w.record(
+            0,
+            60_000,
+            &[
+                reading("a", Ok(priced(100, 4_000_000))),
+                reading("b", Ok(priced(0, 2_000_000))),
+            ],
+        );
+        w.record(
+            70_000,
+            60_000,
+            &[
+                reading("a", Ok(priced(600, 4_000_000))),
+                reading("b", Ok(priced(1000, 2_000_000))),
+            ],
+        );
+        let s = w.summary(70_000, 60_000, "1m");
+        assert_eq!(
+            s.prefill_seconds_saved.as_deref(),
+            Some("4.0"),
+            "0.5 x 4 ms ... 2.0 + 2.0 s"
+        );
+        // An engine that computed nothing yet has no price: nothing is claimed.
+        let mut w = Window::default();
+        w.record(0, 60_000, &[reading("a", Ok(counters(10, 10, 10)))]);
+        assert_eq!(w.summary(0, 60_000, "1m").prefill_seconds_saved, None);
+    }
+
+    #[test]
     fn an_unreadable_engine_makes_health_unknown_and_is_named() {
         let mut w = Window::default();
         let now = [
@@ -698,7 +770,10 @@ vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="save_put
     fn a_vllm_scrape_gives_its_queries_hits_and_tokens_from_the_store() {
         assert_eq!(
             parse_engine_metrics(EngineName::Vllm, "u", SCRAPE),
-            Ok(counters(400, 192, 192))
+            Ok(EngineCounters {
+                computed_tokens: 208,
+                ..counters(400, 192, 192)
+            })
         );
     }
 
