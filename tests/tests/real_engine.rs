@@ -290,6 +290,38 @@ fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
         assert!(ratio > 0.0 && ratio <= 1.0, "{cache:?}");
         assert!(cache.tokens_from_store >= b_added.tokens_from_store, "{cache:?}");
 
+        // The tenant's view: the Binding's figures are the sum of its deployments' (read
+        // together until one pass of both agrees: each moves on its own interval).
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let binding = bindings.get(TEAM_A).await?;
+            let users: Vec<ModelDeployment> = models
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|m| m.spec.kv_cache.as_ref().is_some_and(|k| k.pool_ref.name == TEAM_A))
+                .collect();
+            let each: Vec<&kvcache_api::model::SharedCacheStatus> = users
+                .iter()
+                .filter_map(|m| m.status.as_ref()?.shared_cache.as_ref())
+                .collect();
+            let want = kvcache_render::shared_cache::sum(&each);
+            let view = binding.status.and_then(|s| s.shared_cache);
+            let figures = |v: &Option<kvcache_api::model::SharedCacheStatus>| {
+                v.as_ref()
+                    .map(|v| (v.queried_tokens, v.hit_tokens, v.tokens_from_store, v.hit_ratio.clone()))
+            };
+            if view.is_some() && figures(&view) == figures(&want) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the Binding's status.sharedCache {view:?} never equalled the sum of its deployments' {want:?}"
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+
         // The operator exports it per deployment and domain.
         let text = operator()
             .lock()

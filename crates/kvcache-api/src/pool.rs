@@ -159,6 +159,11 @@ pub enum PoolPhase {
         json_path = ".status.effectiveQuota"
     ),
     printcolumn(name = "Usage", type_ = "string", json_path = ".status.usage"),
+    printcolumn(
+        name = "Hit Ratio",
+        type_ = "string",
+        json_path = ".status.sharedCache.hitRatio"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
         name = "Age",
@@ -249,6 +254,10 @@ pub struct KVCachePoolBindingStatus {
     /// Workloads referencing this Binding; deletion waits for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub used_by: Vec<ObjectRef>,
+    /// The tenant's view: the `status.sharedCache` of the ModelDeployments that use this
+    /// Binding, summed (absent while none reports one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_cache: Option<crate::model::SharedCacheStatus>,
     /// `QuotaObserved`, `QuotaGranted`, `DomainExclusive`, `Releasable`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

@@ -74,7 +74,15 @@ fn names_scopes_and_columns() {
     );
     assert_eq!(
         columns("KVCachePoolBinding"),
-        ["POOL", "DOMAIN", "EFFECTIVE", "USAGE", "PHASE", "AGE"]
+        [
+            "POOL",
+            "DOMAIN",
+            "EFFECTIVE",
+            "USAGE",
+            "HIT RATIO",
+            "PHASE",
+            "AGE"
+        ]
     );
 }
 

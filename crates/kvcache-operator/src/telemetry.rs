@@ -185,6 +185,51 @@ impl prometheus_client::collector::Collector for BindingCollector {
                 .iter()
                 .filter_map(|(l, _, used)| Some((l, bytes(*used)?))),
         )?;
+        // The tenant's view (status.sharedCache, its deployments summed).
+        let mut views: Vec<(BindingLabels, kvcache_api::model::SharedCacheStatus)> = store
+            .state()
+            .iter()
+            .filter_map(|b| {
+                let view = b.status.as_ref()?.shared_cache.clone()?;
+                Some((
+                    BindingLabels {
+                        namespace: b.metadata.namespace.clone().unwrap_or_default(),
+                        binding: b.metadata.name.clone().unwrap_or_default(),
+                    },
+                    view,
+                ))
+            })
+            .collect();
+        views.sort_by(|a, b| (&a.0.namespace, &a.0.binding).cmp(&(&b.0.namespace, &b.0.binding)));
+        type Pick = fn(&kvcache_api::model::SharedCacheStatus) -> Option<f64>;
+        let series: [(&str, &str, Pick); 3] = [
+            (
+                "binding_shared_cache_hit_ratio",
+                "Share of the prompt tokens a Binding's deployments looked up that the store had, over the window",
+                |c| c.hit_ratio.as_deref().and_then(|r| r.parse().ok()),
+            ),
+            (
+                "binding_prefill_seconds_saved",
+                "Prefill seconds the store saved a Binding's deployments over the window, at each engine's own price a token",
+                |c| {
+                    c.prefill_seconds_saved
+                        .as_deref()
+                        .and_then(|r| r.parse().ok())
+                },
+            ),
+            (
+                "binding_shared_cache_failed_loads",
+                "Loads from the store that failed for a Binding's deployments over the window",
+                |c| Some(c.failed_loads as f64),
+            ),
+        ];
+        for (name, help, pick) in series {
+            gauge_family(
+                &mut encoder,
+                (name, help),
+                views.iter().filter_map(|(l, c)| Some((l, pick(c)?))),
+            )?;
+        }
         Ok(())
     }
 }

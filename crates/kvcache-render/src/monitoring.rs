@@ -139,6 +139,8 @@ pub const ENGINE_SERIES: &[&str] = &[
     "kvcache_operator_model_tokens_from_store",
     "kvcache_operator_model_shared_cache_loads",
     "kvcache_operator_model_shared_cache_failed_loads",
+    "kvcache_operator_binding_shared_cache_hit_ratio",
+    "kvcache_operator_binding_prefill_seconds_saved",
 ];
 
 /// A dashboard panel: title, unit, the expressions and their legends.
@@ -187,6 +189,22 @@ const PANELS: &[Panel] = &[
         targets: &[(
             "kvcache_operator_model_tokens_from_store",
             "{{namespace}}/{{deployment}} ({{domain}})",
+        )],
+    },
+    Panel {
+        title: "Per tenant (Binding): hit ratio",
+        unit: "percentunit",
+        targets: &[(
+            "kvcache_operator_binding_shared_cache_hit_ratio",
+            "{{namespace}}/{{binding}}",
+        )],
+    },
+    Panel {
+        title: "Per tenant (Binding): prefill seconds the cache saved over the window",
+        unit: "s",
+        targets: &[(
+            "kvcache_operator_binding_prefill_seconds_saved",
+            "{{namespace}}/{{binding}}",
         )],
     },
     Panel {

@@ -475,6 +475,39 @@ impl Window {
     }
 }
 
+/// Several deployments' figures as one (a Binding's, from the ModelDeployments that use it):
+/// every count summed and the ratio recomputed; the window is the first's (one operator writes
+/// them all with its one `--shared-cache-window`); the seconds saved summed where given; no load
+/// median (medians do not add). `None` for none.
+pub fn sum(statuses: &[&SharedCacheStatus]) -> Option<SharedCacheStatus> {
+    let first = statuses.first()?;
+    let mut out = SharedCacheStatus {
+        window: first.window.clone(),
+        ..SharedCacheStatus::default()
+    };
+    let mut saved: Option<f64> = None;
+    for s in statuses {
+        out.queried_tokens += s.queried_tokens;
+        out.hit_tokens += s.hit_tokens;
+        out.tokens_from_store += s.tokens_from_store;
+        out.engines_read += s.engines_read;
+        out.loads += s.loads;
+        out.failed_loads += s.failed_loads;
+        out.saves += s.saves;
+        out.failed_saves += s.failed_saves;
+        if let Some(v) = s
+            .prefill_seconds_saved
+            .as_deref()
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            *saved.get_or_insert(0.0) += v;
+        }
+    }
+    out.hit_ratio = ratio(out.hit_tokens, out.queried_tokens);
+    out.prefill_seconds_saved = saved.map(|v| format!("{v:.1}"));
+    Some(out)
+}
+
 /// `hit / queried` with two decimals, as a string (a CRD field with a float is not portable);
 /// none when nothing was looked up.
 pub fn ratio(hit: u64, queried: u64) -> Option<String> {

@@ -288,23 +288,44 @@ impl World {
     /// deleted, as the Binding's `status.usedBy` lists them.
     pub fn users(&self, b: &KVCachePoolBinding) -> Vec<Consumer> {
         let ns = b.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
-        let name = b.metadata.name.as_deref().unwrap_or_default();
-        self.models()
-            .filter(|md| {
-                md.metadata
-                    .namespace
-                    .as_deref()
-                    .unwrap_or(DEFAULT_NAMESPACE)
-                    == ns
-                    && md.metadata.deletion_timestamp.is_none()
-                    && md.spec.kv_cache.as_ref().map(|k| k.pool_ref.name.as_str()) == Some(name)
-            })
+        self.user_models(b)
             .map(|md| Consumer {
                 kind: "ModelDeployment".into(),
                 namespace: Some(ns.to_owned()),
                 name: name_of(&md.metadata),
             })
             .collect()
+    }
+
+    /// The ModelDeployments behind [`World::users`].
+    fn user_models<'a>(
+        &'a self,
+        b: &'a KVCachePoolBinding,
+    ) -> impl Iterator<Item = &'a ModelDeployment> {
+        let ns = b.metadata.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
+        let name = b.metadata.name.as_deref().unwrap_or_default();
+        self.models().filter(move |md| {
+            md.metadata
+                .namespace
+                .as_deref()
+                .unwrap_or(DEFAULT_NAMESPACE)
+                == ns
+                && md.metadata.deletion_timestamp.is_none()
+                && md.spec.kv_cache.as_ref().map(|k| k.pool_ref.name.as_str()) == Some(name)
+        })
+    }
+
+    /// The tenant's view of the shared cache: the `status.sharedCache` of the Binding's users
+    /// summed (`None` while none reports one).
+    pub fn tenant_shared_cache(
+        &self,
+        b: &KVCachePoolBinding,
+    ) -> Option<kvcache_api::model::SharedCacheStatus> {
+        let reported: Vec<&kvcache_api::model::SharedCacheStatus> = self
+            .user_models(b)
+            .filter_map(|md| md.status.as_ref()?.shared_cache.as_ref())
+            .collect();
+        crate::shared_cache::sum(&reported)
     }
 
     /// How a ModelDeployment's `kvCache.poolRef` resolves, and the Binding and backend it

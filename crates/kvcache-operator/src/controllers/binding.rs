@@ -86,7 +86,8 @@ async fn reconcile_binding(b: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Res
                     ctx.binding_conclusion(&id(&b))
                         .map_or(PoolConclusion::Pending, PoolConclusion::Concluded)
                 };
-                write_status(&ctx, &b, conclusion, world.users(&b), None).await?;
+                let users = (world.users(&b), world.tenant_shared_cache(&b));
+                write_status(&ctx, &b, conclusion, users, None).await?;
                 Ok(Action::await_change())
             }
             Finalized::Cleanup(b) => release_binding(&b, &ctx).await,
@@ -101,11 +102,11 @@ async fn write_status(
     ctx: &Context,
     b: &KVCachePoolBinding,
     conclusion: PoolConclusion,
-    used_by: Vec<Consumer>,
+    users: (Vec<Consumer>, Option<kvcache_api::model::SharedCacheStatus>),
     release: Option<&Release>,
 ) -> Result<(), Error> {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let Some(status) = binding_status_after(b, conclusion, used_by, release, &now) else {
+    let Some(status) = binding_status_after(b, conclusion, users, release, &now) else {
         return Ok(());
     };
     let api: Api<KVCachePoolBinding> =
@@ -150,7 +151,9 @@ fn ledger_of(ctx: &Context, b: &KVCachePoolBinding) -> (Ledger, Option<String>) 
 /// holds (an error, retried every 30 s) until it is released.
 async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action, Error> {
     let who = id(b);
-    let attached = ctx.world().users(b);
+    let world = ctx.world();
+    let attached = world.users(b);
+    let view = world.tenant_shared_cache(b);
     let users: Vec<String> = attached.iter().map(ToString::to_string).collect();
     let (ledger, admin) = ledger_of(ctx, b);
     let tenant = tenant_of(b).to_owned();
@@ -192,7 +195,14 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
                 .await,
         ),
     };
-    write_status(ctx, b, PoolConclusion::Pending, attached, Some(&release)).await?;
+    write_status(
+        ctx,
+        b,
+        PoolConclusion::Pending,
+        (attached, view),
+        Some(&release),
+    )
+    .await?;
     match release {
         Release::Released => {
             ctx.forget_binding(&who);

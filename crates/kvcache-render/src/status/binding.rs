@@ -32,7 +32,7 @@ pub enum PoolConclusion {
 pub fn binding_status_after(
     b: &KVCachePoolBinding,
     conclusion: PoolConclusion,
-    used_by: Vec<Consumer>,
+    (used_by, shared_cache): (Vec<Consumer>, Option<kvcache_api::model::SharedCacheStatus>),
     release: Option<&Release>,
     now: &Time,
 ) -> Option<KVCachePoolBindingStatus> {
@@ -74,6 +74,7 @@ pub fn binding_status_after(
         }
     }
     status.used_by = used_by;
+    status.shared_cache = shared_cache;
     (status != stored).then_some(status)
 }
 
@@ -94,6 +95,7 @@ fn binding_status_document(
         usage: verdict.usage_bytes.map(kvcache_api::Quantity::from_bytes),
         over_quota: verdict.over_quota,
         used_by: Vec::new(),
+        shared_cache: None,
         conditions: kvcache_api::condition::merge(
             &stored.conditions,
             &verdict.conditions,
@@ -133,7 +135,7 @@ mod tests {
         let first = binding_status_after(
             &binding(None),
             PoolConclusion::NoPool,
-            vec![user("qwen")],
+            (vec![user("qwen")], None),
             None,
             &now(),
         )
@@ -143,7 +145,7 @@ mod tests {
         let again = binding_status_after(
             &binding(Some(first)),
             PoolConclusion::NoPool,
-            vec![user("qwen")],
+            (vec![user("qwen")], None),
             None,
             &now(),
         );
@@ -151,14 +153,69 @@ mod tests {
     }
 
     #[test]
+    fn the_tenants_view_is_its_users_shared_cache_summed_and_rewritten_when_it_moves() {
+        let figures = |hit: u64, queried: u64| kvcache_api::model::SharedCacheStatus {
+            window: "5m".into(),
+            queried_tokens: queried,
+            hit_tokens: hit,
+            hit_ratio: crate::shared_cache::ratio(hit, queried),
+            tokens_from_store: hit,
+            engines_read: 2,
+            loads: 3,
+            failed_loads: 1,
+            prefill_seconds_saved: Some("1.5".into()),
+            ..Default::default()
+        };
+        let (a, b) = (figures(100, 400), figures(300, 400));
+        let summed = crate::shared_cache::sum(&[&a, &b]).expect("two users");
+        assert_eq!((summed.hit_tokens, summed.queried_tokens), (400, 800));
+        assert_eq!(
+            summed.hit_ratio.as_deref(),
+            Some("0.50"),
+            "recomputed, not averaged"
+        );
+        assert_eq!(
+            (summed.loads, summed.failed_loads, summed.engines_read),
+            (6, 2, 4)
+        );
+        assert_eq!(summed.prefill_seconds_saved.as_deref(), Some("3.0"));
+        assert_eq!(crate::shared_cache::sum(&[]), None);
+        let stored = binding_status_after(
+            &binding(None),
+            PoolConclusion::NoPool,
+            (vec![user("a"), user("b")], Some(summed.clone())),
+            None,
+            &now(),
+        )
+        .expect("a status");
+        assert_eq!(stored.shared_cache.as_ref(), Some(&summed));
+        // The figures moved: written again.
+        let moved = crate::shared_cache::sum(&[&a, &a]);
+        let after = binding_status_after(
+            &binding(Some(stored)),
+            PoolConclusion::NoPool,
+            (vec![user("a"), user("b")], moved.clone()),
+            None,
+            &now(),
+        )
+        .expect("the view moved");
+        assert_eq!(after.shared_cache, moved);
+    }
+
+    #[test]
     fn a_pending_pool_keeps_the_stored_conditions_and_still_updates_used_by() {
-        let stored =
-            binding_status_after(&binding(None), PoolConclusion::NoPool, vec![], None, &now())
-                .expect("a status");
+        let stored = binding_status_after(
+            &binding(None),
+            PoolConclusion::NoPool,
+            (vec![], None),
+            None,
+            &now(),
+        )
+        .expect("a status");
         let after = binding_status_after(
             &binding(Some(stored.clone())),
             PoolConclusion::Pending,
-            vec![user("qwen")],
+            (vec![user("qwen")], None),
             None,
             &now(),
         )
@@ -169,15 +226,20 @@ mod tests {
 
     #[test]
     fn a_deleted_binding_reports_its_release_beside_the_conditions_its_pool_wrote() {
-        let stored =
-            binding_status_after(&binding(None), PoolConclusion::NoPool, vec![], None, &now())
-                .expect("a status");
+        let stored = binding_status_after(
+            &binding(None),
+            PoolConclusion::NoPool,
+            (vec![], None),
+            None,
+            &now(),
+        )
+        .expect("a status");
         let held = Release::Held(vec!["ModelDeployment team-a/qwen".into()]);
         let after = binding_status_after(
             &binding(Some(stored.clone())),
             // Ignored while deleting: the pool leaves a deleted Binding alone.
             PoolConclusion::NoPool,
-            vec![user("qwen")],
+            (vec![user("qwen")], None),
             Some(&held),
             &now(),
         )
