@@ -398,9 +398,10 @@ fn master_keys(d: &Demo) -> anyhow::Result<String> {
         .to_owned())
 }
 
-/// The serving master's `/metrics` of `backend`, read inside its Pod at `127.0.0.1:9003`.
+/// The serving master's `/metrics` of `backend`, read inside its Pod at `127.0.0.1:9003`: the
+/// leader Pods in turn (with standbys, only the serving one's master answers).
 fn leader_metrics(d: &Demo, backend: &str) -> anyhow::Result<String> {
-    let leader = d.quiet(&[
+    let leaders = d.quiet(&[
         "-n",
         NS,
         "get",
@@ -408,20 +409,27 @@ fn leader_metrics(d: &Demo, backend: &str) -> anyhow::Result<String> {
         "-l",
         &format!("app.kubernetes.io/instance={backend},app.kubernetes.io/component=leader"),
         "-o",
-        "jsonpath={.items[0].metadata.name}",
+        "jsonpath={.items[*].metadata.name}",
     ])?;
-    d.quiet(&[
-        "-n",
-        NS,
-        "exec",
-        leader.trim(),
-        "-c",
-        "master",
-        "--",
-        "python3",
-        "-c",
-        "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9003/metrics', timeout=5).read().decode())",
-    ])
+    let mut last = None;
+    for leader in leaders.split_whitespace() {
+        match d.quiet(&[
+            "-n",
+            NS,
+            "exec",
+            leader,
+            "-c",
+            "master",
+            "--",
+            "python3",
+            "-c",
+            "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9003/metrics', timeout=5).read().decode())",
+        ]) {
+            Ok(text) => return Ok(text),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no leader Pod of {backend}")))
 }
 
 pub fn demo(keep: bool) -> anyhow::Result<()> {
