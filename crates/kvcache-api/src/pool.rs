@@ -124,6 +124,9 @@ pub mod binding_conditions {
     pub const QUOTA_GRANTED: &str = "QuotaGranted";
     /// No other Binding claims this domain on the same backend.
     pub const DOMAIN_EXCLUSIVE: &str = "DomainExclusive";
+    /// The domain holds more than a set share of its grant: the store evicts its own older
+    /// blocks to take new ones.
+    pub const QUOTA_PRESSURE: &str = "QuotaPressure";
     /// The Binding can be released.
     pub const RELEASABLE: &str = "Releasable";
 }

@@ -599,12 +599,18 @@ pub struct BindingVerdict {
 pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {
     let who = format!("KVCachePoolBinding {}", input.binding);
     let (observed, granted, figures) = quota_observed_and_granted(input, &who);
-    let conds = vec![
+    let mut conds = vec![
         observed,
         granted,
         domain_exclusive(input.tenant, input.contested_with),
-        release_cond(b::RELEASABLE, &input.release, &who, "workload"),
     ];
+    conds.extend(quota_pressure(figures, input.ceiling_bytes));
+    conds.push(release_cond(
+        b::RELEASABLE,
+        &input.release,
+        &who,
+        "workload",
+    ));
     let (phase, phase_message) = binding_phase(input, &conds);
     BindingVerdict {
         phase,
@@ -614,6 +620,47 @@ pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {
         over_quota: figures.map(|f| f.over_quota),
         conditions: conds,
     }
+}
+
+/// Above this share of its grant a domain is under pressure (`QuotaPressure=True`).
+pub const PRESSURE_SHARE: f64 = 0.9;
+
+/// `QuotaPressure`, once the ledger gave figures: whether the domain holds more than
+/// [`PRESSURE_SHARE`] of its grant. Mooncake 0.3.13 takes a full tenant's puts and discards that
+/// tenant's older objects to make room (its over-quota flag stays down), and counts no such
+/// discards per tenant, so the condition says a tenant is at its grant, not how much it lost.
+fn quota_pressure(figures: Option<Figures>, ceiling_bytes: u64) -> Option<Cond> {
+    let f = figures?;
+    if f.effective_quota_bytes == 0 {
+        return None;
+    }
+    let share = f.usage_bytes as f64 / f.effective_quota_bytes as f64;
+    let held = format!(
+        "holds {} of its grant {} ({:.0}%)",
+        bytes(f.usage_bytes),
+        bytes(f.effective_quota_bytes),
+        share * 100.0
+    );
+    Some(if share > PRESSURE_SHARE {
+        let fix = if f.effective_quota_bytes < ceiling_bytes {
+            "the grant is below the ceiling because the pool's total is shared out: raise the pool's quota.total or add capacity, or move some workloads to another Binding"
+        } else {
+            "raise spec.quota.ceiling (the grant follows it as far as the pool allows), or move some workloads to another Binding"
+        };
+        Cond::yes(
+            b::QUOTA_PRESSURE,
+            "AtGrant",
+            format!(
+                "the domain {held}: the store makes room for its new blocks by discarding its own older ones (the store counts no such discards per tenant, so how many is not known); {fix}"
+            ),
+        )
+    } else {
+        Cond::no(
+            b::QUOTA_PRESSURE,
+            "BelowGrant",
+            format!("the domain {held}"),
+        )
+    })
 }
 
 /// The figures a Binding shows from its tenant's ledger entry.
@@ -768,7 +815,11 @@ fn binding_phase(input: &BindingInput<'_>, conds: &[Cond]) -> (PoolPhase, Option
     }
     if let Some(c) = conds
         .iter()
-        .find(|c| c.status == Status::False && c.type_ != b::RELEASABLE)
+        // `QuotaPressure` reads the other way round (True is the warning) and is no fault:
+        // a full domain still serves.
+        .find(|c| {
+            c.status == Status::False && c.type_ != b::RELEASABLE && c.type_ != b::QUOTA_PRESSURE
+        })
     {
         return (
             PoolPhase::Error,

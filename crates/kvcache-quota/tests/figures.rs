@@ -498,3 +498,61 @@ fn a_tenant_no_binding_claims_is_named_on_the_pool_and_the_pool_keeps_serving() 
     );
     assert_eq!(pool.phase, PoolPhase::Ready, "reported, never blocking");
 }
+
+#[test]
+fn a_domain_at_its_grant_is_under_pressure_and_the_fix_named_but_the_binding_stays_ready() {
+    let (bindings, ledger) = walkthrough();
+    let pool = pool_status(&PoolInput {
+        pool: "shared-dram",
+        total_bytes: 16 * GI,
+        backend: managed(true),
+        ledger: &ledger,
+        capacity_bytes: Some(16 * GI),
+        policy_write: Some(PolicyWrite::Written),
+        bindings: &bindings,
+        unclaimed: &[],
+        release: Release::NotDeleting,
+    });
+    let charged = |bytes: u64| {
+        let mut e = entry(&ledger, "default").expect("an entry").clone();
+        e.charged_bytes = Some(bytes);
+        e
+    };
+    let verdict = |e: &TenantEntry| {
+        binding_status(&BindingInput {
+            binding: "team-a/team-a",
+            tenant: "default",
+            ceiling_bytes: 8 * GI,
+            pool: Some(("shared-dram", &pool)),
+            entry: Some(e),
+            contested_with: &[],
+            release: Release::NotDeleting,
+        })
+    };
+    // 7.5 of 8Gi: above 90 %.
+    let full = verdict(&charged(15 * GI / 2));
+    let c = cond(&full.conditions, "QuotaPressure");
+    assert_eq!((c.status, c.reason), (Status::True, "AtGrant"));
+    assert!(
+        c.message.contains("94%") && c.message.contains("raise spec.quota.ceiling"),
+        "{}",
+        c.message
+    );
+    assert_eq!(full.phase, PoolPhase::Ready, "a full domain still serves");
+    // Half full: no pressure, and no fault either.
+    let half = verdict(&charged(4 * GI));
+    let c = cond(&half.conditions, "QuotaPressure");
+    assert_eq!((c.status, c.reason), (Status::False, "BelowGrant"));
+    assert_eq!(half.phase, PoolPhase::Ready);
+    // No ledger figures: nothing said.
+    let unread = binding_status(&BindingInput {
+        binding: "team-a/team-a",
+        tenant: "default",
+        ceiling_bytes: 8 * GI,
+        pool: None,
+        entry: None,
+        contested_with: &[],
+        release: Release::NotDeleting,
+    });
+    assert!(find(&unread.conditions, "QuotaPressure").is_none());
+}

@@ -152,9 +152,62 @@ pub fn model_events(
     }
 }
 
+/// The events of a Binding: `TenantAtGrant` (a warning) when `QuotaPressure` turns True,
+/// `TenantBelowGrant` when it turns False again. Each once, on the transition.
+pub fn binding_events(
+    before: &kvcache_api::pool::KVCachePoolBindingStatus,
+    after: &kvcache_api::pool::KVCachePoolBindingStatus,
+) -> Vec<Note> {
+    use kvcache_api::pool::binding_conditions::QUOTA_PRESSURE;
+    let find = |s: &kvcache_api::pool::KVCachePoolBindingStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == QUOTA_PRESSURE)
+            .map(|c| (c.status == Status::True.as_str(), c.message.clone()))
+    };
+    match (find(before), find(after)) {
+        (was, Some((true, message))) if !was.as_ref().is_some_and(|(w, _)| *w) => vec![Note {
+            kind: Kind::Warning,
+            reason: "TenantAtGrant",
+            message,
+        }],
+        (Some((true, _)), Some((false, message))) => vec![Note {
+            kind: Kind::Normal,
+            reason: "TenantBelowGrant",
+            message,
+        }],
+        _ => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn binding_status(pressure: Option<&str>) -> kvcache_api::pool::KVCachePoolBindingStatus {
+        serde_json::from_value(serde_json::json!({
+            "conditions": pressure.map(|s| vec![serde_json::json!({
+                "type": "QuotaPressure", "status": s, "reason": "R", "message": format!("m {s}"),
+                "lastTransitionTime": "2026-12-04T00:00:00Z"
+            })]).unwrap_or_default()
+        }))
+        .expect("a status")
+    }
+
+    #[test]
+    fn a_tenant_reaching_its_grant_is_warned_once_and_its_relief_noted() {
+        let reasons = |b: Option<&str>, a: Option<&str>| -> Vec<&'static str> {
+            binding_events(&binding_status(b), &binding_status(a))
+                .iter()
+                .map(|n| n.reason)
+                .collect()
+        };
+        assert_eq!(reasons(Some("False"), Some("True")), ["TenantAtGrant"]);
+        assert_eq!(reasons(None, Some("True")), ["TenantAtGrant"]);
+        assert!(reasons(Some("True"), Some("True")).is_empty(), "once");
+        assert_eq!(reasons(Some("True"), Some("False")), ["TenantBelowGrant"]);
+        assert!(reasons(None, Some("False")).is_empty());
+    }
 
     fn model_status(healthy: Option<&str>) -> kvcache_api::model::ModelDeploymentStatus {
         serde_json::from_value(serde_json::json!({

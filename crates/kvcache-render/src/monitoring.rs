@@ -60,6 +60,15 @@ pub(crate) fn alerts() -> Vec<Alert> {
             description: "The master {{ $labels.namespace }}/{{ $labels.pod }} refuses puts (a tenant at its grant, or no space): engines write less than they try. Compare each Binding's grant and usage (kvcache_operator_binding_granted_bytes, kvcache_operator_binding_used_bytes) and mooncake_tenant_quota_admission_closed.",
         },
         Alert {
+            name: "KVCacheTenantAtGrant",
+            // The same share as QuotaPressure (kvcache_quota::status::PRESSURE_SHARE).
+            expr: "kvcache_operator_binding_used_bytes > 0.9 * kvcache_operator_binding_granted_bytes and kvcache_operator_binding_granted_bytes > 0",
+            for_: "15m",
+            severity: "warning",
+            summary: "A tenant holds more than 90% of its grant",
+            description: "The domain of KVCachePoolBinding {{ $labels.namespace }}/{{ $labels.binding }} has held more than 90% of its grant for 15 minutes: the store makes room for its new blocks by discarding its own older ones, so its hit ratio falls. `kubectl -n {{ $labels.namespace }} describe kvcpb {{ $labels.binding }}` (QuotaPressure) names the fix: raise spec.quota.ceiling, the pool's total, or move workloads to another Binding.",
+        },
+        Alert {
             name: "KVCacheLoadsFallingBack",
             // The same share as SharedCacheHealthy (kvcache_render::shared_cache::FALLBACK_SHARE).
             expr: "kvcache_operator_model_shared_cache_failed_loads > 0.1 * kvcache_operator_model_shared_cache_loads and kvcache_operator_model_shared_cache_loads > 0",

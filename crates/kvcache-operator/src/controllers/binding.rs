@@ -111,7 +111,17 @@ async fn write_status(
     };
     let api: Api<KVCachePoolBinding> =
         Api::namespaced(ctx.client.clone(), &b.namespace().unwrap_or_default());
-    super::status::apply(&api, "KVCachePoolBinding", b.meta(), MANAGER, &status).await
+    super::status::apply(&api, "KVCachePoolBinding", b.meta(), MANAGER, &status).await?;
+    let before = b.status.clone().unwrap_or_default();
+    for note in kvcache_render::events::binding_events(&before, &status) {
+        super::publish(
+            ctx,
+            &b.object_ref(&()),
+            &super::event_of(&note, "Reconcile", None),
+        )
+        .await;
+    }
+    Ok(())
 }
 
 /// Whether the Binding's backend keeps a ledger entry this release must clear, and where its
