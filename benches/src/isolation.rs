@@ -36,7 +36,7 @@ pub fn isolation(rounds: usize) -> anyhow::Result<()> {
             Api::<KVCachePoolBinding>::namespaced(client.clone(), TEAM)
                 .delete(TEAM, &DeleteParams::default())
                 .await?;
-            closed.push(until(&api, &prober, &target, Reach::Dropped, "closed").await?);
+            closed.push(until(&api, &prober, &target, Reach::Refused, "closed").await?);
             println!(
                 "round {}: opened after {:.2} s, closed after {:.2} s",
                 round + 1,
@@ -163,7 +163,8 @@ async fn until(
     loop {
         let probed = started.elapsed();
         let seen = reach::probe(api, prober, &targets).await?;
-        if seen.values().all(|r| *r == want) {
+        // Closed is refused or dropped alike (kube-router rejects a denied connection).
+        if seen.values().all(|r| r.open() == want.open()) {
             return Ok(probed.as_secs_f64());
         }
         if started.elapsed() > WAIT {
