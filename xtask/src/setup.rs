@@ -122,6 +122,10 @@ fn store_venv() -> anyhow::Result<PathBuf> {
 /// The kube-router release `xtask/go/kube-router` pins (the harness's NetworkPolicy enforcer).
 const KUBE_ROUTER_VERSION: &str = "v2.10.0";
 
+/// The kube-score release `xtask/go/kube-score` pins (the static checker of
+/// `tests/tests/kube_score.rs`).
+const KUBE_SCORE_VERSION: &str = "v1.20.0";
+
 /// The CoreDNS release `xtask/go/coredns` pins.
 const COREDNS_VERSION: &str = "v1.15.0";
 
@@ -139,10 +143,10 @@ fn control_plane() -> anyhow::Result<PathBuf> {
     let bin = k8s_bin_dir();
     let marker = bin.join(".kvcache-built");
     let want = format!(
-        "kubernetes {KUBERNETES_VERSION}, etcd {ETCD_VERSION}, {}, coredns {COREDNS_VERSION}, kube-router {KUBE_ROUTER_VERSION}\n",
+        "kubernetes {KUBERNETES_VERSION}, etcd {ETCD_VERSION}, {}, coredns {COREDNS_VERSION}, kube-router {KUBE_ROUTER_VERSION}, kube-score {KUBE_SCORE_VERSION}\n",
         COMPONENTS.join(" ")
     );
-    let all_there = ["etcd", "coredns", "kube-router"]
+    let all_there = ["etcd", "coredns", "kube-router", "kube-score"]
         .iter()
         .chain(COMPONENTS.iter())
         .all(|b| bin.join(b).exists());
@@ -177,6 +181,15 @@ fn control_plane() -> anyhow::Result<PathBuf> {
             &go.join("kube-router"),
             "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router",
             &bin.join("kube-router"),
+            "-s -w",
+        )?;
+    }
+    // The static checker of the installation and the rendered objects (never shipped).
+    if !bin.join("kube-score").exists() {
+        go_build(
+            &go.join("kube-score"),
+            "github.com/zegl/kube-score/cmd/kube-score",
+            &bin.join("kube-score"),
             "-s -w",
         )?;
     }

@@ -192,6 +192,7 @@ fn tenant_policy_seed(inputs: &BackendInputs<'_>) -> Container {
         ]),
         volume_mounts: Some(vec![mount("tenant-policy", "/var/lib/mooncake", false), mount("tenant-policy-seed", "/seed", true)]),
         security_context: Some(super::restricted_container()),
+        resources: Some(super::init_resources()),
         ..Default::default()
     }
 }

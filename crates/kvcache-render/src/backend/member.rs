@@ -257,6 +257,7 @@ fn disk_tier(g: &Group<'_>, managed: &Managed, tier: &LocalDisk) -> Result<TierP
             volume_mounts: Some(vec![mount("local-disk", &tier.path, false)]),
             termination_message_policy: Some("File".into()),
             security_context: Some(super::restricted_container()),
+            resources: Some(super::init_resources()),
             ..Default::default()
         },
         grace_seconds: seconds + SHUTDOWN_MARGIN_SECONDS,

@@ -221,11 +221,16 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
+/// The user and group the store and elector images run as (the published store image's).
+pub(crate) const STORE_UID: i64 = 65532;
+
 /// A store Pod under the restricted Pod Security Standard (docs/isolation.md#pod-security):
-/// never root (the images run as uid 65532), the runtime's default seccomp profile.
+/// never root (uid and gid 65532, the images' own), the runtime's default seccomp profile.
 pub(crate) fn restricted_pod() -> PodSecurityContext {
     PodSecurityContext {
         run_as_non_root: Some(true),
+        run_as_user: Some(STORE_UID),
+        run_as_group: Some(STORE_UID),
         seccomp_profile: Some(SeccompProfile {
             type_: "RuntimeDefault".into(),
             ..Default::default()
@@ -245,6 +250,23 @@ pub(crate) fn restricted_container() -> SecurityContext {
             drop: Some(vec!["ALL".into()]),
             add: None,
         }),
+        ..Default::default()
+    }
+}
+
+/// What a short init step (a copy, a seed, a survey) requests and may use: it runs before the
+/// store starts, so it takes nothing from it.
+pub(crate) fn init_resources() -> ResourceRequirements {
+    let q = |v: &str| K8sQuantity(v.into());
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), q("10m")),
+            ("memory".to_owned(), q("32Mi")),
+        ])),
+        limits: Some(BTreeMap::from([
+            ("cpu".to_owned(), q("500m")),
+            ("memory".to_owned(), q("128Mi")),
+        ])),
         ..Default::default()
     }
 }
@@ -297,6 +319,7 @@ fn elector_install(elector_image: &str) -> Container {
         ]),
         volume_mounts: Some(vec![mount("elector", "/kvcache/bin", false)]),
         security_context: Some(restricted_container()),
+        resources: Some(init_resources()),
         ..Default::default()
     }
 }
