@@ -111,7 +111,7 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "KVCACHE_WEBHOOK_SECRET",
-        default_value = "kvcache-operator-webhook-tls"
+        default_value = kvcache_render::install::WEBHOOK_SECRET
     )]
     pub webhook_secret: String,
     /// The validating and mutating webhook configurations whose `caBundle` the operator keeps.

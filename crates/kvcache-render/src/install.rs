@@ -26,6 +26,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
 const NAME: &str = "kvcache-operator";
+/// The Secret holding the webhook's CA and serving pair (`kvcache-operator run
+/// --webhook-secret`'s default).
+pub const WEBHOOK_SECRET: &str = "kvcache-operator-webhook-tls";
 /// The webhook server's port in the operator Pod.
 pub(crate) const WEBHOOK_PORT: i32 = 9443;
 /// Metrics and health.
@@ -260,12 +263,14 @@ fn namespace_role(namespace: &str) -> Role {
             rule(&["discovery.k8s.io"], &["endpointslices"], READ),
             // The store Leases and the operator's own.
             rule(&["coordination.k8s.io"], &["leases"], WRITE),
-            // The webhook's CA and serving pair (kept in one Secret, made on first start).
-            rule(
-                &[""],
-                &["secrets"],
-                &["get", "list", "watch", "create", "update"],
-            ),
+            // The webhook's CA and serving pair (kept in one Secret, made on first start): that
+            // Secret alone, by name (its watch selects it by `metadata.name`); a create cannot
+            // be limited by name, so it is a rule of its own.
+            PolicyRule {
+                resource_names: Some(vec![WEBHOOK_SECRET.to_owned()]),
+                ..rule(&[""], &["secrets"], &["get", "list", "watch", "update"])
+            },
+            rule(&[""], &["secrets"], &["create"]),
             rule(
                 &["rbac.authorization.k8s.io"],
                 &["roles", "rolebindings"],
