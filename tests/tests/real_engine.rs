@@ -383,6 +383,74 @@ fn another_domain_on_the_same_pool_misses_and_a_third_deployment_in_the_domain_h
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// Sets team-b's Binding ceiling (bytes).
+async fn team_b_ceiling(client: &Client, bytes: u64) -> Result<(), Error> {
+    Api::<KVCachePoolBinding>::namespaced(client.clone(), TEAM_B)
+        .patch(
+            TEAM_B,
+            &PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({
+                "spec": {"quota": {"ceiling": bytes.to_string()}}
+            })),
+        )
+        .await?;
+    Ok(())
+}
+
+#[test]
+fn a_tenant_filled_to_a_small_ceiling_is_under_quota_pressure_until_the_ceiling_is_raised() {
+    let _turn = turn();
+    operator();
+    let kc = cluster().control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), TEAM_B);
+        let engines = deploy(&client, TEAM_B, "fill", 1).await?;
+        // One prompt tells what a prompt's blocks weigh in the store.
+        let before = bindings.get(TEAM_B).await.map(|b| usage(&b))?;
+        ask(&client, TEAM_B, &engines[0], &engine::prompt(500, PROMPT_TOKENS)).await?;
+        let one = wait_object(&bindings, TEAM_B, "status.usage counting one prompt", WAIT, |b| {
+            usage(b) > before
+        })
+        .await
+        .map(|b| usage(&b) - before)?;
+        // A ceiling of about six prompts, then prompts until the domain sits at its grant.
+        team_b_ceiling(&client, one * 6).await?;
+        let mut seed = 501;
+        let deadline = std::time::Instant::now() + WAIT;
+        let pressed = loop {
+            ask(&client, TEAM_B, &engines[0], &engine::prompt(seed, PROMPT_TOKENS)).await?;
+            seed += 1;
+            let b = bindings.get(TEAM_B).await?;
+            if has_condition(&b, "QuotaPressure=True/AtGrant") {
+                break b;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "QuotaPressure never turned True after {} prompts of {one} bytes on a ceiling of {}: {:?}",
+                seed - 501,
+                one * 6,
+                b.status
+            );
+        };
+        let message = pressed
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "QuotaPressure"))
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        assert!(message.contains("spec.quota.ceiling"), "the fix is named: {message}");
+        // The ceiling raised: the pressure lifts.
+        team_b_ceiling(&client, 8 << 30).await?;
+        wait_object(&bindings, TEAM_B, "QuotaPressure=False/BelowGrant once the ceiling is raised", WAIT, |b| {
+            has_condition(b, "QuotaPressure=False/BelowGrant")
+        })
+        .await?;
+        undeploy(&client, TEAM_B, "fill").await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 fn with_the_writer_replica_deleted_the_other_still_hits_its_blocks_in_the_members() {
     let _turn = turn();
