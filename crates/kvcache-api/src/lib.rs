@@ -20,6 +20,7 @@ pub mod quantity;
 pub mod resources;
 pub mod rules;
 pub mod settings;
+pub mod shared_cache;
 
 pub use backend::{KVCacheBackend, KVCacheBackendSpec, KVCacheBackendStatus};
 pub use model::{InstanceType, InstanceTypeSpec, ModelDeployment, ModelDeploymentSpec};

@@ -264,51 +264,7 @@ pub struct ModelDeploymentStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// The shared-cache figures of a deployment's ready engines, summed over them.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct SharedCacheStatus {
-    /// How far back the token counts reach (an engine read for the first time inside it counts
-    /// from its start).
-    pub window: String,
-    /// Prompt tokens the engines looked up in the store within the window.
-    #[serde(default)]
-    pub queried_tokens: u64,
-    /// Of those, the tokens the store had (prefill the engines did not pay for).
-    #[serde(default)]
-    pub hit_tokens: u64,
-    /// `hitTokens / queriedTokens`, two decimals; absent while nothing was looked up.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hit_ratio: Option<String>,
-    /// Prompt tokens the ready engines loaded from the store since each started.
-    #[serde(default)]
-    pub tokens_from_store: u64,
-    /// Engine Pods whose counters are in these figures.
-    #[serde(default)]
-    pub engines_read: u32,
-    /// The engines' loads from the store within the window (vLLM's
-    /// `vllm:mooncake_store_operation_total{operation="load_get"}`).
-    #[serde(default)]
-    pub loads: u64,
-    /// Of those, the loads that failed: vLLM computed those prompts after all.
-    #[serde(default)]
-    pub failed_loads: u64,
-    /// The engines' saves to the store within the window.
-    #[serde(default)]
-    pub saves: u64,
-    /// Of those, the saves that failed.
-    #[serde(default)]
-    pub failed_saves: u64,
-    /// The loads' median time within the window (`0.125s`), from the engines' histograms;
-    /// absent without loads.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub load_time_p50: Option<String>,
-    /// Prefill the store saved the engines within the window, seconds with one decimal: the
-    /// tokens each loaded from the store times its own prefill time per computed token
-    /// (docs/shared-cache-hits.md); absent before an engine computed any prompt.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefill_seconds_saved: Option<String>,
-}
+pub use crate::shared_cache::SharedCacheStatus;
 
 /// The condition types of a ModelDeployment's status, in the order the operator writes them.
 pub mod conditions {

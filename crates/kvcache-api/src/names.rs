@@ -1,7 +1,8 @@
 //! The name, address and path checks that several rules share: DNS labels, `host:port`
 //! addresses, disk-tier paths and tenant (domain) names.
 
-use crate::rules::INFINIBAND_DIR;
+/// The device tree no member mounts: device plugins inject the granted devices.
+pub(crate) const INFINIBAND_DIR: &str = "/dev/infiniband";
 
 /// The longest DNS label.
 pub const MAX_LABEL: usize = 63;

@@ -260,7 +260,7 @@ pub struct KVCachePoolBindingStatus {
     /// The tenant's view: the `status.sharedCache` of the ModelDeployments that use this
     /// Binding, summed (absent while none reports one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shared_cache: Option<crate::model::SharedCacheStatus>,
+    pub shared_cache: Option<crate::shared_cache::SharedCacheStatus>,
     /// `QuotaObserved`, `QuotaGranted`, `DomainExclusive`, `Releasable`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

@@ -162,8 +162,7 @@ pub const DRAM_DEVICE_VISIBILITY_ENV: &[&str] = &[
 /// Why an environment name is refused in extraEnv (same words for leader and members).
 pub(crate) const RENDERED_ENV_REASON: &str = "the operator renders this variable, and with two entries of one name the runtime picks the winner";
 
-/// The device tree no member mounts: device plugins inject the granted devices.
-pub(crate) const INFINIBAND_DIR: &str = "/dev/infiniband";
+pub(crate) use crate::names::INFINIBAND_DIR;
 
 fn cel_list(items: &[&str]) -> String {
     let quoted: Vec<String> = items.iter().map(|i| format!("'{i}'")).collect();
