@@ -411,8 +411,15 @@ fn leader_metrics(d: &Demo, backend: &str) -> anyhow::Result<String> {
         "-o",
         "jsonpath={.items[*].metadata.name}",
     ])?;
+    // A read can meet a reset while the master serves a burst of transfers: a few tries.
     let mut last = None;
-    for leader in leaders.split_whitespace() {
+    for leader in leaders
+        .split_whitespace()
+        .flat_map(|l| std::iter::repeat_n(l, 3))
+    {
+        if last.is_some() {
+            std::thread::sleep(Duration::from_secs(1));
+        }
         match d.quiet(&[
             "-n",
             NS,
