@@ -276,8 +276,12 @@ impl World {
     }
 
     /// The namespaces with a Binding on `backend` (whose engines may reach its store), sorted.
+    /// A Binding being deleted no longer opens its namespace once no ModelDeployment uses it:
+    /// its release may wait on data the tenant still holds in the store, which only the
+    /// operator needs to reach (docs/isolation.md).
     pub fn bound_namespaces(&self, backend: &str) -> Vec<String> {
         self.bindings_on(backend)
+            .filter(|b| b.metadata.deletion_timestamp.is_none() || !self.users(b).is_empty())
             .filter_map(|b| b.metadata.namespace.clone())
             .collect::<BTreeSet<String>>()
             .into_iter()
@@ -403,6 +407,11 @@ mod tests {
     use super::*;
 
     fn world() -> World {
+        world_with("")
+    }
+
+    /// The fixture and the manifests `extra` (each starting with `---`).
+    fn world_with(extra: &str) -> World {
         let docs = r#"
 apiVersion: worker.gpustack.ai/v1
 kind: KVCacheBackend
@@ -433,8 +442,10 @@ apiVersion: worker.gpustack.ai/v1
 kind: KVCachePoolBinding
 metadata: {name: lost, namespace: team-a}
 spec: {poolRef: {name: orphan}, quota: {ceiling: 1Mi}, domain: {name: lost, blockSize: 64, dtype: bfloat16}}
-"#;
-        let objects: Vec<Object> = kvcache_api::manifest::parse("test", docs)
+"#
+        .to_owned()
+            + extra;
+        let objects: Vec<Object> = kvcache_api::manifest::parse("test", &docs)
             .expect("manifests")
             .into_iter()
             .map(|m| m.object)
@@ -451,6 +462,40 @@ spec: {poolRef: {name: orphan}, quota: {ceiling: 1Mi}, domain: {name: lost, bloc
         assert!(no_backend.pool.is_some() && no_backend.backend.is_none());
         let none = w.chain("team-c", "team");
         assert!(none.binding.is_none() && none.pool.is_none());
+    }
+
+    #[test]
+    fn a_deleted_binding_closes_its_namespace_unless_a_deployment_still_uses_it() {
+        let deleting = |w: &mut World, ns: &str| {
+            let b = w
+                .bindings
+                .values_mut()
+                .find(|b| {
+                    b.metadata.namespace.as_deref() == Some(ns)
+                        && b.metadata.name.as_deref() == Some("team")
+                })
+                .expect("the Binding");
+            std::sync::Arc::make_mut(b).metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+        };
+        let mut w = world();
+        deleting(&mut w, "team-b");
+        assert_eq!(
+            w.bound_namespaces("dram"),
+            ["team-a"],
+            "team-b has no user: closed"
+        );
+        let mut w = world_with(
+            "---\napiVersion: worker.gpustack.ai/v1\nkind: ModelDeployment\nmetadata: {name: chat, namespace: team-a}\nspec: {model: {name: m}, engine: {name: vLLM}, kvCache: {poolRef: {name: team}}, roles: [{name: server, replicas: 1, instanceType: cpu}]}\n",
+        );
+        deleting(&mut w, "team-a");
+        assert_eq!(
+            w.bound_namespaces("dram"),
+            ["team-a", "team-b"],
+            "team-a's deployment still uses its Binding: open until it goes"
+        );
     }
 
     #[test]
