@@ -37,6 +37,8 @@ pub fn isolation(rounds: usize) -> anyhow::Result<()> {
                 .delete(TEAM, &DeleteParams::default())
                 .await?;
             closed.push(until(&api, &prober, &target, Reach::Refused, "closed").await?);
+            // The next round's Binding is a new one: wait for this one's release.
+            gone(&client).await?;
             println!(
                 "round {}: opened after {:.2} s, closed after {:.2} s",
                 round + 1,
@@ -145,6 +147,22 @@ async fn bind(client: &kube::Client) -> Result<(), kvcache_e2e::Error> {
             &Patch::Apply(&binding),
         )
         .await?;
+    Ok(())
+}
+
+/// Waits until the Binding is gone (its release done).
+async fn gone(client: &kube::Client) -> Result<(), kvcache_e2e::Error> {
+    let api: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), TEAM);
+    let started = Instant::now();
+    while api.get_opt(TEAM).await?.is_some() {
+        if started.elapsed() > WAIT {
+            return Err(kvcache_e2e::Error::Wait {
+                what: format!("the Binding {TEAM}/{TEAM} released and gone"),
+                reason: "it is still there".into(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     Ok(())
 }
 
