@@ -86,9 +86,16 @@ async fn reconcile_binding(b: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Res
                     ctx.binding_conclusion(&id(&b))
                         .map_or(PoolConclusion::Pending, PoolConclusion::Concluded)
                 };
-                let users = (world.users(&b), world.tenant_shared_cache(&b));
-                write_status(&ctx, &b, conclusion, users, None).await?;
-                Ok(Action::await_change())
+                let view = world.tenant_shared_cache(&b);
+                // The deployments' status.sharedCache moves without any spec changing: a
+                // Binding with a view reads them again on the engines' interval.
+                let next = if view.is_some() {
+                    Action::requeue(ctx.config.engine_metrics_interval)
+                } else {
+                    Action::await_change()
+                };
+                write_status(&ctx, &b, conclusion, (world.users(&b), view), None).await?;
+                Ok(next)
             }
             Finalized::Cleanup(b) => release_binding(&b, &ctx).await,
         }
