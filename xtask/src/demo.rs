@@ -582,6 +582,8 @@ fn the_pool_and_binding(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
         "-o",
         "jsonpath={.spec.ingress[0].from[*].namespaceSelector.matchExpressions[0].values}",
     ])?;
+    // jsonpath prints no newline of its own.
+    println!();
     Ok(())
 }
 
