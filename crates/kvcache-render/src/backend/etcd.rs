@@ -36,7 +36,7 @@ pub(crate) const ETCD_PEER_PORT: i32 = 2380;
 /// The claim each etcd Pod gets unless `leader.etcd.storageSize` says otherwise.
 pub(crate) const DEFAULT_ETCD_STORAGE: &str = "1Gi";
 /// The user etcd runs as (the image's, as the store's).
-const ETCD_UID: i64 = 65532;
+const ETCD_UID: i64 = super::STORE_UID;
 /// Where the claim is mounted; etcd's data directory is a folder inside it, which etcd creates
 /// with the mode it insists on.
 const DATA_MOUNT: &str = "/var/lib/etcd";
@@ -265,14 +265,8 @@ fn etcd_container(
             ..Default::default()
         }),
         security_context: Some(ContainerSecurity {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
             run_as_non_root: Some(true),
-            capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Default::default()
-            }),
-            ..Default::default()
+            ..super::restricted_container()
         }),
         volume_mounts: Some(vec![mount("data", DATA_MOUNT, false)]),
         ..Default::default()
@@ -398,16 +392,11 @@ fn etcd_pod(b: &KVCacheBackend, backend: &str, container: Container) -> PodSpec 
             .as_ref()
             .and_then(|m| m.priority_class_name.clone()),
         image_pull_secrets: pull_secrets(b),
+        // The store Pods' restricted settings (etcd's image runs as the same user), with the
+        // claim owned by that user.
         security_context: Some(PodSecurityContext {
-            run_as_user: Some(ETCD_UID),
-            run_as_group: Some(ETCD_UID),
             fs_group: Some(ETCD_UID),
-            run_as_non_root: Some(true),
-            seccomp_profile: Some(k8s_openapi::api::core::v1::SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
+            ..super::restricted_pod()
         }),
         containers: vec![container],
         ..Default::default()
