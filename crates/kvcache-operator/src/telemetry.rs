@@ -104,6 +104,33 @@ pub fn binding_figures(b: &kvcache_api::KVCachePoolBinding) -> (Option<u64>, Opt
 }
 
 /// Writes the gauge family `name` (with `help`) with one sample per (labels, value).
+/// A series read from a `status.sharedCache` (a ModelDeployment's, or a Binding's sum).
+type SharedCachePick = fn(&kvcache_api::model::SharedCacheStatus) -> Option<f64>;
+
+/// `status.sharedCache.hitRatio` as a number.
+fn hit_ratio(c: &kvcache_api::model::SharedCacheStatus) -> Option<f64> {
+    c.hit_ratio.as_deref().and_then(|r| r.parse().ok())
+}
+
+/// One gauge family per `(name, help, pick)` of `series`, over the labelled figures.
+fn shared_cache_families<L>(
+    encoder: &mut prometheus_client::encoding::DescriptorEncoder,
+    figures: &[(L, kvcache_api::model::SharedCacheStatus)],
+    series: &[(&str, &str, SharedCachePick)],
+) -> Result<(), std::fmt::Error>
+where
+    L: prometheus_client::encoding::EncodeLabelSet,
+{
+    for (name, help, pick) in series {
+        gauge_family(
+            encoder,
+            (name, help),
+            figures.iter().filter_map(|(l, c)| Some((l, pick(c)?))),
+        )?;
+    }
+    Ok(())
+}
+
 fn gauge_family<'a, L, N>(
     encoder: &mut prometheus_client::encoding::DescriptorEncoder,
     (name, help): (&str, &str),
@@ -201,12 +228,11 @@ impl prometheus_client::collector::Collector for BindingCollector {
             })
             .collect();
         views.sort_by(|a, b| (&a.0.namespace, &a.0.binding).cmp(&(&b.0.namespace, &b.0.binding)));
-        type Pick = fn(&kvcache_api::model::SharedCacheStatus) -> Option<f64>;
-        let series: [(&str, &str, Pick); 3] = [
+        let series: [(&str, &str, SharedCachePick); 3] = [
             (
                 "binding_shared_cache_hit_ratio",
                 "Share of the prompt tokens a Binding's deployments looked up that the store had, over the window",
-                |c| c.hit_ratio.as_deref().and_then(|r| r.parse().ok()),
+                hit_ratio,
             ),
             (
                 "binding_prefill_seconds_saved",
@@ -223,14 +249,7 @@ impl prometheus_client::collector::Collector for BindingCollector {
                 |c| Some(c.failed_loads as f64),
             ),
         ];
-        for (name, help, pick) in series {
-            gauge_family(
-                &mut encoder,
-                (name, help),
-                views.iter().filter_map(|(l, c)| Some((l, pick(c)?))),
-            )?;
-        }
-        Ok(())
+        shared_cache_families(&mut encoder, &views, &series)
     }
 }
 
@@ -290,12 +309,11 @@ impl prometheus_client::collector::Collector for ModelCollector {
         figures.sort_by(|a, b| {
             (&a.0.namespace, &a.0.deployment).cmp(&(&b.0.namespace, &b.0.deployment))
         });
-        type Pick = fn(&kvcache_api::model::SharedCacheStatus) -> Option<f64>;
-        let series: [(&str, &str, Pick); 7] = [
+        let series: [(&str, &str, SharedCachePick); 7] = [
             (
                 "model_shared_cache_hit_ratio",
                 "Share of the prompt tokens a ModelDeployment's engines looked up in the store that the store had, over status.sharedCache.window",
-                |c| c.hit_ratio.as_deref().and_then(|r| r.parse().ok()),
+                hit_ratio,
             ),
             (
                 "model_shared_cache_queried_tokens",
@@ -328,14 +346,7 @@ impl prometheus_client::collector::Collector for ModelCollector {
                 |c| Some(c.failed_saves as f64),
             ),
         ];
-        for (name, help, pick) in series {
-            gauge_family(
-                &mut encoder,
-                (name, help),
-                figures.iter().filter_map(|(l, c)| Some((l, pick(c)?))),
-            )?;
-        }
-        Ok(())
+        shared_cache_families(&mut encoder, &figures, &series)
     }
 }
 
