@@ -63,16 +63,29 @@ pub struct ControlPlane {
 
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// The API server's audit policy: the writes of service accounts, at `Metadata` level.
-const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+/// The API server's audit policy, at `Metadata` level: every call of the operator's account
+/// (what `tests/tests/rbac_audit.rs` holds its grants against) and the writes of the other
+/// service accounts.
+fn audit_policy() -> String {
+    format!(
+        "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
   - level: Metadata
+    users: [\"{}\"]
+  - level: Metadata
     userGroups: [\"system:serviceaccounts\"]
     verbs: [create, update, patch, delete, deletecollection]
   - level: None
-";
+",
+        crate::audit::OPERATOR_ACCOUNT
+    )
+}
+
+/// Where `tests/tests/rbac_audit.rs` finds the audit logs of a whole run: `cargo xtask test`
+/// sets it to an empty folder and each control plane logs into a folder of its own there.
+pub const ENV_AUDIT_DIR: &str = "KVCACHE_AUDIT_DIR";
 
 /// Starts a single-member etcd on loopback with its data in `dir/etcd` (`bin` holds the
 /// binary) and waits until it accepts connections; the process and its client port.
@@ -111,14 +124,24 @@ fn apiserver(
 ) -> Result<(Command, PathBuf)> {
     // Writes by service accounts are audited (who, from which address): what a Pod of
     // the operator wrote can be told from what its standby did not.
-    let audit_policy = dir.join("audit-policy.yaml");
-    std::fs::write(&audit_policy, AUDIT_POLICY).map_err(crate::io("writing the audit policy"))?;
-    let audit_log = dir.join("audit.log");
+    let policy_file = dir.join("audit-policy.yaml");
+    std::fs::write(&policy_file, audit_policy()).map_err(crate::io("writing the audit policy"))?;
+    let audit_log = match std::env::var_os(ENV_AUDIT_DIR) {
+        Some(runs) => {
+            let own = PathBuf::from(runs).join(dir.file_name().unwrap_or_default());
+            std::fs::create_dir_all(&own)
+                .map_err(crate::io(format!("creating {}", own.display())))?;
+            own.join("audit.log")
+        }
+        None => dir.join("audit.log"),
+    };
     let mut api = Command::new(bin.join("kube-apiserver"));
-    api.arg(format!("--audit-policy-file={}", audit_policy.display()))
+    api.arg(format!("--audit-policy-file={}", policy_file.display()))
         .arg(format!("--audit-log-path={}", audit_log.display()))
         .arg("--audit-log-format=json")
-        .arg("--audit-log-maxsize=200");
+        .arg("--audit-log-maxsize=200")
+        // Rotated files are kept: the RBAC audit reads a whole run.
+        .arg("--audit-log-maxbackup=50");
     api.arg(format!("--etcd-servers=http://127.0.0.1:{etcd_client}"))
         .arg(match options.advertise {
             Some(_) => "--bind-address=0.0.0.0",
@@ -152,6 +175,10 @@ fn apiserver(
         ))
         .arg("--service-account-issuer=https://kubernetes.default.svc")
         .arg("--authorization-mode=Node,RBAC")
+        // As on clusters that enable it (OpenShift does): an owner reference that blocks its
+        // owner's deletion needs `update` on the owner's `finalizers`, which the operator's
+        // ClusterRole grants for the kinds that own what it renders.
+        .arg("--enable-admission-plugins=OwnerReferencesPermissionEnforcement")
         .arg("--service-cluster-ip-range=10.96.0.0/16")
         .arg(format!(
             "--cert-dir={}",

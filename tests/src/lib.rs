@@ -6,6 +6,7 @@
 //! `cargo xtask test` installs the parts and tells this crate where they are through
 //! `KVCACHE_K8S_BIN` and `KVCACHE_MOONCAKE_VENV`; run alone, it looks in the default cache.
 
+pub mod audit;
 pub mod cluster;
 pub mod engine;
 pub mod failover;

@@ -69,8 +69,9 @@ impl<'a> OperatorBuilder<'a> {
     /// Runs it as if in a Pod on the cluster's nodes: in the first node's network namespace,
     /// where Services and Pod addresses are reached as from a Pod, with a resolver configuration
     /// naming the cluster DNS (its own mount namespace), so it reads each store through its
-    /// leader Service's DNS name. Its metrics port and its webhook listen on that node's
-    /// address. The builder's kubeconfig must then be [`Nodes::kubeconfig`], the one that
+    /// leader Service's DNS name, and as the installation's account with its rights alone
+    /// (its ServiceAccount, roles and bindings applied, a token issued). Its metrics port and
+    /// its webhook listen on that node's address. The builder's kubeconfig must then be [`Nodes::kubeconfig`], the one that
     /// reaches the API server from inside the nodes' network.
     pub fn on_nodes(mut self, nodes: &'a Nodes) -> Self {
         self.nodes = Some(nodes);
@@ -139,6 +140,7 @@ impl<'a> OperatorBuilder<'a> {
                 let launcher = Launch::OnNode {
                     netns: node.name.clone(),
                     resolv,
+                    account: account_kubeconfig(self.kubeconfig, namespace, dir)?,
                 };
                 let webhook = Some(format!("https://{}:{webhook_port}", node.ip));
                 (node.ip.clone(), metrics_port, launcher, args, webhook)
@@ -225,15 +227,115 @@ impl Operator {
 enum Launch {
     /// On the machine itself.
     Host,
-    /// In a node's network namespace, with its own resolver configuration.
-    OnNode { netns: String, resolv: PathBuf },
+    /// In a node's network namespace, with its own resolver configuration, as the
+    /// installation's account (`account` is its kubeconfig).
+    OnNode {
+        netns: String,
+        resolv: PathBuf,
+        account: PathBuf,
+    },
+}
+
+/// The kinds of the installation that give the operator its account and rights.
+const ACCOUNT_KINDS: &[&str] = &[
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+];
+
+/// Applies the installation's account and RBAC for `namespace` (`kvcache_render::install`)
+/// with the admin `kubeconfig`, and writes into `dir` a kubeconfig that reaches the API server
+/// the same way with a token of that account: the operator on the nodes then holds exactly the
+/// rights a Pod of the installation holds, so a call they do not cover is refused here as on a
+/// cluster, and the audit log shows which grant each call used (`crate::audit`).
+fn account_kubeconfig(kubeconfig: &Path, namespace: &str, dir: &Path) -> Result<PathBuf> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kube::api::{Api, DynamicObject, PostParams};
+    let invalid = |reason: String| crate::Error::Invalid {
+        path: "kvcache_render::install::operator".into(),
+        what: "installation",
+        reason,
+    };
+    let mut objects = Vec::new();
+    let mut account = None;
+    for doc in kvcache_render::install::operator(namespace, "unused")
+        .map_err(|e| invalid(e.to_string()))?
+    {
+        if !ACCOUNT_KINDS.contains(&doc["kind"].as_str().unwrap_or_default()) {
+            continue;
+        }
+        if doc["kind"] == "ServiceAccount" {
+            account = doc["metadata"]["name"].as_str().map(str::to_owned);
+        }
+        let v = serde_json::to_value(&doc).map_err(|e| invalid(e.to_string()))?;
+        objects
+            .push(serde_json::from_value::<DynamicObject>(v).map_err(|e| invalid(e.to_string()))?);
+    }
+    let account = account.ok_or_else(|| invalid("no ServiceAccount".into()))?;
+    let (admin, ns, name) = (kubeconfig.to_owned(), namespace.to_owned(), account.clone());
+    let token = crate::cluster::block_on(async move {
+        let client = crate::cluster::client_from(&admin).await?;
+        crate::walkthrough::apply(&client, &objects).await?;
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: Vec::new(),
+                // Longer than any run; the API server may shorten it (then the operator's
+                // client rereads the file, which does not change: a run that long fails).
+                expiration_seconds: Some(24 * 3600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let issued = Api::<ServiceAccount>::namespaced(client, &ns)
+            .create_token_request(&name, &PostParams::default(), &request)
+            .await?;
+        issued
+            .status
+            .map(|s| s.token)
+            .ok_or_else(|| crate::Error::Invalid {
+                path: format!("serviceaccounts/{ns}/{name}/token"),
+                what: "TokenRequest",
+                reason: "no token in its status".into(),
+            })
+    })?;
+    let text = std::fs::read_to_string(kubeconfig)
+        .map_err(crate::io(format!("reading {}", kubeconfig.display())))?;
+    let mut config: serde_yaml::Value =
+        serde_yaml::from_str(&text).map_err(|e| crate::Error::Invalid {
+            path: kubeconfig.display().to_string(),
+            what: "kubeconfig",
+            reason: e.to_string(),
+        })?;
+    let users = config["users"]
+        .as_sequence_mut()
+        .ok_or_else(|| crate::Error::Invalid {
+            path: kubeconfig.display().to_string(),
+            what: "kubeconfig",
+            reason: "no users".into(),
+        })?;
+    for user in users {
+        user["user"] =
+            serde_yaml::to_value(std::collections::BTreeMap::from([("token", token.clone())]))
+                .map_err(|e| invalid(e.to_string()))?;
+    }
+    let path = dir.join(format!("operator-{account}.kubeconfig"));
+    let text = serde_yaml::to_string(&config).map_err(|e| invalid(e.to_string()))?;
+    std::fs::write(&path, text).map_err(crate::io(format!("writing {}", path.display())))?;
+    Ok(path)
 }
 
 fn spawn(launch: &Launch, kubeconfig: &Path, args: &[String], log: &Path) -> Result<Proc> {
     let bin = paths::operator_bin()?;
-    let mut cmd = match launch {
-        Launch::Host => Command::new(bin),
-        Launch::OnNode { netns, resolv } => {
+    let (mut cmd, kubeconfig) = match launch {
+        Launch::Host => (Command::new(bin), kubeconfig),
+        Launch::OnNode {
+            netns,
+            resolv,
+            account,
+        } => {
             // unshare and nsenter exec in place: the process held is the operator itself.
             let mut c = Command::new("unshare");
             c.args(["--mount", "--propagation", "private", "sh", "-c"])
@@ -242,7 +344,7 @@ fn spawn(launch: &Launch, kubeconfig: &Path, args: &[String], log: &Path) -> Res
                 .arg(resolv)
                 .arg(netns)
                 .arg(&bin);
-            c
+            (c, account.as_path())
         }
     };
     cmd.args(args).env("KUBECONFIG", kubeconfig).env(

@@ -20,7 +20,8 @@ use kvcache_e2e::{Error, paths};
 
 const WAIT: Duration = Duration::from_secs(60);
 const OPERATOR_NS: &str = "kvcache-webhook";
-const SECRET: &str = "kvcache-operator-webhook-tls";
+const SECRET: &str = kvcache_render::install::WEBHOOK_SECRET;
+const CA_SECRET: &str = kvcache_render::install::WEBHOOK_CA_SECRET;
 
 struct Hook {
     operator: Operator,
@@ -290,10 +291,12 @@ fn with_the_operator_stopped_other_groups_are_still_written_and_a_new_certificat
             .create(&PostParams::default(), &yaml("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: while-down}\nspec: {backends: [nowhere], quota: {total: 1Gi}}\n"))
             .await;
         assert!(down.is_err(), "refused while the webhook is down: {down:?}");
-        // A new pair: the Secret is gone, the operator makes a new CA and serves with it.
-        Api::<Secret>::namespaced(client.clone(), OPERATOR_NS)
-            .delete(SECRET, &DeleteParams::default())
-            .await?;
+        // A new pair: the Secrets are gone, the operator makes a new CA and serves with it.
+        for name in [SECRET, CA_SECRET] {
+            Api::<Secret>::namespaced(client.clone(), OPERATOR_NS)
+                .delete(name, &DeleteParams::default())
+                .await?;
+        }
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));
@@ -357,13 +360,16 @@ fn a_renewed_serving_certificate_is_presented_by_the_running_webhook_without_a_r
         // (the CA's own, as if due): the running replica issues a new one from the same CA at
         // once (it watches the Secret), and requests never fail meanwhile.
         let stored = secrets.get(SECRET).await?.data.unwrap_or_default();
+        // The CA's key is kept apart from the serving pair.
+        assert!(!stored.contains_key("ca.key"), "{:?}", stored.keys());
+        let ca_stored = secrets.get(CA_SECRET).await?.data.unwrap_or_default();
         secrets
             .patch(
                 SECRET,
                 &PatchParams::default(),
                 &Patch::Merge(serde_json::json!({"data": {
                     "tls.crt": stored.get("ca.crt").expect("ca.crt"),
-                    "tls.key": stored.get("ca.key").expect("ca.key"),
+                    "tls.key": ca_stored.get("ca.key").expect("ca.key"),
                 }})),
             )
             .await?;

@@ -44,11 +44,80 @@ fn counts(line: &str) -> anyhow::Result<Option<(u64, u64, u64)>> {
     )))
 }
 
+/// The test that holds the operator's RBAC against the audit logs of the whole run (ignored in
+/// a plain `cargo test`, which may run it before the binaries that write them).
+const RBAC_AUDIT: &[&str] = &[
+    "-p",
+    "kvcache-e2e",
+    "--test",
+    "rbac_audit",
+    "--",
+    "--ignored",
+];
+
 pub fn run(extra: &[String]) -> anyhow::Result<()> {
     let installed = setup::all()?;
-    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["test", "--workspace", "--no-fail-fast"])
-        .args(extra)
+    // The whole suite: every control plane logs its operator's calls into one empty folder,
+    // which the RBAC audit reads after the rest.
+    let audit = extra.is_empty().then(|| {
+        kvcache_e2e::paths::workspace_root()
+            .join("target")
+            .join("kvcache-audit")
+    });
+    if let Some(dir) = &audit {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).with_context(|| format!("emptying {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut totals = (0, 0, 0);
+    let mut failures = Vec::new();
+    let passes: Vec<Vec<String>> = match &audit {
+        Some(_) => vec![
+            vec!["--workspace".into(), "--no-fail-fast".into()],
+            RBAC_AUDIT.iter().map(|s| (*s).to_owned()).collect(),
+        ],
+        None => vec![
+            ["--workspace", "--no-fail-fast"]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .chain(extra.iter().cloned())
+                .collect(),
+        ],
+    };
+    for args in &passes {
+        let (counts, status) = cargo_test(args, &installed, audit.as_deref())?;
+        totals.0 += counts.0;
+        totals.1 += counts.1;
+        totals.2 += counts.2;
+        if !status.success() {
+            failures.push(format!("cargo test {} ({status})", args.join(" ")));
+        }
+    }
+    let (passed, failed, ignored) = totals;
+    println!("summary: {passed} passed, {failed} failed, {ignored} skipped");
+    if audit.is_none() {
+        println!("(the RBAC audit, tests/tests/rbac_audit.rs, runs with the whole suite only)");
+    }
+    if !failures.is_empty() {
+        bail!("{}", failures.join("; "));
+    }
+    Ok(())
+}
+
+/// One `cargo test` with the installed parts named (and the audit folder, for the whole suite),
+/// its output passed through; the counts of its result lines and its exit status.
+fn cargo_test(
+    args: &[String],
+    installed: &setup::Installed,
+    audit: Option<&std::path::Path>,
+) -> anyhow::Result<((u64, u64, u64), std::process::ExitStatus)> {
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    command.arg("test").args(args);
+    if let Some(dir) = audit {
+        command.env(kvcache_e2e::cluster::ENV_AUDIT_DIR, dir);
+    }
+    let mut child = command
         .env(ENV_K8S_BIN, &installed.k8s_bin)
         .env(ENV_MOONCAKE_VENV, &installed.mooncake_venv)
         .env("KVCACHE_IMAGES", &installed.images)
@@ -75,11 +144,7 @@ pub fn run(extra: &[String]) -> anyhow::Result<()> {
         }
     }
     let status = child.wait()?;
-    println!("summary: {passed} passed, {failed} failed, {ignored} skipped");
-    if !status.success() {
-        bail!("cargo test failed ({status})");
-    }
-    Ok(())
+    Ok(((passed, failed, ignored), status))
 }
 
 #[cfg(test)]

@@ -107,13 +107,21 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub webhook_names: Vec<String>,
-    /// The Secret (in `--namespace`) holding the webhook's CA and serving pair.
+    /// The Secret (in `--namespace`) holding the webhook's serving pair and CA certificate.
     #[arg(
         long,
         env = "KVCACHE_WEBHOOK_SECRET",
         default_value = kvcache_render::install::WEBHOOK_SECRET
     )]
     pub webhook_secret: String,
+    /// The Secret (in `--namespace`) holding the webhook's CA and its key, apart from the
+    /// serving pair: only the leading replica reads it.
+    #[arg(
+        long,
+        env = "KVCACHE_WEBHOOK_CA_SECRET",
+        default_value = kvcache_render::install::WEBHOOK_CA_SECRET
+    )]
+    pub webhook_ca_secret: String,
     /// The validating and mutating webhook configurations whose `caBundle` the operator keeps.
     #[arg(
         long,
@@ -346,6 +354,7 @@ fn start_webhook(
         client: ctx.client.clone(),
         namespace: ns.clone(),
         secret: args.webhook_secret.clone(),
+        ca_secret: args.webhook_ca_secret.clone(),
         configuration: args.webhook_configuration.clone(),
         names,
         presented: presented.clone(),

@@ -5,8 +5,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
-    ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MatchCondition, MatchResources, MutatingWebhook, MutatingWebhookConfiguration,
+    NamedRuleWithOperations, RuleWithOperations, ServiceReference, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec, ValidatingWebhook, ValidatingWebhookConfiguration, Validation,
+    WebhookClientConfig,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -26,9 +29,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
 const NAME: &str = "kvcache-operator";
-/// The Secret holding the webhook's CA and serving pair (`kvcache-operator run
+/// The Secret holding the webhook's serving pair and CA certificate (`kvcache-operator run
 /// --webhook-secret`'s default).
 pub const WEBHOOK_SECRET: &str = "kvcache-operator-webhook-tls";
+/// The Secret holding the webhook's CA and its key, apart from the serving pair
+/// (`kvcache-operator run --webhook-ca-secret`'s default).
+pub const WEBHOOK_CA_SECRET: &str = "kvcache-operator-webhook-ca";
 /// The webhook server's port in the operator Pod.
 pub(crate) const WEBHOOK_PORT: i32 = 9443;
 /// Metrics and health.
@@ -72,9 +78,9 @@ fn role_ref(kind: &str) -> RoleRef {
 }
 
 const READ: &[&str] = &["get", "list", "watch"];
-const WRITE: &[&str] = &[
-    "get", "list", "watch", "create", "update", "patch", "delete",
-];
+/// What the operator does with the objects it renders: applies them server-side (`patch`, which
+/// creates), reads and watches them, and sweeps those it no longer renders.
+const APPLIED: &[&str] = &["get", "list", "watch", "patch", "delete"];
 
 /// Every object of the installation, as YAML documents in apply order.
 pub fn operator(
@@ -120,7 +126,97 @@ pub fn operator(
     let (mutating, validating) = webhooks(namespace);
     push(&mut docs, &validating)?;
     push(&mut docs, &mutating)?;
+    let (policy, binding) = webhook_guard(namespace);
+    push(&mut docs, &policy)?;
+    push(&mut docs, &binding)?;
     Ok(docs)
+}
+
+/// The fields of a webhook that the operator's account must leave as they are (every field but
+/// `clientConfig.caBundle`, whose `url` and `service` are compared apart).
+const WEBHOOK_FIELDS_KEPT: &[&str] = &[
+    "rules",
+    "failurePolicy",
+    "matchPolicy",
+    "namespaceSelector",
+    "objectSelector",
+    "sideEffects",
+    "timeoutSeconds",
+    "admissionReviewVersions",
+    "matchConditions",
+    "reinvocationPolicy",
+];
+
+/// The CEL that holds when an update of a webhook configuration changed nothing but the
+/// webhooks' `caBundle`: the same webhooks by name, each with every other field as it was, and
+/// the same labels and annotations.
+pub fn ca_bundle_only_expression() -> String {
+    let same: Vec<String> = WEBHOOK_FIELDS_KEPT
+        .iter()
+        .map(|f| format!("o.?{f} == w.?{f}"))
+        .collect();
+    format!(
+        "object.metadata.?labels == oldObject.metadata.?labels \
+         && object.metadata.?annotations == oldObject.metadata.?annotations \
+         && object.?webhooks.orValue([]).size() == oldObject.?webhooks.orValue([]).size() \
+         && object.?webhooks.orValue([]).all(w, oldObject.?webhooks.orValue([]).exists(o, \
+         o.name == w.name \
+         && o.clientConfig.?url == w.clientConfig.?url \
+         && o.clientConfig.?service == w.clientConfig.?service \
+         && {}))",
+        same.join(" && ")
+    )
+}
+
+/// A ValidatingAdmissionPolicy and its binding that let the operator's account change nothing
+/// in a webhook configuration but `caBundle`: RBAC can limit it to its own two configurations
+/// and to `update`, not to one field, and an account that could rewrite their rules or failure
+/// policy could switch the admission checks off.
+fn webhook_guard(namespace: &str) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let name = format!("{NAME}-webhook-ca-bundle-only");
+    let account = format!("system:serviceaccount:{namespace}:{NAME}");
+    let policy = ValidatingAdmissionPolicy {
+        metadata: meta(&name, None),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec!["admissionregistration.k8s.io".into()]),
+                    api_versions: Some(vec!["*".into()]),
+                    operations: Some(vec!["UPDATE".into()]),
+                    resources: Some(vec![
+                        "validatingwebhookconfigurations".into(),
+                        "mutatingwebhookconfigurations".into(),
+                    ]),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            match_conditions: Some(vec![MatchCondition {
+                name: "the-operators-account".into(),
+                expression: format!("request.userInfo.username == '{account}'"),
+            }]),
+            validations: Some(vec![Validation {
+                expression: ca_bundle_only_expression(),
+                message: Some(format!(
+                    "{account} may change only the caBundle of a webhook configuration"
+                )),
+                reason: Some("Forbidden".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: meta(&name, None),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(name.clone()),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..Default::default()
+        }),
+    };
+    (policy, binding)
 }
 
 /// Appends one object as a YAML document (k8s-openapi writes its apiVersion and kind itself).
@@ -178,53 +274,58 @@ fn namespace_object(namespace: &str) -> Namespace {
 
 /// Cluster-wide rights: its own kinds, what the injection and admission read, events.
 fn cluster_role() -> ClusterRole {
+    let group = kvcache_api::GROUP;
     ClusterRole {
         metadata: meta(NAME, None),
         rules: Some(vec![
+            // Our kinds: cached (list, watch), read live by the webhook (get), finalizers
+            // added and removed (patch). Every write is server-side apply or a patch: no
+            // `create` or `update`.
             rule(
-                &[kvcache_api::GROUP],
-                &[
-                    "kvcachebackends",
-                    "kvcachepools",
-                    "kvcachepoolbindings",
-                    "modeldeployments",
-                    "instancetypes",
-                ],
-                &["get", "list", "watch", "update", "patch"],
+                &[group],
+                &["kvcachebackends", "kvcachepools", "kvcachepoolbindings"],
+                &["get", "list", "watch", "patch"],
             ),
+            rule(&[group], &["modeldeployments"], &["list", "watch", "patch"]),
+            rule(&[group], &["instancetypes"], &["get", "list", "watch"]),
+            // One writer per status, by patch.
             rule(
-                &[kvcache_api::GROUP],
+                &[group],
                 &[
                     "kvcachebackends/status",
                     "kvcachepools/status",
                     "kvcachepoolbindings/status",
                     "modeldeployments/status",
                 ],
-                &["get", "update", "patch"],
+                &["patch"],
             ),
+            // What it renders blocks its owner's deletion (a backend's store objects, a
+            // ModelDeployment's Deployments and Service): where the API server enforces owner
+            // references (OwnerReferencesPermissionEnforcement) that takes `update` on the
+            // owner's finalizers.
             rule(
-                &[kvcache_api::GROUP],
-                &[
-                    "kvcachebackends/finalizers",
-                    "kvcachepools/finalizers",
-                    "kvcachepoolbindings/finalizers",
-                    "modeldeployments/finalizers",
-                ],
+                &[group],
+                &["kvcachebackends/finalizers", "modeldeployments/finalizers"],
                 &["update"],
             ),
-            rule(&["apps"], &["deployments"], WRITE),
-            rule(&[""], &["services"], WRITE),
+            // A ModelDeployment's engines run in its own namespace, whichever that is: their
+            // Deployments and Service are applied, read, swept and watched there (README.md
+            // #what-the-operator-may-do).
+            rule(&["apps"], &["deployments"], APPLIED),
+            rule(&[""], &["services"], APPLIED),
+            // Its engines' Pods, for their metrics and readiness.
             rule(&[""], &["pods"], READ),
-            rule(&[""], &["nodes", "namespaces"], READ),
-            rule(&[""], &["events"], &["create", "patch"]),
+            // Events about our objects, where they live (a repeat patches its series).
             rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+            // At start: are the CRDs installed?
             rule(
                 &["apiextensions.k8s.io"],
                 &["customresourcedefinitions"],
                 &["get"],
             ),
             // Its own two webhook configurations only, to keep their caBundle (the watch
-            // names them with a field selector, which resourceNames allows).
+            // names them with a field selector, which resourceNames allows); the
+            // ValidatingAdmissionPolicy below lets it change nothing else in them.
             PolicyRule {
                 resource_names: Some(vec![NAME.into()]),
                 ..rule(
@@ -248,33 +349,43 @@ fn namespace_role(namespace: &str) -> Role {
         metadata: meta(NAME, Some(namespace)),
         rules: Some(vec![
             // Member DaemonSets, and the etcd StatefulSet of a backend with warm failover.
-            rule(&["apps"], &["daemonsets", "statefulsets"], WRITE),
-            // Who may reach a warm backend's etcd.
-            rule(&["networking.k8s.io"], &["networkpolicies"], WRITE),
-            rule(&[""], &["configmaps", "serviceaccounts"], WRITE),
+            rule(&["apps"], &["daemonsets", "statefulsets"], APPLIED),
+            // Who may reach a store (docs/isolation.md).
+            rule(&["networking.k8s.io"], &["networkpolicies"], APPLIED),
+            // The store's settings and the elector's account.
+            rule(&[""], &["configmaps", "serviceaccounts"], APPLIED),
             // Member Pods whose template changed are deleted (DaemonSets are OnDelete), a drain
-            // recorded on each first (docs/design.md#member-rollout).
-            rule(
-                &[""],
-                &["pods"],
-                &["get", "list", "watch", "patch", "delete"],
-            ),
+            // recorded on each first (docs/design.md#member-rollout); reading them is the
+            // ClusterRole's.
+            rule(&[""], &["pods"], &["patch", "delete"]),
             // The leader Service's endpoints tell when the serving leader moves.
             rule(&["discovery.k8s.io"], &["endpointslices"], READ),
-            // The store Leases and the operator's own.
-            rule(&["coordination.k8s.io"], &["leases"], WRITE),
-            // The webhook's CA and serving pair (kept in one Secret, made on first start): that
-            // Secret alone, by name (its watch selects it by `metadata.name`); a create cannot
-            // be limited by name, so it is a rule of its own.
+            // The store Leases (made once, then the electors' own) and the operator's own
+            // (campaigned for: created, renewed, released).
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+            ),
+            // The webhook's serving pair and its CA (two Secrets, made on first start): those
+            // alone, by name (the watch selects the serving one by `metadata.name`); a create
+            // cannot be limited by name, so it is a rule of its own.
             PolicyRule {
-                resource_names: Some(vec![WEBHOOK_SECRET.to_owned()]),
+                resource_names: Some(vec![
+                    WEBHOOK_SECRET.to_owned(),
+                    WEBHOOK_CA_SECRET.to_owned(),
+                ]),
                 ..rule(&[""], &["secrets"], &["get", "list", "watch", "update"])
             },
             rule(&[""], &["secrets"], &["create"]),
+            // The elector's rights, granted to its account (a Role can only grant what its
+            // creator holds: Leases above).
             rule(
                 &["rbac.authorization.k8s.io"],
                 &["roles", "rolebindings"],
-                WRITE,
+                APPLIED,
             ),
         ]),
     }

@@ -25,7 +25,7 @@ pub(crate) const WAIT: Duration = Duration::from_secs(180);
 pub(crate) const MIB: u64 = 1 << 20;
 pub(crate) const SELECTOR: &str =
     "app.kubernetes.io/name=kvcache-operator,app.kubernetes.io/component=operator";
-pub(crate) const ACCOUNT: &str = "system:serviceaccount:gpustack-system:kvcache-operator";
+pub(crate) const ACCOUNT: &str = kvcache_e2e::audit::OPERATOR_ACCOUNT;
 /// The operator's Lease duration in the installation (`--leader-election-duration` default).
 pub(crate) const LEASE: Duration = Duration::from_secs(15);
 
@@ -295,6 +295,13 @@ pub(crate) fn operator_writes(
         .skip(skip)
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|e| e["user"]["username"] == ACCOUNT)
+        // The log holds the account's reads too (for the RBAC audit).
+        .filter(|e| {
+            matches!(
+                e["verb"].as_str(),
+                Some("create" | "update" | "patch" | "delete" | "deletecollection")
+            )
+        })
         // Successful writes only: a standby's campaign that finds the Lease held is refused.
         .filter(|e| {
             e["responseStatus"]["code"]

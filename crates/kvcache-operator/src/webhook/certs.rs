@@ -1,7 +1,14 @@
 //! The webhook's certificates: the operator makes its own CA and serving certificate (rcgen),
-//! keeps them in a Secret in its namespace (so that every replica serves the same pair and a
+//! keeps them in two Secrets in its namespace (so that every replica serves the same pair and a
 //! restart keeps it), writes the CA into its webhook configurations' `caBundle`, and renews the
 //! serving certificate (and, near its end, the CA) before expiry.
+//!
+//! The CA's key lives in a Secret of its own (`--webhook-ca-secret`), apart from the serving
+//! pair (`--webhook-secret`, which carries the CA certificate beside it, as a `kubernetes.io/tls`
+//! Secret does): only the leading replica reads it, to sign, and whoever is given the serving
+//! Secret (a monitoring probe, a mesh) is not given the power to mint certificates the API
+//! server trusts. A serving Secret from before the split still holding `ca.key` is split on the
+//! leader's first pass.
 //!
 //! Rotation without dropping requests: the new CA is added to `caBundle` beside the old one
 //! before any replica serves a certificate it signed, and every replica reloads the Secret on a
@@ -60,35 +67,51 @@ pub struct Stored {
     pub ca_previous: String,
 }
 
+/// A Secret's data.
+pub type Data = BTreeMap<String, Vec<u8>>;
+
+fn data(entries: &[(&str, &String)]) -> Data {
+    entries
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
+        .collect()
+}
+
 impl Stored {
-    /// From a Secret's data.
-    pub fn from_data(data: &BTreeMap<String, Vec<u8>>) -> Stored {
-        let text = |k: &str| {
-            data.get(k)
+    /// From the serving Secret's data and the CA Secret's (each CA key read from the CA Secret
+    /// first, then from a serving Secret of the layout before the split).
+    pub fn from_secrets(serving: &Data, ca: &Data) -> Stored {
+        let text = |d: &Data, k: &str| {
+            d.get(k)
                 .map(|v| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_default()
+                .filter(|v| !v.is_empty())
         };
+        let ca_text = |k: &str| text(ca, k).or_else(|| text(serving, k)).unwrap_or_default();
         Stored {
-            ca_cert: text(CA_CERT),
-            ca_key: text(CA_KEY),
-            tls_cert: text(TLS_CERT),
-            tls_key: text(TLS_KEY),
-            ca_previous: text(CA_PREVIOUS),
+            ca_cert: ca_text(CA_CERT),
+            ca_key: ca_text(CA_KEY),
+            tls_cert: text(serving, TLS_CERT).unwrap_or_default(),
+            tls_key: text(serving, TLS_KEY).unwrap_or_default(),
+            ca_previous: ca_text(CA_PREVIOUS),
         }
     }
 
-    /// As a Secret's data.
-    pub fn to_data(&self) -> BTreeMap<String, Vec<u8>> {
-        [
-            (CA_CERT, &self.ca_cert),
-            (CA_KEY, &self.ca_key),
+    /// The serving Secret's data: the pair and the CA certificate (no key).
+    pub fn serving_data(&self) -> Data {
+        data(&[
             (TLS_CERT, &self.tls_cert),
             (TLS_KEY, &self.tls_key),
+            (CA_CERT, &self.ca_cert),
+        ])
+    }
+
+    /// The CA Secret's data: the CA, its key and the earlier CAs still trusted.
+    pub fn ca_data(&self) -> Data {
+        data(&[
+            (CA_CERT, &self.ca_cert),
+            (CA_KEY, &self.ca_key),
             (CA_PREVIOUS, &self.ca_previous),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.as_bytes().to_vec()))
-        .collect()
+        ])
     }
 
     /// What the webhook configurations trust: the current CA and the earlier ones.
@@ -166,6 +189,29 @@ pub fn plan(stored: &Stored, names: &[String], now: i64) -> Plan {
         );
     }
     Plan::Keep
+}
+
+/// Which Secrets the leading replica writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Writes {
+    /// The CA Secret.
+    pub ca: bool,
+    /// The serving Secret.
+    pub serving: bool,
+}
+
+/// What to write for `plan`, given what is stored now: a new CA goes to both Secrets, a new
+/// serving pair to the serving one; a CA Secret that is missing or differs, and a serving
+/// Secret that still holds the CA key (the layout before the split) or lacks the CA
+/// certificate, are written even when the pair is kept.
+pub fn writes(plan: &Plan, next: &Stored, serving: &Data, ca: &Data) -> Writes {
+    let differs = |stored: &Data, want: &Data| want.iter().any(|(k, v)| stored.get(k) != Some(v));
+    Writes {
+        ca: matches!(plan, Plan::NewCa(_)) || differs(ca, &next.ca_data()),
+        serving: !matches!(plan, Plan::Keep)
+            || serving.contains_key(CA_KEY)
+            || differs(serving, &next.serving_data()),
+    }
 }
 
 fn distinguished(cn: &str) -> DistinguishedName {
@@ -280,8 +326,10 @@ pub struct Keeper {
     pub client: kube::Client,
     /// The operator's namespace (where the Secret is).
     pub namespace: String,
-    /// Name of the Secret in `namespace` that holds the CA and the serving pair.
+    /// Name of the Secret in `namespace` that holds the serving pair (and the CA certificate).
     pub secret: String,
+    /// Name of the Secret in `namespace` that holds the CA and its key.
+    pub ca_secret: String,
     /// The webhook configurations' name (validating and mutating).
     pub configuration: String,
     /// The names the serving certificate carries.
@@ -299,29 +347,37 @@ pub const RELOAD: Duration = Duration::from_secs(60);
 impl Keeper {
     /// One pass: read, renew when due (another replica may have written first: then its pair
     /// is taken), trust, present; whether the webhook configurations trust what is presented.
+    /// A standby reads the serving Secret alone; the leader reads the CA's too.
     pub async fn once(&self) -> Result<bool, Error> {
-        use k8s_openapi::ByteString;
         use k8s_openapi::api::core::v1::Secret;
-        use kube::api::{Api, ObjectMeta, PostParams};
+        use kube::api::Api;
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
         let what = format!("Secret {}/{}", self.namespace, self.secret);
+        let ca_what = format!("Secret {}/{}", self.namespace, self.ca_secret);
+        let read = |s: &Option<Secret>| -> Data {
+            s.as_ref()
+                .and_then(|s| s.data.as_ref())
+                .map(|d| d.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+                .unwrap_or_default()
+        };
         for _ in 0..3 {
-            let current = api
+            let writer = *self.writer.borrow();
+            let serving = api
                 .get_opt(&self.secret)
                 .await
                 .map_err(crate::error::kube("get", what.clone()))?;
-            let data: BTreeMap<String, Vec<u8>> = current
-                .as_ref()
-                .and_then(|s| s.data.as_ref())
-                .map(|d| d.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
-                .unwrap_or_default();
-            let stored = Stored::from_data(&data);
+            let ca = if writer {
+                api.get_opt(&self.ca_secret)
+                    .await
+                    .map_err(crate::error::kube("get", ca_what.clone()))?
+            } else {
+                None
+            };
+            let (serving_data, ca_data) = (read(&serving), read(&ca));
+            let stored = Stored::from_secrets(&serving_data, &ca_data);
             let now = time::OffsetDateTime::now_utc().unix_timestamp();
             let decided = plan(&stored, &self.names, now);
-            let writer = *self.writer.borrow();
-            let pair = if decided == Plan::Keep {
-                stored
-            } else if !writer {
+            let pair = if !writer {
                 // A standby serves what is stored, even when due (the leader renews it and
                 // this replica presents the new pair on the Secret's next event).
                 if stored.tls_cert.is_empty() || stored.tls_key.is_empty() {
@@ -332,44 +388,42 @@ impl Keeper {
                 }
                 stored
             } else {
-                let next = carry_out(&decided, &stored, &self.names)?;
-                let secret = Secret {
-                    metadata: ObjectMeta {
-                        name: Some(self.secret.clone()),
-                        namespace: Some(self.namespace.clone()),
-                        resource_version: current
-                            .as_ref()
-                            .and_then(|c| c.metadata.resource_version.clone()),
-                        labels: Some(BTreeMap::from([(
-                            "app.kubernetes.io/managed-by".to_owned(),
-                            "kvcache-operator".to_owned(),
-                        )])),
-                        ..Default::default()
-                    },
-                    type_: Some("kubernetes.io/tls".into()),
-                    data: Some(
-                        next.to_data()
-                            .into_iter()
-                            .map(|(k, v)| (k, ByteString(v)))
-                            .collect(),
-                    ),
-                    ..Default::default()
+                let next = if decided == Plan::Keep {
+                    stored
+                } else {
+                    carry_out(&decided, &stored, &self.names)?
                 };
-                let written = match &current {
-                    Some(_) => {
-                        api.replace(&self.secret, &PostParams::default(), &secret)
+                let due = writes(&decided, &next, &serving_data, &ca_data);
+                // The CA first: a serving pair is never stored before the CA that signed it.
+                let written = async {
+                    if due.ca {
+                        self.write(&api, &self.ca_secret, ca.as_ref(), "Opaque", next.ca_data())
                             .await
+                            .map_err(|e| (ca_what.clone(), e))?;
                     }
-                    None => api.create(&PostParams::default(), &secret).await,
+                    if due.serving {
+                        self.write(
+                            &api,
+                            &self.secret,
+                            serving.as_ref(),
+                            "kubernetes.io/tls",
+                            next.serving_data(),
+                        )
+                        .await
+                        .map_err(|e| (what.clone(), e))?;
+                    }
+                    Ok::<(), (String, kube::Error)>(())
                 };
-                match written {
-                    Ok(_) => {
-                        tracing::info!(why = ?decided, "webhook certificate written");
+                match written.await {
+                    Ok(()) => {
+                        if due != Writes::default() {
+                            tracing::info!(why = ?decided, ?due, "webhook certificate written");
+                        }
                         next
                     }
                     // Another replica wrote first: take its pair.
-                    Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                    Err(e) => return Err(crate::error::kube("write", what)(e)),
+                    Err((_, kube::Error::Api(s))) if s.code == 409 => continue,
+                    Err((which, e)) => return Err(crate::error::kube("write", which)(e)),
                 }
             };
             // Trust first, then present: a new CA is in caBundle before anything it signed
@@ -384,6 +438,46 @@ impl Keeper {
         Err(Error::Certificate(
             format!("{what} kept changing under three attempts to write it").into(),
         ))
+    }
+
+    /// Creates the Secret `name` or replaces `current` (at its resource version, so that a
+    /// write that races another replica's is refused with a conflict) with `data`.
+    async fn write(
+        &self,
+        api: &kube::Api<k8s_openapi::api::core::v1::Secret>,
+        name: &str,
+        current: Option<&k8s_openapi::api::core::v1::Secret>,
+        type_: &str,
+        data: Data,
+    ) -> Result<(), kube::Error> {
+        use k8s_openapi::ByteString;
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::api::{ObjectMeta, PostParams};
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(self.namespace.clone()),
+                resource_version: current.and_then(|c| c.metadata.resource_version.clone()),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    "kvcache-operator".to_owned(),
+                )])),
+                ..Default::default()
+            },
+            // A Secret's type cannot change: one from before keeps its own.
+            type_: Some(
+                current
+                    .and_then(|c| c.type_.clone())
+                    .unwrap_or_else(|| type_.to_owned()),
+            ),
+            data: Some(data.into_iter().map(|(k, v)| (k, ByteString(v))).collect()),
+            ..Default::default()
+        };
+        match current {
+            Some(_) => api.replace(name, &PostParams::default(), &secret).await?,
+            None => api.create(&PostParams::default(), &secret).await?,
+        };
+        Ok(())
     }
 
     /// Writes `bundle` into every webhook of the validating and mutating configurations (those
@@ -590,6 +684,61 @@ mod tests {
         assert_ne!(rotated.ca_cert, renewed.ca_cert);
         assert!(rotated.ca_bundle().contains(renewed.ca_cert.trim()));
         assert!(rotated.ca_bundle().contains(rotated.ca_cert.trim()));
+    }
+
+    #[test]
+    fn the_ca_key_is_kept_apart_and_a_secret_of_the_old_layout_is_split() {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let made = carry_out(&Plan::NewCa("test"), &Stored::default(), &names()).expect("made");
+        assert!(!made.serving_data().contains_key(CA_KEY));
+        assert_eq!(
+            made.serving_data().get(CA_CERT),
+            Some(&made.ca_cert.as_bytes().to_vec()),
+            "the serving Secret carries the CA certificate"
+        );
+        assert!(made.ca_data().contains_key(CA_KEY));
+        // Read back from the two Secrets: the same pair, kept, nothing to write.
+        let (serving, ca) = (made.serving_data(), made.ca_data());
+        let read = Stored::from_secrets(&serving, &ca);
+        assert_eq!(read, made);
+        assert_eq!(plan(&read, &names(), now), Plan::Keep);
+        assert_eq!(writes(&Plan::Keep, &read, &serving, &ca), Writes::default());
+        // Before the split: one Secret with every key and no CA Secret. The same pair is read
+        // and kept, and both Secrets are written, the serving one without the key.
+        let mut old = serving.clone();
+        old.extend(ca.clone());
+        let read = Stored::from_secrets(&old, &Data::new());
+        assert_eq!(read, made);
+        assert_eq!(
+            writes(&Plan::Keep, &read, &old, &Data::new()),
+            Writes {
+                ca: true,
+                serving: true
+            }
+        );
+        // A standby reads the serving Secret alone: it has the pair and the CA certificate to
+        // check the configurations' trust, not the key.
+        let standby = Stored::from_secrets(&serving, &Data::new());
+        assert_eq!(standby.tls_cert, made.tls_cert);
+        assert_eq!(standby.ca_cert, made.ca_cert);
+        assert!(standby.ca_key.is_empty());
+        // A renewal writes the serving Secret alone; a new CA both.
+        let renewed = carry_out(&Plan::RenewServing("test"), &read, &names()).expect("renewed");
+        assert_eq!(
+            writes(&Plan::RenewServing("test"), &renewed, &serving, &ca),
+            Writes {
+                ca: false,
+                serving: true
+            }
+        );
+        let rotated = carry_out(&Plan::NewCa("test"), &read, &names()).expect("rotated");
+        assert_eq!(
+            writes(&Plan::NewCa("test"), &rotated, &serving, &ca),
+            Writes {
+                ca: true,
+                serving: true
+            }
+        );
     }
 
     #[test]

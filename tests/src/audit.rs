@@ -1,0 +1,351 @@
+//! The API server's audit log read for what the operator's account did: which of its grants
+//! (the installation's ClusterRole and Role, `kvcache_render::install`) it used and which call
+//! RBAC refused. The harness's API servers log every call of that account (see
+//! [`crate::cluster`]); `tests/tests/rbac_audit.rs` reads the logs the end-to-end binaries
+//! leave and fails on a grant no run used and on any refused call.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use k8s_openapi::api::rbac::v1::PolicyRule;
+
+/// The account the installation runs the operator under (`kvcache_render::install`), in the
+/// namespace every end-to-end binary installs it into.
+pub const OPERATOR_ACCOUNT: &str = "system:serviceaccount:gpustack-system:kvcache-operator";
+
+/// Which role of the installation allowed a call (the audit's `authorization.k8s.io/reason`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RoleName {
+    /// A ClusterRole, through a ClusterRoleBinding or a RoleBinding.
+    Cluster(String),
+    /// A Role in `namespace`.
+    Namespaced { namespace: String, name: String },
+}
+
+impl fmt::Display for RoleName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RoleName::Cluster(name) => write!(f, "ClusterRole {name}"),
+            RoleName::Namespaced { namespace, name } => write!(f, "Role {namespace}/{name}"),
+        }
+    }
+}
+
+/// One request of the account, as the audit log records it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Call {
+    pub verb: String,
+    /// The API group (`""` for the core group).
+    pub group: String,
+    /// The resource, with its subresource after a `/` (`pods/eviction`).
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    /// The role whose binding allowed it (`None`: refused, or not an RBAC decision).
+    pub allowed_by: Option<RoleName>,
+    /// Whether the authorizer refused it.
+    pub refused: bool,
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            &self.group
+        };
+        write!(f, "{} {}/{}", self.verb, group, self.resource)?;
+        match (&self.namespace, &self.name) {
+            (Some(ns), Some(name)) => write!(f, " {ns}/{name}"),
+            (Some(ns), None) => write!(f, " in {ns}"),
+            (None, Some(name)) => write!(f, " {name}"),
+            (None, None) => Ok(()),
+        }
+    }
+}
+
+/// The role named in an RBAC reason: `RBAC: allowed by ClusterRoleBinding "b" of ClusterRole
+/// "r" to ...` or `RBAC: allowed by RoleBinding "b/ns" of Role "r" to ...` (a RoleBinding of a
+/// ClusterRole names the ClusterRole).
+fn allowed_by(reason: &str) -> Option<RoleName> {
+    let rest = reason.strip_prefix("RBAC: allowed by ")?;
+    let (binding, rest) = rest.split_once(" of ")?;
+    let quoted = |s: &str| -> Option<String> {
+        let s = s.trim().strip_prefix('"')?;
+        Some(s.split_once('"')?.0.to_owned())
+    };
+    if let Some(role) = rest.strip_prefix("ClusterRole ") {
+        return Some(RoleName::Cluster(quoted(role)?));
+    }
+    let role = rest.strip_prefix("Role ")?;
+    // `RoleBinding "name/namespace"`: the Role is in the binding's namespace.
+    let binding = quoted(binding.strip_prefix("RoleBinding ")?)?;
+    let (_, namespace) = binding.split_once('/')?;
+    Some(RoleName::Namespaced {
+        namespace: namespace.to_owned(),
+        name: quoted(role)?,
+    })
+}
+
+/// The calls of `user` in an audit log's JSON lines, each request once (a watch is logged when
+/// its response starts and when it ends). A line that is not an event is an error naming it
+/// and `source` (the log's path).
+pub fn calls(text: &str, source: &str, user: &str) -> crate::Result<Vec<Call>> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let e: serde_json::Value =
+            serde_json::from_str(line).map_err(|err| crate::Error::Invalid {
+                path: source.to_owned(),
+                what: "audit log (JSON lines)",
+                reason: format!("line {}: {err}", i + 1),
+            })?;
+        if e["user"]["username"] != user {
+            continue;
+        }
+        let id = e["auditID"].as_str().unwrap_or_default().to_owned();
+        if !seen.insert(id) {
+            continue;
+        }
+        let Some(r) = e["objectRef"].as_object() else {
+            // A non-resource request (`/version`, discovery): no grant of the roles covers it.
+            continue;
+        };
+        let text = |k: &str| r.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+        let resource = match (text("resource"), text("subresource")) {
+            (Some(res), Some(sub)) => format!("{res}/{sub}"),
+            (Some(res), None) => res,
+            (None, _) => continue,
+        };
+        let annotations = &e["annotations"];
+        out.push(Call {
+            verb: e["verb"].as_str().unwrap_or_default().to_owned(),
+            group: text("apiGroup").unwrap_or_default(),
+            resource,
+            namespace: text("namespace"),
+            name: text("name"),
+            allowed_by: annotations["authorization.k8s.io/reason"]
+                .as_str()
+                .and_then(allowed_by),
+            refused: annotations["authorization.k8s.io/decision"] == "forbid",
+        });
+    }
+    Ok(out)
+}
+
+/// One verb on one resource granted by one role.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Grant {
+    pub role: RoleName,
+    pub group: String,
+    pub resource: String,
+    pub verb: String,
+}
+
+impl fmt::Display for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            &self.group
+        };
+        write!(
+            f,
+            "{}: {} {}/{}",
+            self.role, self.verb, group, self.resource
+        )
+    }
+}
+
+/// Every verb on every resource that `rules` of `role` grant.
+pub fn grants(role: &RoleName, rules: &[PolicyRule]) -> Vec<Grant> {
+    let mut out = Vec::new();
+    for rule in rules {
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    out.push(Grant {
+                        role: role.clone(),
+                        group: group.clone(),
+                        resource: resource.clone(),
+                        verb: verb.clone(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The grants no call used: a call uses a grant when the role that allowed it grants its verb
+/// on its resource. A Role's grant that the ClusterRole also holds is never used (RBAC finds the
+/// ClusterRole's first), so it shows here too.
+pub fn unused<'g>(grants: &'g [Grant], calls: &[Call]) -> Vec<&'g Grant> {
+    let used: BTreeSet<(&RoleName, &str, &str, &str)> = calls
+        .iter()
+        .filter_map(|c| {
+            Some((
+                c.allowed_by.as_ref()?,
+                c.group.as_str(),
+                c.resource.as_str(),
+                c.verb.as_str(),
+            ))
+        })
+        .collect();
+    grants
+        .iter()
+        .filter(|g| {
+            !used.contains(&(
+                &g.role,
+                g.group.as_str(),
+                g.resource.as_str(),
+                g.verb.as_str(),
+            ))
+        })
+        .collect()
+}
+
+/// The calls RBAC refused, each kind of call once.
+pub fn refused(calls: &[Call]) -> Vec<&Call> {
+    let mut seen = BTreeSet::new();
+    calls
+        .iter()
+        .filter(|c| c.refused)
+        .filter(|c| seen.insert((&c.verb, &c.group, &c.resource, &c.namespace)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OP: &str = OPERATOR_ACCOUNT;
+
+    fn line(id: &str, user: &str, verb: &str, object: &str, annotations: &str) -> String {
+        format!(
+            r#"{{"kind":"Event","auditID":"{id}","stage":"ResponseComplete","verb":"{verb}","user":{{"username":"{user}"}},"objectRef":{object},"responseStatus":{{"code":200}},"annotations":{annotations}}}"#
+        )
+    }
+
+    const BY_ROLE: &str = r#"{"authorization.k8s.io/decision":"allow","authorization.k8s.io/reason":"RBAC: allowed by RoleBinding \"kvcache-operator/gpustack-system\" of Role \"kvcache-operator\" to ServiceAccount \"kvcache-operator/gpustack-system\""}"#;
+    const BY_CLUSTER_ROLE: &str = r#"{"authorization.k8s.io/decision":"allow","authorization.k8s.io/reason":"RBAC: allowed by ClusterRoleBinding \"kvcache-operator\" of ClusterRole \"kvcache-operator\" to ServiceAccount \"kvcache-operator/gpustack-system\""}"#;
+    const FORBID: &str =
+        r#"{"authorization.k8s.io/decision":"forbid","authorization.k8s.io/reason":""}"#;
+
+    fn role() -> RoleName {
+        RoleName::Namespaced {
+            namespace: "gpustack-system".into(),
+            name: "kvcache-operator".into(),
+        }
+    }
+
+    fn cluster_role() -> RoleName {
+        RoleName::Cluster("kvcache-operator".into())
+    }
+
+    #[test]
+    fn reads_the_role_that_allowed_each_call_once_per_request() {
+        let log = [
+            line(
+                "1",
+                OP,
+                "watch",
+                r#"{"resource":"leases","namespace":"gpustack-system","apiGroup":"coordination.k8s.io"}"#,
+                BY_ROLE,
+            ),
+            // The same watch, logged again when it ends.
+            line(
+                "1",
+                OP,
+                "watch",
+                r#"{"resource":"leases","namespace":"gpustack-system","apiGroup":"coordination.k8s.io"}"#,
+                BY_ROLE,
+            ),
+            line(
+                "2",
+                OP,
+                "patch",
+                r#"{"resource":"kvcachebackends","subresource":"status","name":"b","apiGroup":"worker.gpustack.ai"}"#,
+                BY_CLUSTER_ROLE,
+            ),
+            line(
+                "3",
+                "system:serviceaccount:gpustack-system:other",
+                "get",
+                r#"{"resource":"pods"}"#,
+                BY_ROLE,
+            ),
+            line("4", OP, "get", r#"{"resource":"nodes","name":"n"}"#, FORBID),
+        ]
+        .join("\n");
+        let calls = calls(&log, "audit.log", OP).expect("readable");
+        assert_eq!(calls.len(), 3, "{calls:#?}");
+        assert_eq!(calls[0].allowed_by, Some(role()));
+        assert_eq!(calls[1].resource, "kvcachebackends/status");
+        assert_eq!(calls[1].allowed_by, Some(cluster_role()));
+        assert!(calls[2].refused && calls[2].allowed_by.is_none());
+        assert_eq!(refused(&calls), vec![&calls[2]]);
+        assert_eq!(calls[2].to_string(), "get core/nodes n");
+    }
+
+    #[test]
+    fn a_line_that_is_not_json_is_an_error_not_a_skip() {
+        assert!(calls("{\"kind\":\"Event\"}\nnot json", "audit.log", OP).is_err());
+    }
+
+    #[test]
+    fn a_grant_is_used_only_by_a_call_its_own_role_allowed() {
+        let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
+            api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
+            resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
+            verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
+            ..Default::default()
+        };
+        let mut all = grants(&cluster_role(), &[rule(&[""], &["pods"], &["get", "list"])]);
+        all.extend(grants(
+            &role(),
+            &[rule(&[""], &["pods"], &["list", "delete"])],
+        ));
+        assert_eq!(all.len(), 4);
+        let call = |verb: &str, by: RoleName| Call {
+            verb: verb.into(),
+            group: String::new(),
+            resource: "pods".into(),
+            namespace: Some("gpustack-system".into()),
+            name: None,
+            allowed_by: Some(by),
+            refused: false,
+        };
+        // The ClusterRole allowed the list: the Role's list (shadowed) and get are unused.
+        let calls = [call("list", cluster_role()), call("delete", role())];
+        let unused: Vec<String> = unused(&all, &calls).iter().map(|g| g.to_string()).collect();
+        assert_eq!(
+            unused,
+            [
+                "ClusterRole kvcache-operator: get core/pods",
+                "Role gpustack-system/kvcache-operator: list core/pods",
+            ]
+        );
+    }
+
+    #[test]
+    fn reads_both_forms_of_the_rbac_reason() {
+        assert_eq!(
+            allowed_by(
+                r#"RBAC: allowed by RoleBinding "rb/ns1" of ClusterRole "view" to ServiceAccount "a/ns1""#
+            ),
+            Some(RoleName::Cluster("view".into()))
+        );
+        assert_eq!(
+            allowed_by(r#"RBAC: allowed by RoleBinding "rb/ns1" of Role "r" to User "u""#),
+            Some(RoleName::Namespaced {
+                namespace: "ns1".into(),
+                name: "r".into()
+            })
+        );
+        assert_eq!(allowed_by("allowed because it is Tuesday"), None);
+    }
+}
