@@ -13,6 +13,15 @@ pub const MOONCAKE_PACKAGE: &str = "mooncake-transfer-engine-non-cuda";
 /// The pinned store version.
 pub const MOONCAKE_VERSION: &str = "0.3.13.post1";
 
+/// The Prometheus release `xtask/go/prometheus` pins (its server and promtool, for the
+/// monitoring tests).
+pub const PROMETHEUS_VERSION: &str = "v0.316.0";
+
+/// Where `cargo xtask setup` puts Prometheus's `prometheus` and `promtool`.
+pub fn prometheus_dir() -> PathBuf {
+    cache_dir().join("prometheus").join(PROMETHEUS_VERSION)
+}
+
 /// Where the project caches what it builds and installs (outside the checkout).
 pub fn cache_dir() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")

@@ -40,6 +40,7 @@ pub fn all() -> anyhow::Result<Installed> {
     let mooncake_venv = store_venv()?;
     let k8s_bin = control_plane()?;
     helm()?;
+    prometheus()?;
     let images = crate::images::all()?;
     Ok(Installed {
         k8s_bin,
@@ -242,7 +243,39 @@ fn helm() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
+/// Builds Prometheus and promtool from the Go module proxy once, into the cache (the monitoring
+/// tests: `promtool` checks and unit-tests the alert rules, `prometheus` scrapes the nodes).
+/// Without its service discoveries (`remove_all_sd`): the tests name their targets.
+fn prometheus() -> anyhow::Result<PathBuf> {
+    let dir = kvcache_e2e::paths::prometheus_dir();
+    std::fs::create_dir_all(&dir)?;
+    for command in ["promtool", "prometheus"] {
+        let bin = dir.join(command);
+        if bin.exists() {
+            continue;
+        }
+        go_build_tagged(
+            &root().join("xtask/go/prometheus"),
+            &format!("github.com/prometheus/prometheus/cmd/{command}"),
+            &bin,
+            "-s -w",
+            "remove_all_sd",
+        )?;
+    }
+    Ok(dir)
+}
+
 fn go_build(module: &Path, package: &str, out: &Path, ldflags: &str) -> anyhow::Result<()> {
+    go_build_tagged(module, package, out, ldflags, "")
+}
+
+fn go_build_tagged(
+    module: &Path,
+    package: &str,
+    out: &Path,
+    ldflags: &str,
+    tags: &str,
+) -> anyhow::Result<()> {
     let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("?");
     println!("setup: go build {name} …");
     let started = Instant::now();
@@ -251,7 +284,15 @@ fn go_build(module: &Path, package: &str, out: &Path, ldflags: &str) -> anyhow::
         .env("GOTOOLCHAIN", "local")
         .env("GOFLAGS", "-mod=mod")
         .env("CGO_ENABLED", "0")
-        .args(["build", "-trimpath", "-ldflags", ldflags, "-o"])
+        .args([
+            "build",
+            "-trimpath",
+            "-tags",
+            tags,
+            "-ldflags",
+            ldflags,
+            "-o",
+        ])
         .arg(out)
         .arg(package))?;
     println!("setup: built {name} in {:.0?}", started.elapsed());

@@ -5,6 +5,8 @@
 
 use serde_json::{Value, json};
 
+mod alert_cases;
+
 /// One alerting rule of the PrometheusRule the installation ships.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Alert {
@@ -334,8 +336,9 @@ pub fn dashboard() -> Value {
     })
 }
 
-/// The files of `deploy/monitoring/`, by name: `alerts.yaml` (a plain rule file),
-/// `prometheusrule.yaml` (the same rules for the prometheus-operator) and `dashboard.json`.
+/// The files of `deploy/monitoring/`, by name: `alerts.yaml` (a plain rule file), its promtool
+/// unit tests `alerts-test.yaml`, `prometheusrule.yaml` (the same rules for the
+/// prometheus-operator) and `dashboard.json`.
 pub fn files(namespace: &str) -> Result<Vec<(&'static str, String)>, crate::error::Error> {
     let yaml = |what: &str, v: &Value| {
         serde_yaml::to_string(v).map_err(|e| crate::error::Error::Yaml {
@@ -349,6 +352,16 @@ pub fn files(namespace: &str) -> Result<Vec<(&'static str, String)>, crate::erro
         (
             "alerts.yaml",
             format!("{header}{}", yaml("the alert rules", &rule_file())?),
+        ),
+        (
+            "alerts-test.yaml",
+            format!(
+                "{header}{}",
+                yaml(
+                    "the alert rules' tests",
+                    &alert_cases::promtool_tests("alerts.yaml")?
+                )?
+            ),
         ),
         (
             "prometheusrule.yaml",
