@@ -254,6 +254,10 @@ pub struct KVCachePoolBindingStatus {
     /// The store's flag: true only when a grant was recut below current holdings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub over_quota: Option<bool>,
+    /// The store's flag: true while it refuses new allocations for this domain (absent from
+    /// stores before 0.3.13).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission_closed: Option<bool>,
     /// Workloads referencing this Binding; deletion waits for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub used_by: Vec<ObjectRef>,

@@ -88,6 +88,18 @@ pub struct BindingLabels {
     pub namespace: String,
     /// The Binding's name, without its namespace.
     pub binding: String,
+    /// Its domain: the store tenant its deployments write under (`spec.domain.name`).
+    pub domain: String,
+}
+
+impl BindingLabels {
+    fn of(b: &kvcache_api::KVCachePoolBinding) -> Self {
+        BindingLabels {
+            namespace: b.metadata.namespace.clone().unwrap_or_default(),
+            binding: b.metadata.name.clone().unwrap_or_default(),
+            domain: kvcache_api::admission::tenant_of(b).to_owned(),
+        }
+    }
 }
 
 /// A Binding's grant and usage as its status reports them (bytes); `None` where the status
@@ -180,14 +192,7 @@ impl prometheus_client::collector::Collector for BindingCollector {
             .iter()
             .map(|b| {
                 let (granted, used) = binding_figures(b);
-                (
-                    BindingLabels {
-                        namespace: b.metadata.namespace.clone().unwrap_or_default(),
-                        binding: b.metadata.name.clone().unwrap_or_default(),
-                    },
-                    granted,
-                    used,
-                )
+                (BindingLabels::of(b), granted, used)
             })
             .collect();
         figures.sort_by(|a, b| (&a.0.namespace, &a.0.binding).cmp(&(&b.0.namespace, &b.0.binding)));
@@ -218,13 +223,7 @@ impl prometheus_client::collector::Collector for BindingCollector {
             .iter()
             .filter_map(|b| {
                 let view = b.status.as_ref()?.shared_cache.clone()?;
-                Some((
-                    BindingLabels {
-                        namespace: b.metadata.namespace.clone().unwrap_or_default(),
-                        binding: b.metadata.name.clone().unwrap_or_default(),
-                    },
-                    view,
-                ))
+                Some((BindingLabels::of(b), view))
             })
             .collect();
         views.sort_by(|a, b| (&a.0.namespace, &a.0.binding).cmp(&(&b.0.namespace, &b.0.binding)));

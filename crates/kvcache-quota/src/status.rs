@@ -590,6 +590,8 @@ pub struct BindingVerdict {
     pub usage_bytes: Option<u64>,
     /// The master's over-quota flag.
     pub over_quota: Option<bool>,
+    /// The master's admission-closed flag (0.3.13 and later).
+    pub admission_closed: Option<bool>,
     /// Every condition, in a fixed order.
     pub conditions: Vec<Cond>,
 }
@@ -618,6 +620,7 @@ pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {
         effective_quota_bytes: figures.map(|f| f.effective_quota_bytes),
         usage_bytes: figures.map(|f| f.usage_bytes),
         over_quota: figures.map(|f| f.over_quota),
+        admission_closed: figures.and_then(|f| f.admission_closed),
         conditions: conds,
     }
 }
@@ -641,6 +644,15 @@ fn quota_pressure(figures: Option<Figures>, ceiling_bytes: u64) -> Option<Cond> 
         bytes(f.effective_quota_bytes),
         share * 100.0
     );
+    if f.admission_closed == Some(true) {
+        return Some(Cond::yes(
+            b::QUOTA_PRESSURE,
+            "AdmissionClosed",
+            format!(
+                "the store refuses new allocations for the domain, which {held}: its engines' saves fail until it holds less; raise spec.quota.ceiling or the pool's quota.total, or move some workloads to another Binding"
+            ),
+        ));
+    }
     Some(if share > PRESSURE_SHARE {
         let fix = if f.effective_quota_bytes < ceiling_bytes {
             "the grant is below the ceiling because the pool's total is shared out: raise the pool's quota.total or add capacity, or move some workloads to another Binding"
@@ -669,6 +681,7 @@ struct Figures {
     effective_quota_bytes: u64,
     usage_bytes: u64,
     over_quota: bool,
+    admission_closed: Option<bool>,
 }
 
 /// `QuotaObserved` and `QuotaGranted`, decided together (both read the same pool verdict and
@@ -723,6 +736,7 @@ fn quota_observed_and_granted(
                 effective_quota_bytes: entry.effective_quota_bytes,
                 usage_bytes: entry.usage_bytes(),
                 over_quota: entry.over_quota,
+                admission_closed: entry.admission_closed,
             }),
         ),
         (Some(true), None) => (

@@ -516,6 +516,8 @@ fn a_domain_at_its_grant_is_under_pressure_and_the_fix_named_but_the_binding_sta
     let charged = |bytes: u64| {
         let mut e = entry(&ledger, "default").expect("an entry").clone();
         e.charged_bytes = Some(bytes);
+        // A 0.3.13 master's entry carries the flag.
+        e.admission_closed = Some(false);
         e
     };
     let verdict = |e: &TenantEntry| {
@@ -544,6 +546,20 @@ fn a_domain_at_its_grant_is_under_pressure_and_the_fix_named_but_the_binding_sta
     let c = cond(&half.conditions, "QuotaPressure");
     assert_eq!((c.status, c.reason), (Status::False, "BelowGrant"));
     assert_eq!(half.phase, PoolPhase::Ready);
+    assert_eq!(
+        half.admission_closed,
+        Some(false),
+        "the master's flag shown"
+    );
+    // The master refusing the domain's allocations is pressure whatever the share.
+    let mut closed = charged(4 * GI);
+    closed.admission_closed = Some(true);
+    let refused = verdict(&closed);
+    let c = cond(&refused.conditions, "QuotaPressure");
+    assert_eq!((c.status, c.reason), (Status::True, "AdmissionClosed"));
+    assert!(c.message.contains("saves fail"), "{}", c.message);
+    assert_eq!(refused.admission_closed, Some(true));
+    assert_eq!(refused.phase, PoolPhase::Ready);
     // No ledger figures: nothing said.
     let unread = binding_status(&BindingInput {
         binding: "team-a/team-a",

@@ -77,7 +77,6 @@ fn role_ref(kind: &str) -> RoleRef {
     }
 }
 
-const READ: &[&str] = &["get", "list", "watch"];
 /// What the operator does with the objects it renders: applies them server-side (`patch`, which
 /// creates), reads and watches them, and sweeps those it no longer renders.
 const APPLIED: &[&str] = &["get", "list", "watch", "patch", "delete"];
@@ -312,9 +311,11 @@ fn cluster_role() -> ClusterRole {
             // Deployments and Service are applied, read, swept and watched there (README.md
             // #what-the-operator-may-do).
             rule(&["apps"], &["deployments"], APPLIED),
-            rule(&[""], &["services"], APPLIED),
-            // Its engines' Pods, for their metrics and readiness.
-            rule(&[""], &["pods"], READ),
+            // Services are read and swept, never watched.
+            rule(&[""], &["services"], &["get", "list", "patch", "delete"]),
+            // Its engines' Pods (their metrics and readiness) and the store's, listed and
+            // watched.
+            rule(&[""], &["pods"], &["list", "watch"]),
             // Events about our objects, where they live (a repeat patches its series).
             rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
             // At start: are the CRDs installed?
@@ -348,20 +349,40 @@ fn namespace_role(namespace: &str) -> Role {
     Role {
         metadata: meta(NAME, Some(namespace)),
         rules: Some(vec![
-            // Member DaemonSets, and the etcd StatefulSet of a backend with warm failover.
-            rule(&["apps"], &["daemonsets", "statefulsets"], APPLIED),
-            // Who may reach a store (docs/isolation.md).
-            rule(&["networking.k8s.io"], &["networkpolicies"], APPLIED),
-            // The store's settings and the elector's account.
-            rule(&[""], &["configmaps", "serviceaccounts"], APPLIED),
+            // Member DaemonSets, and the etcd StatefulSet of a backend with warm failover:
+            // applied, watched (their readiness is in the status) and swept.
+            rule(
+                &["apps"],
+                &["daemonsets", "statefulsets"],
+                &["list", "watch", "patch", "delete"],
+            ),
+            // The settings ConfigMap is watched; the tenant policy's is applied and swept.
+            rule(
+                &[""],
+                &["configmaps"],
+                &["list", "watch", "patch", "delete"],
+            ),
+            // Who may reach a store (docs/isolation.md), and the elector's account: applied
+            // and swept.
+            rule(
+                &["networking.k8s.io"],
+                &["networkpolicies"],
+                &["list", "patch", "delete"],
+            ),
+            rule(&[""], &["serviceaccounts"], &["list", "patch", "delete"]),
             // Member Pods whose template changed are deleted (DaemonSets are OnDelete), a drain
             // recorded on each first (docs/design.md#member-rollout); reading them is the
             // ClusterRole's.
             rule(&[""], &["pods"], &["patch", "delete"]),
             // The leader Service's endpoints tell when the serving leader moves.
-            rule(&["discovery.k8s.io"], &["endpointslices"], READ),
-            // The store Leases (made once, then the electors' own) and the operator's own
-            // (campaigned for: created, renewed, released).
+            rule(
+                &["discovery.k8s.io"],
+                &["endpointslices"],
+                &["list", "watch"],
+            ),
+            // The store Leases (made once, then the electors' own; swept with their backend)
+            // and the operator's own (campaigned for: read, created, renewed). `update` is the
+            // electors': a Role can grant only what its creator holds.
             rule(
                 &["coordination.k8s.io"],
                 &["leases"],
@@ -385,7 +406,7 @@ fn namespace_role(namespace: &str) -> Role {
             rule(
                 &["rbac.authorization.k8s.io"],
                 &["roles", "rolebindings"],
-                APPLIED,
+                &["list", "patch", "delete"],
             ),
         ]),
     }

@@ -178,14 +178,14 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
         );
         let granted = value(
             &text,
-            "kvcache_operator_binding_granted_bytes{namespace=\"team-a\",binding=\"team-a\"}",
+            "kvcache_operator_binding_granted_bytes{namespace=\"team-a\",binding=\"team-a\",domain=\"default\"}",
         )
         .expect("the Binding's grant");
         assert!(granted > 0.0, "{text}");
         assert!(
             value(
                 &text,
-                "kvcache_operator_binding_used_bytes{namespace=\"team-a\",binding=\"team-a\"}"
+                "kvcache_operator_binding_used_bytes{namespace=\"team-a\",binding=\"team-a\",domain=\"default\"}"
             )
             .is_some(),
             "{text}"

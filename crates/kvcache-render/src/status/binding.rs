@@ -94,6 +94,7 @@ fn binding_status_document(
             .map(kvcache_api::Quantity::from_bytes),
         usage: verdict.usage_bytes.map(kvcache_api::Quantity::from_bytes),
         over_quota: verdict.over_quota,
+        admission_closed: verdict.admission_closed,
         used_by: Vec::new(),
         shared_cache: None,
         conditions: kvcache_api::condition::merge(
