@@ -45,6 +45,9 @@ pub struct Call {
     pub allowed_by: Option<RoleName>,
     /// Whether the authorizer refused it.
     pub refused: bool,
+    /// A server-side apply that made the object (a `patch` answered 201): the API server asked
+    /// the authorizer for `create` too, which the log does not show as a request of its own.
+    pub created: bool,
 }
 
 impl fmt::Display for Call {
@@ -131,6 +134,7 @@ pub fn calls(text: &str, source: &str, user: &str) -> crate::Result<Vec<Call>> {
                 .as_str()
                 .and_then(allowed_by),
             refused: annotations["authorization.k8s.io/decision"] == "forbid",
+            created: e["verb"] == "patch" && e["responseStatus"]["code"] == 201,
         });
     }
     Ok(out)
@@ -181,20 +185,20 @@ pub fn grants(role: &RoleName, rules: &[PolicyRule]) -> Vec<Grant> {
 }
 
 /// The grants no call used: a call uses a grant when the role that allowed it grants its verb
-/// on its resource. A Role's grant that the ClusterRole also holds is never used (RBAC finds the
-/// ClusterRole's first), so it shows here too.
+/// on its resource (an apply that made its object uses `create` too). A Role's grant that the
+/// ClusterRole also holds is never used (RBAC finds the ClusterRole's first), so it shows here
+/// too.
 pub fn unused<'g>(grants: &'g [Grant], calls: &[Call]) -> Vec<&'g Grant> {
-    let used: BTreeSet<(&RoleName, &str, &str, &str)> = calls
-        .iter()
-        .filter_map(|c| {
-            Some((
-                c.allowed_by.as_ref()?,
-                c.group.as_str(),
-                c.resource.as_str(),
-                c.verb.as_str(),
-            ))
-        })
-        .collect();
+    let mut used: BTreeSet<(&RoleName, &str, &str, &str)> = BTreeSet::new();
+    for c in calls {
+        let Some(role) = c.allowed_by.as_ref() else {
+            continue;
+        };
+        used.insert((role, &c.group, &c.resource, &c.verb));
+        if c.created {
+            used.insert((role, &c.group, &c.resource, "create"));
+        }
+    }
     grants
         .iter()
         .filter(|g| {
@@ -318,6 +322,7 @@ mod tests {
             name: None,
             allowed_by: Some(by),
             refused: false,
+            created: false,
         };
         // The ClusterRole allowed the list: the Role's list (shadowed) and get are unused.
         let calls = [call("list", cluster_role()), call("delete", role())];
@@ -329,6 +334,29 @@ mod tests {
                 "Role gpustack-system/kvcache-operator: list core/pods",
             ]
         );
+    }
+
+    #[test]
+    fn an_apply_that_made_its_object_uses_the_create_grant_too() {
+        let grant = |verb: &str| Grant {
+            role: role(),
+            group: String::new(),
+            resource: "serviceaccounts".into(),
+            verb: verb.into(),
+        };
+        let all = [grant("create"), grant("patch")];
+        let log = |code: u16| {
+            format!(
+                r#"{{"auditID":"{code}","verb":"patch","user":{{"username":"{OP}"}},"objectRef":{{"resource":"serviceaccounts","namespace":"gpustack-system"}},"responseStatus":{{"code":{code}}},"annotations":{BY_ROLE}}}"#
+            )
+        };
+        // An apply onto an object that exists uses patch alone.
+        let applied = calls(&log(200), "audit.log", OP).expect("readable");
+        assert_eq!(unused(&all, &applied), vec![&all[0]]);
+        // One that made it (201) used create as well.
+        let made = calls(&log(201), "audit.log", OP).expect("readable");
+        assert!(made[0].created);
+        assert!(unused(&all, &made).is_empty());
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub struct OperatorBuilder<'a> {
     overrides: &'a [String],
     extra: &'a [String],
     nodes: Option<&'a Nodes>,
+    account: bool,
 }
 
 impl<'a> OperatorBuilder<'a> {
@@ -75,6 +76,15 @@ impl<'a> OperatorBuilder<'a> {
     /// reaches the API server from inside the nodes' network.
     pub fn on_nodes(mut self, nodes: &'a Nodes) -> Self {
         self.nodes = Some(nodes);
+        self
+    }
+
+    /// Runs it under the installation's account with its rights alone (its ServiceAccount,
+    /// roles and bindings applied, a token issued), as a Pod of the installation runs; on the
+    /// nodes it always does. The namespace must be the installation's, `gpustack-system`, for
+    /// `tests/tests/rbac_audit.rs` to count its calls.
+    pub fn as_installation_account(mut self) -> Self {
+        self.account = true;
         self
     }
 
@@ -140,7 +150,6 @@ impl<'a> OperatorBuilder<'a> {
                 let launcher = Launch::OnNode {
                     netns: node.name.clone(),
                     resolv,
-                    account: account_kubeconfig(self.kubeconfig, namespace, dir)?,
                 };
                 let webhook = Some(format!("https://{}:{webhook_port}", node.ip));
                 (node.ip.clone(), metrics_port, launcher, args, webhook)
@@ -163,7 +172,12 @@ impl<'a> OperatorBuilder<'a> {
             webhook = Some(format!("https://{addr}"));
         }
         let log = dir.join(format!("operator-{metrics_port}.log"));
-        let proc = spawn(&launcher, self.kubeconfig, &args, &log)?;
+        let kubeconfig = if self.account || self.nodes.is_some() {
+            account_kubeconfig(self.kubeconfig, namespace, dir)?
+        } else {
+            self.kubeconfig.to_owned()
+        };
+        let proc = spawn(&launcher, &kubeconfig, &args, &log)?;
         let mut op = Operator {
             proc,
             host,
@@ -171,7 +185,7 @@ impl<'a> OperatorBuilder<'a> {
             webhook,
             args,
             launcher,
-            kubeconfig: self.kubeconfig.to_owned(),
+            kubeconfig,
             log,
         };
         op.wait_ready()?;
@@ -191,6 +205,7 @@ impl Operator {
             overrides: &[],
             extra: &[],
             nodes: None,
+            account: false,
         }
     }
 
@@ -227,13 +242,8 @@ impl Operator {
 enum Launch {
     /// On the machine itself.
     Host,
-    /// In a node's network namespace, with its own resolver configuration, as the
-    /// installation's account (`account` is its kubeconfig).
-    OnNode {
-        netns: String,
-        resolv: PathBuf,
-        account: PathBuf,
-    },
+    /// In a node's network namespace, with its own resolver configuration.
+    OnNode { netns: String, resolv: PathBuf },
 }
 
 /// The kinds of the installation that give the operator its account and rights.
@@ -329,13 +339,9 @@ fn account_kubeconfig(kubeconfig: &Path, namespace: &str, dir: &Path) -> Result<
 
 fn spawn(launch: &Launch, kubeconfig: &Path, args: &[String], log: &Path) -> Result<Proc> {
     let bin = paths::operator_bin()?;
-    let (mut cmd, kubeconfig) = match launch {
-        Launch::Host => (Command::new(bin), kubeconfig),
-        Launch::OnNode {
-            netns,
-            resolv,
-            account,
-        } => {
+    let mut cmd = match launch {
+        Launch::Host => Command::new(bin),
+        Launch::OnNode { netns, resolv } => {
             // unshare and nsenter exec in place: the process held is the operator itself.
             let mut c = Command::new("unshare");
             c.args(["--mount", "--propagation", "private", "sh", "-c"])
@@ -344,7 +350,7 @@ fn spawn(launch: &Launch, kubeconfig: &Path, args: &[String], log: &Path) -> Res
                 .arg(resolv)
                 .arg(netns)
                 .arg(&bin);
-            (c, account.as_path())
+            c
         }
     };
     cmd.args(args).env("KUBECONFIG", kubeconfig).env(

@@ -19,7 +19,9 @@ use kvcache_e2e::status::{has_condition, wait_condition};
 use kvcache_e2e::{Error, paths};
 
 const WAIT: Duration = Duration::from_secs(60);
-const OPERATOR_NS: &str = "kvcache-webhook";
+/// The installation's namespace: the operator runs under the installation's account, whose
+/// calls `tests/tests/rbac_audit.rs` counts (the certificate's renewal among them).
+const OPERATOR_NS: &str = "gpustack-system";
 const SECRET: &str = kvcache_render::install::WEBHOOK_SECRET;
 const CA_SECRET: &str = kvcache_render::install::WEBHOOK_CA_SECRET;
 
@@ -52,6 +54,7 @@ fn hook() -> &'static Mutex<Hook> {
         })
         .map_err(|e| e.to_string())?;
         let operator = Operator::builder(&kc, OPERATOR_NS)
+            .as_installation_account()
             .extra(&[
                 format!("--webhook-addr=127.0.0.1:{port}"),
                 "--webhook-name=127.0.0.1".into(),

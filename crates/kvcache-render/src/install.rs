@@ -77,9 +77,10 @@ fn role_ref(kind: &str) -> RoleRef {
     }
 }
 
-/// What the operator does with the objects it renders: applies them server-side (`patch`, which
-/// creates), reads and watches them, and sweeps those it no longer renders.
-const APPLIED: &[&str] = &["get", "list", "watch", "patch", "delete"];
+/// What the operator does with the objects it renders: applies them server-side (`patch`; the
+/// API server also asks for `create` when the apply makes the object), reads and watches them,
+/// and sweeps those it no longer renders.
+const APPLIED: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
 
 /// Every object of the installation, as YAML documents in apply order.
 pub fn operator(
@@ -278,8 +279,7 @@ fn cluster_role() -> ClusterRole {
         metadata: meta(NAME, None),
         rules: Some(vec![
             // Our kinds: cached (list, watch), read live by the webhook (get), finalizers
-            // added and removed (patch). Every write is server-side apply or a patch: no
-            // `create` or `update`.
+            // added and removed (patch); never created or replaced.
             rule(
                 &[group],
                 &["kvcachebackends", "kvcachepools", "kvcachepoolbindings"],
@@ -312,7 +312,11 @@ fn cluster_role() -> ClusterRole {
             // #what-the-operator-may-do).
             rule(&["apps"], &["deployments"], APPLIED),
             // Services are read and swept, never watched.
-            rule(&[""], &["services"], &["get", "list", "patch", "delete"]),
+            rule(
+                &[""],
+                &["services"],
+                &["get", "list", "create", "patch", "delete"],
+            ),
             // Its engines' Pods (their metrics and readiness) and the store's, listed and
             // watched.
             rule(&[""], &["pods"], &["list", "watch"]),
@@ -354,22 +358,26 @@ fn namespace_role(namespace: &str) -> Role {
             rule(
                 &["apps"],
                 &["daemonsets", "statefulsets"],
-                &["list", "watch", "patch", "delete"],
+                &["list", "watch", "create", "patch", "delete"],
             ),
             // The settings ConfigMap is watched; the tenant policy's is applied and swept.
             rule(
                 &[""],
                 &["configmaps"],
-                &["list", "watch", "patch", "delete"],
+                &["list", "watch", "create", "patch", "delete"],
             ),
             // Who may reach a store (docs/isolation.md), and the elector's account: applied
             // and swept.
             rule(
                 &["networking.k8s.io"],
                 &["networkpolicies"],
-                &["list", "patch", "delete"],
+                &["list", "create", "patch", "delete"],
             ),
-            rule(&[""], &["serviceaccounts"], &["list", "patch", "delete"]),
+            rule(
+                &[""],
+                &["serviceaccounts"],
+                &["list", "create", "patch", "delete"],
+            ),
             // Member Pods whose template changed are deleted (DaemonSets are OnDelete), a drain
             // recorded on each first (docs/design.md#member-rollout); reading them is the
             // ClusterRole's.
@@ -406,7 +414,7 @@ fn namespace_role(namespace: &str) -> Role {
             rule(
                 &["rbac.authorization.k8s.io"],
                 &["roles", "rolebindings"],
-                &["list", "patch", "delete"],
+                &["list", "create", "patch", "delete"],
             ),
         ]),
     }
