@@ -53,6 +53,21 @@ pub struct LeaseClient {
     store_version: Option<String>,
     name: String,
     namespace: String,
+    /// The metadata other writers own (the operator's labels and owner reference), as last
+    /// read: a replace carries them, so the Lease keeps its owner (the API server refuses an
+    /// owner reference changed by an account that may not delete the object, where owner
+    /// references are enforced) and the labels the operator finds it by.
+    kept: std::sync::Arc<std::sync::Mutex<ObjectMeta>>,
+}
+
+/// The metadata of `lease` that the elector does not write itself.
+fn others(lease: &Lease) -> ObjectMeta {
+    ObjectMeta {
+        labels: lease.metadata.labels.clone(),
+        owner_references: lease.metadata.owner_references.clone(),
+        annotations: lease.metadata.annotations.clone(),
+        ..Default::default()
+    }
 }
 
 /// The election's view of a Lease object.
@@ -80,6 +95,7 @@ impl LeaseClient {
             store_version: None,
             name: name.to_owned(),
             namespace: namespace.to_owned(),
+            kept: Default::default(),
         }
     }
 
@@ -119,9 +135,18 @@ impl LeaseClient {
     /// The Lease, or `None` when it does not exist.
     pub async fn get(&self) -> Result<Option<LeaseRecord>, LeaseError> {
         match self.api.get_opt(&self.name).await {
-            Ok(l) => Ok(l.as_ref().map(to_record)),
+            Ok(l) => {
+                if let Some(l) = &l {
+                    self.keep(l);
+                }
+                Ok(l.as_ref().map(to_record))
+            }
             Err(e) => Err(self.fail("get", e)),
         }
+    }
+
+    fn keep(&self, lease: &Lease) {
+        *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = others(lease);
     }
 
     /// Writes `record` (create when it has no resourceVersion, replace otherwise).
@@ -131,7 +156,14 @@ impl LeaseClient {
         acquire: bool,
     ) -> Result<LeaseRecord, LeaseError> {
         let now = MicroTime(Timestamp::now());
-        let mut annotations = BTreeMap::new();
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // Annotations of other writers stay; the elector's own are written afresh.
+        let mut annotations: BTreeMap<String, String> = kept
+            .annotations
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, _)| k != ADDRESS_ANNOTATION && k != STORE_VERSION_ANNOTATION)
+            .collect();
         if let Some(a) = &record.address {
             annotations.insert(ADDRESS_ANNOTATION.to_owned(), a.clone());
         }
@@ -144,6 +176,8 @@ impl LeaseClient {
                 namespace: Some(self.namespace.clone()),
                 resource_version: record.resource_version.clone(),
                 annotations: Some(annotations),
+                labels: kept.labels,
+                owner_references: kept.owner_references,
                 ..Default::default()
             },
             spec: Some(LeaseSpec {
@@ -155,7 +189,7 @@ impl LeaseClient {
                 ..Default::default()
             }),
         };
-        let written = match &record.resource_version {
+        let written: Lease = match &record.resource_version {
             None => self
                 .api
                 .create(&PostParams::default(), &lease)
@@ -167,6 +201,7 @@ impl LeaseClient {
                 .await
                 .map_err(|e| self.fail("update", e))?,
         };
+        self.keep(&written);
         Ok(to_record(&written))
     }
 }
