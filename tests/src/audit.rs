@@ -48,6 +48,8 @@ pub struct Call {
     /// A server-side apply that made the object (a `patch` answered 201): the API server asked
     /// the authorizer for `create` too, which the log does not show as a request of its own.
     pub created: bool,
+    /// When the API server received it (RFC 3339, as the log writes it).
+    pub at: String,
 }
 
 impl fmt::Display for Call {
@@ -135,9 +137,62 @@ pub fn calls(text: &str, source: &str, user: &str) -> crate::Result<Vec<Call>> {
                 .and_then(allowed_by),
             refused: annotations["authorization.k8s.io/decision"] == "forbid",
             created: e["verb"] == "patch" && e["responseStatus"]["code"] == 201,
+            at: e["requestReceivedTimestamp"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
         });
     }
     Ok(out)
+}
+
+/// A time when the installation's rights were gone: from the deletion of one of its role
+/// bindings (an uninstall) until it was written again (`until`: `None` if never).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Removal {
+    pub from: String,
+    pub until: Option<String>,
+}
+
+/// When the installation's role bindings (`name`, cluster-wide or in any namespace) were
+/// deleted and until they were written again, from any account's writes in the log. Lines
+/// that do not parse were reported by [`calls`].
+pub fn removals(text: &str, name: &str) -> Vec<Removal> {
+    let mut out: Vec<Removal> = Vec::new();
+    for line in text.lines() {
+        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let r = &e["objectRef"];
+        let binding = matches!(
+            r["resource"].as_str(),
+            Some("clusterrolebindings" | "rolebindings")
+        );
+        let ok = e["responseStatus"]["code"]
+            .as_u64()
+            .is_some_and(|c| c < 300);
+        if !binding || r["name"] != name || !ok || e["stage"] != "ResponseComplete" {
+            continue;
+        }
+        let at = e["requestReceivedTimestamp"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let open = out.last().is_some_and(|w| w.until.is_none());
+        match e["verb"].as_str() {
+            Some("delete") if !open => out.push(Removal {
+                from: at,
+                until: None,
+            }),
+            Some("create" | "update" | "patch") if open => {
+                if let Some(w) = out.last_mut() {
+                    w.until = Some(at);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// One verb on one resource granted by one role.
@@ -212,12 +267,19 @@ pub fn unused<'g>(grants: &'g [Grant], calls: &[Call]) -> Vec<&'g Grant> {
         .collect()
 }
 
-/// The calls RBAC refused, each kind of call once.
-pub fn refused(calls: &[Call]) -> Vec<&Call> {
+/// The calls RBAC refused, each kind of call once, but for those made while the installation's
+/// rights were removed (`removals`: the Pods of an uninstalled operator still running for
+/// moments).
+pub fn refused<'c>(calls: &'c [Call], removals: &[Removal]) -> Vec<&'c Call> {
     let mut seen = BTreeSet::new();
+    let removed = |at: &str| {
+        removals
+            .iter()
+            .any(|w| w.from.as_str() <= at && w.until.as_deref().is_none_or(|u| at < u))
+    };
     calls
         .iter()
-        .filter(|c| c.refused)
+        .filter(|c| c.refused && !removed(&c.at))
         .filter(|c| seen.insert((&c.verb, &c.group, &c.resource, &c.namespace)))
         .collect()
 }
@@ -291,8 +353,60 @@ mod tests {
         assert_eq!(calls[1].resource, "kvcachebackends/status");
         assert_eq!(calls[1].allowed_by, Some(cluster_role()));
         assert!(calls[2].refused && calls[2].allowed_by.is_none());
-        assert_eq!(refused(&calls), vec![&calls[2]]);
+        assert_eq!(refused(&calls, &[]), vec![&calls[2]]);
         assert_eq!(calls[2].to_string(), "get core/nodes n");
+    }
+
+    #[test]
+    fn a_call_refused_while_the_installation_was_removed_is_the_uninstalls() {
+        let event = |at: &str, user: &str, verb: &str, object: &str, code: u16| {
+            format!(
+                r#"{{"auditID":"{at}{verb}","stage":"ResponseComplete","requestReceivedTimestamp":"{at}","verb":"{verb}","user":{{"username":"{user}"}},"objectRef":{object},"responseStatus":{{"code":{code}}},"annotations":{FORBID}}}"#
+            )
+        };
+        let binding = r#"{"resource":"clusterrolebindings","name":"kvcache-operator","apiGroup":"rbac.authorization.k8s.io"}"#;
+        let secret = r#"{"resource":"secrets","namespace":"gpustack-system","name":"kvcache-operator-webhook-tls"}"#;
+        let log = [
+            event("2026-12-04T10:00:00.000000Z", OP, "get", secret, 403),
+            event(
+                "2026-12-04T10:01:00.000000Z",
+                "admin",
+                "delete",
+                binding,
+                200,
+            ),
+            event("2026-12-04T10:01:01.000000Z", OP, "get", secret, 403),
+            event(
+                "2026-12-04T10:02:00.000000Z",
+                "admin",
+                "create",
+                binding,
+                201,
+            ),
+            event("2026-12-04T10:03:00.000000Z", OP, "list", secret, 403),
+        ]
+        .join("\n");
+        let removed = removals(&log, "kvcache-operator");
+        assert_eq!(
+            removed,
+            [Removal {
+                from: "2026-12-04T10:01:00.000000Z".into(),
+                until: Some("2026-12-04T10:02:00.000000Z".into())
+            }]
+        );
+        let calls = calls(&log, "audit.log", OP).expect("readable");
+        assert_eq!(calls.len(), 3);
+        // Before the uninstall and after the reinstall: refused; during it: the uninstall's.
+        let verbs: Vec<&str> = refused(&calls, &removed)
+            .iter()
+            .map(|c| c.verb.as_str())
+            .collect();
+        assert_eq!(verbs, ["get", "list"]);
+        assert_eq!(
+            refused(&calls, &[]).len(),
+            2,
+            "one get and one list, each once"
+        );
     }
 
     #[test]
@@ -323,6 +437,7 @@ mod tests {
             allowed_by: Some(by),
             refused: false,
             created: false,
+            at: String::new(),
         };
         // The ClusterRole allowed the list: the Role's list (shadowed) and get are unused.
         let calls = [call("list", cluster_role()), call("delete", role())];

@@ -278,14 +278,15 @@ fn cluster_role() -> ClusterRole {
     ClusterRole {
         metadata: meta(NAME, None),
         rules: Some(vec![
-            // Our kinds: cached (list, watch), read live by the webhook (get), finalizers
-            // added and removed (patch); never created or replaced.
+            // Our kinds: cached (list, watch), read live by the webhook (get), the release
+            // finalizer added and removed (patch); never created or replaced.
             rule(
                 &[group],
                 &["kvcachebackends", "kvcachepools", "kvcachepoolbindings"],
                 &["get", "list", "watch", "patch"],
             ),
-            rule(&[group], &["modeldeployments"], &["list", "watch", "patch"]),
+            // A ModelDeployment carries no finalizer of ours: read only.
+            rule(&[group], &["modeldeployments"], &["list", "watch"]),
             rule(&[group], &["instancetypes"], &["get", "list", "watch"]),
             // One writer per status, by patch.
             rule(
