@@ -243,13 +243,13 @@ fn helm() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-/// Builds Prometheus and promtool from the Go module proxy once, into the cache (the monitoring
-/// tests: `promtool` checks and unit-tests the alert rules, `prometheus` scrapes the nodes).
-/// Without its service discoveries (`remove_all_sd`): the tests name their targets.
+/// Builds Prometheus's promtool from the Go module proxy once, into the cache (the monitoring
+/// tests: it checks and unit-tests the alert rules). The server itself, from the same module,
+/// is built once a test scrapes with it. Without service discovery (`remove_all_sd`).
 fn prometheus() -> anyhow::Result<PathBuf> {
     let dir = kvcache_e2e::paths::prometheus_dir();
     std::fs::create_dir_all(&dir)?;
-    for command in ["promtool", "prometheus"] {
+    for command in ["promtool"] {
         let bin = dir.join(command);
         if bin.exists() {
             continue;
