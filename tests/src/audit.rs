@@ -31,6 +31,11 @@ impl fmt::Display for RoleName {
     }
 }
 
+/// An API group as a reader names it (`core` for the unnamed core group).
+fn group_name(group: &str) -> &str {
+    if group.is_empty() { "core" } else { group }
+}
+
 /// One request of the account, as the audit log records it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Call {
@@ -54,11 +59,7 @@ pub struct Call {
 
 impl fmt::Display for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let group = if self.group.is_empty() {
-            "core"
-        } else {
-            &self.group
-        };
+        let group = group_name(&self.group);
         write!(f, "{} {}/{}", self.verb, group, self.resource)?;
         match (&self.namespace, &self.name) {
             (Some(ns), Some(name)) => write!(f, " {ns}/{name}"),
@@ -206,11 +207,7 @@ pub struct Grant {
 
 impl fmt::Display for Grant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let group = if self.group.is_empty() {
-            "core"
-        } else {
-            &self.group
-        };
+        let group = group_name(&self.group);
         write!(
             f,
             "{}: {} {}/{}",
