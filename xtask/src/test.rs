@@ -72,19 +72,17 @@ pub fn run(extra: &[String]) -> anyhow::Result<()> {
     }
     let mut totals = (0, 0, 0);
     let mut failures = Vec::new();
-    let passes: Vec<Vec<String>> = match &audit {
-        Some(_) => vec![
-            vec!["--workspace".into(), "--no-fail-fast".into()],
-            RBAC_AUDIT.iter().map(|s| (*s).to_owned()).collect(),
-        ],
-        None => vec![
-            ["--workspace", "--no-fail-fast"]
-                .iter()
-                .map(|s| (*s).to_owned())
-                .chain(extra.iter().cloned())
-                .collect(),
-        ],
-    };
+    // Every test (or those `extra` selects), then, for the whole suite, the RBAC audit.
+    let mut passes: Vec<Vec<String>> = vec![
+        ["--workspace", "--no-fail-fast"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .chain(extra.iter().cloned())
+            .collect(),
+    ];
+    if audit.is_some() {
+        passes.push(RBAC_AUDIT.iter().map(|s| (*s).to_owned()).collect());
+    }
     for args in &passes {
         let (counts, status) = cargo_test(args, &installed, audit.as_deref())?;
         totals.0 += counts.0;
