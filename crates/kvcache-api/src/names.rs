@@ -20,7 +20,7 @@ pub(crate) fn is_dns_label(s: &str) -> bool {
 
 /// Whether `s` is a DNS-1123 subdomain: dot-separated DNS labels, at most 253 characters
 /// (PriorityClass and most other cluster-scoped object names).
-pub(crate) fn is_dns_subdomain(s: &str) -> bool {
+pub fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 

@@ -13,7 +13,7 @@ mod backend;
 mod model;
 mod pool;
 
-pub use crate::names::{domain_name_problem, is_host_port, tier_path_problem};
+pub use crate::names::{domain_name_problem, is_dns_subdomain, is_host_port, tier_path_problem};
 pub use pool::{MAX_QUOTA_BYTES, tenant_of};
 
 /// One refused field.

@@ -58,6 +58,12 @@ pub async fn live_binding(
     world: &mut World,
 ) -> Result<(), Error> {
     use kube::api::Api;
+    // A name no object can have names nothing to read: read, it could even reach another
+    // object (`other/chat` is the subresource `chat` of the Binding `other`). The caller judges
+    // the absent Binding (a Pod naming another namespace's is refused CrossNamespaceBinding).
+    if !kvcache_api::admission::is_dns_subdomain(name) {
+        return Ok(());
+    }
     let read = |what: String| kube_error("read", what);
     let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), ns);
     let Some(b) = bindings

@@ -128,11 +128,7 @@ async fn mutate_pods_handler(
         && let Some(pod) = &req.object
     {
         let ns = req.namespace.clone().unwrap_or_default();
-        // A name with a `/` names another namespace's Binding, which the injection refuses
-        // (CrossNamespaceBinding) without a read: read live, it would ask the API server for
-        // a subresource of some other Binding.
         if let Some(binding) = kvcache_render::pod::binding_named(&pod.metadata)
-            && !binding.contains('/')
             && world.chain(&ns, binding).backend.is_none()
         {
             // What the live read finds replaces what the caches hold; a Binding it does not
