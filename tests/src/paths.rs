@@ -17,7 +17,7 @@ pub const MOONCAKE_VERSION: &str = "0.3.13.post1";
 /// monitoring tests).
 pub const PROMETHEUS_VERSION: &str = "v0.316.0";
 
-/// Where `cargo xtask setup` puts Prometheus's `prometheus` and `promtool`.
+/// Where `cargo xtask setup` puts Prometheus's `promtool` (and the server, once a test uses it).
 pub fn prometheus_dir() -> PathBuf {
     cache_dir().join("prometheus").join(PROMETHEUS_VERSION)
 }
