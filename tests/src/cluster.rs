@@ -443,6 +443,35 @@ pub async fn wait_object<K: Watched>(
     wait_object_shown(api, name, what, within, ok, |last| format!("{last:#?}")).await
 }
 
+/// Waits on a watch until the object `name` whose uid is `uid` is gone (deleted, or replaced by
+/// one with another uid); fails naming the object and what was awaited.
+pub async fn wait_deleted<K: Watched>(
+    api: &Api<K>,
+    name: &str,
+    uid: &str,
+    what: &str,
+    within: Duration,
+) -> Result<()> {
+    let outcome = tokio::time::timeout(
+        within,
+        kube::runtime::wait::await_condition(
+            api.clone(),
+            name,
+            kube::runtime::wait::conditions::is_deleted(uid),
+        ),
+    )
+    .await;
+    let reason = match outcome {
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "still there".to_owned(),
+    };
+    Err(Error::Wait {
+        what: format!("{name}: {what} (within {within:?})"),
+        reason,
+    })
+}
+
 /// As [`wait_object`], `show` writing the last state seen when the wait runs out.
 pub(crate) async fn wait_object_shown<K: Watched>(
     api: &Api<K>,

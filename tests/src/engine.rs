@@ -211,28 +211,39 @@ pub async fn reset_local_cache(api: &Api<Pod>, pod: &str) -> Result<()> {
 /// of the answer as JSON.
 async fn post(api: &Api<Pod>, pod: &str, path: &str, body: &str) -> Result<String> {
     let url = format!("http://127.0.0.1:{PORT}/{path}");
-    let out = pods::exec(
-        api,
-        pod,
-        None,
-        &[
-            "python3",
-            "-c",
-            "import json, sys, time, urllib.request\nreq = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), headers={'Content-Type': 'application/json'}, method='POST')\nt = time.perf_counter()\nbody = urllib.request.urlopen(req, timeout=300).read().decode()\nprint(json.dumps({'seconds': time.perf_counter() - t, 'body': body}))",
-            &url,
-            body,
-        ],
-    )
-    .await?;
+    let out = pods::exec(api, pod, None, &["python3", "-c", POST, &url, body]).await?;
     if out.success {
-        Ok(out.stdout)
-    } else {
-        Err(Error::Http {
-            url: format!("{pod}: {url}"),
-            message: out.stderr,
-        })
+        return Ok(out.stdout);
     }
+    // What the engine said of it, kept with the failure (a scratch folder goes with its cluster).
+    let log = match pods::logs(api, pod, None).await {
+        Ok(log) => pods::last_lines(&log, ENGINE_LOG_LINES).join("\n"),
+        Err(e) => format!("(unreadable: {e})"),
+    };
+    Err(Error::Http {
+        url: format!("{pod}: {url}"),
+        message: format!(
+            "{}\nthe engine's last {ENGINE_LOG_LINES} log lines:\n{log}",
+            out.stderr.trim()
+        ),
+    })
 }
+
+/// How much of an engine's log a failed request carries.
+const ENGINE_LOG_LINES: usize = 40;
+
+/// POSTs `argv[2]` to `argv[1]`; prints `{"seconds", "body"}`, or on an HTTP error status
+/// writes the status and the engine's answer (vLLM says why there) and exits 3.
+const POST: &str = "import json, sys, time, urllib.error, urllib.request
+req = urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), headers={'Content-Type': 'application/json'}, method='POST')
+t = time.perf_counter()
+try:
+    body = urllib.request.urlopen(req, timeout=300).read().decode()
+except urllib.error.HTTPError as e:
+    sys.stderr.write('HTTP %d: %s' % (e.code, e.read().decode(errors='replace')))
+    sys.exit(3)
+print(json.dumps({'seconds': time.perf_counter() - t, 'body': body}))
+";
 
 /// The engine's shared-cache counters, from its `/metrics` (through the API server's Pod
 /// proxy), parsed as the operator parses them.

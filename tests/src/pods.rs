@@ -258,6 +258,13 @@ async fn master_page_in_container(
     }
 }
 
+/// The last `n` lines of `text`, in their order: the tail of a failed process's output for an
+/// error message.
+pub fn last_lines(text: &str, n: usize) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].to_vec()
+}
+
 /// The logs of a Pod's container (`None`: its only one).
 pub async fn logs(api: &Api<Pod>, pod: &str, container: Option<&str>) -> Result<String> {
     let lp = LogParams {
@@ -451,4 +458,16 @@ pub fn host_pids(pod: &Pod) -> Vec<i32> {
             std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(&id))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_lines;
+
+    #[test]
+    fn last_lines_keeps_the_tail_in_its_order() {
+        assert_eq!(last_lines("a\nb\nc\n", 2), ["b", "c"]);
+        assert_eq!(last_lines("a", 5), ["a"]);
+        assert!(last_lines("", 3).is_empty());
+    }
 }

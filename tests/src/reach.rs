@@ -154,12 +154,7 @@ pub async fn store_answers(api: &Api<Pod>, pod: &Pod, master: &str, key: &str) -
             reason: format!(
                 "the client did not run to an answer ({}): {}",
                 status.unwrap_or("no status"),
-                out.stderr
-                    .lines()
-                    .rev()
-                    .take(5)
-                    .collect::<Vec<_>>()
-                    .join(" | ")
+                crate::pods::last_lines(&out.stderr, 5).join(" | ")
             ),
         }),
     }

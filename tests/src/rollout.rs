@@ -138,12 +138,7 @@ pub async fn keys(
         output: format!(
             "{} / {}",
             out.stdout.trim(),
-            out.stderr
-                .lines()
-                .rev()
-                .take(5)
-                .collect::<Vec<_>>()
-                .join(" | ")
+            crate::pods::last_lines(&out.stderr, 5).join(" | ")
         ),
     })
 }
@@ -172,12 +167,7 @@ pub fn keys_local(master: &str, op: &str, prefix: &str, n: usize, size: usize) -
         output: format!(
             "{} / {}",
             stdout.trim(),
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .rev()
-                .take(5)
-                .collect::<Vec<_>>()
-                .join(" | ")
+            crate::pods::last_lines(&String::from_utf8_lossy(&out.stderr), 5).join(" | ")
         ),
     })
 }

@@ -82,24 +82,13 @@ const CHECKED_NOT_CALLED: &[&str] = &[
     "Role gpustack-system/kvcache-operator: update coordination.k8s.io/leases",
 ];
 
-/// Grants the code calls on a path the suite does not reach yet: the prune of an object the
-/// render stops returning (`Sweep::Prune` in `crates/kvcache-operator/src/controllers/applied.rs`)
-/// for kinds a backend's teardown leaves to their owner reference. The tenant policy's
-/// ConfigMap goes when a backend's multi-tenancy is turned off; a member group's
-/// NetworkPolicy when the group is removed or moves to the host network. Each wants an
-/// end-to-end test that makes the call; until then they are named here, not silently kept.
-const PRUNED_NOT_EXERCISED: &[&str] = &[
-    "Role gpustack-system/kvcache-operator: delete core/configmaps",
-    "Role gpustack-system/kvcache-operator: delete networking.k8s.io/networkpolicies",
-];
-
 #[test]
 fn every_grant_checked_without_a_call_is_a_grant_of_the_installation() {
     let grants: Vec<String> = installation_grants()
         .iter()
         .map(|g| g.to_string())
         .collect();
-    for checked in CHECKED_NOT_CALLED.iter().chain(PRUNED_NOT_EXERCISED) {
+    for checked in CHECKED_NOT_CALLED {
         assert!(
             grants.iter().any(|g| g == checked),
             "{checked} is no longer granted: drop it from the list"
@@ -140,9 +129,7 @@ fn every_grant_of_the_operator_was_used_and_no_call_was_refused() {
     let unused: Vec<String> = audit::unused(&grants, &calls)
         .iter()
         .map(|g| g.to_string())
-        .filter(|g| {
-            !CHECKED_NOT_CALLED.contains(&g.as_str()) && !PRUNED_NOT_EXERCISED.contains(&g.as_str())
-        })
+        .filter(|g| !CHECKED_NOT_CALLED.contains(&g.as_str()))
         .collect();
     println!(
         "{} calls of {OPERATOR_ACCOUNT} in {} audit logs; {} grants",

@@ -685,6 +685,32 @@ fn the_model(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
         "jsonpath={.status.sharedCache}",
     ])?;
     println!();
+    // The tenant's view: the Binding sums the namespace's deployments that use it.
+    d.wait(
+        "team-a's Binding summing its deployments, with the prefill time the cache saved",
+        &[
+            "-n",
+            "team-a",
+            "get",
+            "kvcachepoolbinding",
+            "team-a",
+            "-o",
+            "jsonpath={.status.sharedCache.prefillSecondsSaved}",
+        ],
+        Duration::from_secs(120),
+        |s| s.parse::<f64>().is_ok_and(|v| v > 0.0),
+    )?;
+    d.show(&["-n", "team-a", "get", "kvcachepoolbinding"])?;
+    d.show(&[
+        "-n",
+        "team-a",
+        "get",
+        "kvcachepoolbinding",
+        "team-a",
+        "-o",
+        "jsonpath=the cache saved team-a {.status.sharedCache.prefillSecondsSaved} s of prefill in the last {.status.sharedCache.window} (hit ratio {.status.sharedCache.hitRatio}, {.status.sharedCache.tokensFromStore} tokens from the store)",
+    ])?;
+    println!();
     Ok(())
 }
 

@@ -143,7 +143,7 @@ pub(crate) fn prometheus_rule(namespace: &str) -> Value {
 }
 
 /// Series the operator exports only for deployments whose engines count shared-cache hits (the
-/// real vLLM; `tests/tests/real_engine.rs` checks them against its scrape, the installation test
+/// real vLLM; `tests/tests/real_engine/main.rs` checks them against its scrape, the installation test
 /// the rest).
 pub const ENGINE_SERIES: &[&str] = &[
     "kvcache_operator_model_shared_cache_hit_ratio",

@@ -239,7 +239,10 @@ pub fn parse_engine_metrics(
         };
         match name {
             VLLM_STORE_OPERATIONS => {
-                let failed = label("status") == Some("error");
+                // vLLM writes `ok`, `error` (the call raised) or `partial_failure` (some keys
+                // of the batch failed: a store that refuses a put at the tenant's grant, a member
+                // the engine cannot reach); anything but `ok` is a failed operation.
+                let failed = label("status") != Some("ok");
                 match label("operation") {
                     Some(LOAD_OPERATION) => {
                         operations.loads += v;
@@ -639,7 +642,9 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="a \"quoted\" , name}",
 vllm:external_prefix_cache_hits_total{engine="0"} 10
 vllm:mooncake_store_operation_total{engine="0",operation="load_get",status="ok"} 7.0
 vllm:mooncake_store_operation_total{engine="0",operation="load_get",status="error"} 3.0
+vllm:mooncake_store_operation_total{engine="0",operation="load_get",status="partial_failure"} 2.0
 vllm:mooncake_store_operation_total{engine="0",operation="save_put",status="ok"} 4.0
+vllm:mooncake_store_operation_total{engine="0",operation="save_put",status="partial_failure"} 1.0
 vllm:mooncake_store_operation_total{engine="0",operation="exists",status="error"} 9.0
 vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="load_get",le="0.05"} 2.0
 vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="load_get",le="0.1"} 10.0
@@ -653,10 +658,10 @@ vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="save_put
         assert_eq!(
             c.operations,
             StoreOperations {
-                loads: 10,
-                failed_loads: 3,
-                saves: 4,
-                failed_saves: 0,
+                loads: 12,
+                failed_loads: 5,
+                saves: 5,
+                failed_saves: 1,
                 load_time: vec![(50_000, 2), (100_000, 10), (u64::MAX, 10)],
             }
         );

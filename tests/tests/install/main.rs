@@ -277,7 +277,7 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
             }
         }
         // The per-deployment shared-cache series need engines that count hits (the stand-in does
-        // not): tests/tests/real_engine.rs checks those against the real vLLM's deployment.
+        // not): tests/tests/real_engine/main.rs checks those against the real vLLM's deployment.
         for (place, expr) in kvcache_render::monitoring::expressions() {
             for series in kvcache_render::monitoring::series_in(&expr)
                 .into_iter()

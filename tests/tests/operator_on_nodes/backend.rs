@@ -1,15 +1,16 @@
 //! A backend's status and life: the capacity its members mounted and the member a Degraded
-//! phase names, a deletion held while a pool uses it, and an operator restarted while it
-//! renders one.
+//! phase names, a deletion held while a pool uses it, what it no longer renders pruned, and an
+//! operator restarted while it renders one.
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kvcache_api::backend::BackendPhase;
 use kvcache_api::{KVCacheBackend, KVCachePool};
 use kvcache_e2e::Error;
-use kvcache_e2e::cluster::{block_on, client_from};
+use kvcache_e2e::cluster::{block_on, client_from, wait_deleted, wait_object};
 use kvcache_e2e::pods::{self, name_of};
 use kvcache_e2e::status::{condition, has_condition, phase};
 use kvcache_e2e::walkthrough::{self, backend_pods};
@@ -119,23 +120,14 @@ fn a_backend_a_pool_uses_stays_deleting_naming_it_and_goes_with_its_pods_after()
         pools
             .delete("holds-dram-held", &DeleteParams::default())
             .await?;
-        tokio::time::timeout(
+        wait_deleted(
+            &backends,
+            name,
+            &held.uid().unwrap_or_default(),
+            "gone once its pool is",
             WAIT,
-            kube::runtime::wait::await_condition(
-                backends.clone(),
-                name,
-                kube::runtime::wait::conditions::is_deleted(&held.uid().unwrap_or_default()),
-            ),
         )
-        .await
-        .map_err(|_| Error::Wait {
-            what: format!("{name}: gone once its pool is"),
-            reason: "still there".into(),
-        })?
-        .map_err(|e| Error::Wait {
-            what: format!("{name}: gone once its pool is"),
-            reason: e.to_string(),
-        })?;
+        .await?;
         for component in ["leader", "member-0"] {
             pods::wait_pods(
                 &store,
@@ -147,6 +139,91 @@ fn a_backend_a_pool_uses_stays_deleting_naming_it_and_goes_with_its_pods_after()
             .await?;
         }
         Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn what_a_backend_no_longer_renders_goes_its_tenant_policy_and_its_members_policy() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-pruned";
+        apply(&client, &backend(name, |_| {})).await?;
+        wait_backend(&client, name, "NetworkIsolated=True/PoliciesApplied", |b| {
+            has_condition(b, "NetworkIsolated=True/PoliciesApplied")
+        })
+        .await?;
+        let maps: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
+        let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), NAMESPACE);
+        let tenant_policy = format!("{name}-tenant-policy");
+        let members_policy = format!("{name}-members");
+        let map = wait_object(&maps, &tenant_policy, "the tenant policy", WAIT, |_| true).await?;
+        let members = wait_object(
+            &policies,
+            &members_policy,
+            "the members' policy",
+            WAIT,
+            |_| true,
+        )
+        .await?;
+
+        // Multi-tenancy off (no pool uses the backend): the tenant policy goes.
+        let plain = |v: &mut serde_json::Value| {
+            v["spec"]["connection"]["managed"]["leader"]["multiTenancy"] = false.into();
+        };
+        apply(&client, &backend(name, plain)).await?;
+        wait_deleted(
+            &maps,
+            &tenant_policy,
+            &map.uid().unwrap_or_default(),
+            "pruned once multi-tenancy is off",
+            WAIT,
+        )
+        .await?;
+
+        // Its one member group on the host network (RDMA), where no policy reaches: the
+        // members' policy goes and the status says why; the leader's stays.
+        apply(
+            &client,
+            &backend(name, |v| {
+                plain(v);
+                v["spec"]["connection"]["managed"]["members"][0]["transport"] =
+                    serde_json::json!({"protocol": "RDMA"});
+            }),
+        )
+        .await?;
+        let b = wait_backend(
+            &client,
+            name,
+            "NetworkIsolated=False/HostNetworkMembers",
+            |b| has_condition(b, "NetworkIsolated=False/HostNetworkMembers"),
+        )
+        .await?;
+        let why = condition(&b, "NetworkIsolated").map(|c| c.message.clone());
+        assert!(
+            why.as_deref()
+                .is_some_and(|m| m.contains(&format!("{name}-member-0"))),
+            "names the group's DaemonSet: {why:?}"
+        );
+        wait_deleted(
+            &policies,
+            &members_policy,
+            &members.uid().unwrap_or_default(),
+            "pruned once no member group is off the host network",
+            WAIT,
+        )
+        .await?;
+        assert!(
+            policies.get_opt(&format!("{name}-leader")).await?.is_some(),
+            "the leader's policy stays"
+        );
+
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        let uid = b.uid().unwrap_or_default();
+        backends.delete(name, &DeleteParams::default()).await?;
+        wait_deleted(&backends, name, &uid, "deleted", WAIT).await
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }

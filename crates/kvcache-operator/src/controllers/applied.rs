@@ -65,6 +65,8 @@ pub enum SweepAction {
     Keep,
     /// Already going (a prune does not ask twice).
     Going,
+    /// Already going in a teardown, which waits for it to be gone without asking again.
+    Waiting,
     /// Deleted; `wait` when the teardown waits for it to be gone.
     Delete {
         /// In the foreground (its Pods first).
@@ -111,6 +113,8 @@ pub fn sweep_action(
             );
             if elapsed > grace + slack {
                 SweepAction::Abandon { grace }
+            } else if object.meta().deletion_timestamp.is_some() {
+                SweepAction::Waiting
             } else {
                 SweepAction::Delete {
                     foreground: true,
@@ -239,6 +243,7 @@ impl AppliedSet {
                 let object = o.name_any();
                 match sweep_action(&o, kind, &self.owner_uid, &kept, how) {
                     SweepAction::Keep | SweepAction::Going => {}
+                    SweepAction::Waiting => swept.waiting.push(format!("{name} {object}")),
                     SweepAction::Abandon { grace } => {
                         swept
                             .abandoned
@@ -312,13 +317,24 @@ mod tests {
             slack: Duration::from_secs(120),
         };
         let workload = OwnedKind::workload::<Deployment>();
-        let o = object("leader", "u", true, Some(60));
         assert_eq!(
-            sweep_action(&o, &workload, "u", &kept, teardown(100)),
+            sweep_action(
+                &object("leader", "u", false, Some(60)),
+                &workload,
+                "u",
+                &kept,
+                teardown(100)
+            ),
             SweepAction::Delete {
                 foreground: true,
                 wait: true
             }
+        );
+        // Once going, waited for without a second request.
+        let o = object("leader", "u", true, Some(60));
+        assert_eq!(
+            sweep_action(&o, &workload, "u", &kept, teardown(100)),
+            SweepAction::Waiting
         );
         assert_eq!(
             sweep_action(&o, &workload, "u", &kept, teardown(181)),

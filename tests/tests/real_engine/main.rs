@@ -4,7 +4,10 @@
 //! (`electionBackend: Etcd`) the same prompt still hits after the serving leader goes. The operator runs
 //! as from a Pod on the nodes (every controller); the engines are ModelDeployment replicas
 //! whose store settings the operator injected. One two-node cluster per test binary, its nodes
-//! sized for engines; the tests take turns (each engine is about 3.7 GiB resident).
+//! sized for engines; the tests take turns (each engine is about 3.7 GiB resident). The
+//! tenant's view (quota pressure, loads falling back) is in `tenant_view.rs`.
+
+mod tenant_view;
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -40,6 +43,8 @@ const TEAM_A: &str = "team-a";
 const TEAM_B: &str = "team-b";
 /// The length of every prompt, in tokens: 6 whole blocks of 32 and a partial one.
 const PROMPT_TOKENS: usize = 200;
+/// The operator's `--shared-cache-window` here.
+const SHARED_CACHE_WINDOW: Duration = Duration::from_secs(60);
 
 fn cluster() -> &'static NodeCluster {
     static CLUSTER: OnceLock<Result<NodeCluster, String>> = OnceLock::new();
@@ -76,8 +81,14 @@ fn operator() -> &'static Mutex<Operator> {
         })
         .map_err(|e| e.to_string())?;
         let dir = paths::scratch("real-engine-operator").map_err(|e| e.to_string())?;
+        // A short window, so that failed loads leave it within a test (the default is 5m).
+        let window = [format!(
+            "--shared-cache-window={}s",
+            SHARED_CACHE_WINDOW.as_secs()
+        )];
         Operator::builder(&cluster.nodes.kubeconfig, NAMESPACE)
             .on_nodes(&cluster.nodes)
+            .extra(&window)
             .start(&dir)
             .map(Mutex::new)
             .map_err(|e| e.to_string())

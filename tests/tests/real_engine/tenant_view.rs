@@ -1,0 +1,237 @@
+//! The tenant's view through the real engine: an engine whose path to the members is cut falls
+//! back to recomputing, its deployment says so within one window (`--shared-cache-window`, set
+//! short for this binary) and recovers once its loads succeed again; restarted mid-window, its
+//! counts neither go negative nor double.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kvcache_api::ModelDeployment;
+use kvcache_e2e::cluster::{block_on, client_from, wait_object};
+use kvcache_e2e::pods::{self, name_of};
+use kvcache_e2e::reach;
+use kvcache_e2e::status::{condition, has_condition, wait_condition, wait_event};
+use kvcache_e2e::walkthrough::{self, backend_pods};
+use kvcache_e2e::{Error, engine};
+
+use crate::{
+    BACKEND, CHAT, NAMESPACE, PROMPT_TOKENS, TEAM_A, WAIT, ask, cluster, deploy, operator, turn,
+    undeploy, write_through,
+};
+
+/// The deployment whose engine's store path is cut.
+const READER: &str = "fallback";
+
+/// An egress policy on `READER`'s engine Pods: the master's RPC port and the cluster's DNS (at
+/// `dns`, the harness's CoreDNS on the node bridge), nothing else, so the master still answers
+/// its lookups but no member can be read from.
+fn cut_from_members(dns: &str) -> NetworkPolicy {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "cut-from-members", "namespace": TEAM_A},
+        "spec": {
+            "podSelector": {"matchLabels": {
+                "app.kubernetes.io/instance": READER,
+                "app.kubernetes.io/component": "server",
+            }},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {
+                    "to": [{
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+                        "podSelector": {"matchLabels": {
+                            "app.kubernetes.io/instance": BACKEND,
+                            "app.kubernetes.io/component": "leader",
+                        }},
+                    }],
+                    "ports": [{"protocol": "TCP", "port": 50051}],
+                },
+                {
+                    "to": [{"ipBlock": {"cidr": format!("{dns}/32")}}],
+                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+                },
+            ],
+        },
+    }))
+    .expect("a NetworkPolicy")
+}
+
+/// Probes the members' ports from `pod` until each connects (`open`) or none does.
+async fn wait_members(client: &Client, pod: &Pod, open: bool) -> Result<(), Error> {
+    let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut targets = Vec::new();
+    for m in pods::wait_ready(&store, &backend_pods(BACKEND, "member-0"), 2, WAIT).await? {
+        targets.extend(reach::listening(&store, &m, None).await?);
+    }
+    let api: Api<Pod> = Api::namespaced(client.clone(), TEAM_A);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let seen = reach::probe(&api, name_of(pod), &targets).await?;
+        if seen.values().all(|r| r.open() == open) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Wait {
+                what: format!(
+                    "every member port {} from {}",
+                    if open { "connecting" } else { "closed" },
+                    name_of(pod)
+                ),
+                reason: format!("last seen {seen:?}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[test]
+fn an_engine_cut_from_the_members_falls_back_and_its_deployment_says_so_then_recovers() {
+    let _turn = turn();
+    operator();
+    let kc = cluster().control_plane.kubeconfig.clone();
+    let dns = cluster().nodes.dns.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        // Cut before the engine starts: a NetworkPolicy leaves connections made before it open,
+        // and the engine's client keeps its connections to the members. The master still finds
+        // the blocks, no member can be read: each load fails (`partial_failure`, TRANSFER_FAIL)
+        // and vLLM 0.32 reschedules the request, which looks the blocks up and fails again, so
+        // the request waits for as long as the cut lasts.
+        let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), TEAM_A);
+        policies
+            .patch(
+                "cut-from-members",
+                &PatchParams::apply(walkthrough::MANAGER).force(),
+                &Patch::Apply(cut_from_members(&dns)),
+            )
+            .await?;
+        let writer = deploy(&client, TEAM_A, CHAT, 1).await?.remove(0);
+        let reader = deploy(&client, TEAM_A, READER, 1).await?.remove(0);
+        let models: Api<ModelDeployment> = Api::namespaced(client.clone(), TEAM_A);
+        wait_members(&client, &reader, false).await?;
+        let p = engine::prompt(601, PROMPT_TOKENS);
+        write_through(&client, TEAM_A, &writer, &p).await?;
+        let pending = {
+            let (client, reader) = (client.clone(), reader.clone());
+            tokio::spawn(async move { ask(&client, TEAM_A, &reader, &p).await })
+        };
+        let m = wait_condition(
+            &models,
+            READER,
+            "SharedCacheHealthy=False/LoadsFallingBack",
+            WAIT,
+        )
+        .await?;
+        let why = condition(&m, "SharedCacheHealthy").map(|c| c.message.clone());
+        assert!(
+            why.as_deref().is_some_and(|w| w.contains(name_of(&reader))),
+            "names the failing Pod: {why:?}"
+        );
+        wait_event(&client, READER, "LoadsFallingBack", name_of(&reader), WAIT).await?;
+
+        // The path back: the waiting request loads once the cut is lifted; once the loads
+        // succeed (and the failures leave the window) the deployment is healthy again.
+        policies
+            .delete("cut-from-members", &DeleteParams::default())
+            .await?;
+        wait_members(&client, &reader, true).await?;
+        let (_, added) = pending.await.map_err(|e| Error::Wait {
+            what: "the request sent during the cut".into(),
+            reason: e.to_string(),
+        })??;
+        assert!(
+            added.operations.failed_loads > 0 && added.tokens_from_store > 0,
+            "the request sent during the cut failed its loads, then loaded once it was lifted: {added:?}"
+        );
+        let deadline = Instant::now() + WAIT;
+        let mut seed = 602;
+        loop {
+            let p = engine::prompt(seed, PROMPT_TOKENS);
+            seed += 1;
+            write_through(&client, TEAM_A, &writer, &p).await?;
+            ask(&client, TEAM_A, &reader, &p).await?;
+            let m = models.get(READER).await?;
+            if has_condition(&m, "SharedCacheHealthy=True/LoadsSucceed") {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Wait {
+                    what: format!(
+                        "{READER}: SharedCacheHealthy=True/LoadsSucceed once loads succeed"
+                    ),
+                    reason: format!("last seen {:?}", m.status),
+                });
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        wait_event(&client, READER, "LoadsRecovered", "", WAIT).await?;
+
+        // The engine restarted mid-window (its processes killed; the kubelet restarts the
+        // container in the same Pod, whose counters start again at zero): the window then holds
+        // what the new process did, exactly, neither below zero nor its old counts again.
+        let api: Api<Pod> = Api::namespaced(client.clone(), TEAM_A);
+        let reader = api.get(name_of(&reader)).await?;
+        let restarts = |p: &Pod| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map_or(0, |c| c.iter().map(|c| c.restart_count).sum::<i32>())
+        };
+        let before = restarts(&reader);
+        for pid in pods::host_pids(&reader) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let reader = pods::wait_pods(
+            &api,
+            &walkthrough::role_pods(READER, "server"),
+            "the engine restarted in its Pod and Ready again",
+            WAIT,
+            |p| p.len() == 1 && restarts(&p[0]) > before && pods::is_ready(&p[0]),
+        )
+        .await?
+        .remove(0);
+        let p = engine::prompt(seed, PROMPT_TOKENS);
+        write_through(&client, TEAM_A, &writer, &p).await?;
+        let (_, added) = ask(&client, TEAM_A, &reader, &p).await?;
+        assert!(
+            added.tokens_from_store > 0,
+            "the restarted engine loads from the store: {added:?}"
+        );
+        let own = engine::counters(&client, TEAM_A, name_of(&reader)).await?;
+        let m = wait_object(
+            &models,
+            READER,
+            "status.sharedCache holding the restarted engine's loads",
+            WAIT,
+            |m| {
+                m.status
+                    .as_ref()
+                    .and_then(|s| s.shared_cache.as_ref())
+                    .is_some_and(|c| c.tokens_from_store >= added.tokens_from_store)
+            },
+        )
+        .await?;
+        let cache = m
+            .status
+            .and_then(|s| s.shared_cache)
+            .expect("status.sharedCache");
+        assert_eq!(
+            (
+                cache.queried_tokens,
+                cache.tokens_from_store,
+                cache.engines_read
+            ),
+            (own.queried_tokens, own.tokens_from_store, 1),
+            "the window holds the new process's own counts ({own:?}): {cache:?}"
+        );
+        undeploy(&client, TEAM_A, READER).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
