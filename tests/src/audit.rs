@@ -147,46 +147,61 @@ pub fn calls(text: &str, source: &str, user: &str) -> crate::Result<Vec<Call>> {
     Ok(out)
 }
 
-/// A time when the installation's rights were gone: from the deletion of one of its role
-/// bindings (an uninstall) until it was written again (`until`: `None` if never).
+/// A time when the installation's rights were gone: from the deletion of one of its roles or
+/// role bindings (an uninstall) until every one deleted was written again (`until`: `None` if
+/// never).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Removal {
     pub from: String,
     pub until: Option<String>,
 }
 
-/// When the installation's role bindings (`name`, cluster-wide or in any namespace) were
-/// deleted and until they were written again, from any account's writes in the log. Lines
-/// that do not parse were reported by [`calls`].
+/// When the installation's roles and role bindings (`name`, cluster-wide or in any namespace)
+/// were gone, from any account's writes in the log: a window opens at the first deletion of
+/// one of them (an uninstall removes the ClusterRole and the bindings in its own order) and
+/// closes once each deleted one is written again. Lines that do not parse were reported by
+/// [`calls`].
 pub fn removals(text: &str, name: &str) -> Vec<Removal> {
     let mut out: Vec<Removal> = Vec::new();
+    let mut gone: std::collections::BTreeSet<(String, String)> = Default::default();
     for line in text.lines() {
         let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
         let r = &e["objectRef"];
-        let binding = matches!(
+        let rbac = matches!(
             r["resource"].as_str(),
-            Some("clusterrolebindings" | "rolebindings")
+            Some("clusterroles" | "roles" | "clusterrolebindings" | "rolebindings")
         );
         let ok = e["responseStatus"]["code"]
             .as_u64()
             .is_some_and(|c| c < 300);
-        if !binding || r["name"] != name || !ok || e["stage"] != "ResponseComplete" {
+        if !rbac || r["name"] != name || !ok || e["stage"] != "ResponseComplete" {
             continue;
         }
         let at = e["requestReceivedTimestamp"]
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        let open = out.last().is_some_and(|w| w.until.is_none());
+        let which = (
+            r["resource"].as_str().unwrap_or_default().to_owned(),
+            r["namespace"].as_str().unwrap_or_default().to_owned(),
+        );
         match e["verb"].as_str() {
-            Some("delete") if !open => out.push(Removal {
-                from: at,
-                until: None,
-            }),
-            Some("create" | "update" | "patch") if open => {
-                if let Some(w) = out.last_mut() {
+            Some("delete") => {
+                if gone.is_empty() {
+                    out.push(Removal {
+                        from: at,
+                        until: None,
+                    });
+                }
+                gone.insert(which);
+            }
+            Some("create" | "update" | "patch") => {
+                if gone.remove(&which)
+                    && gone.is_empty()
+                    && let Some(w) = out.last_mut()
+                {
                     w.until = Some(at);
                 }
             }
@@ -362,9 +377,13 @@ mod tests {
             )
         };
         let binding = r#"{"resource":"clusterrolebindings","name":"kvcache-operator","apiGroup":"rbac.authorization.k8s.io"}"#;
+        let role = r#"{"resource":"clusterroles","name":"kvcache-operator","apiGroup":"rbac.authorization.k8s.io"}"#;
         let secret = r#"{"resource":"secrets","namespace":"gpustack-system","name":"kvcache-operator-webhook-tls"}"#;
+        // The ClusterRole goes first and comes back first: the window spans both.
         let log = [
             event("2026-12-04T10:00:00.000000Z", OP, "get", secret, 403),
+            event("2026-12-04T10:00:59.000000Z", "admin", "delete", role, 200),
+            event("2026-12-04T10:00:59.500000Z", OP, "get", secret, 403),
             event(
                 "2026-12-04T10:01:00.000000Z",
                 "admin",
@@ -373,6 +392,8 @@ mod tests {
                 200,
             ),
             event("2026-12-04T10:01:01.000000Z", OP, "get", secret, 403),
+            event("2026-12-04T10:01:59.000000Z", "admin", "create", role, 201),
+            event("2026-12-04T10:01:59.500000Z", OP, "get", secret, 403),
             event(
                 "2026-12-04T10:02:00.000000Z",
                 "admin",
@@ -387,12 +408,12 @@ mod tests {
         assert_eq!(
             removed,
             [Removal {
-                from: "2026-12-04T10:01:00.000000Z".into(),
+                from: "2026-12-04T10:00:59.000000Z".into(),
                 until: Some("2026-12-04T10:02:00.000000Z".into())
             }]
         );
         let calls = calls(&log, "audit.log", OP).expect("readable");
-        assert_eq!(calls.len(), 3);
+        assert_eq!(calls.len(), 5);
         // Before the uninstall and after the reinstall: refused; during it: the uninstall's.
         let verbs: Vec<&str> = refused(&calls, &removed)
             .iter()

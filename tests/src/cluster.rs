@@ -64,9 +64,9 @@ pub struct ControlPlane {
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The API server's audit policy, at `Metadata` level: every call of the operator's account
-/// (what `tests/tests/rbac_audit.rs` holds its grants against), every write of a role binding
-/// (when an uninstall took the operator's rights away) and the writes of the other service
-/// accounts.
+/// (what `tests/tests/rbac_audit.rs` holds its grants against), every write of a role or a role
+/// binding (when an uninstall took the operator's rights away) and the writes of the other
+/// service accounts.
 fn audit_policy() -> String {
     format!(
         "apiVersion: audit.k8s.io/v1
@@ -76,7 +76,7 @@ rules:
   - level: Metadata
     users: [\"{}\"]
   - level: Metadata
-    resources: [{{group: rbac.authorization.k8s.io, resources: [clusterrolebindings, rolebindings]}}]
+    resources: [{{group: rbac.authorization.k8s.io, resources: [clusterroles, roles, clusterrolebindings, rolebindings]}}]
     verbs: [create, update, patch, delete]
   - level: Metadata
     userGroups: [\"system:serviceaccounts\"]

@@ -525,15 +525,17 @@ fn a_lease_addressed_member_never_mounts_on_another_backends_master_published_at
                 name_of(m)
             );
         }
+        // A backend is Ready once its master reports the capacity, which can come before its
+        // member Pods pass their readiness probe (`MembersMounted=Unknown/NoReadyMembers` until
+        // then): wait for the verdict rather than read it once. A foreign member keeps it False.
         for backend in [own, other] {
-            let b = Api::<KVCacheBackend>::all(client.clone())
-                .get(backend)
-                .await?;
-            assert!(
-                has_condition(&b, "MembersMounted=True"),
-                "{backend}: its own members mounted, nothing foreign: {:?}",
-                b.status.map(|s| s.conditions)
-            );
+            wait_backend(
+                &client,
+                backend,
+                "MembersMounted=True: its own members mounted, nothing foreign",
+                |b| has_condition(b, "MembersMounted=True"),
+            )
+            .await?;
         }
         remove_backend(&client, own).await?;
         remove_backend(&client, other).await

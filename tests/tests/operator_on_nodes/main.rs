@@ -194,15 +194,31 @@ fn walkthrough_as(v: &mut serde_json::Value, tag: &str) {
 /// finalizers release them in order.
 async fn remove_walkthrough(client: &Client, tag: &str) -> Result<(), Error> {
     let team = format!("team-{tag}");
-    Api::<KVCachePoolBinding>::namespaced(client.clone(), &team)
-        .delete(&team, &DeleteParams::default())
-        .await?;
+    remove_binding(client, &team).await?;
     Api::<KVCachePool>::all(client.clone())
         .delete(&format!("shared-{tag}"), &DeleteParams::default())
         .await?;
     Api::<KVCacheBackend>::all(client.clone())
         .delete(&format!("mooncake-{tag}"), &DeleteParams::default())
         .await?;
+    Ok(())
+}
+
+/// Deletes a test's Binding (named after its namespace) with its tenant's objects: without
+/// `kvcache.gpustack.ai/drop-cached-data` its release waits for the master to evict them (the
+/// objects' lease is minutes), and its backend's Pods keep the nodes' memory from the tests
+/// that run meanwhile.
+async fn remove_binding(client: &Client, namespace: &str) -> Result<(), Error> {
+    let api = Api::<KVCachePoolBinding>::namespaced(client.clone(), namespace);
+    api.patch(
+        namespace,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+            kvcache_api::DROP_CACHED_DATA_ANNOTATION: "true"
+        }}})),
+    )
+    .await?;
+    api.delete(namespace, &DeleteParams::default()).await?;
     Ok(())
 }
 
@@ -278,9 +294,7 @@ async fn remove_pool_and_backend(
     namespaces: &[&str],
 ) -> Result<(), Error> {
     for ns in namespaces {
-        Api::<KVCachePoolBinding>::namespaced(client.clone(), ns)
-            .delete(ns, &DeleteParams::default())
-            .await?;
+        remove_binding(client, ns).await?;
     }
     Api::<KVCachePool>::all(client.clone())
         .delete(backend, &DeleteParams::default())
