@@ -79,6 +79,32 @@ pub async fn probe(
         .collect()
 }
 
+/// Probes `targets` from `pod` until every one's reach is `open`, within `within`; how long it
+/// took. A wait that runs out names `what` and the answers last seen.
+pub async fn wait_reach(
+    api: &Api<Pod>,
+    pod: &str,
+    targets: &[String],
+    open: bool,
+    within: std::time::Duration,
+    what: &str,
+) -> Result<std::time::Duration> {
+    let started = std::time::Instant::now();
+    loop {
+        let seen = probe(api, pod, targets).await?;
+        if seen.values().all(|r| r.open() == open) {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > within {
+            return Err(Error::Wait {
+                what: what.to_owned(),
+                reason: format!("{pod} last saw {seen:?}"),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// Prints the TCP ports a process in `pod`'s network namespace listens on, not on loopback alone
 /// (`/proc/net/tcp` and `tcp6`, state 0A).
 const LISTENING: &str = r#"

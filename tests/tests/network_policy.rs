@@ -355,20 +355,7 @@ mod tenants {
         what: &str,
     ) -> Result<Duration, Error> {
         let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-        let started = Instant::now();
-        loop {
-            let seen = reach::probe(&api, name_of(pod), targets).await?;
-            if seen.values().all(|r| r.open() == want) {
-                return Ok(started.elapsed());
-            }
-            if started.elapsed() > WAIT {
-                return Err(Error::Wait {
-                    what: what.to_owned(),
-                    reason: format!("{} last saw {seen:?}", name_of(pod)),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        reach::wait_reach(&api, name_of(pod), targets, want, WAIT, what).await
     }
 
     /// The targets `pod` reaches of `targets` now, and the answer of each.

@@ -68,24 +68,14 @@ async fn wait_members(client: &Client, pod: &Pod, open: bool) -> Result<(), Erro
         targets.extend(reach::listening(&store, &m, None).await?);
     }
     let api: Api<Pod> = Api::namespaced(client.clone(), TEAM_A);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let seen = reach::probe(&api, name_of(pod), &targets).await?;
-        if seen.values().all(|r| r.open() == open) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Wait {
-                what: format!(
-                    "every member port {} from {}",
-                    if open { "connecting" } else { "closed" },
-                    name_of(pod)
-                ),
-                reason: format!("last seen {seen:?}"),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let what = format!(
+        "every member port {} from {}",
+        if open { "connecting" } else { "closed" },
+        name_of(pod)
+    );
+    reach::wait_reach(&api, name_of(pod), &targets, open, WAIT, &what)
+        .await
+        .map(drop)
 }
 
 #[test]
