@@ -17,6 +17,7 @@ pub mod paths;
 pub mod pki;
 pub mod pods;
 pub mod process;
+pub mod prometheus;
 pub mod reach;
 pub mod rollout;
 pub mod status;

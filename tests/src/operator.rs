@@ -364,6 +364,50 @@ fn spawn(launch: &Launch, kubeconfig: &Path, args: &[String], log: &Path) -> Res
     Ok(proc)
 }
 
+/// Waits until the operator wrote its CA into every webhook of both configurations that
+/// [`register_webhooks`] registered: until then the API server cannot call them, and a
+/// `Fail` webhook refuses the writes it judges.
+pub async fn wait_webhooks_trusted(client: &kube::Client, namespace: &str) -> Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    use kube::api::Api;
+    let (mutating, _) = kvcache_render::install::webhooks(namespace);
+    let name = mutating.metadata.name.unwrap_or_default();
+    let within = Duration::from_secs(120);
+    crate::cluster::wait_object(
+        &Api::<MutatingWebhookConfiguration>::all(client.clone()),
+        &name,
+        "the operator's CA in every mutating webhook",
+        within,
+        |c| {
+            c.webhooks.iter().flatten().all(|w| {
+                w.client_config
+                    .ca_bundle
+                    .as_ref()
+                    .is_some_and(|b| !b.0.is_empty())
+            })
+        },
+    )
+    .await?;
+    crate::cluster::wait_object(
+        &Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+        &name,
+        "the operator's CA in every validating webhook",
+        within,
+        |c| {
+            c.webhooks.iter().flatten().all(|w| {
+                w.client_config
+                    .ca_bundle
+                    .as_ref()
+                    .is_some_and(|b| !b.0.is_empty())
+            })
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 /// Registers the installation's webhook configurations (`kvcache-render::install::webhooks`)
 /// with `base` (`https://HOST:PORT`, the operator's [`Operator::webhook`]) as their address
 /// instead of the Service; without `our_kinds`, only the Pod webhooks (injection and freeze).

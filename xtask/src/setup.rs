@@ -243,13 +243,14 @@ fn helm() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-/// Builds Prometheus's promtool from the Go module proxy once, into the cache (the monitoring
-/// tests: it checks and unit-tests the alert rules). The server itself, from the same module,
-/// is built once a test scrapes with it. Without service discovery (`remove_all_sd`).
+/// Builds Prometheus and its promtool from the Go module proxy once, into the cache: promtool
+/// checks and unit-tests the alert rules, the server scrapes the operator, the stores and the
+/// engines in `tests/tests/real_engine/monitoring.rs`. Without service discovery
+/// (`remove_all_sd`): the tests give it static targets.
 fn prometheus() -> anyhow::Result<PathBuf> {
     let dir = kvcache_e2e::paths::prometheus_dir();
     std::fs::create_dir_all(&dir)?;
-    for command in ["promtool"] {
+    for command in ["promtool", "prometheus"] {
         let bin = dir.join(command);
         if bin.exists() {
             continue;

@@ -124,8 +124,8 @@ pub mod binding_conditions {
     pub const QUOTA_GRANTED: &str = "QuotaGranted";
     /// No other Binding claims this domain on the same backend.
     pub const DOMAIN_EXCLUSIVE: &str = "DomainExclusive";
-    /// The domain holds more than a set share of its grant: the store evicts its own older
-    /// blocks to take new ones.
+    /// The domain is at its grant: it holds more than a set share of it (the store evicts its
+    /// own older blocks to take new ones), or most of it while its engines' saves are refused.
     pub const QUOTA_PRESSURE: &str = "QuotaPressure";
     /// The Binding can be released.
     pub const RELEASABLE: &str = "Releasable";

@@ -115,7 +115,18 @@ pub fn binding_figures(b: &kvcache_api::KVCachePoolBinding) -> (Option<u64>, Opt
     )
 }
 
-/// Writes the gauge family `name` (with `help`) with one sample per (labels, value).
+/// A Binding's `QuotaPressure` as 1 (True) or 0 (False); `None` while it has none.
+fn quota_pressure(b: &kvcache_api::KVCachePoolBinding) -> Option<i64> {
+    use kvcache_api::pool::binding_conditions::QUOTA_PRESSURE;
+    let c = b
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == QUOTA_PRESSURE)?;
+    Some(i64::from(c.status == "True"))
+}
+
 /// A series read from a `status.sharedCache` (a ModelDeployment's, or a Binding's sum).
 type SharedCachePick = fn(&kvcache_api::model::SharedCacheStatus) -> Option<f64>;
 
@@ -143,6 +154,7 @@ where
     Ok(())
 }
 
+/// Writes the gauge family `name` (with `help`) with one sample per (labels, value).
 fn gauge_family<'a, L, N>(
     encoder: &mut prometheus_client::encoding::DescriptorEncoder,
     (name, help): (&str, &str),
@@ -216,6 +228,22 @@ impl prometheus_client::collector::Collector for BindingCollector {
             figures
                 .iter()
                 .filter_map(|(l, _, used)| Some((l, bytes(*used)?))),
+        )?;
+        // QuotaPressure as a number, so the alert fires on the condition's own decision.
+        let mut pressure: Vec<(BindingLabels, i64)> = store
+            .state()
+            .iter()
+            .filter_map(|b| Some((BindingLabels::of(b), quota_pressure(b)?)))
+            .collect();
+        pressure
+            .sort_by(|a, b| (&a.0.namespace, &a.0.binding).cmp(&(&b.0.namespace, &b.0.binding)));
+        gauge_family(
+            &mut encoder,
+            (
+                "binding_quota_pressure",
+                "1 while a Binding's QuotaPressure condition is True (its domain at its grant), 0 while False",
+            ),
+            pressure.iter().map(|(l, v)| (l, *v)),
         )?;
         // The tenant's view (status.sharedCache, its deployments summed).
         let mut views: Vec<(BindingLabels, kvcache_api::model::SharedCacheStatus)> = store

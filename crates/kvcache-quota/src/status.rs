@@ -606,7 +606,6 @@ pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {
         granted,
         domain_exclusive(input.tenant, input.contested_with),
     ];
-    conds.extend(quota_pressure(figures, input.ceiling_bytes));
     conds.push(release_cond(
         b::RELEASABLE,
         &input.release,
@@ -628,42 +627,74 @@ pub fn binding_status(input: &BindingInput<'_>) -> BindingVerdict {
 /// Above this share of its grant a domain is under pressure (`QuotaPressure=True`).
 pub const PRESSURE_SHARE: f64 = 0.9;
 
-/// `QuotaPressure`, once the ledger gave figures: whether the domain holds more than
-/// [`PRESSURE_SHARE`] of its grant. Mooncake 0.3.13 takes a full tenant's puts and discards that
-/// tenant's older objects to make room (its over-quota flag stays down), and counts no such
-/// discards per tenant, so the condition says a tenant is at its grant, not how much it lost.
-fn quota_pressure(figures: Option<Figures>, ceiling_bytes: u64) -> Option<Cond> {
-    let f = figures?;
-    if f.effective_quota_bytes == 0 {
+/// Above this share of its grant a domain whose engines' saves failed in the window is at its
+/// grant too: the store refuses a put that would take the domain past its grant, so where one
+/// object is a large part of the grant (a small ceiling, large blocks) saves fail well below
+/// [`PRESSURE_SHARE`].
+pub const REFUSED_SAVES_SHARE: f64 = 0.5;
+
+/// The saves a Binding's deployments made within their window (their `status.sharedCache`,
+/// summed), as the Binding's writer reads them beside the ledger's figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SavesInWindow {
+    /// Saves the engines made.
+    pub saves: u64,
+    /// Of those, the saves that failed.
+    pub failed: u64,
+}
+
+/// A Binding's `QuotaPressure`, once the ledger gave figures (`verdict`, its pool's last
+/// conclusion) and beside what its engines saw (`saves`): whether the domain holds more than
+/// [`PRESSURE_SHARE`] of its grant, or more than [`REFUSED_SAVES_SHARE`] while its saves fail.
+/// Mooncake 0.3.13 takes a full tenant's puts by discarding that tenant's older objects (its
+/// over-quota flag stays down) and counts no such discards per tenant, so the condition says a
+/// tenant is at its grant, not how much it lost. Decided here, by the Binding's one writer, and
+/// not in [`binding_status`]: the pool's pass reads the ledger, not the engines.
+pub fn quota_pressure(
+    verdict: &BindingVerdict,
+    ceiling_bytes: u64,
+    saves: SavesInWindow,
+) -> Option<Cond> {
+    let (granted, used) = (verdict.effective_quota_bytes?, verdict.usage_bytes?);
+    if granted == 0 {
         return None;
     }
-    let share = f.usage_bytes as f64 / f.effective_quota_bytes as f64;
+    let share = used as f64 / granted as f64;
     let held = format!(
         "holds {} of its grant {} ({:.0}%)",
-        bytes(f.usage_bytes),
-        bytes(f.effective_quota_bytes),
+        bytes(used),
+        bytes(granted),
         share * 100.0
     );
-    if f.admission_closed == Some(true) {
+    let fix = if granted < ceiling_bytes {
+        "the grant is below the ceiling because the pool's total is shared out: raise the pool's quota.total or add capacity, or move some workloads to another Binding"
+    } else {
+        "raise spec.quota.ceiling (the grant follows it as far as the pool allows), or move some workloads to another Binding"
+    };
+    if verdict.admission_closed == Some(true) {
         return Some(Cond::yes(
             b::QUOTA_PRESSURE,
             "AdmissionClosed",
             format!(
-                "the store refuses new allocations for the domain, which {held}: its engines' saves fail until it holds less; raise spec.quota.ceiling or the pool's quota.total, or move some workloads to another Binding"
+                "the store refuses new allocations for the domain, which {held}: its engines' saves fail until it holds less; {fix}"
             ),
         ));
     }
     Some(if share > PRESSURE_SHARE {
-        let fix = if f.effective_quota_bytes < ceiling_bytes {
-            "the grant is below the ceiling because the pool's total is shared out: raise the pool's quota.total or add capacity, or move some workloads to another Binding"
-        } else {
-            "raise spec.quota.ceiling (the grant follows it as far as the pool allows), or move some workloads to another Binding"
-        };
         Cond::yes(
             b::QUOTA_PRESSURE,
             "AtGrant",
             format!(
                 "the domain {held}: the store makes room for its new blocks by discarding its own older ones (the store counts no such discards per tenant, so how many is not known); {fix}"
+            ),
+        )
+    } else if saves.failed > 0 && share > REFUSED_SAVES_SHARE {
+        Cond::yes(
+            b::QUOTA_PRESSURE,
+            "SavesRefused",
+            format!(
+                "the domain {held} and {} of its engines' {} saves in the window failed: the store refuses a block that would take the domain past its grant, so those prompts are not cached; {fix}",
+                saves.failed, saves.saves
             ),
         )
     } else {

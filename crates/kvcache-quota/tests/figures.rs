@@ -531,9 +531,15 @@ fn a_domain_at_its_grant_is_under_pressure_and_the_fix_named_but_the_binding_sta
             release: Release::NotDeleting,
         })
     };
+    let quiet = SavesInWindow::default();
+    let pressure = |v: &BindingVerdict, saves: SavesInWindow| {
+        quota_pressure(v, 8 * GI, saves).expect("the ledger gave figures")
+    };
+    // The pool's pass reads the ledger, not the engines: the Binding's writer decides.
+    assert!(find(&verdict(&charged(GI)).conditions, "QuotaPressure").is_none());
     // 7.5 of 8Gi: above 90 %.
     let full = verdict(&charged(15 * GI / 2));
-    let c = cond(&full.conditions, "QuotaPressure");
+    let c = pressure(&full, quiet);
     assert_eq!((c.status, c.reason), (Status::True, "AtGrant"));
     assert!(
         c.message.contains("94%") && c.message.contains("raise spec.quota.ceiling"),
@@ -543,8 +549,25 @@ fn a_domain_at_its_grant_is_under_pressure_and_the_fix_named_but_the_binding_sta
     assert_eq!(full.phase, PoolPhase::Ready, "a full domain still serves");
     // Half full: no pressure, and no fault either.
     let half = verdict(&charged(4 * GI));
-    let c = cond(&half.conditions, "QuotaPressure");
+    let c = pressure(&half, quiet);
     assert_eq!((c.status, c.reason), (Status::False, "BelowGrant"));
+    // Saves failing while the domain holds most of its grant: the store refuses what would
+    // take it past the grant (a block a large part of a small grant), below 90 %.
+    let most = verdict(&charged(11 * GI / 2));
+    let refused_saves = SavesInWindow {
+        saves: 12,
+        failed: 3,
+    };
+    let c = pressure(&most, refused_saves);
+    assert_eq!((c.status, c.reason), (Status::True, "SavesRefused"));
+    assert!(
+        c.message.contains("3 of its engines' 12 saves") && c.message.contains("69%"),
+        "{}",
+        c.message
+    );
+    assert_eq!(pressure(&most, quiet).reason, "BelowGrant");
+    // Saves failing in a domain that holds half its grant or less are not its grant's doing.
+    assert_eq!(pressure(&half, refused_saves).reason, "BelowGrant");
     assert_eq!(half.phase, PoolPhase::Ready);
     assert_eq!(
         half.admission_closed,
@@ -555,7 +578,7 @@ fn a_domain_at_its_grant_is_under_pressure_and_the_fix_named_but_the_binding_sta
     let mut closed = charged(4 * GI);
     closed.admission_closed = Some(true);
     let refused = verdict(&closed);
-    let c = cond(&refused.conditions, "QuotaPressure");
+    let c = pressure(&refused, quiet);
     assert_eq!((c.status, c.reason), (Status::True, "AdmissionClosed"));
     assert!(c.message.contains("saves fail"), "{}", c.message);
     assert_eq!(refused.admission_closed, Some(true));
@@ -570,5 +593,5 @@ fn a_domain_at_its_grant_is_under_pressure_and_the_fix_named_but_the_binding_sta
         contested_with: &[],
         release: Release::NotDeleting,
     });
-    assert!(find(&unread.conditions, "QuotaPressure").is_none());
+    assert!(quota_pressure(&unread, 8 * GI, refused_saves).is_none());
 }

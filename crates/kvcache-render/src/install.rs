@@ -872,7 +872,7 @@ pub fn helm_chart(
     files.push((
         "templates/servicemonitor.yaml".to_owned(),
         format!(
-            "{header}{{{{- if .Values.serviceMonitor.enabled }}}}\napiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata:\n  name: {NAME}\n  namespace: {{{{ .Values.namespace }}}}\n  labels: {labels}\nspec:\n  selector:\n    matchLabels: {selector}\n  endpoints:\n    - port: metrics\n      path: /metrics\n      interval: {{{{ .Values.serviceMonitor.interval }}}}\n{{{{- end }}}}\n",
+            "{header}{{{{- if .Values.serviceMonitor.enabled }}}}\napiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata:\n  name: {NAME}\n  namespace: {{{{ .Values.namespace }}}}\n  labels: {labels}\nspec:\n  selector:\n    matchLabels: {selector}\n  endpoints:\n    - port: metrics\n      path: /metrics\n      # The operator's per-Binding series carry the tenant's own namespace label: kept, not\n      # renamed exported_namespace (the alerts and the dashboard read it).\n      honorLabels: true\n      interval: {{{{ .Values.serviceMonitor.interval }}}}\n{{{{- end }}}}\n",
             labels = serde_json::to_string(&labels()).map_err(|e| crate::error::Error::Yaml {
                 object: "the ServiceMonitor".into(),
                 message: e.to_string(),

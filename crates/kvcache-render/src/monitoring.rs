@@ -63,12 +63,12 @@ pub(crate) fn alerts() -> Vec<Alert> {
         },
         Alert {
             name: "KVCacheTenantAtGrant",
-            // The same share as QuotaPressure (kvcache_quota::status::PRESSURE_SHARE).
-            expr: "kvcache_operator_binding_used_bytes > 0.9 * kvcache_operator_binding_granted_bytes and kvcache_operator_binding_granted_bytes > 0",
+            // The Binding's own QuotaPressure (kvcache_quota::status::quota_pressure), as a number.
+            expr: "kvcache_operator_binding_quota_pressure == 1",
             for_: "15m",
             severity: "warning",
-            summary: "A tenant holds more than 90% of its grant",
-            description: "The domain of KVCachePoolBinding {{ $labels.namespace }}/{{ $labels.binding }} has held more than 90% of its grant for 15 minutes: the store makes room for its new blocks by discarding its own older ones, so its hit ratio falls. `kubectl -n {{ $labels.namespace }} describe kvcpb {{ $labels.binding }}` (QuotaPressure) names the fix: raise spec.quota.ceiling, the pool's total, or move workloads to another Binding.",
+            summary: "A tenant has been at its grant for 15 minutes",
+            description: "KVCachePoolBinding {{ $labels.namespace }}/{{ $labels.binding }} (domain {{ $labels.domain }}) has had QuotaPressure=True for 15 minutes: its domain holds more than 90% of its grant, so the store makes room for its new blocks by discarding its own older ones, or its engines' saves are refused at the grant, so new prompts are not cached; either way its hit ratio falls. `kubectl -n {{ $labels.namespace }} describe kvcpb {{ $labels.binding }}` names the reason and the fix: raise spec.quota.ceiling, the pool's total, or move workloads to another Binding.",
         },
         Alert {
             name: "KVCacheLoadsFallingBack",
@@ -251,8 +251,10 @@ const PANELS: &[Panel] = &[
     Panel {
         title: "Reconcile errors",
         unit: "ops",
+        // A controller with no failure shows 0 rather than no data (a failure's series only
+        // exists once one happened).
         targets: &[(
-            "sum by (controller, result) (rate(kvcache_operator_reconciles_total{result!=\"ok\"}[5m]))",
+            "sum by (controller, result) (rate(kvcache_operator_reconciles_total{result!=\"ok\"}[5m])) or on (controller) (sum by (controller) (rate(kvcache_operator_reconciles_total[5m])) * 0)",
             "{{controller}} {{result}}",
         )],
     },

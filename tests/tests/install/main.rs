@@ -190,6 +190,14 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
             .is_some(),
             "{text}"
         );
+        assert_eq!(
+            value(
+                &text,
+                "kvcache_operator_binding_quota_pressure{namespace=\"team-a\",binding=\"team-a\",domain=\"default\"}"
+            ),
+            Some(0.0),
+            "QuotaPressure=False as a number: {text}"
+        );
         for controller in [
             "kvcachebackend",
             "kvcachepool",

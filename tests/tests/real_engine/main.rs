@@ -5,8 +5,10 @@
 //! as from a Pod on the nodes (every controller); the engines are ModelDeployment replicas
 //! whose store settings the operator injected. One two-node cluster per test binary, its nodes
 //! sized for engines; the tests take turns (each engine is about 3.7 GiB resident). The
-//! tenant's view (quota pressure, loads falling back) is in `tenant_view.rs`.
+//! tenant's view (quota pressure, loads falling back) is in `tenant_view.rs`, the monitoring
+//! against a real Prometheus in `monitoring.rs`.
 
+mod monitoring;
 mod tenant_view;
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -86,12 +88,25 @@ fn operator() -> &'static Mutex<Operator> {
             "--shared-cache-window={}s",
             SHARED_CACHE_WINDOW.as_secs()
         )];
-        Operator::builder(&cluster.nodes.kubeconfig, NAMESPACE)
+        let op = Operator::builder(&cluster.nodes.kubeconfig, NAMESPACE)
             .on_nodes(&cluster.nodes)
             .extra(&window)
             .start(&dir)
-            .map(Mutex::new)
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        // Its webhooks registered, as the installation does: admission and injection run
+        // through them (and the dashboard's webhook panel has data).
+        let webhook = op
+            .webhook
+            .clone()
+            .ok_or_else(|| "the operator on the nodes serves no webhook".to_owned())?;
+        let kc = cluster.control_plane.kubeconfig.clone();
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            kvcache_e2e::operator::register_webhooks(&client, NAMESPACE, &webhook, true).await?;
+            kvcache_e2e::operator::wait_webhooks_trusted(&client, NAMESPACE).await
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(Mutex::new(op))
     });
     match op {
         Ok(op) => op,

@@ -1,7 +1,8 @@
 //! The tenant's view through the real engine: an engine whose path to the members is cut falls
 //! back to recomputing, its deployment says so within one window (`--shared-cache-window`, set
 //! short for this binary) and recovers once its loads succeed again; restarted mid-window, its
-//! counts neither go negative nor double.
+//! counts neither go negative nor double; a tenant filled to a small grant is under
+//! `QuotaPressure` until its ceiling is raised.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kvcache_api::ModelDeployment;
+use kvcache_api::quantity::parse_bytes;
+use kvcache_api::{KVCachePoolBinding, ModelDeployment};
 use kvcache_e2e::cluster::{block_on, client_from, wait_object};
 use kvcache_e2e::pods::{self, name_of};
 use kvcache_e2e::reach;
@@ -18,8 +20,8 @@ use kvcache_e2e::walkthrough::{self, backend_pods};
 use kvcache_e2e::{Error, engine};
 
 use crate::{
-    BACKEND, CHAT, NAMESPACE, PROMPT_TOKENS, TEAM_A, WAIT, ask, cluster, deploy, operator, turn,
-    undeploy, write_through,
+    BACKEND, CHAT, NAMESPACE, POOL, PROMPT_TOKENS, TEAM_A, WAIT, ask, cluster, deploy, operator,
+    turn, undeploy, write_through,
 };
 
 /// The deployment whose engine's store path is cut.
@@ -222,6 +224,173 @@ fn an_engine_cut_from_the_members_falls_back_and_its_deployment_says_so_then_rec
             "the window holds the new process's own counts ({own:?}): {cache:?}"
         );
         undeploy(&client, TEAM_A, READER).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A team of its own for the quota test, so that its domain starts empty whatever ran before.
+const TEAM_Q: &str = "team-q";
+/// team-q's deployment that fills its domain.
+const FILL: &str = "fill";
+
+/// Applies team-q's Binding (domain `team-q`) with `ceiling`.
+async fn bind_team_q(bindings: &Api<KVCachePoolBinding>, ceiling: &str) -> Result<(), Error> {
+    let mut b = engine::binding(TEAM_Q, POOL, Some(TEAM_Q));
+    b["spec"]["quota"]["ceiling"] = ceiling.into();
+    bindings
+        .patch(
+            TEAM_Q,
+            &PatchParams::apply(walkthrough::MANAGER).force(),
+            &Patch::Apply(&b),
+        )
+        .await?;
+    Ok(())
+}
+
+fn granted(b: &KVCachePoolBinding) -> Option<u64> {
+    let q = b.status.as_ref()?.effective_quota.as_ref()?;
+    parse_bytes(&q.0).ok()
+}
+
+#[test]
+fn a_tenant_whose_saves_are_refused_at_its_grant_is_under_pressure_until_its_ceiling_is_raised() {
+    const KI: u64 = 1024;
+    let _turn = turn();
+    operator();
+    let kc = cluster().control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        walkthrough::ensure_namespace(&client, TEAM_Q).await?;
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), TEAM_Q);
+        // Beside team-a's and team-b's 8Gi ceilings the 512Mi store recuts a 4608Ki ceiling to
+        // a grant of about 144 KiB: two of the tiny model's blocks (64 KiB each), so the
+        // domain holds 89 % of it and the store refuses every further block while those two
+        // are leased (docs/full-quota-behavior.md).
+        bind_team_q(&bindings, "4608Ki").await?;
+        let small = wait_object(
+            &bindings,
+            TEAM_Q,
+            "team-q's grant recut to between one and four blocks",
+            WAIT,
+            |b| granted(b).is_some_and(|g| g > 64 * KI && g <= 256 * KI),
+        )
+        .await?;
+        assert!(
+            has_condition(&small, "QuotaPressure=False/BelowGrant"),
+            "nothing written yet: {:?}",
+            small.status
+        );
+        let fill = deploy(&client, TEAM_Q, FILL, 1).await?.remove(0);
+        let prom = crate::monitoring::start(&client, &[&fill]).await?;
+        let deadline = Instant::now() + WAIT;
+        let mut seed = 701;
+        let at_grant = loop {
+            let p = engine::prompt(seed, PROMPT_TOKENS);
+            seed += 1;
+            let (_, added) = ask(&client, TEAM_Q, &fill, &p).await?;
+            let b = bindings.get(TEAM_Q).await?;
+            if has_condition(&b, "QuotaPressure=True") {
+                break b;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Wait {
+                    what: format!("{TEAM_Q}: QuotaPressure=True once its grant is full"),
+                    reason: format!("last prompt added {added:?}; the Binding: {:?}", b.status),
+                });
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        };
+        // The engine keeps writing while the pressure is checked: refused saves stay in the
+        // window, so the condition (and the alert on it) holds until the ceiling is raised.
+        let filling = {
+            let (client, fill) = (client.clone(), fill.clone());
+            tokio::spawn(async move {
+                loop {
+                    let p = engine::prompt(seed, PROMPT_TOKENS);
+                    seed += 1;
+                    let _ = ask(&client, TEAM_Q, &fill, &p).await;
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
+            })
+        };
+        let c = condition(&at_grant, "QuotaPressure").expect("QuotaPressure");
+        assert!(
+            c.message.contains("spec.quota.ceiling") || c.message.contains("quota.total"),
+            "names the fix: {}",
+            c.message
+        );
+        let cache = at_grant
+            .status
+            .as_ref()
+            .and_then(|s| s.shared_cache.as_ref())
+            .expect("the tenant's view");
+        assert!(
+            c.reason != "SavesRefused" || cache.failed_saves > 0,
+            "the refused saves are in the tenant's view: {cache:?}"
+        );
+        // The condition as the alert reads it (the operator's Binding cache follows the write).
+        let series = "kvcache_operator_binding_quota_pressure{namespace=\"team-q\",binding=\"team-q\",domain=\"team-q\"}";
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let text = operator()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .metrics()?;
+            let v = kvcache_e2e::store::metric_value(&text, series);
+            if v == Some(1.0) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Wait {
+                    what: format!("{series} at 1 in the operator's metrics"),
+                    reason: format!("last {v:?}"),
+                });
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        wait_event(&client, TEAM_Q, "TenantAtGrant", "", WAIT).await?;
+        // Prometheus, scraping the operator, the master and the engine all along, fires the
+        // alert for the filled tenant (its `for` cut to 0s: crate::monitoring), and every
+        // dashboard panel has data.
+        let firing = crate::monitoring::wait_query(
+            &prom,
+            "ALERTS{alertname=\"KVCacheTenantAtGrant\",alertstate=\"firing\"}",
+            "KVCacheTenantAtGrant firing for team-q",
+            |s| s.iter().any(|s| s.metric.get("binding").map(String::as_str) == Some(TEAM_Q)),
+        )
+        .await?;
+        let alert = firing
+            .iter()
+            .find(|s| s.metric.get("binding").map(String::as_str) == Some(TEAM_Q))
+            .expect("the alert");
+        assert_eq!(
+            (alert.metric.get("namespace"), alert.metric.get("domain")),
+            (Some(&TEAM_Q.to_owned()), Some(&TEAM_Q.to_owned())),
+            "the tenant's own labels, not the operator's: {alert:?}"
+        );
+        crate::monitoring::every_panel_has_data(&prom).await?;
+        drop(prom);
+
+        // The ceiling raised: the grant follows and the domain is far below it.
+        filling.abort();
+        bind_team_q(&bindings, "8Gi").await?;
+        wait_condition(&bindings, TEAM_Q, "QuotaPressure=False/BelowGrant", WAIT).await?;
+        wait_event(&client, TEAM_Q, "TenantBelowGrant", "", WAIT).await?;
+        undeploy(&client, TEAM_Q, FILL).await?;
+        // Gone, with what it held, so that the other tests' grants are what they were.
+        bindings
+            .patch(
+                TEAM_Q,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                    kvcache_api::DROP_CACHED_DATA_ANNOTATION: "true"
+                }}})),
+            )
+            .await?;
+        let uid = bindings.get(TEAM_Q).await?.metadata.uid.unwrap_or_default();
+        bindings.delete(TEAM_Q, &DeleteParams::default()).await?;
+        kvcache_e2e::cluster::wait_deleted(&bindings, TEAM_Q, &uid, "team-q's Binding released", WAIT)
+            .await
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }

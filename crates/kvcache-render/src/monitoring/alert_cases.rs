@@ -85,19 +85,17 @@ const CASES: &[Case] = &[
     },
     Case {
         alert: "KVCacheTenantAtGrant",
-        series: &[
-            (
-                "kvcache_operator_binding_used_bytes{namespace=\"team-a\",binding=\"team-a\"}",
-                "95x40",
-            ),
-            (
-                "kvcache_operator_binding_granted_bytes{namespace=\"team-a\",binding=\"team-a\"}",
-                "100x40",
-            ),
+        series: &[(
+            "kvcache_operator_binding_quota_pressure{namespace=\"team-a\",binding=\"team-a\",domain=\"qwen\"}",
+            "0x5 1x40",
+        )],
+        quiet_at: "15m",
+        fires_at: "25m",
+        labels: &[
+            ("namespace", "team-a"),
+            ("binding", "team-a"),
+            ("domain", "qwen"),
         ],
-        quiet_at: "10m",
-        fires_at: "20m",
-        labels: &[("namespace", "team-a"), ("binding", "team-a")],
     },
     Case {
         alert: "KVCacheLoadsFallingBack",

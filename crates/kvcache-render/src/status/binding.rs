@@ -7,9 +7,11 @@ use kvcache_api::KVCachePoolBinding;
 use kvcache_api::admission::tenant_of;
 use kvcache_api::backend::ObjectRef as Consumer;
 use kvcache_api::condition::merge;
+use kvcache_api::pool::binding_conditions::RELEASABLE;
 use kvcache_api::pool::{KVCachePoolBindingStatus, PoolPhase};
 use kvcache_quota::status::{
-    BindingInput, BindingVerdict, Release, binding_releasable, binding_status,
+    BindingInput, BindingVerdict, Release, SavesInWindow, binding_releasable, binding_status,
+    quota_pressure,
 };
 
 use crate::names::binding_id;
@@ -38,18 +40,25 @@ pub fn binding_status_after(
 ) -> Option<KVCachePoolBindingStatus> {
     let stored = b.status.clone().unwrap_or_default();
     let generation = b.metadata.generation;
+    let ceiling = b
+        .spec
+        .quota
+        .ceiling
+        .bytes("spec.quota.ceiling")
+        .unwrap_or(0);
+    let saves = shared_cache
+        .as_ref()
+        .map_or_else(SavesInWindow::default, |c| SavesInWindow {
+            saves: c.saves,
+            failed: c.failed_saves,
+        });
     let verdict = match (release, conclusion) {
         (Some(_), _) | (None, PoolConclusion::Pending) => None,
         (None, PoolConclusion::Concluded(v)) => Some(v),
         (None, PoolConclusion::NoPool) => Some(binding_status(&BindingInput {
             binding: &binding_id(b),
             tenant: tenant_of(b),
-            ceiling_bytes: b
-                .spec
-                .quota
-                .ceiling
-                .bytes("spec.quota.ceiling")
-                .unwrap_or(0),
+            ceiling_bytes: ceiling,
             pool: None,
             entry: None,
             contested_with: &[],
@@ -57,7 +66,10 @@ pub fn binding_status_after(
         })),
     };
     let mut status = match verdict {
-        Some(v) => binding_status_document(generation, v, &stored, now),
+        Some(v) => {
+            let v = with_pressure(v, ceiling, saves);
+            binding_status_document(generation, v, &stored, now)
+        }
         None => stored.clone(),
     };
     if let Some(release) = release {
@@ -76,6 +88,24 @@ pub fn binding_status_after(
     status.used_by = used_by;
     status.shared_cache = shared_cache;
     (status != stored).then_some(status)
+}
+
+/// The pool's `verdict` with the Binding's `QuotaPressure` (decided from the ledger's figures
+/// and its engines' saves in the window) put before `Releasable`, where a Binding lists it.
+fn with_pressure(
+    mut verdict: BindingVerdict,
+    ceiling: u64,
+    saves: SavesInWindow,
+) -> BindingVerdict {
+    if let Some(pressure) = quota_pressure(&verdict, ceiling, saves) {
+        let at = verdict
+            .conditions
+            .iter()
+            .position(|c| c.type_ == RELEASABLE)
+            .unwrap_or(verdict.conditions.len());
+        verdict.conditions.insert(at, pressure);
+    }
+    verdict
 }
 
 /// A Binding's status from its verdict (`usedBy` left empty: the caller fills it), conditions merged with the `stored` ones at `now`.
@@ -256,5 +286,71 @@ mod tests {
         for c in stored.conditions.iter().filter(|c| c.type_ != "Releasable") {
             assert!(after.conditions.contains(c), "{c:?}");
         }
+    }
+
+    #[test]
+    fn a_small_grant_whose_saves_are_refused_is_under_pressure_until_the_ceiling_is_raised() {
+        use kvcache_api::condition::Cond;
+        const KI: u64 = 1024;
+        // What the real vLLM met (tests/tests/real_engine/tenant_view.rs): a 144 KiB grant of
+        // 64 KiB blocks holds two, 89 %, and refuses the third.
+        let verdict = |granted: u64| BindingVerdict {
+            phase: PoolPhase::Ready,
+            phase_message: None,
+            effective_quota_bytes: Some(granted),
+            usage_bytes: Some(128 * KI),
+            over_quota: Some(false),
+            admission_closed: Some(false),
+            conditions: vec![
+                Cond::yes("QuotaObserved", "LedgerRead", "read"),
+                Cond::yes("Releasable", "NotDeleting", "not deleted"),
+            ],
+        };
+        let view = |failed_saves: u64| kvcache_api::model::SharedCacheStatus {
+            window: "60s".into(),
+            saves: 8,
+            failed_saves,
+            ..Default::default()
+        };
+        let pass = |b: &KVCachePoolBinding, granted: u64, failed: u64| {
+            binding_status_after(
+                b,
+                PoolConclusion::Concluded(verdict(granted)),
+                (vec![user("fill")], Some(view(failed))),
+                None,
+                &now(),
+            )
+            .expect("a status")
+        };
+        let pressure = |s: &KVCachePoolBindingStatus| {
+            let types: Vec<&str> = s.conditions.iter().map(|c| c.type_.as_str()).collect();
+            assert_eq!(types, ["QuotaObserved", "QuotaPressure", "Releasable"]);
+            let c = &s.conditions[1];
+            (c.status.clone(), c.reason.clone(), c.message.clone())
+        };
+        let quiet = pass(&binding(None), 144 * KI, 0);
+        assert_eq!(pressure(&quiet).1, "BelowGrant", "nothing refused yet");
+        let refused = pass(&binding(Some(quiet.clone())), 144 * KI, 2);
+        let (status, reason, message) = pressure(&refused);
+        assert_eq!((status.as_str(), reason.as_str()), ("True", "SavesRefused"));
+        assert!(message.contains("2 of its engines' 8 saves"), "{message}");
+        assert_eq!(
+            crate::events::binding_events(&quiet, &refused)
+                .iter()
+                .map(|n| n.reason)
+                .collect::<Vec<_>>(),
+            ["TenantAtGrant"]
+        );
+        // The ceiling raised: the grant follows, the refusals still in the window are not the
+        // grant's doing any more.
+        let raised = pass(&binding(Some(refused.clone())), 2304 * KI, 2);
+        assert_eq!(pressure(&raised).1, "BelowGrant");
+        assert_eq!(
+            crate::events::binding_events(&refused, &raised)
+                .iter()
+                .map(|n| n.reason)
+                .collect::<Vec<_>>(),
+            ["TenantBelowGrant"]
+        );
     }
 }
