@@ -107,11 +107,13 @@ impl StoreClient {
         let health_url = format!("http://{admin}/health");
         let metrics_url = format!("http://{admin}/metrics");
         let segments_url = format!("http://{admin}/get_segments_detail");
-        let (health, metrics, segments) = tokio::join!(
-            self.fetch(&health_url),
-            self.fetch(&metrics_url),
-            self.fetch(&segments_url),
-        );
+        // The segment listing after the metrics: a member mounting between the two reads is
+        // then listed before its capacity counts, never counted without its row (a backend
+        // at full capacity with a member missing from `status.members`).
+        let (health, (metrics, segments)) = tokio::join!(self.fetch(&health_url), async {
+            let metrics = self.fetch(&metrics_url).await;
+            (metrics, self.fetch(&segments_url).await)
+        });
         StoreReading {
             health: health.and_then(|b| Health::parse(&health_url, &b)),
             metrics: metrics.map(|t| Metrics::parse(&t)),
