@@ -93,6 +93,7 @@ fn each_value_changes_what_it_names() {
         "namespace=kv-system",
         "webhook.enabled=false",
         "serviceMonitor.enabled=true",
+        "prometheusRule.enabled=true",
         "resources.limits.memory=512Mi",
     ]);
     let d = find(&chart, "Deployment").expect("a Deployment");
@@ -116,6 +117,22 @@ fn each_value_changes_what_it_names() {
     let monitor = find(&chart, "ServiceMonitor").expect("a ServiceMonitor");
     assert_eq!(monitor["metadata"]["namespace"], "kv-system");
     assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(monitor["spec"]["endpoints"][0]["honorLabels"], true);
+    // The alert rules, as deploy/monitoring/ ships them, their own templates intact.
+    let rule = find(&chart, "PrometheusRule").expect("a PrometheusRule");
+    assert_eq!(rule["metadata"]["namespace"], "kv-system");
+    let shipped: serde_json::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(
+            kvcache_e2e::paths::workspace_root().join("deploy/monitoring/prometheusrule.yaml"),
+        )
+        .expect("deploy/monitoring/prometheusrule.yaml"),
+    )
+    .expect("YAML");
+    assert_eq!(rule["spec"], shipped["spec"]);
+    assert!(
+        rule["spec"].to_string().contains("{{ $labels.namespace }}"),
+        "the alerts' label templates survive Helm"
+    );
     // The RBAC follows the namespace.
     let binding = find(&chart, "ClusterRoleBinding").expect("a ClusterRoleBinding");
     assert_eq!(binding["subjects"][0]["namespace"], "kv-system");

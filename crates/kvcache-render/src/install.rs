@@ -797,12 +797,13 @@ pub fn helm_chart(
         "resources": resources,
         "webhook": {"enabled": true},
         "serviceMonitor": {"enabled": false, "interval": "30s"},
+        "prometheusRule": {"enabled": false},
         "storeMetricsFrom": [],
     });
     files.push((
         "values.yaml".to_owned(),
         format!(
-            "{header}# image: the operator image. Store Pods take the elector from their own image (the kv-cache-elector-image setting), so changing this restarts no store Pod.\n# webhook.enabled: false leaves out the admission webhooks (cross-object rules and Pod injection).\n# serviceMonitor.enabled: a prometheus-operator ServiceMonitor for /metrics.\n# storeMetricsFrom: namespaces whose Pods (Prometheus) may scrape the Mooncake masters' /metrics; the port is the master's admin API too, so name only a namespace trusted with the tenant ledger (docs/isolation.md).\n{}",
+            "{header}# image: the operator image. Store Pods take the elector from their own image (the kv-cache-elector-image setting), so changing this restarts no store Pod.\n# webhook.enabled: false leaves out the admission webhooks (cross-object rules and Pod injection).\n# serviceMonitor.enabled: a prometheus-operator ServiceMonitor for /metrics.\n# prometheusRule.enabled: the alert rules of deploy/monitoring/ as a prometheus-operator PrometheusRule (docs/troubleshooting.md has each alert's runbook line).\n# storeMetricsFrom: namespaces whose Pods (Prometheus) may scrape the Mooncake masters' /metrics; the port is the master's admin API too, so name only a namespace trusted with the tenant ledger (docs/isolation.md).\n{}",
             serde_yaml::to_string(&values).map_err(yaml_err("values"))?
         ),
     ));
@@ -879,5 +880,32 @@ pub fn helm_chart(
             })?,
         ),
     ));
+    files.push((
+        "templates/prometheusrule.yaml".to_owned(),
+        helm_prometheus_rule(header)?,
+    ));
     Ok(files)
+}
+
+/// The chart's PrometheusRule: `deploy/monitoring/prometheusrule.yaml` in the chart's
+/// namespace, behind `prometheusRule.enabled`. The alerts' own templates
+/// (`{{ $labels.namespace }}`) are Prometheus's, not Helm's: each brace pair is written as a
+/// Helm string that prints it.
+fn helm_prometheus_rule(header: &str) -> Result<String, crate::error::Error> {
+    let text = serde_yaml::to_string(&crate::monitoring::prometheus_rule(HELM_NAMESPACE)).map_err(
+        |e| crate::error::Error::Yaml {
+            object: "the PrometheusRule".into(),
+            message: e.to_string(),
+        },
+    )?;
+    let (open, close) = ('\u{1}', '\u{2}');
+    let text = text
+        .replace("{{", &open.to_string())
+        .replace("}}", &close.to_string())
+        .replace(open, "{{ \"{{\" }}")
+        .replace(close, "{{ \"}}\" }}")
+        .replace(HELM_NAMESPACE, "{{ .Values.namespace }}");
+    Ok(format!(
+        "{header}{{{{- if .Values.prometheusRule.enabled }}}}\n{text}{{{{- end }}}}\n"
+    ))
 }
