@@ -328,17 +328,30 @@ pub async fn exec(
     let out = attached.stdout();
     let err = attached.stderr();
     let status = attached.take_status();
+    // A stream that breaks is an error, never an empty answer (a command that printed
+    // nothing reads as such only when its streams ended cleanly).
     let read_out = async {
-        if let Some(mut o) = out {
-            let _ = o.read_to_string(&mut stdout).await;
+        match out {
+            Some(mut o) => o.read_to_string(&mut stdout).await.map(drop),
+            None => Ok(()),
         }
     };
     let read_err = async {
-        if let Some(mut e) = err {
-            let _ = e.read_to_string(&mut stderr).await;
+        match err {
+            Some(mut e) => e.read_to_string(&mut stderr).await.map(drop),
+            None => Ok(()),
         }
     };
-    tokio::join!(read_out, read_err);
+    let (read_out, read_err) = tokio::join!(read_out, read_err);
+    if let Err(e) = read_out.and(read_err) {
+        return Err(Error::Http {
+            url: format!(
+                "exec {} in {pod}",
+                command.first().copied().unwrap_or_default()
+            ),
+            message: format!("its output stream broke: {e}"),
+        });
+    }
     let status = match status {
         Some(s) => s.await,
         None => None,
