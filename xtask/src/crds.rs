@@ -57,5 +57,17 @@ pub fn manifests() -> anyhow::Result<()> {
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
     }
+    let runbook = root().join("docs/troubleshooting.md");
+    let text = std::fs::read_to_string(&runbook)
+        .with_context(|| format!("reading {}", runbook.display()))?;
+    let text = kvcache_render::monitoring::with_runbook(&text).with_context(|| {
+        format!(
+            "{} lacks the alerts markers {:?}",
+            runbook.display(),
+            kvcache_render::monitoring::RUNBOOK_MARKERS
+        )
+    })?;
+    std::fs::write(&runbook, text).with_context(|| format!("writing {}", runbook.display()))?;
+    println!("wrote the alerts' runbook in {}", runbook.display());
     Ok(())
 }

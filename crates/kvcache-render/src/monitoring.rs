@@ -382,6 +382,40 @@ pub fn files(namespace: &str) -> Result<Vec<(&'static str, String)>, crate::erro
     ])
 }
 
+/// Where the alerts' runbook table sits in `docs/troubleshooting.md`: between these markers.
+pub const RUNBOOK_MARKERS: (&str, &str) = ("<!-- alerts:start -->\n", "<!-- alerts:end -->");
+
+/// The runbook: one Markdown table row per alert (its name, severity and wait, what it means
+/// and what to do), from the same rules `deploy/monitoring/` ships, so the two cannot drift.
+/// `cargo xtask manifests` writes it into `docs/troubleshooting.md` between
+/// [`RUNBOOK_MARKERS`].
+pub fn runbook_table() -> String {
+    let cell = |s: &str| s.replace('|', "\\|");
+    let mut out = String::from(
+        "| alert | severity, after | what it means | what to do |\n|---|---|---|---|\n",
+    );
+    for a in alerts() {
+        out.push_str(&format!(
+            "| `{}` | {}, {} | {} | {} |\n",
+            a.name,
+            a.severity,
+            a.for_,
+            cell(a.summary),
+            cell(a.description)
+        ));
+    }
+    out
+}
+
+/// `text` (a document holding [`RUNBOOK_MARKERS`]) with the runbook between them
+/// [`runbook_table`] now; `None` when a marker is missing.
+pub fn with_runbook(text: &str) -> Option<String> {
+    let (start, end) = RUNBOOK_MARKERS;
+    let (head, rest) = text.split_once(start)?;
+    let (_, tail) = rest.split_once(end)?;
+    Some(format!("{head}{start}{}{end}{tail}", runbook_table()))
+}
+
 /// Every PromQL expression of the rules and the dashboard, with where it is.
 pub fn expressions() -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = alerts()

@@ -71,6 +71,27 @@ fn deploy_monitoring_is_up_to_date() {
 }
 
 #[test]
+fn the_troubleshooting_runbook_lists_every_alert_as_shipped() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/troubleshooting.md");
+    let text = std::fs::read_to_string(&path).expect("docs/troubleshooting.md");
+    let fresh = kvcache_render::monitoring::with_runbook(&text)
+        .expect("docs/troubleshooting.md holds the alerts markers");
+    assert!(
+        fresh == text,
+        "the alerts' runbook in docs/troubleshooting.md is stale: run `cargo xtask manifests` and commit it"
+    );
+    for (what, _) in kvcache_render::monitoring::expressions() {
+        if let Some(alert) = what.strip_prefix("alert ") {
+            assert!(
+                text.contains(&format!("| `{alert}` |")),
+                "{alert} has its row"
+            );
+        }
+    }
+}
+
+#[test]
 fn deploy_helm_is_up_to_date() {
     let dir =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/kvcache-operator");
