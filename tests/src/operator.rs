@@ -368,6 +368,10 @@ fn spawn(launch: &Launch, kubeconfig: &Path, args: &[String], log: &Path) -> Res
 /// [`register_webhooks`] registered: until then the API server cannot call them, and a
 /// `Fail` webhook refuses the writes it judges.
 pub async fn wait_webhooks_trusted(client: &kube::Client, namespace: &str) -> Result<()> {
+    /// Whether a webhook's client configuration carries a CA.
+    fn trusted(c: &k8s_openapi::api::admissionregistration::v1::WebhookClientConfig) -> bool {
+        c.ca_bundle.as_ref().is_some_and(|b| !b.0.is_empty())
+    }
     use k8s_openapi::api::admissionregistration::v1::{
         MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
     };
@@ -381,12 +385,10 @@ pub async fn wait_webhooks_trusted(client: &kube::Client, namespace: &str) -> Re
         "the operator's CA in every mutating webhook",
         within,
         |c| {
-            c.webhooks.iter().flatten().all(|w| {
-                w.client_config
-                    .ca_bundle
-                    .as_ref()
-                    .is_some_and(|b| !b.0.is_empty())
-            })
+            c.webhooks
+                .iter()
+                .flatten()
+                .all(|w| trusted(&w.client_config))
         },
     )
     .await?;
@@ -396,12 +398,10 @@ pub async fn wait_webhooks_trusted(client: &kube::Client, namespace: &str) -> Re
         "the operator's CA in every validating webhook",
         within,
         |c| {
-            c.webhooks.iter().flatten().all(|w| {
-                w.client_config
-                    .ca_bundle
-                    .as_ref()
-                    .is_some_and(|b| !b.0.is_empty())
-            })
+            c.webhooks
+                .iter()
+                .flatten()
+                .all(|w| trusted(&w.client_config))
         },
     )
     .await?;

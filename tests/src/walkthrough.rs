@@ -274,6 +274,24 @@ pub async fn delete_namespace(client: &Client, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Sets `kvcache.gpustack.ai/drop-cached-data` on the Binding `name` of `bindings`: its
+/// release then removes what its tenant holds instead of waiting for the store to evict it.
+pub async fn drop_cached_data(
+    bindings: &Api<kvcache_api::KVCachePoolBinding>,
+    name: &str,
+) -> Result<()> {
+    bindings
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                kvcache_api::DROP_CACHED_DATA_ANNOTATION: "true"
+            }}})),
+        )
+        .await?;
+    Ok(())
+}
+
 /// Deletes the ModelDeployment `namespace/name` and waits (up to `within`) until the Pods of
 /// its role `server` are gone (their memory and accelerators free for what comes next).
 pub async fn remove_model(

@@ -758,15 +758,7 @@ fn a_deleted_binding_whose_tenant_holds_data_waits_until_asked_to_drop_it_and_ot
             message.contains(kvcache_api::DROP_CACHED_DATA_ANNOTATION),
             "the condition names the way out: {message}"
         );
-        bindings
-            .patch(
-                ns,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-                    kvcache_api::DROP_CACHED_DATA_ANNOTATION: "true"
-                }}})),
-            )
-            .await?;
+        kvcache_e2e::walkthrough::drop_cached_data(&bindings, ns).await?;
         let deadline = Instant::now() + WAIT;
         while bindings.get_opt(ns).await?.is_some() {
             assert!(

@@ -210,14 +210,7 @@ async fn remove_walkthrough(client: &Client, tag: &str) -> Result<(), Error> {
 /// that run meanwhile.
 async fn remove_binding(client: &Client, namespace: &str) -> Result<(), Error> {
     let api = Api::<KVCachePoolBinding>::namespaced(client.clone(), namespace);
-    api.patch(
-        namespace,
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-            kvcache_api::DROP_CACHED_DATA_ANNOTATION: "true"
-        }}})),
-    )
-    .await?;
+    walkthrough::drop_cached_data(&api, namespace).await?;
     api.delete(namespace, &DeleteParams::default()).await?;
     Ok(())
 }

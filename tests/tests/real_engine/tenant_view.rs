@@ -378,15 +378,7 @@ fn a_tenant_whose_saves_are_refused_at_its_grant_is_under_pressure_until_its_cei
         wait_event(&client, TEAM_Q, "TenantBelowGrant", "", WAIT).await?;
         undeploy(&client, TEAM_Q, FILL).await?;
         // Gone, with what it held, so that the other tests' grants are what they were.
-        bindings
-            .patch(
-                TEAM_Q,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-                    kvcache_api::DROP_CACHED_DATA_ANNOTATION: "true"
-                }}})),
-            )
-            .await?;
+        walkthrough::drop_cached_data(&bindings, TEAM_Q).await?;
         let uid = bindings.get(TEAM_Q).await?.metadata.uid.unwrap_or_default();
         bindings.delete(TEAM_Q, &DeleteParams::default()).await?;
         kvcache_e2e::cluster::wait_deleted(&bindings, TEAM_Q, &uid, "team-q's Binding released", WAIT)

@@ -328,29 +328,23 @@ mod tests {
             let c = &s.conditions[1];
             (c.status.clone(), c.reason.clone(), c.message.clone())
         };
+        let events = |before: &KVCachePoolBindingStatus, after: &KVCachePoolBindingStatus| {
+            crate::events::binding_events(before, after)
+                .iter()
+                .map(|n| n.reason)
+                .collect::<Vec<_>>()
+        };
         let quiet = pass(&binding(None), 144 * KI, 0);
         assert_eq!(pressure(&quiet).1, "BelowGrant", "nothing refused yet");
         let refused = pass(&binding(Some(quiet.clone())), 144 * KI, 2);
         let (status, reason, message) = pressure(&refused);
         assert_eq!((status.as_str(), reason.as_str()), ("True", "SavesRefused"));
         assert!(message.contains("2 of its engines' 8 saves"), "{message}");
-        assert_eq!(
-            crate::events::binding_events(&quiet, &refused)
-                .iter()
-                .map(|n| n.reason)
-                .collect::<Vec<_>>(),
-            ["TenantAtGrant"]
-        );
+        assert_eq!(events(&quiet, &refused), ["TenantAtGrant"]);
         // The ceiling raised: the grant follows, the refusals still in the window are not the
         // grant's doing any more.
         let raised = pass(&binding(Some(refused.clone())), 2304 * KI, 2);
         assert_eq!(pressure(&raised).1, "BelowGrant");
-        assert_eq!(
-            crate::events::binding_events(&refused, &raised)
-                .iter()
-                .map(|n| n.reason)
-                .collect::<Vec<_>>(),
-            ["TenantBelowGrant"]
-        );
+        assert_eq!(events(&refused, &raised), ["TenantBelowGrant"]);
     }
 }
