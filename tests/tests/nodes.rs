@@ -77,6 +77,17 @@ async fn wait_pod(api: &Api<Pod>, name: &str, what: &str, ok: impl Fn(&Pod) -> b
         .unwrap_or_else(|e| panic!("Pod {e}"))
 }
 
+/// A shell command that fetches `url` until it succeeds, a second between tries, for at most 80 s
+/// (inside the test's 90 s wait, so a failure is the Pod's, with its exit status). Each try is cut
+/// at 5 s: until kube-proxy has written a Service's rules, a packet to its ClusterIP follows the
+/// node's default route and a connect can hang for minutes (this busybox's `wget` has no timeout
+/// of its own), outlasting the wait however soon the rules arrive.
+fn retried_fetch(url: &str, flags: &str) -> String {
+    format!(
+        "/bin/busybox timeout 80 /bin/busybox sh -c 'until /bin/busybox timeout 5 /bin/busybox wget {flags} -q -O /dev/null {url}; do /bin/busybox sleep 1; done'"
+    )
+}
+
 fn ready(p: &Pod) -> bool {
     p.status
         .as_ref()
@@ -191,9 +202,7 @@ fn two_nodes_run_pods_that_reach_each_other() {
         let cluster_ip = svc.spec.and_then(|s| s.cluster_ip).expect("a ClusterIP");
         let url = format!("http://{cluster_ip}/busybox");
         // The Service's endpoints reach kube-proxy a moment after it is created: retry inside.
-        let retrying = format!(
-            "for i in $(/bin/busybox seq 1 30); do /bin/busybox wget -q -O /dev/null {url} && exit 0; /bin/busybox sleep 1; done; exit 1"
-        );
+        let retrying = retried_fetch(&url, "");
         pods.create(
             &PostParams::default(),
             &pod("via-service", &nodes[0].0, &["/bin/busybox", "sh", "-c", &retrying], false),
@@ -252,10 +261,10 @@ fn two_nodes_run_pods_that_reach_each_other() {
         assert_eq!(phase(&p).as_deref(), Some("Succeeded"), "{:#?}", p.status);
 
         // And the API server through the `kubernetes` Service, as a Pod's client would.
-        let api = "for i in $(/bin/busybox seq 1 30); do /bin/busybox wget --no-check-certificate -q -O /dev/null https://10.96.0.1/healthz && exit 0; /bin/busybox sleep 1; done; exit 1";
+        let api = retried_fetch("https://10.96.0.1/healthz", "--no-check-certificate");
         pods.create(
             &PostParams::default(),
-            &pod("to-api", &nodes[1].0, &["/bin/busybox", "sh", "-c", api], false),
+            &pod("to-api", &nodes[1].0, &["/bin/busybox", "sh", "-c", &api], false),
         )
         .await?;
         let p = wait_pod(&pods, "to-api", "finished", |p| {
