@@ -324,6 +324,24 @@ impl Rig {
         }
     }
 
+    /// Sends `signal` to leader `i`'s master, then to its elector (SIGSTOP and SIGCONT: a node
+    /// that stalls, a process starved of CPU). Returns the master's process id, if it runs one.
+    pub fn signal_leader(&self, i: usize, signal: Signal, master_too: bool) -> Option<i32> {
+        let slot = self.leaders[i].as_ref()?;
+        let master = children_of(slot.proc.pid()).first().copied();
+        if master_too && let Some(m) = master {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(m), signal);
+        }
+        slot.proc.signal(signal);
+        master
+    }
+
+    /// The process id of leader `i`'s master, if it runs one.
+    pub fn master_pid(&self, i: usize) -> Option<i32> {
+        let slot = self.leaders[i].as_ref()?;
+        children_of(slot.proc.pid()).first().copied()
+    }
+
     /// A watchdog that polls every master's `/health` every 50 ms and counts the samples where
     /// two or more answered as serving at once.
     pub fn watch_for_split_brain(&self) -> SplitBrainWatch {

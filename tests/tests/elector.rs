@@ -4,9 +4,13 @@
 
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kvcache_e2e::cluster::wait_object;
 use kvcache_e2e::failover::{LeaseTiming, Rig};
 use kvcache_e2e::store::{self, Lookup, Member, MemberOptions};
 use kvcache_e2e::{paths, shared};
+use nix::sys::signal::Signal;
 
 const SEGMENT: u64 = 64 << 20;
 
@@ -97,6 +101,122 @@ async fn failover_keeps_one_master_and_members_follow() {
 
         let (samples, violations) = watch.finish();
         assert!(samples > 100, "the watch sampled ({samples})");
+        assert_eq!(
+            violations,
+            0,
+            "two masters served at once in {violations} of {samples} samples (logs: {})",
+            rig.dir().display()
+        );
+    })
+    .await
+    .expect("the scenario thread");
+}
+
+/// A pause is not a loss. Every elector and master stopped for longer than the lease (a node
+/// stalled, or store Pods starved by engines on every core) leaves the leader leading, with its
+/// master and its keys, once they run again; the leader paused alone is replaced, and its master
+/// is stopped by its elector's first pass after the pause.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_past_the_lease_keeps_the_leader_unless_a_standby_took_over() {
+    let cluster = shared();
+    let client = cluster.client().await.expect("client");
+    let ns = cluster
+        .namespace(&client, "paused")
+        .await
+        .expect("namespace");
+    let kubeconfig = cluster.control_plane.kubeconfig.clone();
+    let leases = kube::Api::<Lease>::namespaced(client, &ns);
+    let timing = LeaseTiming::default();
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let rig = Rig::start(&kubeconfig, &ns, "paused-leader", 3, 1, SEGMENT, timing)
+            .expect("rig starts");
+        let first = rig
+            .wait_leader(None, Duration::from_secs(30))
+            .expect("a leader");
+        rig.wait_capacity(first, SEGMENT, Duration::from_secs(30))
+            .expect("the member mounts");
+        let address = rig.leaders[first].as_ref().expect("slot").address();
+        assert_eq!(store::put(&address, "before-pause", None, 4096).expect("put"), 0);
+        let identity = rig.leaders[first].as_ref().expect("slot").identity.clone();
+        let before = runtime
+            .block_on(leases.get("paused-leader"))
+            .expect("the Lease");
+        let master = rig.master_pid(first).expect("the leader runs a master");
+        let watch = rig.watch_for_split_brain();
+
+        // Every elector and master stops for longer than the lease.
+        let all: Vec<usize> = (0..rig.leaders.len()).collect();
+        for &i in &all {
+            rig.signal_leader(i, Signal::SIGSTOP, true);
+        }
+        std::thread::sleep(timing.duration + Duration::from_secs(4));
+        let resumed = Timestamp::now();
+        for &i in &all {
+            rig.signal_leader(i, Signal::SIGCONT, true);
+        }
+        // The leader's first renewal after the pause decides: wait for one written after it.
+        let renewed = runtime
+            .block_on(wait_object(
+                &leases,
+                "paused-leader",
+                "renewed after the pause",
+                Duration::from_secs(20),
+                |l: &Lease| {
+                    l.spec
+                        .as_ref()
+                        .and_then(|s| s.renew_time.as_ref())
+                        .is_some_and(|t| t.0 > resumed)
+                },
+            ))
+            .expect("the Lease is renewed after the pause");
+        let spec = renewed.spec.unwrap_or_default();
+        assert_eq!(
+            spec.holder_identity.as_deref(),
+            Some(identity.as_str()),
+            "the leader kept the Lease"
+        );
+        assert_eq!(
+            spec.lease_transitions,
+            before.spec.and_then(|s| s.lease_transitions),
+            "the Lease did not change hands"
+        );
+        assert_eq!(rig.master_pid(first), Some(master), "the same master runs");
+        assert_eq!(
+            rig.wait_leader(None, Duration::from_secs(10)).expect("a leader"),
+            first
+        );
+        assert_eq!(
+            store::get(&address, "before-pause", None).expect("get"),
+            Lookup::Hit(4096),
+            "the key outlived the pause"
+        );
+
+        // The leader alone stops for longer than the lease: a standby takes over meanwhile.
+        let old_master = rig
+            .signal_leader(first, Signal::SIGSTOP, true)
+            .expect("the leader's master");
+        let second = rig
+            .wait_leader(Some(first), Duration::from_secs(30))
+            .expect("a standby takes over from the paused leader");
+        // Only the elector runs again: its first pass must stop the (still frozen) master, so it
+        // never answers beside the new one.
+        rig.signal_leader(first, Signal::SIGCONT, false);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while rig.master_pid(first) == Some(old_master) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            rig.master_pid(first),
+            None,
+            "the paused leader's elector stopped its master within 10 s of running again (logs: {})",
+            rig.dir().display()
+        );
+        assert_eq!(rig.leader(), Some(second), "one leader serves");
+
+        let (samples, violations) = watch.finish();
+        // A frozen master holds each probe until its timeout: fewer samples than in a free run.
+        assert!(samples >= 10, "the watch sampled ({samples})");
         assert_eq!(
             violations,
             0,

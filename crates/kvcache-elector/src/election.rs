@@ -4,9 +4,18 @@
 //! Safety argument: a standby takes over only after it has seen the Lease unchanged for a full
 //! `lease_duration` on its own clock; the leader stops its master once it has failed to renew for
 //! `renew_deadline`, which is shorter. The old master is therefore gone at least
-//! `lease_duration - renew_deadline` before a new one can start, whatever the clocks of the two
-//! machines say (only durations on each machine's own monotonic clock are compared).
-
+//! `lease_duration - renew_deadline` (less one bounded Lease call, [`Timing::call_timeout`])
+//! before a new one can start, whatever the clocks of the two machines say (only durations on
+//! each machine's own monotonic clock are compared).
+//!
+//! A pause is not a loss. A node that stalls, or an elector starved of CPU by engines prefilling
+//! on every core, wakes past its deadlines without having seen anything. The leader then makes
+//! one renewal before it stops: the write carries the resourceVersion of its last renewal, so the
+//! API server accepts it only if no standby wrote the Lease meanwhile, which is the only way a
+//! standby can lead. It keeps its master, and its keys, when the write succeeds and stops at once
+//! when it fails. A standby that did not run for longer than the renew deadline has not watched
+//! the Lease over that time, so it watches again for a full `lease_duration` before it takes over
+//! (otherwise, after a stall of the whole node, it would race the leader it never saw renew).
 use std::time::{Duration, Instant};
 
 /// The Lease as the elector sees it.
@@ -45,6 +54,13 @@ pub struct Timing {
 }
 
 impl Timing {
+    /// The longest one Lease call (a read or a write) may take: half the margin between the
+    /// renew deadline and the lease duration, so a renewal attempted at the deadline has failed,
+    /// and the master stopped, well before a standby may take over.
+    pub fn call_timeout(&self) -> Duration {
+        self.lease_duration.saturating_sub(self.renew_deadline) / 2
+    }
+
     /// Whether the three values leave the safety margin the election needs.
     pub fn check(&self) -> Result<(), TimingError> {
         if self.renew_deadline >= self.lease_duration {
@@ -114,8 +130,11 @@ pub enum Plan {
     Acquire,
     /// We lead: renew.
     Renew,
-    /// We lead but have not renewed within the deadline: stop serving now.
-    StepDown,
+    /// We lead but have not renewed within the renew deadline (the API server failed us, or
+    /// this elector was paused): one renewal, conditional on the Lease being as we last wrote
+    /// it. Keep serving if it succeeds; stop the master at once if it fails
+    /// ([`Election::must_step_down`]).
+    RenewOrStepDown,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,6 +151,8 @@ pub struct Election {
     role: Role,
     observed: Option<LeaseRecord>,
     observed_at: Option<Instant>,
+    /// When this elector last tried to read the Lease, successfully or not.
+    last_pass: Option<Instant>,
 }
 
 impl Election {
@@ -143,6 +164,7 @@ impl Election {
             role: Role::Standby,
             observed: None,
             observed_at: None,
+            last_pass: None,
         }
     }
 
@@ -163,24 +185,38 @@ impl Election {
 
     /// Records a read of the Lease (`None`: it does not exist). The observation time moves only
     /// when the holder or its renew time changed, which is what "unchanged for a lease duration"
-    /// is measured from.
+    /// is measured from, or when this elector was paused (see [`Election::paused`]).
     pub fn observe(&mut self, record: Option<LeaseRecord>, now: Instant) {
         let changed = match (&self.observed, &record) {
             (Some(old), Some(new)) => old.holder != new.holder || old.renew_time != new.renew_time,
             (None, None) => false,
             _ => true,
         };
-        if changed || self.observed_at.is_none() {
+        if changed || self.observed_at.is_none() || self.paused(now) {
             self.observed_at = Some(now);
         }
+        self.last_pass = Some(now);
         self.observed = record;
+    }
+
+    /// Records a read of the Lease that failed: this elector ran, but saw nothing.
+    pub fn read_failed(&mut self, now: Instant) {
+        self.last_pass = Some(now);
+    }
+
+    /// Whether this elector went longer than the renew deadline without trying to read the
+    /// Lease: it was paused (a stalled node, a starved process), and cannot say the Lease stayed
+    /// unchanged over that time.
+    fn paused(&self, now: Instant) -> bool {
+        self.last_pass
+            .is_some_and(|p| now.saturating_duration_since(p) > self.timing.renew_deadline)
     }
 
     /// What to do at `now`.
     pub fn plan(&self, now: Instant) -> Plan {
-        if let Role::Leading { last_renew } = self.role {
-            if now.saturating_duration_since(last_renew) >= self.timing.renew_deadline {
-                return Plan::StepDown;
+        if self.leading() {
+            if self.must_step_down(now) {
+                return Plan::RenewOrStepDown;
             }
             return Plan::Renew;
         }
@@ -229,6 +265,17 @@ impl Election {
         self.observed_at = Some(now);
     }
 
+    /// Whether a renewal that failed at `now` must stop the master: we lead and have not renewed
+    /// within the renew deadline. Before it, a failed renewal is retried on the next pass.
+    pub fn must_step_down(&self, now: Instant) -> bool {
+        match self.role {
+            Role::Leading { last_renew } => {
+                now.saturating_duration_since(last_renew) >= self.timing.renew_deadline
+            }
+            Role::Standby => false,
+        }
+    }
+
     /// We no longer lead (lost the Lease, stepped down or released).
     pub fn stand_by(&mut self) {
         self.role = Role::Standby;
@@ -268,14 +315,20 @@ mod tests {
     fn a_held_lease_is_taken_only_after_a_full_duration_unchanged() {
         let start = Instant::now();
         let mut e = Election::new("b", T);
-        e.observe(held_by("a", "t1"), start);
-        assert_eq!(e.plan(start + Duration::from_secs(5)), Plan::Wait);
+        let at = |s: u64| start + Duration::from_secs(s);
+        // Read once a second (the retry period).
+        for s in 0..=5 {
+            e.observe(held_by("a", "t1"), at(s));
+        }
+        assert_eq!(e.plan(at(5)), Plan::Wait);
         // A renewal resets the wait.
-        e.observe(held_by("a", "t2"), start + Duration::from_secs(5));
-        assert_eq!(e.plan(start + Duration::from_secs(10)), Plan::Wait);
+        for s in 5..=10 {
+            e.observe(held_by("a", "t2"), at(s));
+        }
+        assert_eq!(e.plan(at(10)), Plan::Wait);
         // Unchanged for six seconds: expired, whatever the timestamps in it say.
-        e.observe(held_by("a", "t2"), start + Duration::from_secs(10));
-        assert_eq!(e.plan(start + Duration::from_secs(11)), Plan::Acquire);
+        e.observe(held_by("a", "t2"), at(11));
+        assert_eq!(e.plan(at(11)), Plan::Acquire);
     }
 
     #[test]
@@ -287,7 +340,8 @@ mod tests {
         leader.wrote(rec.clone(), start);
         assert!(leader.leading());
         assert_eq!(leader.plan(start + Duration::from_secs(1)), Plan::Renew);
-        // The API server becomes unreachable: no renewal succeeds.
+        // The API server becomes unreachable: every read and renewal fails, each one only after
+        // the longest a call may take.
         let mut standby = Election::new("b", T);
         standby.observe(Some(rec), start + Duration::from_millis(1));
         let mut t = start;
@@ -295,10 +349,17 @@ mod tests {
         let mut took_over = None;
         while t < start + Duration::from_secs(20) {
             t += Duration::from_millis(100);
-            if stepped_down.is_none() && leader.plan(t) == Plan::StepDown {
-                leader.stand_by();
-                stepped_down = Some(t);
+            if stepped_down.is_none() {
+                leader.read_failed(t);
+                let plan = leader.plan(t);
+                assert!(matches!(plan, Plan::Renew | Plan::RenewOrStepDown));
+                let failed_at = t + T.call_timeout();
+                if plan == Plan::RenewOrStepDown && leader.must_step_down(failed_at) {
+                    leader.stand_by();
+                    stepped_down = Some(failed_at);
+                }
             }
+            standby.observe(standby.observed().cloned(), t);
             if took_over.is_none() && standby.plan(t) == Plan::Acquire {
                 took_over = Some(t);
             }
@@ -312,10 +373,62 @@ mod tests {
             "the old master stops before the new one may start"
         );
         assert!(
-            over - down >= Duration::from_millis(1900),
+            over - down >= Duration::from_millis(900),
             "margin {:?}",
             over - down
         );
+    }
+
+    #[test]
+    fn a_leader_paused_past_its_deadlines_keeps_leading_if_nobody_took_over() {
+        let start = Instant::now();
+        let mut leader = Election::new("a", T);
+        leader.observe(None, start);
+        let rec = leader.claim(Some("127.0.0.1:1"), "t1".into(), true);
+        leader.wrote(rec.clone(), start);
+        let mut standby = Election::new("b", T);
+        standby.observe(Some(rec.clone()), start);
+        // The whole node stalls for 16 s (seen in a suite run): nobody runs meanwhile.
+        let after = start + Duration::from_secs(16);
+        standby.observe(Some(rec.clone()), after);
+        assert_eq!(
+            standby.plan(after),
+            Plan::Wait,
+            "a paused standby has not watched the Lease for a lease duration"
+        );
+        leader.observe(Some(rec), after);
+        assert_eq!(leader.plan(after), Plan::RenewOrStepDown);
+        let renewed = leader.claim(Some("127.0.0.1:1"), "t2".into(), false);
+        assert_eq!(
+            renewed.resource_version.as_deref(),
+            leader
+                .observed()
+                .and_then(|r| r.resource_version.as_deref()),
+            "the renewal is conditional on the Lease as last seen"
+        );
+        leader.wrote(renewed.clone(), after);
+        assert!(leader.leading());
+        assert_eq!(leader.plan(after + Duration::from_secs(1)), Plan::Renew);
+        // The standby sees the renewal and keeps waiting.
+        standby.observe(Some(renewed), after + Duration::from_secs(1));
+        assert_eq!(standby.plan(after + Duration::from_secs(6)), Plan::Wait);
+        // Had the renewal failed, the master stops at once.
+        assert!(leader.must_step_down(after + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_standby_that_ran_takes_over_after_one_duration_even_when_reads_failed() {
+        let start = Instant::now();
+        let mut standby = Election::new("b", T);
+        standby.observe(held_by("a", "t1"), start);
+        // Reads fail for a while (the API server restarting), but this elector kept running.
+        let mut t = start;
+        while t < start + Duration::from_secs(5) {
+            t += Duration::from_secs(1);
+            standby.read_failed(t);
+        }
+        standby.observe(held_by("a", "t1"), start + Duration::from_secs(6));
+        assert_eq!(standby.plan(start + Duration::from_secs(6)), Plan::Acquire);
     }
 
     #[test]

@@ -177,7 +177,10 @@ impl Campaign {
                 }
                 self.election.observe(record, now);
             }
-            Err(e) => self.report(&e),
+            Err(e) => {
+                self.election.read_failed(now);
+                self.report(&e);
+            }
         }
         match self.election.plan(now) {
             Plan::Wait => {
@@ -190,12 +193,13 @@ impl Campaign {
                     "standby: the Lease is held by {holder}"
                 )));
             }
-            Plan::StepDown => {
-                self.lose("the Lease could not be renewed within the renew deadline")
-                    .await
-            }
-            plan @ (Plan::Acquire | Plan::Renew) => {
+            plan @ (Plan::Acquire | Plan::Renew | Plan::RenewOrStepDown) => {
                 let acquire = plan == Plan::Acquire;
+                if plan == Plan::RenewOrStepDown {
+                    warn!(
+                        "no renewal within the renew deadline (the API server failed us, or this elector was paused): one conditional renewal before stopping the master"
+                    );
+                }
                 let record = self.election.claim(
                     self.config.address.as_deref(),
                     Timestamp::now().to_string(),
@@ -209,17 +213,27 @@ impl Campaign {
                         self.publish_leading();
                         if acquire {
                             info!(identity = self.election.identity(), "acquired the Lease");
+                        } else if plan == Plan::RenewOrStepDown {
+                            info!(
+                                "renewed after the deadline: no standby took the Lease; the master keeps serving"
+                            );
                         }
                         if self.child.is_none() {
                             self.lead().await?;
                         }
                     }
                     Err(LeaseError::Conflict) if acquire => {}
-                    Err(LeaseError::Conflict) => {
-                        // Someone wrote the Lease since our read: re-read next pass; the renew
-                        // deadline decides if we keep serving meanwhile.
+                    Err(e) => {
+                        // A renewal that failed: retried next pass while within the renew
+                        // deadline (a conflict is re-read then); past it, the master stops now.
+                        if !matches!(e, LeaseError::Conflict) {
+                            self.report(&e);
+                        }
+                        if self.election.must_step_down(Instant::now()) {
+                            self.lose("the Lease could not be renewed within the renew deadline")
+                                .await;
+                        }
                     }
-                    Err(e) => self.report(&e),
                 }
             }
         }
@@ -270,8 +284,9 @@ pub async fn run(config: LeaderConfig) -> Result<(), Error> {
             warn!(program = %config.command[0], "the master binary did not report a version (--version); none is published")
         }
     }
-    let lease =
-        LeaseClient::new(client, &config.namespace, &config.lease).with_store_version(version);
+    let lease = LeaseClient::new(client, &config.namespace, &config.lease)
+        .with_store_version(version)
+        .with_call_timeout(config.timing.call_timeout());
     let (tx, rx) = watch::channel(Readiness::not("starting"));
     let (leading, leading_rx) = watch::channel(false);
     let addr = config.ready_addr;

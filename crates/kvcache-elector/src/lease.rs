@@ -34,6 +34,17 @@ pub enum LeaseError {
         /// The API server's message.
         message: String,
     },
+    /// The call took longer than the elector may wait for it (see
+    /// `Timing::call_timeout`): counted as a failed call, whatever the API server did with it.
+    #[error("{verb} Lease {name}: no answer within {after:?}")]
+    TimedOut {
+        /// The call that was cut: `get`, `create` or `update`.
+        verb: &'static str,
+        /// Name of the Lease (`<backend>-leader`).
+        name: String,
+        /// How long the elector waited.
+        after: std::time::Duration,
+    },
     /// Anything else (the API server unreachable, say).
     #[error("{verb} Lease {name}: {source}")]
     Api {
@@ -58,6 +69,8 @@ pub struct LeaseClient {
     /// owner reference changed by an account that may not delete the object, where owner
     /// references are enforced) and the labels the operator finds it by.
     kept: std::sync::Arc<std::sync::Mutex<ObjectMeta>>,
+    /// The longest one call may take; `None`: the client's own timeouts.
+    call_timeout: Option<std::time::Duration>,
 }
 
 /// The metadata of `lease` that the elector does not write itself.
@@ -96,7 +109,37 @@ impl LeaseClient {
             name: name.to_owned(),
             namespace: namespace.to_owned(),
             kept: Default::default(),
+            call_timeout: None,
         }
+    }
+
+    /// Cuts every call at `after`: a renewal that hangs must not keep a master serving past the
+    /// point where a standby may take over.
+    pub fn with_call_timeout(mut self, after: std::time::Duration) -> Self {
+        self.call_timeout = Some(after);
+        self
+    }
+
+    /// Runs `call` under the call timeout.
+    async fn bounded<T>(
+        &self,
+        verb: &'static str,
+        call: impl std::future::Future<Output = Result<T, KubeError>>,
+    ) -> Result<T, LeaseError> {
+        let result = match self.call_timeout {
+            None => call.await,
+            Some(after) => match tokio::time::timeout(after, call).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(LeaseError::TimedOut {
+                        verb,
+                        name: self.name.clone(),
+                        after,
+                    });
+                }
+            },
+        };
+        result.map_err(|e| self.fail(verb, e))
     }
 
     fn fail(&self, verb: &'static str, e: KubeError) -> LeaseError {
@@ -134,15 +177,11 @@ impl LeaseClient {
 
     /// The Lease, or `None` when it does not exist.
     pub async fn get(&self) -> Result<Option<LeaseRecord>, LeaseError> {
-        match self.api.get_opt(&self.name).await {
-            Ok(l) => {
-                if let Some(l) = &l {
-                    self.keep(l);
-                }
-                Ok(l.as_ref().map(to_record))
-            }
-            Err(e) => Err(self.fail("get", e)),
+        let l = self.bounded("get", self.api.get_opt(&self.name)).await?;
+        if let Some(l) = &l {
+            self.keep(l);
         }
+        Ok(l.as_ref().map(to_record))
     }
 
     fn keep(&self, lease: &Lease) {
@@ -190,16 +229,17 @@ impl LeaseClient {
             }),
         };
         let written: Lease = match &record.resource_version {
-            None => self
-                .api
-                .create(&PostParams::default(), &lease)
-                .await
-                .map_err(|e| self.fail("create", e))?,
-            Some(_) => self
-                .api
-                .replace(&self.name, &PostParams::default(), &lease)
-                .await
-                .map_err(|e| self.fail("update", e))?,
+            None => {
+                self.bounded("create", self.api.create(&PostParams::default(), &lease))
+                    .await?
+            }
+            Some(_) => {
+                self.bounded(
+                    "update",
+                    self.api.replace(&self.name, &PostParams::default(), &lease),
+                )
+                .await?
+            }
         };
         self.keep(&written);
         Ok(to_record(&written))
