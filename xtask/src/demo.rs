@@ -478,6 +478,7 @@ fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
         |_| crate::cluster::up(2, true, true),
     )?;
     demo.step("install: kubectl apply -f deploy/operator.yaml", install)?;
+    let installed = operator_leadership(demo)?;
     demo.step(
         "1. the store: KVCacheBackend mooncake-dram (2 members of 256Mi)",
         |d| the_store(d, files),
@@ -494,6 +495,97 @@ fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
         high_availability,
     )?;
     demo.step("5. the disk tier: a group with a thin segment and a local-disk tier (examples/disk-heavy), its pool and Binding, filled", |d| the_disk_tier(d, disk))?;
+    demo.step(
+        "6. the operator kept its Lease while the engines prefilled",
+        |d| kept_leading(d, &installed),
+    )?;
+    Ok(())
+}
+
+/// The operator's leadership: who holds its Lease, how often the Lease changed hands, and how
+/// often the operator's containers restarted.
+#[derive(Debug, PartialEq, Eq)]
+struct OperatorLeadership {
+    holder: String,
+    transitions: i64,
+    restarts: i64,
+}
+
+/// Reads the operator's Lease (`kvcache-operator`, once a replica holds it) and its Pods.
+fn operator_leadership(d: &Demo) -> anyhow::Result<OperatorLeadership> {
+    d.wait(
+        "a replica of the operator holding its Lease",
+        &[
+            "-n",
+            NS,
+            "get",
+            "lease",
+            "kvcache-operator",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ],
+        Duration::from_secs(60),
+        |holder| !holder.is_empty(),
+    )?;
+    let lease: serde_json::Value = serde_json::from_str(&d.quiet(&[
+        "-n",
+        NS,
+        "get",
+        "lease",
+        "kvcache-operator",
+        "-o",
+        "json",
+    ])?)
+    .context("the operator's Lease as JSON")?;
+    let pods: serde_json::Value = serde_json::from_str(&d.quiet(&[
+        "-n",
+        NS,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=kvcache-operator",
+        "-o",
+        "json",
+    ])?)
+    .context("the operator's Pods as JSON")?;
+    let restarts = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| {
+            p["status"]["containerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(|c| c["restartCount"].as_i64())
+        .sum();
+    Ok(OperatorLeadership {
+        holder: lease["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        transitions: lease["spec"]["leaseTransitions"].as_i64().unwrap_or(0),
+        restarts,
+    })
+}
+
+/// The engines prefilled on both nodes' cores through steps 3 to 5; the operator's leader
+/// renewed its Lease throughout (it once lost it here at a 50m CPU request: the reason it
+/// requests 200m, `kvcache_render::install`).
+fn kept_leading(d: &mut Demo, installed: &OperatorLeadership) -> anyhow::Result<()> {
+    let now = operator_leadership(d)?;
+    println!(
+        "the operator's Lease: held by {} since the install (changed hands {} times since), its containers restarted {} times",
+        now.holder,
+        now.transitions - installed.transitions,
+        now.restarts - installed.restarts
+    );
+    if &now != installed {
+        bail!(
+            "the operator's leadership moved while the engines ran: {installed:?} after the install, {now:?} now (see `kubectl -n {NS} logs deploy/kvcache-operator --previous`)"
+        );
+    }
     Ok(())
 }
 

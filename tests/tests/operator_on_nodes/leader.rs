@@ -366,7 +366,7 @@ fn a_leader_template_change_under_election_costs_one_failover() {
         // The old replicas gone (the serving one stops its master first), a new one holds the
         // Lease, and the backend serves again.
         let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-        pods::wait_pods(
+        let replaced = pods::wait_pods(
             &store,
             &backend_pods(name, "leader"),
             "2 leader Pods of the new template, 1 Ready",
@@ -398,10 +398,28 @@ fn a_leader_template_change_under_election_costs_one_failover() {
             holders.insert(0, first.clone());
         }
         println!("Lease holders through the rollout: {holders:?}");
-        assert_eq!(
-            holders.len(),
-            2,
-            "one failover: the Lease changed hands exactly once, saw {holders:?}"
+        // The rolling update deletes every old replica at once. The old leader stops its master
+        // and releases the Lease; a Pod of the new template takes it. An old standby whose own
+        // SIGTERM arrives after that release (its kubelet later than the leader's, seen once
+        // under load) may take the released Lease first and hand it on at its SIGTERM: one more
+        // handover within seconds, never two masters (every write is conditional). So: the
+        // first holder the old leader, the last one of the new template, at most one old
+        // standby between.
+        let new_template: Vec<String> = replaced
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        let last = holders.last().expect("a holder");
+        assert!(
+            new_template.contains(last),
+            "the Lease ends on a Pod of the new template {new_template:?}, saw {holders:?}"
+        );
+        assert!(
+            (2..=3).contains(&holders.len())
+                && holders[1..holders.len() - 1]
+                    .iter()
+                    .all(|h| !new_template.contains(h) && *h != first),
+            "one failover to the new template, at most one old standby between: saw {holders:?}"
         );
         remove_backend(&client, name).await
     })
