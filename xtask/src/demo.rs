@@ -504,11 +504,20 @@ fn run(demo: &mut Demo, files: &Path, disk: &Path) -> anyhow::Result<()> {
 
 /// The operator's leadership: who holds its Lease, how often the Lease changed hands, and how
 /// often the operator's containers restarted.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 struct OperatorLeadership {
     holder: String,
     transitions: i64,
     restarts: i64,
+    /// How each restarted container last ended (`pod/container: reason, exit code, when`).
+    ended: Vec<String>,
+}
+
+impl PartialEq for OperatorLeadership {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.holder, self.transitions, self.restarts)
+            == (&other.holder, other.transitions, other.restarts)
+    }
 }
 
 /// Reads the operator's Lease (`kvcache-operator`, once a replica holds it) and its Pods.
@@ -548,18 +557,37 @@ fn operator_leadership(d: &Demo) -> anyhow::Result<OperatorLeadership> {
         "json",
     ])?)
     .context("the operator's Pods as JSON")?;
-    let restarts = pods["items"]
+    let containers: Vec<(&str, &serde_json::Value)> = pods["items"]
         .as_array()
         .into_iter()
         .flatten()
         .flat_map(|p| {
+            let pod = p["metadata"]["name"].as_str().unwrap_or_default();
             p["status"]["containerStatuses"]
                 .as_array()
                 .into_iter()
                 .flatten()
+                .map(move |c| (pod, c))
         })
-        .filter_map(|c| c["restartCount"].as_i64())
+        .collect();
+    let restarts = containers
+        .iter()
+        .filter_map(|(_, c)| c["restartCount"].as_i64())
         .sum();
+    let ended = containers
+        .iter()
+        .filter(|(_, c)| c["lastState"]["terminated"].is_object())
+        .map(|(pod, c)| {
+            let t = &c["lastState"]["terminated"];
+            format!(
+                "{pod}/{}: {}, exit code {}, at {}",
+                c["name"].as_str().unwrap_or_default(),
+                t["reason"].as_str().unwrap_or("no reason"),
+                t["exitCode"],
+                t["finishedAt"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
     Ok(OperatorLeadership {
         holder: lease["spec"]["holderIdentity"]
             .as_str()
@@ -567,6 +595,7 @@ fn operator_leadership(d: &Demo) -> anyhow::Result<OperatorLeadership> {
             .to_owned(),
         transitions: lease["spec"]["leaseTransitions"].as_i64().unwrap_or(0),
         restarts,
+        ended,
     })
 }
 
@@ -583,7 +612,8 @@ fn kept_leading(d: &mut Demo, installed: &OperatorLeadership) -> anyhow::Result<
     );
     if &now != installed {
         bail!(
-            "the operator's leadership moved while the engines ran: {installed:?} after the install, {now:?} now (see `kubectl -n {NS} logs deploy/kvcache-operator --previous`)"
+            "the operator's leadership moved while the engines ran: {installed:?} after the install, {now:?} now; restarted containers last ended: {:?} (see `kubectl -n {NS} logs <pod> --previous`)",
+            now.ended
         );
     }
     Ok(())
