@@ -4,7 +4,7 @@
 //! Safety argument: a standby takes over only after it has seen the Lease unchanged for a full
 //! `lease_duration` on its own clock; the leader stops its master once it has failed to renew for
 //! `renew_deadline`, which is shorter. The old master is therefore gone at least
-//! `lease_duration - renew_deadline` (less one bounded Lease call, [`Timing::call_timeout`])
+//! `lease_duration - renew_deadline` (less one bounded Lease call, [`Election::call_budget`])
 //! before a new one can start, whatever the clocks of the two machines say (only durations on
 //! each machine's own monotonic clock are compared).
 //!
@@ -54,9 +54,9 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// The longest one Lease call (a read or a write) may take: half the margin between the
-    /// renew deadline and the lease duration, so a renewal attempted at the deadline has failed,
-    /// and the master stopped, well before a standby may take over.
+    /// Half the margin between the renew deadline and the lease duration: the longest the one
+    /// renewal after a pause may take, and the shortest any call of a leader is given (see
+    /// [`Election::call_budget`]).
     pub fn call_timeout(&self) -> Duration {
         self.lease_duration.saturating_sub(self.renew_deadline) / 2
     }
@@ -276,6 +276,22 @@ impl Election {
         }
     }
 
+    /// How long a Lease call started at `now` may take. A leader's call may run until half the
+    /// margin past its renew deadline (a slow API server under load is given all that time, not
+    /// cut early), but never less than half the margin: either way it has ended, and a failed
+    /// renewal stopped the master, by `lease_duration` after the last renewal, before any standby
+    /// may take over. A standby's call gets the renew deadline.
+    pub fn call_budget(&self, now: Instant) -> Duration {
+        let half_margin = self.timing.call_timeout();
+        match self.role {
+            Role::Leading { last_renew } => {
+                let cutoff = last_renew + self.timing.renew_deadline + half_margin;
+                cutoff.saturating_duration_since(now).max(half_margin)
+            }
+            Role::Standby => self.timing.renew_deadline,
+        }
+    }
+
     /// We no longer lead (lost the Lease, stepped down or released).
     pub fn stand_by(&mut self) {
         self.role = Role::Standby;
@@ -353,7 +369,12 @@ mod tests {
                 leader.read_failed(t);
                 let plan = leader.plan(t);
                 assert!(matches!(plan, Plan::Renew | Plan::RenewOrStepDown));
-                let failed_at = t + T.call_timeout();
+                // The call hangs for all the time it is given.
+                let failed_at = t + leader.call_budget(t);
+                assert!(
+                    failed_at <= start + T.lease_duration,
+                    "a call ends by the lease duration"
+                );
                 if plan == Plan::RenewOrStepDown && leader.must_step_down(failed_at) {
                     leader.stand_by();
                     stepped_down = Some(failed_at);
@@ -414,6 +435,21 @@ mod tests {
         assert_eq!(standby.plan(after + Duration::from_secs(6)), Plan::Wait);
         // Had the renewal failed, the master stops at once.
         assert!(leader.must_step_down(after + Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_leaders_calls_may_take_until_half_the_margin_past_the_deadline() {
+        let start = Instant::now();
+        let mut leader = Election::new("a", T);
+        leader.observe(None, start);
+        let rec = leader.claim(None, "t1".into(), true);
+        leader.wrote(rec, start);
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        assert_eq!(leader.call_budget(at(1000)), Duration::from_secs(4));
+        assert_eq!(leader.call_budget(at(4500)), Duration::from_millis(1000));
+        // After a pause: the one late renewal gets half the margin.
+        assert_eq!(leader.call_budget(at(16_000)), T.call_timeout());
+        assert_eq!(Election::new("b", T).call_budget(at(0)), T.renew_deadline);
     }
 
     #[test]

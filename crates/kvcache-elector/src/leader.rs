@@ -165,7 +165,11 @@ impl Campaign {
     /// One pass: read, decide, write. Returns an error only when the elector must exit.
     async fn step(&mut self) -> Result<(), Error> {
         let now = Instant::now();
-        match self.lease.get().await {
+        match self
+            .lease
+            .get_within(Some(self.election.call_budget(now)))
+            .await
+        {
             Ok(record) => {
                 if let Some(r) = &record
                     && self.election.leading()
@@ -205,7 +209,12 @@ impl Campaign {
                     Timestamp::now().to_string(),
                     acquire,
                 );
-                match self.lease.write(&record, acquire).await {
+                let budget = self.election.call_budget(Instant::now());
+                match self
+                    .lease
+                    .write_within(&record, acquire, Some(budget))
+                    .await
+                {
                     Ok(written) => {
                         self.last_error = None;
                         self.election.wrote(written, now);

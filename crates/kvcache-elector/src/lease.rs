@@ -35,7 +35,7 @@ pub enum LeaseError {
         message: String,
     },
     /// The call took longer than the elector may wait for it (see
-    /// `Timing::call_timeout`): counted as a failed call, whatever the API server did with it.
+    /// `Election::call_budget`): counted as a failed call, whatever the API server did with it.
     #[error("{verb} Lease {name}: no answer within {after:?}")]
     TimedOut {
         /// The call that was cut: `get`, `create` or `update`.
@@ -120,13 +120,14 @@ impl LeaseClient {
         self
     }
 
-    /// Runs `call` under the call timeout.
+    /// Runs `call` cut at `limit` (`None`: the client's own timeouts).
     async fn bounded<T>(
         &self,
         verb: &'static str,
+        limit: Option<std::time::Duration>,
         call: impl std::future::Future<Output = Result<T, KubeError>>,
     ) -> Result<T, LeaseError> {
-        let result = match self.call_timeout {
+        let result = match limit {
             None => call.await,
             Some(after) => match tokio::time::timeout(after, call).await {
                 Ok(r) => r,
@@ -175,9 +176,19 @@ impl LeaseClient {
         &self.name
     }
 
-    /// The Lease, or `None` when it does not exist.
+    /// The Lease, or `None` when it does not exist (cut at the call timeout).
     pub async fn get(&self) -> Result<Option<LeaseRecord>, LeaseError> {
-        let l = self.bounded("get", self.api.get_opt(&self.name)).await?;
+        self.get_within(self.call_timeout).await
+    }
+
+    /// As [`LeaseClient::get`], cut at `limit`.
+    pub async fn get_within(
+        &self,
+        limit: Option<std::time::Duration>,
+    ) -> Result<Option<LeaseRecord>, LeaseError> {
+        let l = self
+            .bounded("get", limit, self.api.get_opt(&self.name))
+            .await?;
         if let Some(l) = &l {
             self.keep(l);
         }
@@ -188,11 +199,22 @@ impl LeaseClient {
         *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = others(lease);
     }
 
-    /// Writes `record` (create when it has no resourceVersion, replace otherwise).
+    /// Writes `record` (create when it has no resourceVersion, replace otherwise), cut at the
+    /// call timeout.
     pub async fn write(
         &self,
         record: &LeaseRecord,
         acquire: bool,
+    ) -> Result<LeaseRecord, LeaseError> {
+        self.write_within(record, acquire, self.call_timeout).await
+    }
+
+    /// As [`LeaseClient::write`], cut at `limit`.
+    pub async fn write_within(
+        &self,
+        record: &LeaseRecord,
+        acquire: bool,
+        limit: Option<std::time::Duration>,
     ) -> Result<LeaseRecord, LeaseError> {
         let now = MicroTime(Timestamp::now());
         let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -230,12 +252,17 @@ impl LeaseClient {
         };
         let written: Lease = match &record.resource_version {
             None => {
-                self.bounded("create", self.api.create(&PostParams::default(), &lease))
-                    .await?
+                self.bounded(
+                    "create",
+                    limit,
+                    self.api.create(&PostParams::default(), &lease),
+                )
+                .await?
             }
             Some(_) => {
                 self.bounded(
                     "update",
+                    limit,
                     self.api.replace(&self.name, &PostParams::default(), &lease),
                 )
                 .await?
