@@ -308,6 +308,15 @@ mod tests {
         retry_period: Duration::from_secs(1),
     };
 
+    /// Elector "a", which created the Lease at `start` and leads, and the record it wrote.
+    fn leading_since(start: Instant) -> (Election, LeaseRecord) {
+        let mut leader = Election::new("a", T);
+        leader.observe(None, start);
+        let rec = leader.claim(Some("127.0.0.1:1"), "t1".into(), true);
+        leader.wrote(rec.clone(), start);
+        (leader, rec)
+    }
+
     fn held_by(who: &str, renew: &str) -> Option<LeaseRecord> {
         Some(LeaseRecord {
             holder: Some(who.into()),
@@ -350,10 +359,7 @@ mod tests {
     #[test]
     fn the_leader_steps_down_before_anyone_may_take_over() {
         let start = Instant::now();
-        let mut leader = Election::new("a", T);
-        leader.observe(None, start);
-        let rec = leader.claim(Some("127.0.0.1:1"), "t1".into(), true);
-        leader.wrote(rec.clone(), start);
+        let (mut leader, rec) = leading_since(start);
         assert!(leader.leading());
         assert_eq!(leader.plan(start + Duration::from_secs(1)), Plan::Renew);
         // The API server becomes unreachable: every read and renewal fails, each one only after
@@ -403,10 +409,7 @@ mod tests {
     #[test]
     fn a_leader_paused_past_its_deadlines_keeps_leading_if_nobody_took_over() {
         let start = Instant::now();
-        let mut leader = Election::new("a", T);
-        leader.observe(None, start);
-        let rec = leader.claim(Some("127.0.0.1:1"), "t1".into(), true);
-        leader.wrote(rec.clone(), start);
+        let (mut leader, rec) = leading_since(start);
         let mut standby = Election::new("b", T);
         standby.observe(Some(rec.clone()), start);
         // The whole node stalls for 16 s (seen in a suite run): nobody runs meanwhile.
@@ -440,10 +443,7 @@ mod tests {
     #[test]
     fn a_leaders_calls_may_take_until_half_the_margin_past_the_deadline() {
         let start = Instant::now();
-        let mut leader = Election::new("a", T);
-        leader.observe(None, start);
-        let rec = leader.claim(None, "t1".into(), true);
-        leader.wrote(rec, start);
+        let (leader, _) = leading_since(start);
         let at = |ms: u64| start + Duration::from_millis(ms);
         assert_eq!(leader.call_budget(at(1000)), Duration::from_secs(4));
         assert_eq!(leader.call_budget(at(4500)), Duration::from_millis(1000));

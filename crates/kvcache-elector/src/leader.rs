@@ -152,7 +152,11 @@ impl Campaign {
         record.holder = Some(String::new());
         record.address = None;
         record.duration_seconds = Some(1);
-        match self.lease.write(&record, false).await {
+        match self
+            .lease
+            .write(&record, false, self.config.timing.call_timeout())
+            .await
+        {
             Ok(_) => info!("Lease released"),
             Err(e) => {
                 warn!(error = %e, "could not release the Lease; a standby takes over when it expires")
@@ -165,11 +169,7 @@ impl Campaign {
     /// One pass: read, decide, write. Returns an error only when the elector must exit.
     async fn step(&mut self) -> Result<(), Error> {
         let now = Instant::now();
-        match self
-            .lease
-            .get_within(Some(self.election.call_budget(now)))
-            .await
-        {
+        match self.lease.get(self.election.call_budget(now)).await {
             Ok(record) => {
                 if let Some(r) = &record
                     && self.election.leading()
@@ -210,11 +210,7 @@ impl Campaign {
                     acquire,
                 );
                 let budget = self.election.call_budget(Instant::now());
-                match self
-                    .lease
-                    .write_within(&record, acquire, Some(budget))
-                    .await
-                {
+                match self.lease.write(&record, acquire, budget).await {
                     Ok(written) => {
                         self.last_error = None;
                         self.election.wrote(written, now);
@@ -293,9 +289,8 @@ pub async fn run(config: LeaderConfig) -> Result<(), Error> {
             warn!(program = %config.command[0], "the master binary did not report a version (--version); none is published")
         }
     }
-    let lease = LeaseClient::new(client, &config.namespace, &config.lease)
-        .with_store_version(version)
-        .with_call_timeout(config.timing.call_timeout());
+    let lease =
+        LeaseClient::new(client, &config.namespace, &config.lease).with_store_version(version);
     let (tx, rx) = watch::channel(Readiness::not("starting"));
     let (leading, leading_rx) = watch::channel(false);
     let addr = config.ready_addr;

@@ -69,8 +69,6 @@ pub struct LeaseClient {
     /// owner reference changed by an account that may not delete the object, where owner
     /// references are enforced) and the labels the operator finds it by.
     kept: std::sync::Arc<std::sync::Mutex<ObjectMeta>>,
-    /// The longest one call may take; `None`: the client's own timeouts.
-    call_timeout: Option<std::time::Duration>,
 }
 
 /// The metadata of `lease` that the elector does not write itself.
@@ -109,38 +107,25 @@ impl LeaseClient {
             name: name.to_owned(),
             namespace: namespace.to_owned(),
             kept: Default::default(),
-            call_timeout: None,
         }
     }
 
-    /// Cuts every call at `after`: a renewal that hangs must not keep a master serving past the
-    /// point where a standby may take over.
-    pub fn with_call_timeout(mut self, after: std::time::Duration) -> Self {
-        self.call_timeout = Some(after);
-        self
-    }
-
-    /// Runs `call` cut at `limit` (`None`: the client's own timeouts).
+    /// Runs `call` cut at `limit`: a renewal that hangs must not keep a master serving past the
+    /// point where a standby may take over (`Election::call_budget`).
     async fn bounded<T>(
         &self,
         verb: &'static str,
-        limit: Option<std::time::Duration>,
+        limit: std::time::Duration,
         call: impl std::future::Future<Output = Result<T, KubeError>>,
     ) -> Result<T, LeaseError> {
-        let result = match limit {
-            None => call.await,
-            Some(after) => match tokio::time::timeout(after, call).await {
-                Ok(r) => r,
-                Err(_) => {
-                    return Err(LeaseError::TimedOut {
-                        verb,
-                        name: self.name.clone(),
-                        after,
-                    });
-                }
-            },
-        };
-        result.map_err(|e| self.fail(verb, e))
+        match tokio::time::timeout(limit, call).await {
+            Ok(result) => result.map_err(|e| self.fail(verb, e)),
+            Err(_) => Err(LeaseError::TimedOut {
+                verb,
+                name: self.name.clone(),
+                after: limit,
+            }),
+        }
     }
 
     fn fail(&self, verb: &'static str, e: KubeError) -> LeaseError {
@@ -176,16 +161,8 @@ impl LeaseClient {
         &self.name
     }
 
-    /// The Lease, or `None` when it does not exist (cut at the call timeout).
-    pub async fn get(&self) -> Result<Option<LeaseRecord>, LeaseError> {
-        self.get_within(self.call_timeout).await
-    }
-
-    /// As [`LeaseClient::get`], cut at `limit`.
-    pub async fn get_within(
-        &self,
-        limit: Option<std::time::Duration>,
-    ) -> Result<Option<LeaseRecord>, LeaseError> {
+    /// The Lease, or `None` when it does not exist; the call is cut at `limit`.
+    pub async fn get(&self, limit: std::time::Duration) -> Result<Option<LeaseRecord>, LeaseError> {
         let l = self
             .bounded("get", limit, self.api.get_opt(&self.name))
             .await?;
@@ -199,22 +176,13 @@ impl LeaseClient {
         *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = others(lease);
     }
 
-    /// Writes `record` (create when it has no resourceVersion, replace otherwise), cut at the
-    /// call timeout.
+    /// Writes `record` (create when it has no resourceVersion, replace otherwise); the call is
+    /// cut at `limit`.
     pub async fn write(
         &self,
         record: &LeaseRecord,
         acquire: bool,
-    ) -> Result<LeaseRecord, LeaseError> {
-        self.write_within(record, acquire, self.call_timeout).await
-    }
-
-    /// As [`LeaseClient::write`], cut at `limit`.
-    pub async fn write_within(
-        &self,
-        record: &LeaseRecord,
-        acquire: bool,
-        limit: Option<std::time::Duration>,
+        limit: std::time::Duration,
     ) -> Result<LeaseRecord, LeaseError> {
         let now = MicroTime(Timestamp::now());
         let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).clone();
