@@ -18,6 +18,8 @@ use kvcache_api::pool::binding_conditions::QUOTA_GRANTED;
 use crate::setup;
 
 const NS: &str = "gpustack-system";
+/// The operator's Pods, by label.
+const OPERATOR_PODS: &str = "app.kubernetes.io/name=kvcache-operator";
 
 struct Demo {
     kubeconfig: PathBuf,
@@ -522,29 +524,22 @@ impl PartialEq for OperatorLeadership {
 
 /// Reads the operator's Lease (`kvcache-operator`, once a replica holds it) and its Pods.
 fn operator_leadership(d: &Demo) -> anyhow::Result<OperatorLeadership> {
-    d.wait(
+    let holder = |lease: &serde_json::Value| {
+        lease["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let lease: serde_json::Value = serde_json::from_str(&d.wait(
         "a replica of the operator holding its Lease",
-        &[
-            "-n",
-            NS,
-            "get",
-            "lease",
-            "kvcache-operator",
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ],
+        &["-n", NS, "get", "lease", "kvcache-operator", "-o", "json"],
         Duration::from_secs(60),
-        |holder| !holder.is_empty(),
-    )?;
-    let lease: serde_json::Value = serde_json::from_str(&d.quiet(&[
-        "-n",
-        NS,
-        "get",
-        "lease",
-        "kvcache-operator",
-        "-o",
-        "json",
-    ])?)
+        |text| {
+            serde_json::from_str(text)
+                .ok()
+                .is_some_and(|l| !holder(&l).is_empty())
+        },
+    )?)
     .context("the operator's Lease as JSON")?;
     let pods: serde_json::Value = serde_json::from_str(&d.quiet(&[
         "-n",
@@ -552,7 +547,7 @@ fn operator_leadership(d: &Demo) -> anyhow::Result<OperatorLeadership> {
         "get",
         "pods",
         "-l",
-        "app.kubernetes.io/name=kvcache-operator",
+        OPERATOR_PODS,
         "-o",
         "json",
     ])?)
@@ -589,10 +584,7 @@ fn operator_leadership(d: &Demo) -> anyhow::Result<OperatorLeadership> {
         })
         .collect();
     Ok(OperatorLeadership {
-        holder: lease["spec"]["holderIdentity"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
+        holder: holder(&lease),
         transitions: lease["spec"]["leaseTransitions"].as_i64().unwrap_or(0),
         restarts,
         ended,
@@ -600,8 +592,9 @@ fn operator_leadership(d: &Demo) -> anyhow::Result<OperatorLeadership> {
 }
 
 /// The engines prefilled on both nodes' cores through steps 3 to 5; the operator's leader
-/// renewed its Lease throughout (it once lost it here at a 50m CPU request: the reason it
-/// requests 200m, `kvcache_render::install`).
+/// renewed its Lease throughout. It lost it here at a 50m CPU request (the reason it requests
+/// 200m, `kvcache_render::install`) and again at 200m while it renewed 5 s before expiry (the
+/// reason it renews every third of the Lease, `kvcache-operator/src/election.rs`).
 fn kept_leading(d: &mut Demo, installed: &OperatorLeadership) -> anyhow::Result<()> {
     let now = operator_leadership(d)?;
     println!(
@@ -636,16 +629,7 @@ fn install(d: &mut Demo) -> anyhow::Result<()> {
         "deployment/kvcache-operator",
         "--timeout=300s",
     ])?;
-    d.show(&[
-        "-n",
-        NS,
-        "get",
-        "pods",
-        "-l",
-        "app.kubernetes.io/name=kvcache-operator",
-        "-o",
-        "wide",
-    ])?;
+    d.show(&["-n", NS, "get", "pods", "-l", OPERATOR_PODS, "-o", "wide"])?;
     Ok(())
 }
 
