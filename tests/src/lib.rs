@@ -20,6 +20,7 @@ pub mod process;
 pub mod prometheus;
 pub mod reach;
 pub mod rollout;
+pub mod slots;
 pub mod status;
 pub mod store;
 pub mod volumes;

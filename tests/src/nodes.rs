@@ -28,7 +28,7 @@ use crate::{Error, Result, paths};
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Where the nodes' sockets and mount namespaces live (a private mount, so namespace files
 /// can be kept there).
-const RUN_DIR: &str = "/run/kvcache-nodes";
+pub(crate) const RUN_DIR: &str = "/run/kvcache-nodes";
 /// Host paths each node sees as its own folder: the disk tier's path in the examples, and the
 /// kubelet's Pod log folders (a kubelet removes the log folders of Pods it does not run, so
 /// shared folders lose the other nodes' logs).
@@ -71,8 +71,9 @@ pub const BUSYBOX_IMAGE: &str = images::BUSYBOX.name;
 /// can advertise (and be reached on) the bridge's host address.
 #[derive(Clone, Debug)]
 pub struct NodeNetwork {
+    /// The slot this process claimed ([`crate::slots`]): every name and range below is its own.
+    slot: u32,
     tag: u32,
-    octet: u32,
     /// The bridge the nodes join.
     pub bridge: String,
     /// The host's address on it: the API server's advertised address.
@@ -80,17 +81,27 @@ pub struct NodeNetwork {
 }
 
 impl NodeNetwork {
-    /// Names for this process's nodes (a short tag keeps interface names under 15 characters
-    /// and apart from another run).
-    pub fn plan() -> NodeNetwork {
-        let tag = std::process::id() % 900 + 100;
-        let octet = 20 + tag % 200;
-        NodeNetwork {
+    /// Claims a node network no other cluster on this machine holds (a short tag keeps
+    /// interface names under 15 characters); the nodes' teardown gives it back.
+    pub fn plan() -> Result<NodeNetwork> {
+        let slot = crate::slots::claim()?;
+        let tag = crate::slots::tag(slot);
+        Ok(NodeNetwork {
+            slot,
             tag,
-            octet,
             bridge: format!("kvcb{tag}"),
-            host_ip: format!("10.220.{octet}.1"),
-        }
+            host_ip: format!("10.220.{}.1", 20 + slot),
+        })
+    }
+
+    /// The bridge's /24 with `host` as the last octet.
+    fn address(&self, host: usize) -> String {
+        format!("10.220.{}.{host}", 20 + self.slot)
+    }
+
+    /// The Pod ranges of every node (a /16; each node takes a /24 of it).
+    fn pod_octet(&self) -> u32 {
+        100 + self.slot
     }
 }
 
@@ -193,7 +204,8 @@ impl Nodes {
         let bridge = &net.bridge;
         let _ = writeln!(
             down,
-            "umount {RUN_DIR} 2>/dev/null\nip link del {bridge} 2>/dev/null\n# Pod sandboxes' namespaces (CNI names them cni-*), once nothing runs in them.\nfor n in $(ip netns list 2>/dev/null | awk '/^cni-/{{print $1}}'); do [ -z \"$(ip netns pids $n 2>/dev/null)\" ] && ip netns del $n; done\nexit 0"
+            "umount {RUN_DIR} 2>/dev/null\nip link del {bridge} 2>/dev/null\n# Pod sandboxes' namespaces (CNI names them cni-*), once nothing runs in them.\nfor n in $(ip netns list 2>/dev/null | awk '/^cni-/{{print $1}}'); do [ -z \"$(ip netns pids $n 2>/dev/null)\" ] && ip netns del $n; done\n{release}\nexit 0",
+            release = crate::slots::release_command(net.slot)
         );
         std::fs::write(&teardown, &down).map_err(crate::io("writing the teardown script"))?;
         let nodes = match result {
@@ -246,7 +258,7 @@ impl Nodes {
             bin: &bin,
             host_ip: &net.host_ip,
             kubeconfig: node_kubeconfig(cp, &net.host_ip, port)?,
-            cluster_cidr: format!("10.{}.0.0/16", 100 + net.tag % 100),
+            cluster_cidr: format!("10.{}.0.0/16", net.pod_octet()),
             ca: &cp.pki.ca_cert,
             memory,
         };
@@ -536,12 +548,12 @@ struct NodePlan {
 
 impl NodePlan {
     fn new(net: &NodeNetwork, dir: &Path, i: usize) -> NodePlan {
-        let (tag, octet) = (net.tag, net.octet);
+        let tag = net.tag;
         let name = format!("kvc{tag}n{i}");
         let run = PathBuf::from(RUN_DIR).join(&name);
         NodePlan {
-            ip: format!("10.220.{octet}.{}", 10 + i),
-            pod_cidr: format!("10.{}.{i}.0/24", 100 + tag % 100),
+            ip: net.address(10 + i),
+            pod_cidr: format!("10.{}.{i}.0/24", net.pod_octet()),
             veth: format!("kvcv{tag}{i}"),
             dir: dir.join(&name),
             sock: run.join("containerd.sock"),
@@ -867,7 +879,7 @@ impl NodeCluster {
         images: &[Image],
         memory: u64,
     ) -> Result<NodeCluster> {
-        let net = NodeNetwork::plan();
+        let net = NodeNetwork::plan()?;
         let control_plane = ControlPlane::start(
             dir,
             &crate::cluster::Options {

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{Api, PostParams};
 use kvcache_e2e::cluster::{ControlPlane, Options, block_on, client_from, wait_object};
 use kvcache_e2e::nodes::{BUSYBOX_IMAGE, NODE_ALLOCATABLE_MEMORY, NodeNetwork, Nodes};
-use kvcache_e2e::paths;
+use kvcache_e2e::{paths, slots};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -23,7 +23,7 @@ fn cluster() -> &'static Cluster {
     static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
     let c = CLUSTER.get_or_init(|| {
         let dir = paths::scratch("nodes").map_err(|e| e.to_string())?;
-        let net = NodeNetwork::plan();
+        let net = NodeNetwork::plan().map_err(|e| e.to_string())?;
         let control_plane = ControlPlane::start(
             &dir,
             &Options {
@@ -311,4 +311,29 @@ fn two_nodes_run_pods_that_reach_each_other() {
         !std::path::Path::new("/var/lib/kvcache/from-node-0").exists(),
         "the machine's own folder is untouched"
     );
+}
+
+/// A cluster never takes the names of one on the machine: neither another cluster of this
+/// process nor a namespace an earlier run left (CI once failed with `ip netns add kvc801n1:
+/// File exists`). The leftover sits in the slot this process's id points to first.
+#[test]
+fn a_node_network_is_never_one_already_on_the_machine() {
+    let first = slots::tag(std::process::id() % slots::SLOTS);
+    let leftover = format!("kvc{first}n0");
+    let made = std::process::Command::new("ip")
+        .args(["netns", "add", &leftover])
+        .status()
+        .expect("ip runs");
+    assert!(made.success(), "ip netns add {leftover}");
+    let (a, b) = (NodeNetwork::plan(), NodeNetwork::plan());
+    let _ = std::process::Command::new("ip")
+        .args(["netns", "del", &leftover])
+        .status();
+    let (a, b) = (a.expect("a free slot"), b.expect("a second free slot"));
+    assert_ne!(a.bridge, format!("kvcb{first}"), "took the leftover's slot");
+    assert_ne!(
+        a.bridge, b.bridge,
+        "two clusters of one process share a slot"
+    );
+    assert_ne!(a.host_ip, b.host_ip);
 }

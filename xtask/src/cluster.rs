@@ -48,7 +48,7 @@ pub fn up(nodes: usize, real_engine: bool, enforce: bool) -> anyhow::Result<()> 
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
-    let net = NodeNetwork::plan();
+    let net = NodeNetwork::plan()?;
     let cp = ControlPlane::start(
         &dir,
         &Options {
