@@ -204,7 +204,7 @@ impl Nodes {
         let bridge = &net.bridge;
         let _ = writeln!(
             down,
-            "umount {RUN_DIR} 2>/dev/null\nip link del {bridge} 2>/dev/null\n# Pod sandboxes' namespaces (CNI names them cni-*), once nothing runs in them.\nfor n in $(ip netns list 2>/dev/null | awk '/^cni-/{{print $1}}'); do [ -z \"$(ip netns pids $n 2>/dev/null)\" ] && ip netns del $n; done\n{release}\nexit 0",
+            "# {RUN_DIR} stays a private mount: another cluster's nodes may be using it.\nip link del {bridge} 2>/dev/null\n# Pod sandboxes' namespaces (CNI names them cni-*), once nothing runs in them.\nfor n in $(ip netns list 2>/dev/null | awk '/^cni-/{{print $1}}'); do [ -z \"$(ip netns pids $n 2>/dev/null)\" ] && ip netns del $n; done\n{release}\nexit 0",
             release = crate::slots::release_command(net.slot)
         );
         std::fs::write(&teardown, &down).map_err(crate::io("writing the teardown script"))?;
