@@ -49,20 +49,24 @@ pub fn claim() -> Result<u32> {
     let lock =
         File::create(Path::new(CLAIMS).join(".lock")).map_err(crate::io("the node slot lock"))?;
     lock.lock().map_err(crate::io("locking the node slots"))?;
+    let states = observe();
     // Claims of processes that are gone and left nothing behind are free: remove them so the
     // folder holds only live claims.
-    for slot in 0..SLOTS {
-        if observe(slot) == SlotState::default() {
+    for (slot, state) in (0..SLOTS).zip(&states) {
+        if *state == SlotState::default() {
             let _ = std::fs::remove_file(claim_path(slot));
         }
     }
-    let slot = choose(std::process::id() % SLOTS, observe).ok_or_else(|| Error::NodeSetup {
-        step: "claiming a node network".into(),
-        message: format!(
-            "all {SLOTS} slots are taken (claims in {CLAIMS}); `cargo xtask cluster down` \
-             removes a kept cluster"
-        ),
-    })?;
+    let slot =
+        choose(std::process::id() % SLOTS, |slot| states[slot as usize]).ok_or_else(|| {
+            Error::NodeSetup {
+                step: "claiming a node network".into(),
+                message: format!(
+                    "all {SLOTS} slots are taken (claims in {CLAIMS}); `cargo xtask cluster down` \
+                 removes a kept cluster"
+                ),
+            }
+        })?;
     let mut f = OpenOptions::new()
         .write(true)
         .create(true)
@@ -82,28 +86,37 @@ fn claim_path(slot: u32) -> PathBuf {
     Path::new(CLAIMS).join(slot.to_string())
 }
 
-/// What of `slot` is on this machine now.
-fn observe(slot: u32) -> SlotState {
-    let tag = tag(slot);
-    let owner_alive = std::fs::read_to_string(claim_path(slot))
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-        .is_some_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok());
-    let node_prefix = format!("kvc{tag}n");
-    let any_node = |dir: &str| {
-        std::fs::read_dir(dir).is_ok_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with(&node_prefix))
-        })
+/// What of every slot is on this machine now (index = slot), from one listing of the network
+/// namespaces and of the nodes' run folder.
+fn observe() -> Vec<SlotState> {
+    let names = |dir: &str| -> Vec<String> {
+        std::fs::read_dir(dir).map_or_else(
+            |_| Vec::new(),
+            |entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            },
+        )
     };
-    let leftovers = Path::new(&format!("/sys/class/net/kvcb{tag}")).exists()
-        || any_node("/run/netns")
-        || any_node(super::nodes::RUN_DIR);
-    SlotState {
-        owner_alive,
-        leftovers,
-    }
+    let nodes: Vec<String> = [names("/run/netns"), names(crate::nodes::RUN_DIR)].concat();
+    (0..SLOTS)
+        .map(|slot| {
+            let tag = tag(slot);
+            let owner_alive = std::fs::read_to_string(claim_path(slot))
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                .is_some_and(crate::process::alive);
+            let node_prefix = format!("kvc{tag}n");
+            let leftovers = Path::new(&format!("/sys/class/net/kvcb{tag}")).exists()
+                || nodes.iter().any(|n| n.starts_with(&node_prefix));
+            SlotState {
+                owner_alive,
+                leftovers,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
