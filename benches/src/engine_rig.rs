@@ -60,3 +60,45 @@ pub fn up(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> anyhow::Resu
         dir,
     })
 }
+
+/// The CPU seconds a Pod's containers have used so far, read on this machine from its node's
+/// cgroup: the harness's kubelets run the `cgroupfs` driver on cgroup v1 under a root named
+/// after the node (`tests/src/nodes.rs`), so a Pod's account is
+/// `/sys/fs/cgroup/cpuacct/<node>/kubepods[/<qos>]/pod<uid>/cpuacct.usage` (nanoseconds).
+pub fn pod_cpu_seconds(pod: &k8s_openapi::api::core::v1::Pod) -> Result<f64, kvcache_e2e::Error> {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let missing = |what: &str| kvcache_e2e::Error::Io {
+        context: format!("reading the CPU account of Pod {name}"),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, what.to_owned()),
+    };
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .ok_or_else(|| missing("the Pod has no node"))?;
+    let uid = pod
+        .metadata
+        .uid
+        .as_deref()
+        .ok_or_else(|| missing("no uid"))?;
+    let root = std::path::Path::new("/sys/fs/cgroup/cpuacct")
+        .join(node)
+        .join("kubepods");
+    let file = ["", "burstable", "besteffort"]
+        .iter()
+        .map(|qos| {
+            root.join(qos)
+                .join(format!("pod{uid}"))
+                .join("cpuacct.usage")
+        })
+        .find(|f| f.exists())
+        .ok_or_else(|| missing(&format!("no pod{uid} under {}", root.display())))?;
+    let text = std::fs::read_to_string(&file).map_err(|source| kvcache_e2e::Error::Io {
+        context: format!("reading {}", file.display()),
+        source,
+    })?;
+    text.trim()
+        .parse::<u64>()
+        .map(|ns| ns as f64 / 1e9)
+        .map_err(|e| missing(&format!("{}: {e}", file.display())))
+}

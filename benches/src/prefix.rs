@@ -95,6 +95,9 @@ pub struct Plan {
     models: Vec<Model>,
     get_rate_mbs: f64,
     conditions: Vec<&'static str>,
+    /// Environment added to the attached engines' containers (`--engine-env`), which wins over
+    /// the injection's defaults (the store client's transport settings, say).
+    engine_env: Vec<(String, String)>,
 }
 
 impl Plan {
@@ -127,7 +130,22 @@ impl Plan {
             models,
             get_rate_mbs,
             conditions,
+            engine_env: Vec::new(),
         })
+    }
+
+    /// Checks `--engine-env`: each `NAME=VALUE`, the name not empty.
+    pub fn with_engine_env(mut self, pairs: &[String]) -> anyhow::Result<Self> {
+        self.engine_env = pairs
+            .iter()
+            .map(|p| match p.split_once('=') {
+                Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+                _ => Err(anyhow::anyhow!(
+                    "--engine-env {p:?}: give NAME=VALUE, as MC_TCP_ENABLE_CONNECTION_POOL=0"
+                )),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(self)
     }
 }
 
@@ -138,12 +156,14 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
         models,
         get_rate_mbs,
         conditions,
+        engine_env,
     } = plan;
     let rig = engine_rig::up("bench-prefix", |_| {})?;
     let mut rows = Vec::new();
     for m in models {
         let kc = rig.nodes.control_plane.kubeconfig.clone();
         let conditions = conditions.clone();
+        let engine_env = engine_env.clone();
         let lengths: Vec<usize> = lengths
             .iter()
             .copied()
@@ -155,7 +175,14 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
         let (measured_rows, measured) = block_on(async move {
             let client = client_from(&kc).await?;
             let mut got = Vec::new();
-            let result = measure(&client, &m, (&lengths, &conditions), prompts, &mut got).await;
+            let result = measure(
+                &client,
+                (&m, &engine_env),
+                (&lengths, &conditions),
+                prompts,
+                &mut got,
+            )
+            .await;
             if result.is_err() {
                 keep_logs(&client, &logs).await;
             }
@@ -312,7 +339,7 @@ async fn reader_after(
 /// Runs the three deployments of `model`, times every length quiet and busy, removes them.
 async fn measure(
     client: &kube::Client,
-    m: &Model,
+    (m, engine_env): (&Model, &[(String, String)]),
     (lengths, conditions): (&[usize], &[&'static str]),
     prompts: usize,
     rows: &mut Vec<Row>,
@@ -327,6 +354,13 @@ async fn measure(
             && let Some(i) = args.iter().position(|a| a == "--max-model-len")
         {
             args[i + 1] = m.context.to_string().into();
+        }
+        if attached && let Some(env) = md["spec"]["roles"][0]["env"].as_array_mut() {
+            env.extend(
+                engine_env
+                    .iter()
+                    .map(|(name, value)| serde_json::json!({"name": name, "value": value})),
+            );
         }
         models
             .patch(
@@ -485,5 +519,18 @@ mod tests {
         assert!(Plan::new(&[256], 3, &strings(&["gpt"]), 300.0, &quiet).is_err());
         assert!(Plan::new(&[16], 3, &models, 300.0, &quiet).is_err());
         assert!(Plan::new(&[4096], 3, &models, 300.0, &quiet).is_err());
+        let plan = || Plan::new(&[256], 3, &models, 300.0, &quiet).expect("a plan");
+        let env = plan()
+            .with_engine_env(&strings(&["MC_TCP_ENABLE_CONNECTION_POOL=0", "EMPTY="]))
+            .expect("two settings");
+        assert_eq!(
+            env.engine_env,
+            [
+                ("MC_TCP_ENABLE_CONNECTION_POOL".to_owned(), "0".to_owned()),
+                ("EMPTY".to_owned(), String::new())
+            ]
+        );
+        assert!(plan().with_engine_env(&strings(&["NOVALUE"])).is_err());
+        assert!(plan().with_engine_env(&strings(&["=1"])).is_err());
     }
 }

@@ -116,6 +116,10 @@ enum BenchKind {
         /// Conditions: `quiet` (nothing else runs), `busy` (the writer serves other prompts).
         #[arg(long, value_delimiter = ',', default_value = "quiet,busy")]
         conditions: Vec<String>,
+        /// `NAME=VALUE` added to the attached engines' environment, over the injection's
+        /// defaults (the store client's transport settings); repeat for more.
+        #[arg(long)]
+        engine_env: Vec<String>,
     },
     /// The admission webhook's cost: Binding and injected Pod creates through the API server
     /// with and without the webhook registered, and the handler's own latency.
@@ -226,8 +230,10 @@ fn bench(which: BenchKind) -> anyhow::Result<()> {
             models,
             get_rate,
             conditions,
+            engine_env,
         } => {
-            let plan = prefix::Plan::new(&lengths, prompts, &models, get_rate, &conditions)?;
+            let plan = prefix::Plan::new(&lengths, prompts, &models, get_rate, &conditions)?
+                .with_engine_env(&engine_env)?;
             Box::new(move || prefix::prefix(plan))
         }
         BenchKind::Rollout { runs } => Box::new(move || rollout::rollout(runs)),
