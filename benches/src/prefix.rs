@@ -177,7 +177,7 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
             let mut got = Vec::new();
             let result = measure(
                 &client,
-                (&m, &engine_env),
+                (&m, &engine_env, &logs),
                 (&lengths, &conditions),
                 prompts,
                 &mut got,
@@ -203,6 +203,7 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
         }
     }
     print_rows(&rows, get_rate_mbs);
+    println!("engine logs: {}", rig.dir.display());
     Ok(())
 }
 
@@ -339,7 +340,7 @@ async fn reader_after(
 /// Runs the three deployments of `model`, times every length quiet and busy, removes them.
 async fn measure(
     client: &kube::Client,
-    (m, engine_env): (&Model, &[(String, String)]),
+    (m, engine_env, logs): (&Model, &[(String, String)], &std::path::Path),
     (lengths, conditions): (&[usize], &[&'static str]),
     prompts: usize,
     rows: &mut Vec<Row>,
@@ -434,6 +435,11 @@ async fn measure(
                     && after.load_failed_keys == before.load_failed_keys
                     && after.load_errors == before.load_errors;
                 if whole {
+                    println!(
+                        "{model} {condition} {tokens}: a hit in {t:.2} s, its load {:.3} s for {:.1} MiB",
+                        after.load_seconds - before.load_seconds,
+                        (after.load_bytes - before.load_bytes) / f64::from(1 << 20)
+                    );
                     hit.push(t);
                     bytes.push(after.load_bytes - before.load_bytes);
                     secs.push(after.load_seconds - before.load_seconds);
@@ -477,6 +483,8 @@ async fn measure(
             let _ = task.await;
         }
     }
+    // The engines' own account of every load and save, kept beside the figures.
+    keep_logs(client, logs).await;
     for (name, _) in ENGINES {
         walkthrough::remove_model(client, TEAM, name, WAIT).await?;
     }
