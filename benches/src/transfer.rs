@@ -14,7 +14,7 @@
 //!
 //! Every setting runs [`ROUNDS`] times per condition in a rotated order; medians are printed.
 //! Then what the transfers cost in CPU: per object size, one idle pass of [`CPU_PASS_BYTES`]
-//! with the rendered setting, the CPU seconds of the members, the leader and the client read
+//! with the rendered setting called the engines' way, the CPU seconds of the members, the leader and the client read
 //! from their Pods' cgroups around it (less those of an empty pass), per GB moved: what a
 //! member's CPU request buys in transfer rate.
 //!
@@ -59,8 +59,9 @@ const CPU_PASS_BYTES: usize = 256 << 20;
 /// Mooncake 0.3.13.post1's TCP transport reads these at start (its `tcp_transport.cpp` and the
 /// session's chunk size): the connection pool (on unless `0`), its lanes per peer (4), the chunk
 /// each socket read and write moves (64 KiB), and the per-peer queue (1024 slices; past it and
-/// its 1024-entry overflow a burst is refused as queue-full).
-pub const VARIANTS: [(&str, &[(&str, &str)]); 5] = [
+/// its 1024-entry overflow a burst is refused as queue-full). `PASS_API=batch` is the pass's own:
+/// the engines' way of calling the client (below) instead of one copying call per object.
+pub const VARIANTS: [(&str, &[(&str, &str)]); 6] = [
     ("0.3.13 defaults", &[]),
     ("pool off", &[("MC_TCP_ENABLE_CONNECTION_POOL", "0")]),
     ("8 lanes", &[("MC_TCP_LANES_PER_PEER", "8")]),
@@ -69,30 +70,67 @@ pub const VARIANTS: [(&str, &[(&str, &str)]); 5] = [
         "rendered (queue 65535)",
         &[("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535")],
     ),
+    (
+        "rendered, engines' batches",
+        &[
+            ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535"),
+            ("PASS_API", "batch"),
+        ],
+    ),
 ];
 
-/// One pass of the store client: per size, MB/s of puts and gets and the failures.
+/// One pass of the store client: per size, MB/s of puts and gets and the failures. With
+/// `PASS_API=batch` it calls the client as vLLM's store connector does: the objects in a
+/// registered buffer, put and got back in batches of [`ENGINE_BATCH`] keys without a copy
+/// (`batch_put_from`, `batch_get_into`); otherwise one `put` and one `get` (copies) per object.
 const STORE_PASS: &str = r#"
-import json, os, sys, time
+import ctypes, json, os, sys, time
 from mooncake.store import MooncakeDistributedStore
-master, host, tag, plan = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+master, host, tag, plan, batch = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5])
 store = MooncakeDistributedStore()
 rc = store.setup({"local_hostname": host, "metadata_server": "P2PHANDSHAKE", "global_segment_size": 0,
                   "local_buffer_size": 256 << 20, "protocol": "tcp", "rdma_devices": "", "master_server_addr": master})
 if rc != 0:
     print(json.dumps({"error": f"setup returned {rc}"})); sys.exit(1)
+engines = os.environ.get("PASS_API") == "batch"
+if engines:
+    room = max([size * count for size, count in plan] + [1])
+    buf = ctypes.create_string_buffer(room)
+    base = ctypes.addressof(buf)
+    if store.register_buffer(base, room) != 0:
+        print(json.dumps({"error": "register_buffer failed"})); sys.exit(1)
 rows = []
 for size, count in plan:
     data = os.urandom(size)
     keys = [f"xfer-{tag}-{size}-{i}" for i in range(count)]
-    t = time.perf_counter(); codes = [store.put(k, data) for k in keys]; put_s = time.perf_counter() - t
-    t = time.perf_counter(); got = [store.get(k) for k in keys]; get_s = time.perf_counter() - t
+    if engines:
+        for i in range(count):
+            ctypes.memmove(base + i * size, data, size)
+        ptrs = [base + i * size for i in range(count)]
+        chunks = [range(i, min(i + batch, count)) for i in range(0, count, batch)]
+        t = time.perf_counter()
+        codes = [c for r in chunks for c in store.batch_put_from([keys[i] for i in r], [ptrs[i] for i in r], [size] * len(r))]
+        put_s = time.perf_counter() - t
+        ctypes.memset(base, 0, size * count)
+        t = time.perf_counter()
+        read = [n for r in chunks for n in store.batch_get_into([keys[i] for i in r], [ptrs[i] for i in r], [size] * len(r))]
+        get_s = time.perf_counter() - t
+        got_failed = sum(1 for i, n in enumerate(read) if n != size or ctypes.string_at(ptrs[i], size) != data)
+    else:
+        t = time.perf_counter(); codes = [store.put(k, data) for k in keys]; put_s = time.perf_counter() - t
+        t = time.perf_counter(); got = [store.get(k) for k in keys]; get_s = time.perf_counter() - t
+        got_failed = sum(1 for g in got if len(g) != size or g != data)
     rows.append({"size": size, "count": count, "put_s": put_s, "get_s": get_s,
-                 "put_failed": sum(1 for c in codes if c != 0),
-                 "get_failed": sum(1 for g in got if len(g) != size or g != data)})
+                 "put_failed": sum(1 for c in codes if c != 0), "get_failed": got_failed})
+if engines:
+    store.unregister_buffer(base)
 store.close()
 print(json.dumps({"rows": rows}))
 "#;
+
+/// Keys per batch call in the engines' way: a 2,048-token prompt of 32-token blocks, as vLLM's
+/// connector saves or loads it in one call.
+const ENGINE_BATCH: usize = 64;
 
 /// The raw TCP receiver: one connection, everything read, the byte count answered.
 const RAW_SERVER: &str = r#"
@@ -350,10 +388,11 @@ async fn store_pass(
     plan: &[(usize, usize)],
 ) -> Result<Vec<SizeRow>, kvcache_e2e::Error> {
     let plan = serde_json::to_string(plan).unwrap_or_default();
+    let batch = ENGINE_BATCH.to_string();
     let mut command: Vec<String> = vec!["env".into()];
     command.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
     command.extend(
-        ["python3", "-c", STORE_PASS, master, ip, tag, &plan]
+        ["python3", "-c", STORE_PASS, master, ip, tag, &plan, &batch]
             .iter()
             .map(|s| (*s).to_owned()),
     );
@@ -461,7 +500,8 @@ async fn cpu_now(
     Ok((members, leaders, probe))
 }
 
-/// Per object size, a pass of [`CPU_PASS_BYTES`] with the rendered setting, idle, the CPU
+/// Per object size, a pass of [`CPU_PASS_BYTES`] with the rendered setting called the engines'
+/// way (the last of [`VARIANTS`]), idle, the CPU
 /// read from the Pods' cgroups before and after; an empty pass first (the client's start, its
 /// mount on the master, the store's background work over as long) is taken off each.
 async fn cpu_cost(
