@@ -14,7 +14,7 @@
 //!
 //! Every setting runs [`ROUNDS`] times per condition in a rotated order; medians are printed.
 //! Then what the transfers cost in CPU: per object size, one idle pass of [`CPU_PASS_BYTES`]
-//! with the rendered setting called the engines' way, the CPU seconds of the members, the leader and the client read
+//! with the rendered setting, the CPU seconds of the members, the leader and the client read
 //! from their Pods' cgroups around it (less those of an empty pass), per GB moved: what a
 //! member's CPU request buys in transfer rate.
 //!
@@ -67,7 +67,7 @@ pub const VARIANTS: [(&str, &[(&str, &str)]); 6] = [
     ("8 lanes", &[("MC_TCP_LANES_PER_PEER", "8")]),
     ("1 MiB chunks", &[("MC_TCP_SLICE_SIZE", "1048576")]),
     (
-        "rendered (queue 65535)",
+        RENDERED,
         &[("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535")],
     ),
     (
@@ -78,6 +78,9 @@ pub const VARIANTS: [(&str, &[(&str, &str)]); 6] = [
         ],
     ),
 ];
+
+/// The setting the render and the injection give every client, as [`VARIANTS`] names it.
+const RENDERED: &str = "rendered (queue 65535)";
 
 /// One pass of the store client: per size, MB/s of puts and gets and the failures. With
 /// `PASS_API=batch` it calls the client as vLLM's store connector does: the objects in a
@@ -500,8 +503,8 @@ async fn cpu_now(
     Ok((members, leaders, probe))
 }
 
-/// Per object size, a pass of [`CPU_PASS_BYTES`] with the rendered setting called the engines'
-/// way (the last of [`VARIANTS`]), idle, the CPU
+/// Per object size, a pass of [`CPU_PASS_BYTES`] with the rendered setting (one `put` and one
+/// `get` per object), idle, the CPU
 /// read from the Pods' cgroups before and after; an empty pass first (the client's start, its
 /// mount on the master, the store's background work over as long) is taken off each.
 async fn cpu_cost(
@@ -510,7 +513,10 @@ async fn cpu_cost(
     ip: &str,
     master: &str,
 ) -> Result<Vec<CpuRow>, kvcache_e2e::Error> {
-    let (_, rendered) = VARIANTS[VARIANTS.len() - 1];
+    let rendered = VARIANTS
+        .iter()
+        .find(|(name, _)| *name == RENDERED)
+        .map_or(&[][..], |(_, env)| *env);
     let pass = |tag: String, plan: Vec<(usize, usize)>| async move {
         let before = cpu_now(client, (api, probe)).await?;
         let rows = store_pass(api, probe, ip, master, &tag, rendered, &plan).await?;

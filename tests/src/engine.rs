@@ -29,15 +29,16 @@ pub const INSTANCE_TYPE: &str = "cpu-engine";
 /// The engine's port in its Pod.
 pub const PORT: u16 = 8000;
 
-/// The flags every engine replica runs with: dummy weights (no hub), no tokenizer, float32
-/// (CPU), a short context, eager mode (no compilation at start), the domain's block size.
+/// The flags every engine replica runs with: dummy weights (no hub), no tokenizer, the model
+/// in the domain's dtype [`KV_DTYPE`], a short context, eager mode (no compilation at start),
+/// the domain's block size.
 pub fn engine_args() -> Vec<String> {
     [
         "--load-format",
         "dummy",
         "--skip-tokenizer-init",
         "--dtype",
-        "float32",
+        KV_DTYPE,
         "--max-model-len",
         "1024",
         "--enforce-eager",
@@ -86,8 +87,11 @@ pub fn instance_type() -> serde_json::Value {
 }
 
 /// The KV cache dtype of the engines' domains, handed to them as `--kv-cache-dtype` (the
-/// admission refuses `auto` on a new Binding; vLLM on CPU runs a float32 model with a bfloat16
-/// KV cache, measured sharing blocks with a bfloat16 model).
+/// admission refuses `auto` on a new Binding), and the dtype the engines compute in: vLLM
+/// 0.32.0 on CPU sizes its KV cache by `--kv-cache-dtype` but stores blocks in the model's
+/// dtype, so a float32 model with a bfloat16 cache wrote past the cache from block 1,024 on
+/// (a segfault in `reshape_and_cache`, read from a core dump; `crates/kvcache-operator/README.md`,
+/// "The prefix benchmark").
 pub const KV_DTYPE: &str = "bfloat16";
 
 /// A Binding for `namespace` on `pool` with the domain `domain` (`None`: the default tenant),
