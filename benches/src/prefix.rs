@@ -98,6 +98,8 @@ pub struct Plan {
     /// Environment added to the attached engines' containers (`--engine-env`), which wins over
     /// the injection's defaults (the store client's transport settings, say).
     engine_env: Vec<(String, String)>,
+    /// Flags added to the store master's (`--leader-arg`, the backend's `leader.extraArgs`).
+    leader_args: Vec<String>,
 }
 
 impl Plan {
@@ -131,7 +133,22 @@ impl Plan {
             get_rate_mbs,
             conditions,
             engine_env: Vec::new(),
+            leader_args: Vec::new(),
         })
+    }
+
+    /// Checks `--leader-arg`: each a master flag, `-name=value`.
+    pub fn with_leader_args(mut self, args: &[String]) -> anyhow::Result<Self> {
+        if let Some(bad) = args
+            .iter()
+            .find(|a| !a.starts_with('-') || !a.contains('='))
+        {
+            anyhow::bail!(
+                "--leader-arg {bad:?}: give a master flag as -name=value, as -client_ttl=30"
+            );
+        }
+        self.leader_args = args.to_vec();
+        Ok(self)
     }
 
     /// Checks `--engine-env`: each `NAME=VALUE`, the name not empty.
@@ -157,8 +174,13 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
         get_rate_mbs,
         conditions,
         engine_env,
+        leader_args,
     } = plan;
-    let rig = engine_rig::up("bench-prefix", |_| {})?;
+    let rig = engine_rig::up("bench-prefix", |backend| {
+        if !leader_args.is_empty() {
+            backend["spec"]["connection"]["managed"]["leader"]["extraArgs"] = leader_args.into();
+        }
+    })?;
     let mut rows = Vec::new();
     for m in models {
         let kc = rig.nodes.control_plane.kubeconfig.clone();
@@ -207,17 +229,26 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every engine container's log, written under `to` (a failed run's evidence).
+/// Every engine's and store Pod's log (the master's and the members' account of the same
+/// moments), written under `to`.
 async fn keep_logs(client: &kube::Client, to: &std::path::Path) {
-    let api: Api<Pod> = Api::namespaced(client.clone(), TEAM);
-    let Ok(list) = api.list(&Default::default()).await else {
-        return;
-    };
     let _ = std::fs::create_dir_all(to);
-    for p in &list.items {
-        let name = pods::name_of(p);
-        if let Ok(text) = pods::logs(&api, name, None).await {
-            let _ = std::fs::write(to.join(format!("{name}.log")), text);
+    for ns in [TEAM, NS] {
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let Ok(list) = api.list(&Default::default()).await else {
+            continue;
+        };
+        for p in &list.items {
+            let name = pods::name_of(p).to_owned();
+            let containers: Vec<String> = match &p.spec {
+                Some(spec) => spec.containers.iter().map(|c| c.name.clone()).collect(),
+                None => Vec::new(),
+            };
+            for container in containers {
+                if let Ok(text) = pods::logs(&api, &name, Some(&container)).await {
+                    let _ = std::fs::write(to.join(format!("{name}-{container}.log")), text);
+                }
+            }
         }
     }
 }
@@ -540,5 +571,15 @@ mod tests {
         );
         assert!(plan().with_engine_env(&strings(&["NOVALUE"])).is_err());
         assert!(plan().with_engine_env(&strings(&["=1"])).is_err());
+        assert!(
+            plan()
+                .with_leader_args(&strings(&["-client_ttl=30"]))
+                .is_ok()
+        );
+        assert!(
+            plan()
+                .with_leader_args(&strings(&["client_ttl=30"]))
+                .is_err()
+        );
     }
 }

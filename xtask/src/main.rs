@@ -120,6 +120,10 @@ enum BenchKind {
         /// defaults (the store client's transport settings); repeat for more.
         #[arg(long)]
         engine_env: Vec<String>,
+        /// A flag added to the store master's (`-name=value`, the backend's
+        /// `leader.extraArgs`); repeat for more.
+        #[arg(long, allow_hyphen_values = true)]
+        leader_arg: Vec<String>,
     },
     /// The admission webhook's cost: Binding and injected Pod creates through the API server
     /// with and without the webhook registered, and the handler's own latency.
@@ -231,9 +235,11 @@ fn bench(which: BenchKind) -> anyhow::Result<()> {
             get_rate,
             conditions,
             engine_env,
+            leader_arg,
         } => {
             let plan = prefix::Plan::new(&lengths, prompts, &models, get_rate, &conditions)?
-                .with_engine_env(&engine_env)?;
+                .with_engine_env(&engine_env)?
+                .with_leader_args(&leader_arg)?;
             Box::new(move || prefix::prefix(plan))
         }
         BenchKind::Rollout { runs } => Box::new(move || rollout::rollout(runs)),
