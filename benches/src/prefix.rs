@@ -100,6 +100,8 @@ pub struct Plan {
     engine_env: Vec<(String, String)>,
     /// Flags added to the store master's (`--leader-arg`, the backend's `leader.extraArgs`).
     leader_args: Vec<String>,
+    /// The leader's CPU request (`--leader-cpu`) in place of the rig's.
+    leader_cpu: Option<String>,
 }
 
 impl Plan {
@@ -134,7 +136,18 @@ impl Plan {
             conditions,
             engine_env: Vec::new(),
             leader_args: Vec::new(),
+            leader_cpu: None,
         })
+    }
+
+    /// Checks `--leader-cpu`: a CPU quantity the API takes.
+    pub fn with_leader_cpu(mut self, cpu: Option<&str>) -> anyhow::Result<Self> {
+        if let Some(c) = cpu {
+            kvcache_api::quantity::parse_millicores(c)
+                .map_err(|e| anyhow::anyhow!("--leader-cpu {c:?}: {e}"))?;
+        }
+        self.leader_cpu = cpu.map(str::to_owned);
+        Ok(self)
     }
 
     /// Checks `--leader-arg`: each a master flag, `-name=value`.
@@ -175,8 +188,13 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
         conditions,
         engine_env,
         leader_args,
+        leader_cpu,
     } = plan;
     let rig = engine_rig::up("bench-prefix", |backend| {
+        if let Some(cpu) = leader_cpu {
+            backend["spec"]["connection"]["managed"]["leader"]["resources"]["requests"]["cpu"] =
+                cpu.into();
+        }
         if !leader_args.is_empty() {
             backend["spec"]["connection"]["managed"]["leader"]["extraArgs"] = leader_args.into();
         }

@@ -124,6 +124,9 @@ enum BenchKind {
         /// `leader.extraArgs`); repeat for more.
         #[arg(long, allow_hyphen_values = true)]
         leader_arg: Vec<String>,
+        /// The store leader's CPU request in place of the rig's (250m), as `500m`.
+        #[arg(long)]
+        leader_cpu: Option<String>,
     },
     /// The admission webhook's cost: Binding and injected Pod creates through the API server
     /// with and without the webhook registered, and the handler's own latency.
@@ -236,10 +239,12 @@ fn bench(which: BenchKind) -> anyhow::Result<()> {
             conditions,
             engine_env,
             leader_arg,
+            leader_cpu,
         } => {
             let plan = prefix::Plan::new(&lengths, prompts, &models, get_rate, &conditions)?
                 .with_engine_env(&engine_env)?
-                .with_leader_args(&leader_arg)?;
+                .with_leader_args(&leader_arg)?
+                .with_leader_cpu(leader_cpu.as_deref())?;
             Box::new(move || prefix::prefix(plan))
         }
         BenchKind::Rollout { runs } => Box::new(move || rollout::rollout(runs)),
