@@ -599,5 +599,7 @@ mod tests {
                 .with_leader_args(&strings(&["client_ttl=30"]))
                 .is_err()
         );
+        assert!(plan().with_leader_cpu(Some("500m")).is_ok());
+        assert!(plan().with_leader_cpu(Some("half a core")).is_err());
     }
 }

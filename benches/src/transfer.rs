@@ -504,9 +504,9 @@ async fn cpu_now(
 }
 
 /// Per object size, a pass of [`CPU_PASS_BYTES`] with the rendered setting (one `put` and one
-/// `get` per object), idle, the CPU
-/// read from the Pods' cgroups before and after; an empty pass first (the client's start, its
-/// mount on the master, the store's background work over as long) is taken off each.
+/// `get` per object), idle, the CPU read from the Pods' cgroups before and after; an empty pass
+/// first (the client's start, its mount on the master, the store's background work over as
+/// long) is taken off each.
 async fn cpu_cost(
     client: &kube::Client,
     (api, probe): (&Api<Pod>, &str),

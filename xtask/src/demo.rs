@@ -225,9 +225,9 @@ fn count_buckets(dir: &Path) -> usize {
 
 /// The walkthrough's manifests at demo size, one file per step, its model served by the real
 /// vLLM: the tiny model directory in the engine image (dummy weights, no tokenizer, computing
-/// in the domain's bfloat16), vLLM 0.32.0 (the image's version, on the store's client line), 500m and 4Gi per
-/// replica, and the domain's block size spelled for it (vLLM on CPU refuses 16-token blocks:
-/// `blockSize: 32`; the walkthrough's `dtype: bfloat16` stays).
+/// in the domain's bfloat16), vLLM 0.32.0 (the image's version, on the store's client line),
+/// 500m and 4Gi per replica, and the domain's block size spelled for it (vLLM on CPU refuses
+/// 16-token blocks: `blockSize: 32`; the walkthrough's `dtype: bfloat16` stays).
 fn manifests(out: &Path) -> anyhow::Result<PathBuf> {
     use kvcache_e2e::engine;
     let from = crate::crds::root().join("examples/walkthrough");
