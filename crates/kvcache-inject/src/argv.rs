@@ -43,6 +43,16 @@ pub fn find(argv: &[String], flag: &str, row: &EngineRow) -> Option<usize> {
     argv.iter().position(|t| sets(t, flag, row))
 }
 
+/// The value the last token setting `flag` gives it (`--flag value` or `--flag=value`), as the
+/// parser keeps the last; `None` when no token sets it or the last one has no value.
+pub fn value_of<'a>(argv: &'a [String], flag: &str, row: &EngineRow) -> Option<&'a str> {
+    let i = argv.iter().rposition(|t| sets(t, flag, row))?;
+    match argv[i].split_once('=') {
+        Some((_, v)) => Some(v),
+        None => argv.get(i + 1).map(String::as_str),
+    }
+}
+
 /// What runs in the container, once transparent launchers are stripped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {

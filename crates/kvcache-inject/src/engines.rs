@@ -230,6 +230,9 @@ pub static ENGINES: &[EngineRow] = &[
 /// The `--kv-cache-dtype` flag, owned on attached containers while the dtype setting is on.
 pub(crate) const DTYPE_FLAG: &str = "--kv-cache-dtype";
 
+/// The flag naming the dtype the model computes in, the same in every engine of [`ENGINES`].
+pub(crate) const COMPUTE_DTYPE_FLAG: &str = "--dtype";
+
 /// Names reserved on ModelDeployment roles at every size.
 pub(crate) const RESERVED_ENV: &[&str] = &[
     "GPUSTACK_REPLICA_LEADER_ADDRESS",

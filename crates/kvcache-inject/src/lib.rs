@@ -19,7 +19,7 @@ use kvcache_api::backend::Protocol;
 use kvcache_api::model::RoleKind;
 use serde::Serialize;
 
-use engines::{DTYPE_FLAG, ENGINES, EngineRow, RESERVED_ENV, Vehicle};
+use engines::{COMPUTE_DTYPE_FLAG, DTYPE_FLAG, ENGINES, EngineRow, RESERVED_ENV, Vehicle};
 use versions::Pairing;
 
 /// The Pod annotation holding the rendered client document (vLLM family).
@@ -388,15 +388,14 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
     };
     check_dtype(req)?;
     let (protocol, mut warnings) = protocol(req)?;
+    warnings.extend(compute_dtype_warning(
+        row,
+        &user_args(req.container),
+        req.dtype,
+        req.dtype_owned,
+    ));
     warnings.extend(version_warning(req)?);
-    let user_argv: Vec<String> = req
-        .container
-        .command
-        .iter()
-        .flatten()
-        .chain(req.container.args.iter().flatten())
-        .cloned()
-        .collect();
+    let user_argv = user_args(req.container);
     let launch = launch_of(req)?;
     refuse_owned(req, &user_argv)?;
     let mut delivery = match row.vehicle {
@@ -536,6 +535,55 @@ impl std::fmt::Display for Setting<'_> {
 
 /// The variable through which SGLang's store client takes its tenant.
 const TENANT_ENV: &str = "MOONCAKE_TENANT_ID";
+
+/// A container's command line as written: its command, then its arguments.
+fn user_args(container: &Container) -> Vec<String> {
+    container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten())
+        .cloned()
+        .collect()
+}
+
+/// A float dtype in one spelling (`half` and `float16`, `bf16` and `bfloat16`, `float` and
+/// `float32` name one type); `None` for `auto` and for what is not a plain float type (the fp8
+/// and fp4 cache types, which engines convert to on purpose).
+fn float_type(dtype: &str) -> Option<&'static str> {
+    match dtype.trim().to_ascii_lowercase().as_str() {
+        "half" | "float16" | "fp16" => Some("float16"),
+        "bf16" | "bfloat16" => Some("bfloat16"),
+        "float" | "float32" | "fp32" => Some("float32"),
+        _ => None,
+    }
+}
+
+/// A warning when the container's `--dtype` (what the model computes in) names another float
+/// type than the KV cache dtype the injection hands the engine (the Binding's
+/// `spec.domain.dtype`, when the operator owns it). Such a pairing is not a conversion every
+/// engine makes: vLLM 0.32.0 on CPU sizes its cache by `--kv-cache-dtype` and writes blocks in
+/// the model's dtype, past the end of the cache for a wider type (the crash traced in
+/// `crates/kvcache-operator/README.md`, "The prefix benchmark"). `auto` and an absent flag are
+/// not judged: the model's own configuration decides, which the operator cannot read.
+pub fn compute_dtype_warning(
+    row: &EngineRow,
+    argv: &[String],
+    kv_dtype: &str,
+    dtype_owned: bool,
+) -> Option<String> {
+    if !dtype_owned {
+        return None;
+    }
+    let given = argv::value_of(argv, COMPUTE_DTYPE_FLAG, row)?;
+    let (compute, cache) = (float_type(given)?, float_type(kv_dtype)?);
+    (compute != cache).then(|| {
+        format!(
+            "{} computes in {compute} ({COMPUTE_DTYPE_FLAG} {given}) but is handed {DTYPE_FLAG} {kv_dtype} (the Binding's spec.domain.dtype): a KV cache of another float type than the model's is not converted by every engine (vLLM 0.32.0 on CPU writes {compute} blocks into a cache sized for {kv_dtype}, corrupting memory), and the blocks it shares would not be the domain's dtype; run the model with {COMPUTE_DTYPE_FLAG} {kv_dtype}, or attach it through a Binding whose spec.domain.dtype is {compute}",
+            row.name
+        )
+    })
+}
 
 /// The Binding must be named, and in the container's own namespace.
 fn check_binding(binding: &str) -> Result<(), Error> {

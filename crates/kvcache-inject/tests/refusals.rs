@@ -424,3 +424,59 @@ fn a_setting_equal_to_the_injected_one_as_the_api_server_stores_it_is_no_choice(
         "a value read from a ConfigMap, Secret or resource",
     );
 }
+
+#[test]
+fn a_model_dtype_other_than_the_domains_is_admitted_with_a_warning_naming_both() {
+    let serve = ["vllm", "serve", "/models/m"];
+    let warnings_for = |args: &[&str], owned: bool| {
+        let c = container(&serve, args);
+        let mut r = walkthrough(vllm(), &c);
+        r.dtype_owned = owned;
+        let injection = inject(&r).expect("a dtype pairing is admitted");
+        injection
+            .warnings
+            .into_iter()
+            .filter(|w| w.contains("--kv-cache-dtype bfloat16"))
+            .collect::<Vec<_>>()
+    };
+    // float32 against the walkthrough's bfloat16 domain, in both spellings of the value.
+    for args in [&["--dtype", "float32"][..], &["--dtype=float"][..]] {
+        let w = warnings_for(args, true);
+        assert_eq!(w.len(), 1, "{args:?}: {w:?}");
+        assert!(w[0].contains("computes in float32"), "{}", w[0]);
+        assert!(
+            w[0].contains("run the model with --dtype bfloat16"),
+            "{}",
+            w[0]
+        );
+    }
+    // The last --dtype wins, as the engine's parser keeps it.
+    assert_eq!(
+        warnings_for(&["--dtype", "float16", "--dtype", "half"], true).len(),
+        1
+    );
+    assert!(warnings_for(&["--dtype", "float16", "--dtype", "bf16"], true).is_empty());
+    // The domain's own dtype, auto, an absent flag and a dtype the operator does not own are
+    // not judged.
+    for args in [
+        &["--dtype", "bfloat16"][..],
+        &["--dtype", "auto"][..],
+        &[][..],
+    ] {
+        assert!(warnings_for(args, true).is_empty(), "{args:?}");
+    }
+    assert!(warnings_for(&["--dtype", "float32"], false).is_empty());
+    // A quantised cache type is a conversion engines make on purpose.
+    let c = container(&serve, &["--dtype", "bfloat16"]);
+    let mut r = walkthrough(vllm(), &c);
+    r.dtype = "fp8_e4m3";
+    let injection = inject(&r).expect("admitted");
+    assert!(
+        injection
+            .warnings
+            .iter()
+            .all(|w| !w.contains("computes in")),
+        "{:?}",
+        injection.warnings
+    );
+}

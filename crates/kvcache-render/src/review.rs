@@ -286,6 +286,41 @@ fn transport_rule(
         .collect()
 }
 
+/// The compute dtype of each attached, non-take-over role against its Binding's
+/// `spec.domain.dtype` (`kvcache_inject::compute_dtype_warning`): warnings, judged when the
+/// Binding is among the others (creation order is free).
+fn dtype_warnings(
+    md: &kvcache_api::ModelDeployment,
+    world: &World,
+    settings: &Settings,
+) -> Vec<String> {
+    let Some(kv) = &md.spec.kv_cache else {
+        return Vec::new();
+    };
+    let ns = md.metadata.namespace.as_deref().unwrap_or("default");
+    let (Some(binding), Ok(row)) = (
+        world.chain(ns, &kv.pool_ref.name).binding,
+        kvcache_inject::engines::row(md.spec.engine.name, None),
+    ) else {
+        return Vec::new();
+    };
+    md.spec
+        .roles
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.command.is_empty())
+        .filter_map(|(i, r)| {
+            kvcache_inject::compute_dtype_warning(
+                row,
+                &r.extra_args,
+                &binding.spec.domain.dtype,
+                settings.kv_cache_dtype_owned,
+            )
+            .map(|w| format!("spec.roles[{i}].extraArgs: {w}"))
+        })
+        .collect()
+}
+
 /// Whether a role is new (no `old` deployment, or no role of that name in it) or `changed`
 /// says what the rule reads of it moved since `old` (a rule re-runs only for those:
 /// docs/design.md#rejudged-roles).
@@ -378,6 +413,7 @@ pub fn review(
         Mode::Create
     };
     let mut refusals = Vec::new();
+    let mut warnings = verdict.warnings;
     if let Object::ModelDeployment(md) = object {
         refusals.extend(role_keys(md, settings));
         let previous = match old {
@@ -387,6 +423,7 @@ pub fn review(
         let world = World::from_objects(others);
         refusals.extend(transport_rule(md, previous, &world));
         refusals.extend(interface_rule(md, previous, &world));
+        warnings.extend(dtype_warnings(md, &world, settings));
     }
     if let Object::Backend(b) = object {
         let previous = match old {
@@ -396,7 +433,6 @@ pub fn review(
         refusals.extend(store_image_rule(b, previous, settings));
         refusals.extend(oplog_image_rule(b, previous, settings));
     }
-    let mut warnings = verdict.warnings;
     // The object is judged last among the others, so a name it claims that another holds is
     // its duplicate, not the other's.
     let mut all: Vec<Object> = others

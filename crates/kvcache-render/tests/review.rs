@@ -268,3 +268,41 @@ fn fabric_interfaces_need_one_managed_rdma_or_efa_protocol_across_the_pool() {
     );
     assert!(!r.allowed(), "{r:?}");
 }
+
+fn model_computing_in(dtype: &str) -> Object {
+    object(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "ModelDeployment",
+        "metadata": {"name": "chat", "namespace": "team"},
+        "spec": {"model": {"name": "m"}, "engine": {"name": "vLLM", "version": "0.29.0"},
+                 "kvCache": {"poolRef": {"name": "b"}},
+                 "roles": [{"name": "server", "instanceType": "it",
+                            "extraArgs": ["--dtype", dtype]}]}
+    }))
+}
+
+#[test]
+fn a_role_computing_in_another_dtype_than_its_domain_is_admitted_with_a_warning() {
+    let settings = Settings::default();
+    let world = world(&["TCP"], "nvidia");
+    let r = review(&model_computing_in("float32"), None, &world, &[], &settings);
+    assert!(r.allowed(), "{r:?}");
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.starts_with("spec.roles[0].extraArgs: ")
+                && w.contains("computes in float32")
+                && w.contains("--kv-cache-dtype bfloat16")),
+        "{r:?}"
+    );
+    // The domain's dtype: no warning. No Binding among the objects: not judged.
+    let r = review(
+        &model_computing_in("bfloat16"),
+        None,
+        &world,
+        &[],
+        &settings,
+    );
+    assert!(r.warnings.is_empty(), "{r:?}");
+    let r = review(&model_computing_in("float32"), None, &[], &[], &settings);
+    assert!(r.warnings.is_empty(), "{r:?}");
+}
