@@ -87,6 +87,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// Each member's segment: the walkthrough's demo size (256Mi, 512 MiB in all) filled during a
+/// run of four lengths quiet and busy (the timed prompts write about 360 MiB quiet, the busy
+/// streams 8 MiB a prompt), and a store that evicts cannot tell a hit from an eviction: the
+/// writer's timed prompt would never show as new keys. Two members of 1Gi hold a whole run.
+const CAPACITY_PER_MEMBER: &str = "1Gi";
+
 /// What `cargo xtask bench prefix` runs: its arguments, checked before anything is installed
 /// or started.
 pub struct Plan {
@@ -191,6 +197,13 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
         leader_cpu,
     } = plan;
     let rig = engine_rig::up("bench-prefix", |backend| {
+        for g in backend["spec"]["connection"]["managed"]["members"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            g["capacityPerMember"] = CAPACITY_PER_MEMBER.into();
+        }
         if let Some(cpu) = leader_cpu {
             backend["spec"]["connection"]["managed"]["leader"]["resources"]["requests"]["cpu"] =
                 cpu.into();
@@ -313,6 +326,10 @@ struct Reader {
     load_bytes: f64,
     load_failed_keys: f64,
     load_errors: f64,
+    /// vLLM's own split of a request's time, seconds: waiting to be scheduled (a request
+    /// whose blocks load from the store waits there), then scheduled to its first token.
+    queue_seconds: f64,
+    prefill_seconds: f64,
 }
 
 /// The sum of the samples of `name` whose labels hold every `want` pair.
@@ -359,6 +376,8 @@ async fn reader(client: &kube::Client, pod: &str) -> Result<Reader, kvcache_e2e:
             &format!("{op}_total"),
             &[("operation", LOAD), ("status", "error")],
         ),
+        queue_seconds: sum(&text, "vllm:request_queue_time_seconds_sum", &[]),
+        prefill_seconds: sum(&text, "vllm:request_prefill_time_seconds_sum", &[]),
     })
 }
 
@@ -485,9 +504,11 @@ async fn measure(
                     && after.load_errors == before.load_errors;
                 if whole {
                     println!(
-                        "{model} {condition} {tokens}: a hit in {t:.2} s, its load {:.3} s for {:.1} MiB",
+                        "{model} {condition} {tokens}: a hit in {t:.2} s, its load {:.3} s for {:.1} MiB; vLLM's split: queued {:.3} s, scheduled to first token {:.3} s",
                         after.load_seconds - before.load_seconds,
-                        (after.load_bytes - before.load_bytes) / f64::from(1 << 20)
+                        (after.load_bytes - before.load_bytes) / f64::from(1 << 20),
+                        after.queue_seconds - before.queue_seconds,
+                        after.prefill_seconds - before.prefill_seconds
                     );
                     hit.push(t);
                     bytes.push(after.load_bytes - before.load_bytes);
