@@ -577,12 +577,26 @@ pub fn compute_dtype_warning(
     }
     let given = argv::value_of(argv, COMPUTE_DTYPE_FLAG, row)?;
     let (compute, cache) = (float_type(given)?, float_type(kv_dtype)?);
-    (compute != cache).then(|| {
+    if compute == cache {
+        return None;
+    }
+    // A wider compute type writes past the end of a cache sized for the narrower one.
+    let harm = if compute == "float32" {
         format!(
-            "{} computes in {compute} ({COMPUTE_DTYPE_FLAG} {given}) but is handed {DTYPE_FLAG} {kv_dtype} (the Binding's spec.domain.dtype): a KV cache of another float type than the model's is not converted by every engine (vLLM 0.32.0 on CPU writes {compute} blocks into a cache sized for {kv_dtype}, corrupting memory), and the blocks it shares would not be the domain's dtype; run the model with {COMPUTE_DTYPE_FLAG} {kv_dtype}, or attach it through a Binding whose spec.domain.dtype is {compute}",
-            row.name
+            "vLLM 0.32.0 on CPU writes {compute} blocks into a cache sized for {cache}, past its end"
         )
-    })
+    } else {
+        format!("vLLM 0.32.0 on CPU stores {compute} blocks in a cache read as {cache}")
+    };
+    let binding = if row.dtypes.iter().any(|d| float_type(d) == Some(compute)) {
+        format!(", or attach it through a Binding whose spec.domain.dtype is {compute}")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{} computes in {compute} ({COMPUTE_DTYPE_FLAG} {given}) but is handed {DTYPE_FLAG} {kv_dtype} (the Binding's spec.domain.dtype): a KV cache of another float type than the model's is not converted by every engine ({harm}), and the blocks it shares would not be the domain's dtype; run the model with {COMPUTE_DTYPE_FLAG} {cache}{binding}",
+        row.name
+    ))
 }
 
 /// The Binding must be named, and in the container's own namespace.

@@ -298,11 +298,17 @@ fn dtype_warnings(
         return Vec::new();
     };
     let ns = md.metadata.namespace.as_deref().unwrap_or("default");
-    let (Some(binding), Ok(row)) = (
-        world.chain(ns, &kv.pool_ref.name).binding,
-        kvcache_inject::engines::row(md.spec.engine.name, None),
-    ) else {
+    let Some(binding) = world.chain(ns, &kv.pool_ref.name).binding else {
         return Vec::new();
+    };
+    // vLLM-Ascend where the role's InstanceType is made by ascend, as the transport rule reads.
+    let manufacturer = |instance_type: &str| {
+        world
+            .instance_types()
+            .find(|it| it.metadata.name.as_deref() == Some(instance_type))
+            .and_then(|it| it.spec.accelerator.as_ref())
+            .and_then(|a| a.manufacturer.clone())
+            .filter(|m| m == "ascend")
     };
     md.spec
         .roles
@@ -310,6 +316,8 @@ fn dtype_warnings(
         .enumerate()
         .filter(|(_, r)| r.command.is_empty())
         .filter_map(|(i, r)| {
+            let m = manufacturer(&r.instance_type);
+            let row = kvcache_inject::engines::row(md.spec.engine.name, m.as_deref()).ok()?;
             kvcache_inject::compute_dtype_warning(
                 row,
                 &r.extra_args,
