@@ -238,6 +238,22 @@ fn store_of<'a>(
     Some((backend, protocols))
 }
 
+/// The engine row a role runs: vLLM-Ascend where its InstanceType's accelerator is made by
+/// `ascend`, otherwise the deployment's engine; `None` for a pairing no row serves.
+fn role_engine(
+    md: &kvcache_api::ModelDeployment,
+    role: &kvcache_api::model::Role,
+    world: &World,
+) -> Option<&'static kvcache_inject::engines::EngineRow> {
+    let ascend = world
+        .instance_types()
+        .find(|it| it.metadata.name.as_deref() == Some(role.instance_type.as_str()))
+        .and_then(|it| it.spec.accelerator.as_ref())
+        .and_then(|a| a.manufacturer.as_deref())
+        .filter(|m| *m == "ascend");
+    kvcache_inject::engines::row(md.spec.engine.name, ascend).ok()
+}
+
 /// The pool transports a ModelDeployment's roles would use (docs/design.md#pool-transport): for a
 /// new deployment with `kvCache`, and on an update for the roles whose InstanceType or take-over
 /// command moved (docs/design.md#rejudged-roles), each attached role's engine (vLLM-Ascend when its
@@ -251,13 +267,6 @@ fn transport_rule(
     let (Some(kv), Some((backend, protocols))) = (&md.spec.kv_cache, store_of(md, world)) else {
         return Vec::new();
     };
-    let manufacturer = |instance_type: &str| {
-        world
-            .instance_types()
-            .find(|it| it.metadata.name.as_deref() == Some(instance_type))
-            .and_then(|it| it.spec.accelerator.as_ref())
-            .and_then(|a| a.manufacturer.clone())
-    };
     md.spec
         .roles
         .iter()
@@ -269,8 +278,7 @@ fn transport_rule(
             })
         })
         .filter_map(|(i, r)| {
-            let m = manufacturer(&r.instance_type).filter(|m| m == "ascend");
-            let row = kvcache_inject::engines::row(md.spec.engine.name, m.as_deref()).ok()?;
+            let row = role_engine(md, r, world)?;
             kvcache_inject::store_protocol(row, &protocols)
                 .err()
                 .map(|e| Refusal {
@@ -301,23 +309,13 @@ fn dtype_warnings(
     let Some(binding) = world.chain(ns, &kv.pool_ref.name).binding else {
         return Vec::new();
     };
-    // vLLM-Ascend where the role's InstanceType is made by ascend, as the transport rule reads.
-    let manufacturer = |instance_type: &str| {
-        world
-            .instance_types()
-            .find(|it| it.metadata.name.as_deref() == Some(instance_type))
-            .and_then(|it| it.spec.accelerator.as_ref())
-            .and_then(|a| a.manufacturer.clone())
-            .filter(|m| m == "ascend")
-    };
     md.spec
         .roles
         .iter()
         .enumerate()
         .filter(|(_, r)| r.command.is_empty())
         .filter_map(|(i, r)| {
-            let m = manufacturer(&r.instance_type);
-            let row = kvcache_inject::engines::row(md.spec.engine.name, m.as_deref()).ok()?;
+            let row = role_engine(md, r, world)?;
             kvcache_inject::compute_dtype_warning(
                 row,
                 &r.extra_args,

@@ -185,15 +185,20 @@ fn a_new_deployment_on_a_pool_of_mixed_or_unusable_protocols_is_refused_naming_e
     assert!(r.allowed(), "{r:?}");
 }
 
-fn model_with_interfaces(n: i64) -> Object {
+/// A vLLM deployment on Binding `b` whose one role is `role`.
+fn model_with_role(role: serde_json::Value) -> Object {
     object(serde_json::json!({
         "apiVersion": "worker.gpustack.ai/v1", "kind": "ModelDeployment",
         "metadata": {"name": "chat", "namespace": "team"},
         "spec": {"model": {"name": "m"}, "engine": {"name": "vLLM", "version": "0.29.0"},
                  "kvCache": {"poolRef": {"name": "b"}},
-                 "roles": [{"name": "server", "instanceType": "it",
-                            "resources": {"accelerator": 1, "interface": n}}]}
+                 "roles": [role]}
     }))
+}
+
+fn model_with_interfaces(n: i64) -> Object {
+    model_with_role(serde_json::json!({"name": "server", "instanceType": "it",
+                                       "resources": {"accelerator": 1, "interface": n}}))
 }
 
 #[test]
@@ -270,14 +275,8 @@ fn fabric_interfaces_need_one_managed_rdma_or_efa_protocol_across_the_pool() {
 }
 
 fn model_computing_in(dtype: &str) -> Object {
-    object(serde_json::json!({
-        "apiVersion": "worker.gpustack.ai/v1", "kind": "ModelDeployment",
-        "metadata": {"name": "chat", "namespace": "team"},
-        "spec": {"model": {"name": "m"}, "engine": {"name": "vLLM", "version": "0.29.0"},
-                 "kvCache": {"poolRef": {"name": "b"}},
-                 "roles": [{"name": "server", "instanceType": "it",
-                            "extraArgs": ["--dtype", dtype]}]}
-    }))
+    model_with_role(serde_json::json!({"name": "server", "instanceType": "it",
+                                       "extraArgs": ["--dtype", dtype]}))
 }
 
 #[test]
