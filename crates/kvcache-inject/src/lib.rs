@@ -388,14 +388,14 @@ pub fn inject(req: &Request<'_>) -> Result<Injection, Error> {
     };
     check_dtype(req)?;
     let (protocol, mut warnings) = protocol(req)?;
+    let user_argv = user_args(req.container);
     warnings.extend(compute_dtype_warning(
         row,
-        &user_args(req.container),
+        &user_argv,
         req.dtype,
         req.dtype_owned,
     ));
     warnings.extend(version_warning(req)?);
-    let user_argv = user_args(req.container);
     let launch = launch_of(req)?;
     refuse_owned(req, &user_argv)?;
     let mut delivery = match row.vehicle {
