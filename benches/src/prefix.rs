@@ -90,7 +90,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Each member's segment: the walkthrough's demo size (256Mi, 512 MiB in all) filled during a
 /// run of four lengths quiet and busy (the timed prompts write about 360 MiB quiet, the busy
 /// streams 8 MiB a prompt), and a store that evicts cannot tell a hit from an eviction: the
-/// writer's timed prompt would never show as new keys. Two members of 1Gi hold a whole run.
+/// writer's timed prompt would never show as new keys. Two members of 1Gi held the run of
+/// 2026-12-05 through its busy 1,024-token phase (it stopped at 2,048 for another cause).
 const CAPACITY_PER_MEMBER: &str = "1Gi";
 
 /// What `cargo xtask bench prefix` runs: its arguments, checked before anything is installed
