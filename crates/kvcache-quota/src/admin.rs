@@ -266,6 +266,36 @@ pub fn decode_removed(status: u16, body: &str) -> Result<u64, AdminError> {
         })
 }
 
+/// The Bindings whose ceilings a pass must write: one per tenant (the first Binding naming it;
+/// a raced duplicate claim is reported elsewhere, not written twice), and of those only the
+/// ones the ledger does not already hold as the tenant's explicit policy. `listed` is `None`
+/// when the ledger was not read, and then every tenant is written.
+///
+/// Rewriting an unchanged ceiling is not free: the master's policy update closes every
+/// tenant's admission until it has recomputed the grants, and a put arriving in between fails
+/// with `TENANT_NOT_REGISTERED` (Mooncake's `TenantQuotaTable::ApplyTenantPolicies`). Writing
+/// every ceiling on every pass failed 2 of 4,096 puts of an idle client between two passes
+/// (crates/kvcache-operator/README.md, "TCP transport").
+pub fn ceilings_to_write<'a>(
+    listed: Option<&[TenantEntry]>,
+    views: &'a [crate::status::BindingView],
+) -> Vec<&'a crate::status::BindingView> {
+    let mut seen = std::collections::BTreeSet::new();
+    views
+        .iter()
+        .filter(|v| seen.insert(v.tenant.as_str()))
+        .filter(|v| {
+            !listed.is_some_and(|entries| {
+                entries.iter().any(|e| {
+                    e.tenant_id == v.tenant
+                        && e.has_explicit_policy
+                        && e.requested_quota_bytes == v.ceiling_bytes
+                })
+            })
+        })
+        .collect()
+}
+
 /// A ledger request the master did not answer: which request, and why no answer came.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("no answer to {method} {url}: {cause}")]
@@ -373,6 +403,60 @@ impl From<AdminError> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status::BindingView;
+
+    fn view(binding: &str, tenant: &str, ceiling_bytes: u64) -> BindingView {
+        BindingView {
+            binding: binding.into(),
+            tenant: tenant.into(),
+            ceiling_bytes,
+        }
+    }
+
+    fn held(tenant: &str, bytes: u64, explicit: bool) -> TenantEntry {
+        TenantEntry {
+            tenant_id: tenant.into(),
+            requested_quota_bytes: bytes,
+            has_explicit_policy: explicit,
+            ..TenantEntry::default()
+        }
+    }
+
+    #[test]
+    fn only_ceilings_the_ledger_does_not_hold_are_written() {
+        let views = [
+            view("a/kept", "team-a", 1 << 30),
+            view("b/raised", "team-b", 2 << 30),
+            view("c/new", "team-c", 1 << 30),
+            view("d/orphan", "team-d", 1 << 30),
+            view("a/second", "team-a", 4 << 30),
+        ];
+        let listed = [
+            held("team-a", 1 << 30, true),
+            held("team-b", 1 << 30, true),
+            // Charged bytes left after its policy went: the ceiling is not in force.
+            held("team-d", 1 << 30, false),
+        ];
+        let due: Vec<&str> = ceilings_to_write(Some(&listed), &views)
+            .iter()
+            .map(|v| v.binding.as_str())
+            .collect();
+        assert_eq!(due, ["b/raised", "c/new", "d/orphan"]);
+    }
+
+    #[test]
+    fn an_unread_ledger_gets_every_tenant_once() {
+        let views = [
+            view("a/one", "team-a", 1),
+            view("a/two", "team-a", 2),
+            view("b/one", "team-b", 1),
+        ];
+        let due: Vec<&str> = ceilings_to_write(None, &views)
+            .iter()
+            .map(|v| v.binding.as_str())
+            .collect();
+        assert_eq!(due, ["a/one", "b/one"]);
+    }
 
     #[test]
     fn requests_are_what_the_master_expects() {

@@ -77,7 +77,9 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
         .await;
 }
 
-/// Reads the ledger and pushes ceilings. Returns the listing, the push outcome and capacity.
+/// Reads the ledger and pushes the ceilings it does not hold yet
+/// ([`admin::ceilings_to_write`]), reading it again after a write. Returns the listing, the
+/// push outcome and capacity.
 async fn ledger_pass(
     store: &StoreClient,
     admin: &str,
@@ -85,15 +87,23 @@ async fn ledger_pass(
     push: bool,
 ) -> (Outcome, Option<PolicyWrite>, Option<u64>) {
     let capacity = store.capacity(admin).await;
+    let list = || async {
+        Outcome::from_list(
+            store
+                .ledger(admin, &Request::List, admin::decode_list)
+                .await,
+        )
+    };
+    let mut listed = list().await;
     let mut write = None;
     if push {
-        let mut pushed = BTreeSet::new();
+        let held = match &listed {
+            Outcome::Listed(entries) => Some(entries.as_slice()),
+            _ => None,
+        };
+        let due = admin::ceilings_to_write(held, views);
         let mut problems = Vec::new();
-        for v in views {
-            // One ceiling per tenant: a raced duplicate claim is reported, not pushed twice.
-            if !pushed.insert(v.tenant.clone()) {
-                continue;
-            }
+        for v in &due {
             let req = Request::Upsert {
                 tenant: v.tenant.clone(),
                 bytes: v.ceiling_bytes,
@@ -116,12 +126,10 @@ async fn ledger_pass(
         } else {
             PolicyWrite::Refused(problems)
         });
+        if !due.is_empty() {
+            listed = list().await;
+        }
     }
-    let listed = Outcome::from_list(
-        store
-            .ledger(admin, &Request::List, admin::decode_list)
-            .await,
-    );
     (listed, write, capacity)
 }
 
