@@ -102,3 +102,28 @@ pub fn pod_cpu_seconds(pod: &k8s_openapi::api::core::v1::Pod) -> Result<f64, kvc
         .map(|ns| ns as f64 / 1e9)
         .map_err(|e| missing(&format!("{}: {e}", file.display())))
 }
+
+/// Every engine's and store Pod's log (the master's and the members' account of the same
+/// moments), written under `to`.
+pub async fn keep_logs(client: &kube::Client, to: &std::path::Path) {
+    let _ = std::fs::create_dir_all(to);
+    for ns in [TEAM, NS] {
+        let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(client.clone(), ns);
+        let Ok(list) = api.list(&Default::default()).await else {
+            continue;
+        };
+        for p in &list.items {
+            let name = kvcache_e2e::pods::name_of(p).to_owned();
+            let containers: Vec<String> = match &p.spec {
+                Some(spec) => spec.containers.iter().map(|c| c.name.clone()).collect(),
+                None => Vec::new(),
+            };
+            for container in containers {
+                if let Ok(text) = kvcache_e2e::pods::logs(&api, &name, Some(&container)).await {
+                    let _ = std::fs::write(to.join(format!("{name}-{container}.log")), text);
+                }
+            }
+        }
+    }
+}

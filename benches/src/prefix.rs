@@ -238,7 +238,7 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
             )
             .await;
             if result.is_err() {
-                keep_logs(&client, &logs).await;
+                engine_rig::keep_logs(&client, &logs).await;
             }
             Ok((got, result))
         })?;
@@ -259,30 +259,6 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
     print_rows(&rows, get_rate_mbs);
     println!("engine logs: {}", rig.dir.display());
     Ok(())
-}
-
-/// Every engine's and store Pod's log (the master's and the members' account of the same
-/// moments), written under `to`.
-async fn keep_logs(client: &kube::Client, to: &std::path::Path) {
-    let _ = std::fs::create_dir_all(to);
-    for ns in [TEAM, NS] {
-        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-        let Ok(list) = api.list(&Default::default()).await else {
-            continue;
-        };
-        for p in &list.items {
-            let name = pods::name_of(p).to_owned();
-            let containers: Vec<String> = match &p.spec {
-                Some(spec) => spec.containers.iter().map(|c| c.name.clone()).collect(),
-                None => Vec::new(),
-            };
-            for container in containers {
-                if let Ok(text) = pods::logs(&api, &name, Some(&container)).await {
-                    let _ = std::fs::write(to.join(format!("{name}-{container}.log")), text);
-                }
-            }
-        }
-    }
 }
 
 /// The measured rows as the README's table.
@@ -555,7 +531,7 @@ async fn measure(
         }
     }
     // The engines' own account of every load and save, kept beside the figures.
-    keep_logs(client, logs).await;
+    engine_rig::keep_logs(client, logs).await;
     for (name, _) in ENGINES {
         walkthrough::remove_model(client, TEAM, name, WAIT).await?;
     }

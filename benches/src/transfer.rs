@@ -61,7 +61,9 @@ const CPU_PASS_BYTES: usize = 256 << 20;
 /// each socket read and write moves (64 KiB), and the per-peer queue (1024 slices; past it and
 /// its 1024-entry overflow a burst is refused as queue-full). `PASS_API=batch` is the pass's own:
 /// the engines' way of calling the client (below) instead of one copying call per object.
-pub const VARIANTS: [(&str, &[(&str, &str)]); 6] = [
+/// `MC_TCP_PROGRESS_TIMEOUT_SEC` (30 s) is how long a connection may make no progress before
+/// its transfer fails: shorter turns a stall into a failure (a recompute in an engine) sooner.
+pub const VARIANTS: [(&str, &[(&str, &str)]); 7] = [
     ("0.3.13 defaults", &[]),
     ("pool off", &[("MC_TCP_ENABLE_CONNECTION_POOL", "0")]),
     ("8 lanes", &[("MC_TCP_LANES_PER_PEER", "8")]),
@@ -75,6 +77,13 @@ pub const VARIANTS: [(&str, &[(&str, &str)]); 6] = [
         &[
             ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535"),
             ("PASS_API", "batch"),
+        ],
+    ),
+    (
+        "rendered, progress timeout 5 s",
+        &[
+            ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535"),
+            ("MC_TCP_PROGRESS_TIMEOUT_SEC", "5"),
         ],
     ),
 ];
@@ -95,6 +104,9 @@ rc = store.setup({"local_hostname": host, "metadata_server": "P2PHANDSHAKE", "gl
                   "local_buffer_size": 256 << 20, "protocol": "tcp", "rdma_devices": "", "master_server_addr": master})
 if rc != 0:
     print(json.dumps({"error": f"setup returned {rc}"})); sys.exit(1)
+# Earlier passes' objects go first (those read within their lease stay): a store that filled
+# would evict objects between their put and their get, and count as failed gets.
+store.remove_by_regex("^xfer-")
 engines = os.environ.get("PASS_API") == "batch"
 if engines:
     room = max([size * count for size, count in plan] + [1])
@@ -118,13 +130,16 @@ for size, count in plan:
         t = time.perf_counter()
         read = [n for r in chunks for n in store.batch_get_into([keys[i] for i in r], [ptrs[i] for i in r], [size] * len(r))]
         get_s = time.perf_counter() - t
-        got_failed = sum(1 for i, n in enumerate(read) if n != size or ctypes.string_at(ptrs[i], size) != data)
+        bad = [i for i, n in enumerate(read) if n != size or ctypes.string_at(ptrs[i], size) != data]
     else:
         t = time.perf_counter(); codes = [store.put(k, data) for k in keys]; put_s = time.perf_counter() - t
         t = time.perf_counter(); got = [store.get(k) for k in keys]; get_s = time.perf_counter() - t
-        got_failed = sum(1 for g in got if len(g) != size or g != data)
+        bad = [i for i, g in enumerate(got) if len(g) != size or g != data]
+    # A failed get of an object the master no longer lists lost the object (evicted, removed);
+    # of one it still lists, the transfer.
+    gone = sum(1 for i in bad if store.is_exist(keys[i]) != 1)
     rows.append({"size": size, "count": count, "put_s": put_s, "get_s": get_s,
-                 "put_failed": sum(1 for c in codes if c != 0), "get_failed": got_failed})
+                 "put_failed": sum(1 for c in codes if c != 0), "get_failed": len(bad), "get_gone": gone})
 if engines:
     store.unregister_buffer(base)
 store.close()
@@ -168,7 +183,9 @@ print(json.dumps({"bytes": n, "seconds": secs}))
 /// Every round's rows per (condition, variant).
 type Results = BTreeMap<(&'static str, &'static str), Vec<Vec<SizeRow>>>;
 
-/// The median over rounds of one size's put and get rates, and the failures summed.
+/// The median over rounds of one size's put and get rates, and the failures summed. A rate
+/// counts only from passes whose puts (or gets) all succeeded: a failed get returns at once, so
+/// a pass of failures would read as a fast one. NaN where no pass was whole.
 fn medians(rounds: &[Vec<SizeRow>], size: usize) -> (f64, f64, usize) {
     let rows: Vec<&SizeRow> = rounds.iter().flatten().filter(|r| r.size == size).collect();
     let mid = |mut v: Vec<f64>| {
@@ -176,10 +193,43 @@ fn medians(rounds: &[Vec<SizeRow>], size: usize) -> (f64, f64, usize) {
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
     (
-        mid(rows.iter().map(|r| r.rate(r.put_s)).collect()),
-        mid(rows.iter().map(|r| r.rate(r.get_s)).collect()),
+        mid(rows
+            .iter()
+            .filter(|r| r.put_failed == 0)
+            .map(|r| r.rate(r.put_s))
+            .collect()),
+        mid(rows
+            .iter()
+            .filter(|r| r.get_failed == 0)
+            .map(|r| r.rate(r.get_s))
+            .collect()),
         rows.iter().map(|r| r.put_failed + r.get_failed).sum(),
     )
+}
+
+/// A rate for the tables: MB/s, or "no whole pass".
+fn mbs(rate: f64) -> String {
+    if rate.is_nan() {
+        "no whole pass".into()
+    } else {
+        format!("{rate:.0} MB/s")
+    }
+}
+
+/// The distinct errors the store's client logged (glog lines at `E`, their text after the
+/// source position), at most `limit`: why a pass's puts or gets failed.
+fn client_errors(stderr: &str, limit: usize) -> Vec<String> {
+    let mut seen: Vec<String> = Vec::new();
+    for line in stderr.lines().filter(|l| l.starts_with('E')) {
+        let text = line.split_once("] ").map_or(line, |(_, t)| t).trim();
+        if !seen.iter().any(|s| s == text) {
+            seen.push(text.to_owned());
+        }
+        if seen.len() == limit {
+            break;
+        }
+    }
+    seen
 }
 
 /// One store pass's figures for one size.
@@ -191,6 +241,8 @@ struct SizeRow {
     get_s: f64,
     put_failed: usize,
     get_failed: usize,
+    /// Of the failed gets, those whose object the master no longer listed.
+    get_gone: usize,
 }
 
 impl SizeRow {
@@ -199,12 +251,18 @@ impl SizeRow {
     }
 }
 
-pub fn transfer() -> anyhow::Result<()> {
+/// `leader_cpu`: the leader's CPU request in place of the rig's (`--leader-cpu`), through the
+/// backend's `leader.resources`.
+pub fn transfer(leader_cpu: Option<String>) -> anyhow::Result<()> {
     let rig = engine_rig::up("bench-transfer", |backend| {
         if let Some(groups) = backend["spec"]["connection"]["managed"]["members"].as_array_mut() {
             for g in groups {
                 g["capacityPerMember"] = SEGMENT.into();
             }
+        }
+        if let Some(cpu) = leader_cpu {
+            backend["spec"]["connection"]["managed"]["leader"]["resources"]["requests"]["cpu"] =
+                cpu.into();
         }
     })?;
     let node_names: Vec<String> = rig
@@ -215,10 +273,16 @@ pub fn transfer() -> anyhow::Result<()> {
         .map(|n| n.name.clone())
         .collect();
     let kc = rig.nodes.control_plane.kubeconfig.clone();
+    let logs = rig.dir.join("logs");
+    let kept = logs.clone();
     block_on(async move {
         let client = client_from(&kc).await?;
-        measure(&client, &node_names).await
+        let measured = measure(&client, &node_names).await;
+        // The master's and the members' account of every failed pass, kept past the teardown.
+        engine_rig::keep_logs(&client, &kept).await;
+        measured
     })?;
+    println!("store and engine logs: {}", logs.display());
     Ok(())
 }
 
@@ -317,13 +381,14 @@ async fn measure(client: &kube::Client, node_names: &[String]) -> Result<(), kvc
                 let rows = store_pass(&api, a, &ip_a, &master, &tag, env, &SIZES).await?;
                 for row in &rows {
                     println!(
-                        "{condition} round {round} {variant}: {} x {} KiB: put {:.1} MB/s, get {:.1} MB/s, failed {}/{}",
+                        "{condition} round {round} {variant}: {} x {} KiB: put {:.1} MB/s, get {:.1} MB/s, failed {}/{} ({} gone)",
                         row.count,
                         row.size >> 10,
                         row.rate(row.put_s),
                         row.rate(row.get_s),
                         row.put_failed,
-                        row.get_failed
+                        row.get_failed,
+                        row.get_gone
                     );
                 }
                 results.entry((condition, variant)).or_default().push(rows);
@@ -419,7 +484,14 @@ async fn store_pass(
     if !out.success {
         return Err(failed("a non-zero exit".into()));
     }
-    serde_json::from_value(v["rows"].clone()).map_err(|e| failed(e.to_string()))
+    let rows: Vec<SizeRow> =
+        serde_json::from_value(v["rows"].clone()).map_err(|e| failed(e.to_string()))?;
+    if rows.iter().any(|r| r.put_failed + r.get_failed > 0) {
+        for e in client_errors(&out.stderr, 3) {
+            println!("{tag}: the store's client logged: {e}");
+        }
+    }
+    Ok(rows)
 }
 
 /// The README's tables: per variant and size, the median MB/s idle and loaded, loaded/idle,
@@ -447,8 +519,12 @@ fn print_table(results: &Results, raw: &BTreeMap<&str, f64>) {
             let (pi, gi, fi) = medians(idle, size);
             let (pl, gl, fl) = medians(loaded, size);
             println!(
-                "| {variant} | {count} x {} KiB | {pi:.0} MB/s | {gi:.0} MB/s | {pl:.0} MB/s | {gl:.0} MB/s | {:.2}, {:.2} | {:.2}, {:.2} | {} |",
+                "| {variant} | {count} x {} KiB | {} | {} | {} | {} | {:.2}, {:.2} | {:.2}, {:.2} | {} |",
                 size >> 10,
+                mbs(pi),
+                mbs(gi),
+                mbs(pl),
+                mbs(gl),
                 pl / pi,
                 gl / gi,
                 pi / raw_idle,
@@ -586,5 +662,43 @@ fn print_cpu(rows: &[CpuRow]) {
             r.leader / gb,
             r.client / gb
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(get_s: f64, get_failed: usize) -> SizeRow {
+        SizeRow {
+            size: 1 << 20,
+            count: 10,
+            put_s: 0.1,
+            get_s,
+            put_failed: 0,
+            get_failed,
+            get_gone: 0,
+        }
+    }
+
+    #[test]
+    fn a_pass_with_failed_gets_gives_no_get_rate() {
+        // The failed pass returned at once: counted, it would be the median.
+        let rounds = vec![vec![row(1.0, 0)], vec![row(0.001, 9)], vec![row(0.002, 8)]];
+        let (_, get, failed) = medians(&rounds, 1 << 20);
+        assert!((get - row(1.0, 0).rate(1.0)).abs() < 1e-9, "{get}");
+        assert_eq!(failed, 17);
+        let (_, get, _) = medians(&[vec![row(0.001, 3)]], 1 << 20);
+        assert_eq!(mbs(get), "no whole pass");
+    }
+
+    #[test]
+    fn the_clients_errors_are_told_once_each_without_their_prefix() {
+        let stderr = "I1205 13:00:00.1 7 a.cpp:1] fine\nE1205 13:00:00.2 7 b.cpp:9] Transfer failed for key: x\nE1205 13:00:01.0 8 b.cpp:9] Transfer failed for key: x\nE1205 13:00:02.0 8 c.cpp:3] get failed\n";
+        assert_eq!(
+            client_errors(stderr, 3),
+            ["Transfer failed for key: x", "get failed"]
+        );
+        assert_eq!(client_errors(stderr, 1).len(), 1);
     }
 }

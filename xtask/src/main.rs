@@ -156,7 +156,12 @@ enum BenchKind {
     /// The store's put/get throughput between the two nodes for 64 KiB to 8 MiB objects, idle
     /// and while both engines serve prompts, beside raw TCP between the same two Pods, for each
     /// client transport setting compared (figures in BENCHMARKS.md).
-    Transfer,
+    Transfer {
+        /// The store leader's CPU request in place of the rig's (250m), as `1` (the product's
+        /// default).
+        #[arg(long)]
+        leader_cpu: Option<String>,
+    },
     /// Two backends failing over together, again and again, on real nodes with the operator:
     /// moments with two serving masters and members mounted on the other backend's master
     /// (figures in BENCHMARKS.md).
@@ -252,7 +257,13 @@ fn bench(which: BenchKind) -> anyhow::Result<()> {
             anyhow::ensure!(rounds > 0, "--rounds must be at least 1");
             Box::new(move || isolation::isolation(rounds))
         }
-        BenchKind::Transfer => Box::new(transfer::transfer),
+        BenchKind::Transfer { leader_cpu } => {
+            if let Some(c) = &leader_cpu {
+                kvcache_api::quantity::parse_millicores(c)
+                    .map_err(|e| anyhow::anyhow!("--leader-cpu {c:?}: {e}"))?;
+            }
+            Box::new(move || transfer::transfer(leader_cpu))
+        }
         BenchKind::Soak { failovers } => Box::new(move || soak::soak(failovers)),
         BenchKind::Admission {
             creates,
