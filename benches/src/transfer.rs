@@ -104,9 +104,10 @@ rc = store.setup({"local_hostname": host, "metadata_server": "P2PHANDSHAKE", "gl
                   "local_buffer_size": 256 << 20, "protocol": "tcp", "rdma_devices": "", "master_server_addr": master})
 if rc != 0:
     print(json.dumps({"error": f"setup returned {rc}"})); sys.exit(1)
-# Earlier passes' objects go first (those read within their lease stay): a store that filled
-# would evict objects between their put and their get, and count as failed gets.
-store.remove_by_regex("^xfer-")
+# Earlier passes' objects go first, forced: each was read, so the render's read lease
+# (-default_kv_lease_ttl=5m) keeps it otherwise, the store fills in minutes, and its eviction
+# takes the objects nobody has read yet (this pass's, between their put and their get).
+store.remove_by_regex("^xfer-", True)
 engines = os.environ.get("PASS_API") == "batch"
 if engines:
     room = max([size * count for size, count in plan] + [1])
