@@ -274,8 +274,8 @@ pub fn decode_removed(status: u16, body: &str) -> Result<u64, AdminError> {
 /// Rewriting an unchanged ceiling is not free: the master's policy update closes every
 /// tenant's admission until it has recomputed the grants, and a put arriving in between fails
 /// with `TENANT_NOT_REGISTERED` (Mooncake's `TenantQuotaTable::ApplyTenantPolicies`). Writing
-/// every ceiling on every pass failed 2 of 4,096 puts of an idle client between two passes
-/// (crates/kvcache-operator/README.md, "TCP transport").
+/// every ceiling on every pass failed up to 6 of 4,096 puts of an idle client in `bench
+/// transfer` (CHANGELOG.md, "Fixed").
 pub fn ceilings_to_write<'a>(
     listed: Option<&[TenantEntry]>,
     views: &'a [crate::status::BindingView],
