@@ -127,3 +127,15 @@ pub async fn keep_logs(client: &kube::Client, to: &std::path::Path) {
         }
     }
 }
+
+/// Checks a `--leader-cpu` value (a Kubernetes CPU quantity, as `500m` or `1`).
+pub fn check_leader_cpu(cpu: &str) -> anyhow::Result<()> {
+    kvcache_api::quantity::parse_millicores(cpu)
+        .map(drop)
+        .map_err(|e| anyhow::anyhow!("--leader-cpu {cpu:?}: {e}"))
+}
+
+/// Sets the backend's `leader.resources.requests.cpu` (`--leader-cpu`), the product's own field.
+pub fn set_leader_cpu(backend: &mut serde_json::Value, cpu: String) {
+    backend["spec"]["connection"]["managed"]["leader"]["resources"]["requests"]["cpu"] = cpu.into();
+}

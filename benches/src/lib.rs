@@ -6,6 +6,7 @@
 pub mod admission;
 pub mod capacity;
 mod engine_rig;
+pub use engine_rig::check_leader_cpu;
 pub mod failover;
 pub mod isolation;
 mod operator;

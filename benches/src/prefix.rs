@@ -150,8 +150,7 @@ impl Plan {
     /// Checks `--leader-cpu`: a CPU quantity the API takes.
     pub fn with_leader_cpu(mut self, cpu: Option<&str>) -> anyhow::Result<Self> {
         if let Some(c) = cpu {
-            kvcache_api::quantity::parse_millicores(c)
-                .map_err(|e| anyhow::anyhow!("--leader-cpu {c:?}: {e}"))?;
+            engine_rig::check_leader_cpu(c)?;
         }
         self.leader_cpu = cpu.map(str::to_owned);
         Ok(self)
@@ -206,8 +205,7 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
             g["capacityPerMember"] = CAPACITY_PER_MEMBER.into();
         }
         if let Some(cpu) = leader_cpu {
-            backend["spec"]["connection"]["managed"]["leader"]["resources"]["requests"]["cpu"] =
-                cpu.into();
+            engine_rig::set_leader_cpu(backend, cpu);
         }
         if !leader_args.is_empty() {
             backend["spec"]["connection"]["managed"]["leader"]["extraArgs"] = leader_args.into();

@@ -262,8 +262,7 @@ pub fn transfer(leader_cpu: Option<String>) -> anyhow::Result<()> {
             }
         }
         if let Some(cpu) = leader_cpu {
-            backend["spec"]["connection"]["managed"]["leader"]["resources"]["requests"]["cpu"] =
-                cpu.into();
+            engine_rig::set_leader_cpu(backend, cpu);
         }
     })?;
     let node_names: Vec<String> = rig

@@ -259,8 +259,7 @@ fn bench(which: BenchKind) -> anyhow::Result<()> {
         }
         BenchKind::Transfer { leader_cpu } => {
             if let Some(c) = &leader_cpu {
-                kvcache_api::quantity::parse_millicores(c)
-                    .map_err(|e| anyhow::anyhow!("--leader-cpu {c:?}: {e}"))?;
+                kvcache_bench::check_leader_cpu(c)?;
             }
             Box::new(move || transfer::transfer(leader_cpu))
         }
