@@ -140,7 +140,8 @@ pub struct Nodes {
 fn sh(script: &str) -> Result<()> {
     let out = Command::new("sh")
         .arg("-ec")
-        .arg(script)
+        // Each command is traced to stderr behind this marker, so a failure names its own line.
+        .arg(format!("PS4='{TRACE}'\nset -x\n{script}"))
         .output()
         .map_err(|source| Error::Spawn {
             what: "sh".into(),
@@ -149,11 +150,29 @@ fn sh(script: &str) -> Result<()> {
     if out.status.success() {
         Ok(())
     } else {
+        let (step, message) = failed_step(&String::from_utf8_lossy(&out.stderr));
         Err(Error::NodeSetup {
-            step: script.lines().next().unwrap_or_default().to_owned(),
-            message: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            step: step.unwrap_or_else(|| script.lines().next().unwrap_or_default().to_owned()),
+            message,
         })
     }
+}
+
+/// What `sh` prefixes each traced command with.
+const TRACE: &str = "+kvc+ ";
+
+/// From a traced script's stderr: the last command it ran (the one that failed, under `-e`)
+/// and everything else it printed.
+fn failed_step(stderr: &str) -> (Option<String>, String) {
+    let mut step = None;
+    let mut message = Vec::new();
+    for line in stderr.lines() {
+        match line.strip_prefix(TRACE) {
+            Some(command) => step = Some(command.to_owned()),
+            None => message.push(line),
+        }
+    }
+    (step, message.join("\n").trim().to_owned())
 }
 
 /// The cgroup v1 hierarchies a kubelet needs its root in (cgroup2's `unified` is made by the
@@ -588,10 +607,15 @@ impl NodePlan {
     /// Notes in `down` how to undo the node: its processes, mounts, namespace, cgroups, route
     /// and folders.
     fn note_teardown(&self, down: &mut String) {
-        let NodePlan { name, pod_cidr, .. } = self;
+        let NodePlan {
+            name,
+            pod_cidr,
+            veth,
+            ..
+        } = self;
         let _ = writeln!(
             down,
-            "pkill -9 -f '{d}/kubelet.yaml'\npkill -9 -f '{d}/kube-proxy.yaml'\npkill -9 -f 'kube-router .*--hostname-override={name} '\npkill -9 -f '{d}/containerd.toml'\nfor p in $(pgrep -f '{sock}'); do kill -9 $p; done\nfor f in $(find /sys/fs/cgroup/pids/{name} -name cgroup.procs 2>/dev/null); do for p in $(cat $f); do kill -9 $p 2>/dev/null; done; done\ngrep -E ' ({d}|{r})' /proc/mounts | awk '{{print $2}}' | sort -r | xargs -r -n1 umount -l 2>/dev/null\numount {r}/mnt 2>/dev/null\nip netns del {name} 2>/dev/null\nfor h in /sys/fs/cgroup/*/{name}; do [ -d $h ] && find $h -depth -type d -exec rmdir {{}} \\; 2>/dev/null; done\nip route del {pod_cidr} 2>/dev/null\nrm -rf {r}\n# The node's images and Pod data (about 1 GiB a node), once nothing is mounted there.\ngrep -qE ' {d}/' /proc/mounts || rm -rf {d}/containerd {d}/kubelet",
+            "pkill -9 -f '{d}/kubelet.yaml'\npkill -9 -f '{d}/kube-proxy.yaml'\npkill -9 -f 'kube-router .*--hostname-override={name} '\npkill -9 -f '{d}/containerd.toml'\nfor p in $(pgrep -f '{sock}'); do kill -9 $p; done\nfor f in $(find /sys/fs/cgroup/pids/{name} -name cgroup.procs 2>/dev/null); do for p in $(cat $f); do kill -9 $p 2>/dev/null; done; done\ngrep -E ' ({d}|{r})' /proc/mounts | awk '{{print $2}}' | sort -r | xargs -r -n1 umount -l 2>/dev/null\numount {r}/mnt 2>/dev/null\nip netns del {name} 2>/dev/null\n# The host end goes now, not when the last process of the namespace has exited (a store\n# Pod freeing its segment takes seconds), so the slot's next cluster can make it again.\nip link del {veth} 2>/dev/null\nfor h in /sys/fs/cgroup/*/{name}; do [ -d $h ] && find $h -depth -type d -exec rmdir {{}} \\; 2>/dev/null; done\nip route del {pod_cidr} 2>/dev/null\nrm -rf {r}\n# The node's images and Pod data (about 1 GiB a node), once nothing is mounted there.\ngrep -qE ' {d}/' /proc/mounts || rm -rf {d}/containerd {d}/kubelet",
             d = self.dir.display(),
             r = self.run.display(),
             sock = self.sock.display(),
@@ -912,5 +936,22 @@ pub fn shared() -> &'static NodeCluster {
     match c {
         Ok(c) => c,
         Err(e) => panic!("the cluster with nodes could not start: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_script_names_the_line_that_failed_and_only_its_error() {
+        let err = sh("true\nls /no/such/folder\ntrue").expect_err("ls fails");
+        let Error::NodeSetup { step, message } = err else {
+            panic!("not a node set-up error: {err:?}");
+        };
+        assert_eq!(step, "ls /no/such/folder");
+        assert!(message.starts_with("ls: "), "{message:?}");
+        assert!(!message.contains(TRACE), "{message:?}");
+        sh("true\ntrue").expect("a script that succeeds");
     }
 }

@@ -6,7 +6,9 @@
 //! A slot is taken while its claim names a live process, or while anything of its nodes is
 //! still on the machine (a detached `cargo xtask cluster up` outlives its process; a watchdog
 //! tears nodes down a moment after theirs is gone). Deriving names from the process id alone
-//! let a later binary meet an earlier one's leftovers (`ip netns add kvc801n1: File exists`).
+//! let a later binary meet an earlier one's leftovers (`ip netns add kvc801n1: File exists`);
+//! a slot counted free while a node's veth outlived its namespace's name did the same
+//! (`ip link add kvcv1131 ...: RTNETLINK answers: File exists`).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
@@ -25,7 +27,7 @@ const CLAIMS: &str = "/run/kvcache-node-slots";
 pub struct SlotState {
     /// Its claim names a process that is running.
     pub owner_alive: bool,
-    /// Its bridge, a network namespace or a run folder of one of its nodes exists.
+    /// Its bridge, a network namespace, a veth or a run folder of one of its nodes exists.
     pub leftovers: bool,
 }
 
@@ -101,6 +103,8 @@ fn observe() -> Vec<SlotState> {
         )
     };
     let nodes: Vec<String> = [names("/run/netns"), names(crate::nodes::RUN_DIR)].concat();
+    // A node's veth outlives its namespace's name while a process in it is still exiting.
+    let links = names("/sys/class/net");
     (0..SLOTS)
         .map(|slot| {
             let tag = tag(slot);
@@ -109,7 +113,9 @@ fn observe() -> Vec<SlotState> {
                 .and_then(|s| s.trim().parse::<u32>().ok())
                 .is_some_and(crate::process::alive);
             let node_prefix = format!("kvc{tag}n");
+            let veth_prefix = format!("kvcv{tag}");
             let leftovers = Path::new(&format!("/sys/class/net/kvcb{tag}")).exists()
+                || links.iter().any(|l| l.starts_with(&veth_prefix))
                 || nodes.iter().any(|n| n.starts_with(&node_prefix));
             SlotState {
                 owner_alive,

@@ -318,19 +318,46 @@ fn two_nodes_run_pods_that_reach_each_other() {
 /// File exists`). The leftover sits in the slot this process's id points to first.
 #[test]
 fn a_node_network_is_never_one_already_on_the_machine() {
-    let first = slots::tag(std::process::id() % slots::SLOTS);
-    let leftover = format!("kvc{first}n0");
-    let made = std::process::Command::new("ip")
-        .args(["netns", "add", &leftover])
-        .status()
-        .expect("ip runs");
-    assert!(made.success(), "ip netns add {leftover}");
+    let first = std::process::id() % slots::SLOTS;
+    let (tag, next) = (slots::tag(first), slots::tag((first + 1) % slots::SLOTS));
+    // The first slot this process would try holds a node's namespace, the next one only the
+    // host end of a node's veth (what a namespace leaves while its last process exits).
+    let leftover = format!("kvc{tag}n0");
+    let veth = format!("kvcv{next}1");
+    let ip = |args: &[&str]| {
+        std::process::Command::new("ip")
+            .args(args)
+            .status()
+            .expect("ip runs")
+            .success()
+    };
+    assert!(ip(&["netns", "add", &leftover]), "ip netns add {leftover}");
+    assert!(
+        ip(&[
+            "link",
+            "add",
+            &veth,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &format!("kvcx{next}")
+        ]),
+        "ip link add {veth}"
+    );
     let (a, b) = (NodeNetwork::plan(), NodeNetwork::plan());
-    let _ = std::process::Command::new("ip")
-        .args(["netns", "del", &leftover])
-        .status();
+    ip(&["netns", "del", &leftover]);
+    ip(&["link", "del", &veth]);
     let (a, b) = (a.expect("a free slot"), b.expect("a second free slot"));
-    assert_ne!(a.bridge, format!("kvcb{first}"), "took the leftover's slot");
+    for taken in [tag, next] {
+        for plan in [&a, &b] {
+            assert_ne!(
+                plan.bridge,
+                format!("kvcb{taken}"),
+                "took a leftover's slot"
+            );
+        }
+    }
     assert_ne!(
         a.bridge, b.bridge,
         "two clusters of one process share a slot"
