@@ -228,6 +228,11 @@ impl Operator {
         self.wait_ready()
     }
 
+    /// What it has logged so far (empty when the log cannot be read yet).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// The operator's `/metrics` text.
     pub fn metrics(&self) -> Result<String> {
         http_get(&format!(

@@ -133,3 +133,72 @@ fn one_replica_reconciles_the_other_stands_by_and_sigterm_hands_over_at_once() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(reconciled_any(&second), "the new leader reconciles");
 }
+
+/// What a replica logs when it starts leading (crates/kvcache-operator/src/election.rs).
+const LEADING: &str = "leading: the controllers start";
+
+#[test]
+fn replicas_started_together_on_a_new_lease_never_lead_two_at_once() {
+    let cluster = shared();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    let dir = paths::scratch("leader-together").expect("dir");
+    // The default Lease (15 s): each replica's first renewal comes 5 s after it acquired, so a
+    // replica whose Lease was taken from under it would have logged leading by then.
+    let args = ["--leader-elect".to_owned()];
+    for round in 0..4 {
+        let name = format!("op-together-{round}");
+        let ns = block_on(async move {
+            let client = cluster.client().await?;
+            cluster.namespace(&client, &name).await
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        // Three replicas at once on a namespace with no Lease yet, as a fresh installation.
+        let replicas: Vec<Operator> = std::thread::scope(|scope| {
+            let started: Vec<_> = (0..3)
+                .map(|_| {
+                    scope.spawn(|| {
+                        Operator::builder(&kc, &ns)
+                            .extra(&args)
+                            .start(&dir)
+                            .expect("a replica")
+                    })
+                })
+                .collect();
+            started
+                .into_iter()
+                .map(|h| h.join().expect("a replica started"))
+                .collect()
+        });
+        let lease_ns = ns.clone();
+        let renewed = block_on(async move {
+            let client = cluster.client().await?;
+            let leases = Api::<Lease>::namespaced(client, &lease_ns);
+            wait_object(
+                &leases,
+                "kvcache-operator",
+                "the Lease renewed once by its holder",
+                WAIT,
+                |l| {
+                    l.spec.as_ref().is_some_and(|s| {
+                        s.holder_identity.is_some()
+                            && s.renew_time.as_ref().map(|t| t.0)
+                                > s.acquire_time.as_ref().map(|t| t.0)
+                    })
+                },
+            )
+            .await
+        });
+        renewed.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let leaders: Vec<usize> = replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.log_text().contains(LEADING))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(
+            leaders.len(),
+            1,
+            "round {round}: replicas {leaders:?} of 3 logged {LEADING:?}"
+        );
+    }
+}

@@ -3,6 +3,13 @@
 //! `kube-lease-manager`; a watch on the Lease starts a new campaign the moment a leader
 //! releases it on SIGTERM (the crate's standby would only retry when the Lease it last saw
 //! expires).
+//!
+//! Only a campaign that leads ever releases. The crate's release also clears a Lease whose
+//! state it last read as expired or holderless, with no precondition on what the Lease holds
+//! now; a standby that released on withdrawing (at start every replica sees the new Lease
+//! holderless) cleared the Lease another replica had acquired a few milliseconds before, then
+//! took it itself: two replicas led until the first one's next renewal (seen on real nodes:
+//! `tests/tests/install/main.rs`, the first leader's bootstrap writes).
 
 use std::future::Future;
 
@@ -85,12 +92,14 @@ impl Candidate {
                     return Err(Error::LeaseLost(self.lease.clone()));
                 },
                 Some(_) = released.next() => {
-                    campaign.withdraw().await;
+                    // A campaign of the same identity: had the old one just acquired, the new
+                    // one finds itself the holder and renews.
+                    campaign.abandon().await;
                     campaign = self.campaign().await?;
                 }
                 () = &mut shutdown => {
                     info!("stopping while standing by");
-                    campaign.withdraw().await;
+                    campaign.stand_down().await;
                     return Ok(None);
                 }
             }
@@ -117,6 +126,26 @@ fn holderless(l: &Lease) -> bool {
 }
 
 impl Campaign {
+    /// Stops a campaign that does not lead without touching the Lease (dropping it would make
+    /// the crate release on a state that may be stale: see the module's comment).
+    async fn abandon(self) {
+        let Campaign { leading, task } = self;
+        task.abort();
+        // The receiver outlives the task: its drop is what makes the crate release.
+        let _ = task.await;
+        drop(leading);
+    }
+
+    /// Stops a standby's campaign: released only when it had come to lead meanwhile (one that
+    /// acquired in the instant before, unseen, leaves a Lease that expires).
+    async fn stand_down(self) {
+        if *self.leading.borrow() {
+            self.withdraw().await;
+        } else {
+            self.abandon().await;
+        }
+    }
+
     /// Drops the campaign; a held Lease is released at once, so a standby takes over.
     async fn withdraw(self) {
         drop(self.leading);
