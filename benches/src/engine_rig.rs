@@ -61,6 +61,28 @@ pub fn up(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> anyhow::Resu
     })
 }
 
+/// How long [`wait_store_ready`] waits.
+const STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(180);
+
+/// Waits until every Pod of the backend is Ready, after the engines (and probes) took their
+/// share of the nodes: a store Pod the nodes cannot place (a `--leader-cpu` beside the rig's
+/// engines) stops the bench here, its scheduler's message shown, instead of measuring a store
+/// short of a member. The store was applied before the engines, so this waits at most
+/// [`STORE_WAIT`] for a Pod the engines' start left restarting.
+pub async fn wait_store_ready(client: &kube::Client) -> Result<(), kvcache_e2e::Error> {
+    let store: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), NS);
+    kvcache_e2e::pods::wait_pods(
+        &store,
+        &format!("app.kubernetes.io/instance={BACKEND}"),
+        "every store Pod Ready",
+        STORE_WAIT,
+        |pods| !pods.is_empty() && pods.iter().all(kvcache_e2e::pods::is_ready),
+    )
+    .await
+    .map(|_| ())
+}
+
 /// The CPU seconds a Pod's containers have used so far, read on this machine from its node's
 /// cgroup: the harness's kubelets run the `cgroupfs` driver on cgroup v1 under a root named
 /// after the node (`tests/src/nodes.rs`), so a Pod's account is
@@ -75,7 +97,12 @@ pub fn pod_cpu_seconds(pod: &k8s_openapi::api::core::v1::Pod) -> Result<f64, kvc
         .spec
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
-        .ok_or_else(|| missing("the Pod has no node"))?;
+        .ok_or_else(|| {
+            missing(&format!(
+                "the Pod has no node: {}",
+                kvcache_e2e::pods::describe(std::slice::from_ref(pod))
+            ))
+        })?;
     let uid = pod
         .metadata
         .uid

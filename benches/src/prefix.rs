@@ -419,6 +419,7 @@ async fn measure(
             pods::wait_ready(&api, &walkthrough::role_pods(name, "server"), 1, WAIT).await?;
         pod.insert(name, pods::name_of(&ready[0]).to_owned());
     }
+    engine_rig::wait_store_ready(client).await?;
     println!("{model}: writer, reader and plain engines Ready");
     let time = |who: &'static str, prompt: Vec<u32>, max_tokens: u32| {
         let api = api.clone();

@@ -330,6 +330,7 @@ async fn measure(client: &kube::Client, node_names: &[String]) -> Result<(), kvc
         })
         .await?;
     }
+    engine_rig::wait_store_ready(client).await?;
     let ip_a = ip_of(&api.get(a).await?).unwrap_or_default().to_owned();
     let ip_b = ip_of(&api.get(b).await?).unwrap_or_default().to_owned();
     let master = format!(
