@@ -63,7 +63,9 @@ const CPU_PASS_BYTES: usize = 256 << 20;
 /// the engines' way of calling the client (below) instead of one copying call per object.
 /// `MC_TCP_PROGRESS_TIMEOUT_SEC` (30 s) is how long a connection may make no progress before
 /// its transfer fails: shorter turns a stall into a failure (a recompute in an engine) sooner.
-pub const VARIANTS: [(&str, &[(&str, &str)]); 7] = [
+/// `MC_RPC_TIMEOUT_MS` and `MC_RPC_CONNECT_TIMEOUT_MS` (30 s each) bound each call to the
+/// master: the render's 2 s for members, tried on an engine's client under load.
+pub const VARIANTS: [(&str, &[(&str, &str)]); 8] = [
     ("0.3.13 defaults", &[]),
     ("pool off", &[("MC_TCP_ENABLE_CONNECTION_POOL", "0")]),
     ("8 lanes", &[("MC_TCP_LANES_PER_PEER", "8")]),
@@ -84,6 +86,16 @@ pub const VARIANTS: [(&str, &[(&str, &str)]); 7] = [
         &[
             ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535"),
             ("MC_TCP_PROGRESS_TIMEOUT_SEC", "5"),
+        ],
+    ),
+    (
+        "rendered, RPC timeouts 2 s",
+        &[
+            ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535"),
+            // What the render gives members (crates/kvcache-render/src/backend/member.rs),
+            // given to a client: 30 s by default.
+            ("MC_RPC_TIMEOUT_MS", "2000"),
+            ("MC_RPC_CONNECT_TIMEOUT_MS", "2000"),
         ],
     ),
 ];
