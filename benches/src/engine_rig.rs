@@ -77,7 +77,12 @@ pub async fn wait_store_ready(client: &kube::Client) -> Result<(), kvcache_e2e::
         &format!("app.kubernetes.io/instance={BACKEND}"),
         "every store Pod Ready",
         STORE_WAIT,
-        |pods| !pods.is_empty() && pods.iter().all(kvcache_e2e::pods::is_ready),
+        |pods| {
+            !pods.is_empty()
+                && pods.iter().all(|p| {
+                    kvcache_e2e::pods::is_ready(p) && p.metadata.deletion_timestamp.is_none()
+                })
+        },
     )
     .await
     .map(|_| ())

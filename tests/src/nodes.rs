@@ -141,7 +141,8 @@ fn sh(script: &str) -> Result<()> {
     let out = Command::new("sh")
         .arg("-ec")
         // Each command is traced to stderr behind this marker, so a failure names its own line.
-        .arg(format!("PS4='{TRACE}'\nset -x\n{script}"))
+        // On the script's first line, so the shell's own `sh: N:` line numbers stay the script's.
+        .arg(format!("PS4='{TRACE}'; set -x; {script}"))
         .output()
         .map_err(|source| Error::Spawn {
             what: "sh".into(),
@@ -167,7 +168,8 @@ fn failed_step(stderr: &str) -> (Option<String>, String) {
     let mut step = None;
     let mut message = Vec::new();
     for line in stderr.lines() {
-        match line.strip_prefix(TRACE) {
+        // bash repeats the marker's first character once per nesting level (`$(...)`).
+        match line.trim_start_matches('+').strip_prefix(&TRACE[1..]) {
             Some(command) => step = Some(command.to_owned()),
             None => message.push(line),
         }

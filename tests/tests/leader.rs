@@ -141,11 +141,15 @@ const LEADING: &str = "leading: the controllers start";
 fn replicas_started_together_on_a_new_lease_never_lead_two_at_once() {
     let cluster = shared();
     let kc = cluster.control_plane.kubeconfig.clone();
-    let dir = paths::scratch("leader-together").expect("dir");
-    // The default Lease (15 s): each replica's first renewal comes 5 s after it acquired, so a
-    // replica whose Lease was taken from under it would have logged leading by then.
-    let args = ["--leader-elect".to_owned()];
+    // A 15 s Lease: each replica's first renewal comes 5 s after it acquired, so a replica
+    // whose Lease was taken from under it would have logged leading by then.
+    let args = [
+        "--leader-elect".to_owned(),
+        "--leader-election-duration=15".to_owned(),
+    ];
     for round in 0..4 {
+        // A folder per round: logs are named by port, which a later round may draw again.
+        let dir = paths::scratch(&format!("leader-together-{round}")).expect("dir");
         let name = format!("op-together-{round}");
         let ns = block_on(async move {
             let client = cluster.client().await?;
@@ -195,6 +199,11 @@ fn replicas_started_together_on_a_new_lease_never_lead_two_at_once() {
             .filter(|(_, r)| r.log_text().contains(LEADING))
             .map(|(i, _)| i)
             .collect();
+        assert!(
+            !leaders.is_empty(),
+            "round {round}: no replica logged {LEADING:?} though the Lease is held (is the \
+             operator's log level above info?)"
+        );
         assert_eq!(
             leaders.len(),
             1,

@@ -136,8 +136,8 @@ impl Campaign {
         drop(leading);
     }
 
-    /// Stops a standby's campaign: released only when it had come to lead meanwhile (one that
-    /// acquired in the instant before, unseen, leaves a Lease that expires).
+    /// Stops a campaign: released only when it leads (a standby that acquired in the instant
+    /// before, unseen, leaves a Lease that expires, as a killed replica does).
     async fn stand_down(self) {
         if *self.leading.borrow() {
             self.withdraw().await;
@@ -181,7 +181,8 @@ impl Leadership {
             () = work => false,
             () = still_leading => true,
         };
-        campaign.withdraw().await;
+        // A lost Lease is someone else's now: only a campaign still leading releases.
+        campaign.stand_down().await;
         if lost {
             return Err(Error::LeaseLost(lease));
         }
