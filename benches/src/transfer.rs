@@ -65,33 +65,20 @@ const CPU_PASS_BYTES: usize = 256 << 20;
 /// its transfer fails: shorter turns a stall into a failure (a recompute in an engine) sooner.
 /// `MC_RPC_TIMEOUT_MS` and `MC_RPC_CONNECT_TIMEOUT_MS` (30 s each) bound each call to the
 /// master: the render's 2 s for members, tried on an engine's client under load.
-pub const VARIANTS: [(&str, &[(&str, &str)]); 8] = [
-    ("0.3.13 defaults", &[]),
-    ("pool off", &[("MC_TCP_ENABLE_CONNECTION_POOL", "0")]),
-    ("8 lanes", &[("MC_TCP_LANES_PER_PEER", "8")]),
-    ("1 MiB chunks", &[("MC_TCP_SLICE_SIZE", "1048576")]),
-    (
-        RENDERED,
-        &[("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535")],
-    ),
-    (
-        "rendered, engines' batches",
-        &[
-            ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535"),
-            ("PASS_API", "batch"),
-        ],
-    ),
-    (
+const VARIANTS: [Variant; 8] = [
+    Variant::plain("0.3.13 defaults", &[]),
+    Variant::plain("pool off", &[("MC_TCP_ENABLE_CONNECTION_POOL", "0")]),
+    Variant::plain("8 lanes", &[("MC_TCP_LANES_PER_PEER", "8")]),
+    Variant::plain("1 MiB chunks", &[("MC_TCP_SLICE_SIZE", "1048576")]),
+    Variant::rendered(RENDERED, &[]),
+    Variant::rendered("rendered, engines' batches", &[("PASS_API", "batch")]),
+    Variant::rendered(
         "rendered, progress timeout 5 s",
-        &[
-            ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535"),
-            ("MC_TCP_PROGRESS_TIMEOUT_SEC", "5"),
-        ],
+        &[("MC_TCP_PROGRESS_TIMEOUT_SEC", "5")],
     ),
-    (
+    Variant::rendered(
         "rendered, RPC timeouts 2 s",
         &[
-            ("MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER", "65535"),
             // What the render gives members (crates/kvcache-render/src/backend/member.rs),
             // given to a client: 30 s by default.
             ("MC_RPC_TIMEOUT_MS", "2000"),
@@ -102,6 +89,43 @@ pub const VARIANTS: [(&str, &[(&str, &str)]); 8] = [
 
 /// The setting the render and the injection give every client, as [`VARIANTS`] names it.
 const RENDERED: &str = "rendered (queue 65535)";
+
+/// One client setting of [`VARIANTS`].
+struct Variant {
+    name: &'static str,
+    /// Whether it starts from what the render and the injection give every client
+    /// (`kvcache_inject::transport::TCP_TUNING`) rather than the store's defaults.
+    rendered: bool,
+    /// Its own variables on top.
+    extra: &'static [(&'static str, &'static str)],
+}
+
+impl Variant {
+    const fn plain(name: &'static str, extra: &'static [(&'static str, &'static str)]) -> Self {
+        Variant {
+            name,
+            rendered: false,
+            extra,
+        }
+    }
+
+    const fn rendered(name: &'static str, extra: &'static [(&'static str, &'static str)]) -> Self {
+        Variant {
+            name,
+            rendered: true,
+            extra,
+        }
+    }
+
+    /// The environment the store's client runs with.
+    fn env(&self) -> Vec<(&'static str, &'static str)> {
+        let tuning = kvcache_inject::transport::TCP_TUNING
+            .iter()
+            .filter(|_| self.rendered)
+            .map(|t| (t.name, t.value));
+        tuning.chain(self.extra.iter().copied()).collect()
+    }
+}
 
 /// One pass of the store client: per size, MB/s of puts and gets and the failures. With
 /// `PASS_API=batch` it calls the client as vLLM's store connector does: the objects in a
@@ -389,9 +413,10 @@ async fn measure(client: &kube::Client, node_names: &[String]) -> Result<(), kvc
             raws.push(r);
             for k in 0..VARIANTS.len() {
                 let i = (k + round) % VARIANTS.len();
-                let (variant, env) = VARIANTS[i];
+                let variant = VARIANTS[i].name;
                 let tag = format!("{condition}-{round}-{i}");
-                let rows = store_pass(&api, a, &ip_a, &master, &tag, env, &SIZES).await?;
+                let env = VARIANTS[i].env();
+                let rows = store_pass(&api, a, &ip_a, &master, &tag, &env, &SIZES).await?;
                 for row in &rows {
                     println!(
                         "{condition} round {round} {variant}: {} x {} KiB: put {:.1} MB/s, get {:.1} MB/s, failed {}/{} ({} gone)",
@@ -521,7 +546,7 @@ fn print_table(results: &Results, raw: &BTreeMap<&str, f64>) {
         "| client setting | object | put idle | get idle | put loaded | get loaded | loaded/idle (put, get) | idle store/raw (put, get) | failed |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    for (variant, _) in VARIANTS {
+    for Variant { name: variant, .. } in VARIANTS {
         let (Some(idle), Some(loaded)) = (
             results.get(&("idle", variant)),
             results.get(&("loaded", variant)),
@@ -602,10 +627,7 @@ async fn cpu_cost(
     ip: &str,
     master: &str,
 ) -> Result<Vec<CpuRow>, kvcache_e2e::Error> {
-    let rendered = VARIANTS
-        .iter()
-        .find(|(name, _)| *name == RENDERED)
-        .map_or(&[][..], |(_, env)| *env);
+    let rendered = &Variant::rendered(RENDERED, &[]).env();
     let pass = |tag: String, plan: Vec<(usize, usize)>| async move {
         let before = cpu_now(client, (api, probe)).await?;
         let rows = store_pass(api, probe, ip, master, &tag, rendered, &plan).await?;
@@ -681,6 +703,22 @@ fn print_cpu(rows: &[CpuRow]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rendered_settings_are_the_injections_and_the_defaults_are_not() {
+        let tuning: Vec<(&str, &str)> = kvcache_inject::transport::TCP_TUNING
+            .iter()
+            .map(|t| (t.name, t.value))
+            .collect();
+        assert!(!tuning.is_empty());
+        for v in &VARIANTS {
+            let env = v.env();
+            let has_tuning = tuning.iter().all(|t| env.contains(t));
+            assert_eq!(has_tuning, v.name.starts_with("rendered"), "{}", v.name);
+            assert!(v.extra.iter().all(|e| env.contains(e)), "{}", v.name);
+        }
+        assert_eq!(VARIANTS.iter().filter(|v| v.name == RENDERED).count(), 1);
+    }
 
     fn row(get_s: f64, get_failed: usize) -> SizeRow {
         SizeRow {
