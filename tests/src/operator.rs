@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::nodes::Nodes;
 use crate::process::{Proc, free_port, wait_for};
@@ -235,10 +235,63 @@ impl Operator {
 
     /// The operator's `/metrics` text.
     pub fn metrics(&self) -> Result<String> {
-        http_get(&format!(
-            "http://{}:{}/metrics",
-            self.host, self.metrics_port
-        ))
+        http_get(&self.metrics_url())
+    }
+
+    fn metrics_url(&self) -> String {
+        format!("http://{}:{}/metrics", self.host, self.metrics_port)
+    }
+
+    /// Waits until the operator's `/metrics` text satisfies `ok`, and returns that text. A
+    /// scrape that fails is read again, never taken as a verdict. A wait that runs out, or an
+    /// operator that exits first, fails naming `what` was awaited and the last scrape (its
+    /// samples, or why it failed).
+    ///
+    /// What the operator counts at the end of a reconcile or a request moves after its effect
+    /// (a status written, an answer sent) can be seen: wait for it, do not read it once.
+    pub fn wait_metrics(
+        &mut self,
+        what: &str,
+        within: Duration,
+        mut ok: impl FnMut(&str) -> bool,
+    ) -> Result<String> {
+        let url = self.metrics_url();
+        let deadline = Instant::now() + within;
+        loop {
+            let last = http_get(&url);
+            if let Ok(text) = &last
+                && ok(text)
+            {
+                return last;
+            }
+            let exited = self.proc.exited();
+            if exited || Instant::now() >= deadline {
+                let scrape = match last {
+                    Ok(text) => format!(
+                        "its last scrape did not show it:\n{}",
+                        text.lines()
+                            .filter(|l| !l.starts_with('#') && !l.contains("_bucket{"))
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    ),
+                    Err(e) => format!("its last scrape failed: {e}"),
+                };
+                let ended = if exited {
+                    format!(
+                        "the operator exited (last log lines:\n{}); ",
+                        self.proc.log_tail(15)
+                    )
+                } else {
+                    String::new()
+                };
+                return Err(crate::Error::Wait {
+                    what: format!("{what} in {url} (within {within:?})"),
+                    reason: format!("{ended}{scrape}"),
+                });
+            }
+            // The exposition has no watch: scrape again shortly.
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! configured through the same `MOONCAKE_*` environment the render layer uses), and the Python
 //! client for puts and gets.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -176,6 +177,63 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
         let (key, value) = l.split_once(' ')?;
         (key == name).then(|| value.trim().parse().ok()).flatten()
     })
+}
+
+/// The samples of `name` in Prometheus text (or OpenMetrics) exposition: each one's labels and
+/// value, in the order exposed. Lines that do not parse are skipped.
+pub fn samples(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let (labels, rest) = match rest.strip_prefix('{') {
+                Some(inner) => labels(inner)?,
+                None => (BTreeMap::new(), rest),
+            };
+            // A space before the value; a timestamp may follow it.
+            let value = rest.strip_prefix(' ')?.split_whitespace().next()?;
+            Some((labels, value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The sum of the samples of `name` whose labels include every pair of `with`; `None` when
+/// there is no such sample.
+pub fn metric_sum(text: &str, name: &str, with: &[(&str, &str)]) -> Option<f64> {
+    samples(text, name)
+        .into_iter()
+        .filter(|(l, _)| {
+            with.iter()
+                .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, v)| v)
+        .reduce(|a, b| a + b)
+}
+
+/// Reads `key="value",...}` (the text after a sample's `{`): its labels, and what follows `}`.
+fn labels(mut s: &str) -> Option<(BTreeMap<String, String>, &str)> {
+    let mut labels = BTreeMap::new();
+    loop {
+        s = s.trim_start_matches([',', ' ']);
+        if let Some(rest) = s.strip_prefix('}') {
+            return Some((labels, rest));
+        }
+        let (key, rest) = s.split_once("=\"")?;
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (i, '"') => break i,
+                (_, '\\') => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                (_, c) => value.push(c),
+            }
+        };
+        labels.insert(key.trim().to_owned(), value);
+        s = &rest[end + 1..];
+    }
 }
 
 /// How to start a member.
@@ -405,7 +463,40 @@ pub fn http_get(url: &str) -> Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::metric_value;
+    use super::{metric_sum, metric_value, samples};
+
+    #[test]
+    fn reads_labelled_samples_and_sums_those_with_the_labels_asked() {
+        let text = "# HELP kvcache_operator_reconciles Reconciles.\n\
+            # TYPE kvcache_operator_reconciles counter\n\
+            kvcache_operator_reconciles_total{controller=\"kvcachepool\",result=\"ok\"} 3\n\
+            kvcache_operator_reconciles_total{controller=\"kvcachepool\",result=\"store_read\"} 2\n\
+            kvcache_operator_reconciles_total{controller=\"kvcachebackend\",result=\"ok\"} 1 1700000000\n\
+            kvcache_operator_reconciles_total_other{controller=\"kvcachepool\"} 9\n\
+            kvcache_operator_leader 1\n\
+            odd{note=\"a \\\"quoted\\\", } here\"} 4\n\
+            # EOF\n";
+        let all = samples(text, "kvcache_operator_reconciles_total");
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert_eq!(all[0].0["controller"], "kvcachepool");
+        assert_eq!(all[0].0["result"], "ok");
+        assert_eq!(
+            all[2].1, 1.0,
+            "a timestamp after the value is not the value"
+        );
+        let pool = [("controller", "kvcachepool")];
+        let reconciles = "kvcache_operator_reconciles_total";
+        assert_eq!(metric_sum(text, reconciles, &pool), Some(5.0));
+        assert_eq!(metric_sum(text, reconciles, &[]), Some(6.0));
+        assert_eq!(
+            metric_sum(text, reconciles, &[("controller", "modeldeployment")]),
+            None
+        );
+        assert_eq!(metric_sum(text, "kvcache_operator_leader", &[]), Some(1.0));
+        let odd = samples(text, "odd");
+        assert_eq!(odd[0].0["note"], "a \"quoted\", } here");
+        assert_eq!(odd[0].1, 4.0);
+    }
 
     #[test]
     fn reads_unlabelled_samples() {

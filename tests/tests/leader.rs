@@ -9,33 +9,27 @@ use kube::api::{Api, PostParams};
 use kvcache_api::KVCachePool;
 use kvcache_e2e::cluster::{block_on, shared, wait_object};
 use kvcache_e2e::operator::Operator;
+use kvcache_e2e::store::{metric_sum, metric_value};
 use kvcache_e2e::{Error, paths};
 
 /// Long enough that a takeover within it can only come from the leader releasing the Lease.
 const LEASE_SECONDS: u64 = 60;
 const WAIT: Duration = Duration::from_secs(45);
 
-fn leads(op: &Operator) -> Option<bool> {
-    let text = op.metrics().ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("kvcache_operator_leader "))
-        .map(|v| v.trim() == "1")
+/// Whether the replica leads, as its `kvcache_operator_leader` gauge says (`None`: no gauge).
+fn leads(text: &str) -> Option<bool> {
+    metric_value(text, "kvcache_operator_leader").map(|v| v == 1.0)
 }
 
-fn reconciled_any(op: &Operator) -> bool {
-    op.metrics().is_ok_and(|t| {
-        t.lines()
-            .any(|l| l.starts_with("kvcache_operator_reconciles_total{"))
-    })
+/// The reconciles the replica counted, of every controller and outcome (`None`: none yet).
+fn reconciles(text: &str) -> Option<f64> {
+    metric_sum(text, "kvcache_operator_reconciles_total", &[])
 }
 
-/// Waits until `ok` holds for the operator's metrics, saying what it waited for.
-fn wait_for(op: &Operator, what: &str, ok: impl Fn(&Operator) -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !ok(op) {
-        assert!(Instant::now() < deadline, "waited {WAIT:?} for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+/// Waits until the replica's metrics satisfy `ok`; a wait that runs out names `what`.
+fn wait_metrics(op: &mut Operator, what: &str, ok: impl FnMut(&str) -> bool) -> String {
+    op.wait_metrics(what, WAIT, ok)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn pool(name: &str) -> KVCachePool {
@@ -63,15 +57,15 @@ fn one_replica_reconciles_the_other_stands_by_and_sigterm_hands_over_at_once() {
         .extra(&args)
         .start(&dir)
         .expect("first");
-    wait_for(&first, "the first replica to lead", |o| {
-        leads(o) == Some(true)
+    wait_metrics(&mut first, "the first replica leading", |t| {
+        leads(t) == Some(true)
     });
-    let second = Operator::builder(&kc, &ns)
+    let mut second = Operator::builder(&kc, &ns)
         .extra(&args)
         .start(&dir)
         .expect("second");
-    wait_for(&second, "the second replica to report standing by", |o| {
-        leads(o) == Some(false)
+    wait_metrics(&mut second, "the second replica standing by", |t| {
+        leads(t) == Some(false)
     });
 
     let ns2 = ns.clone();
@@ -99,16 +93,25 @@ fn one_replica_reconciles_the_other_stands_by_and_sigterm_hands_over_at_once() {
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    assert!(!reconciled_any(&second), "the standby reconciles nothing");
+    // An absence cannot be awaited: it is read once, from a scrape that answered (a failed
+    // scrape is an error here, not an absence).
+    let standby = second
+        .metrics()
+        .unwrap_or_else(|e| panic!("the standby's metrics: {e}"));
+    assert_eq!(
+        reconciles(&standby),
+        None,
+        "the standby reconciles nothing: {standby}"
+    );
 
     // SIGTERM on the leader: it releases the Lease, and the standby leads well before the
     // Lease (60 s) would have expired.
     let stopped = Instant::now();
     first.stop(Duration::from_secs(20));
-    wait_for(
-        &second,
-        "the standby to lead after the leader's SIGTERM",
-        |o| leads(o) == Some(true),
+    wait_metrics(
+        &mut second,
+        "the standby leading after the leader's SIGTERM",
+        |t| leads(t) == Some(true),
     );
     assert!(
         stopped.elapsed() < Duration::from_secs(LEASE_SECONDS),
@@ -131,7 +134,20 @@ fn one_replica_reconciles_the_other_stands_by_and_sigterm_hands_over_at_once() {
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    assert!(reconciled_any(&second), "the new leader reconciles");
+    // The status above is written during a reconcile; the counter moves when that reconcile
+    // ends: wait for it.
+    wait_metrics(
+        &mut second,
+        "the new leader counting a reconcile of the pool controller",
+        |t| {
+            metric_sum(
+                t,
+                "kvcache_operator_reconciles_total",
+                &[("controller", "kvcachepool")],
+            )
+            .is_some_and(|n| n >= 1.0)
+        },
+    );
 }
 
 /// What a replica logs when it starts leading (crates/kvcache-operator/src/election.rs).
@@ -193,16 +209,25 @@ fn replicas_started_together_on_a_new_lease_never_lead_two_at_once() {
             .await
         });
         renewed.unwrap_or_else(|e| panic!("round {round}: {e}"));
-        let leaders: Vec<usize> = replicas
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.log_text().contains(LEADING))
-            .map(|(i, _)| i)
-            .collect();
+        // The holder logged its start before it renewed, but a log is read as a file, with no
+        // watch: wait (bounded) for a replica's line, then count every replica that wrote one.
+        let logged = || -> Vec<usize> {
+            replicas
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.log_text().contains(LEADING))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let deadline = Instant::now() + WAIT;
+        while logged().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let leaders = logged();
         assert!(
             !leaders.is_empty(),
-            "round {round}: no replica logged {LEADING:?} though the Lease is held (is the \
-             operator's log level above info?)"
+            "round {round}: no replica logged {LEADING:?} within {WAIT:?} though the Lease is \
+             held (is the operator's log level above info?)"
         );
         assert_eq!(
             leaders.len(),

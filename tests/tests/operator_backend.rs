@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::{Client, ResourceExt};
@@ -15,8 +14,8 @@ use kvcache_api::backend::BackendPhase;
 use kvcache_api::{KVCacheBackend, KVCachePool};
 use kvcache_e2e::cluster::wait_object;
 use kvcache_e2e::operator::{Operator, SELECTOR_LABEL};
-use kvcache_e2e::status::{describe, has_condition, phase};
-use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
+use kvcache_e2e::status::{describe, has_condition, phase, wait_event};
+use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions, metric_sum};
 use kvcache_e2e::{paths, shared};
 use kvcache_render::backend::OWNER_LABEL;
 
@@ -196,26 +195,26 @@ async fn capacity_comes_from_the_store_and_follows_it() {
     )
     .await;
 
-    // Events a user sees in `kubectl describe`.
-    let events: Vec<Event> = Api::<Event>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("capacity-store"))
-        .collect();
-    let reasons: Vec<&str> = events.iter().filter_map(|e| e.reason.as_deref()).collect();
+    // Events a user sees in `kubectl describe`: recorded by the reconciles whose status was
+    // seen, and listed until they are there rather than once.
     for want in ["BackendReady", "CapacityChanged"] {
-        assert!(reasons.contains(&want), "no {want} event in {reasons:?}");
+        wait_event(&client, "capacity-store", want, "", WAIT)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     }
-    assert!(
-        operator
-            .metrics()
-            .expect("metrics")
-            .contains("kvcache_operator_reconciles_total"),
-        "the operator exports its reconciles"
-    );
+    // A reconcile is counted when it ends, after the status it wrote can be seen.
+    let mut operator = operator;
+    tokio::task::block_in_place(|| {
+        operator.wait_metrics("a reconcile of the backend controller counted", WAIT, |t| {
+            metric_sum(
+                t,
+                "kvcache_operator_reconciles_total",
+                &[("controller", "kvcachebackend")],
+            )
+            .is_some_and(|n| n > 0.0)
+        })
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
     drop((m, members, operator));
 }
 

@@ -10,7 +10,7 @@ use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::BackendPhase;
 use kvcache_e2e::cluster::{block_on, client_from};
 use kvcache_e2e::pods;
-use kvcache_e2e::status::{condition, phase, wait_condition};
+use kvcache_e2e::status::{condition, phase, wait_condition, wait_event};
 use kvcache_e2e::walkthrough::{self, backend_pods};
 
 use crate::{
@@ -215,6 +215,8 @@ fn a_setting_change_rolls_the_pods_of_backends_without_their_own_image_only_and_
             message.contains(dtype_key) && message.contains("last good settings are kept"),
             "the condition names the key and what is kept: {message}"
         );
+        // The event is recorded by a reconcile like the condition: listed until it is there.
+        wait_event(&client, follows, "SettingsUnreadable", dtype_key, WAIT).await?;
         let events = Api::<Event>::all(client.clone())
             .list(&ListParams::default())
             .await?;
@@ -225,7 +227,7 @@ fn a_setting_change_rolls_the_pods_of_backends_without_their_own_image_only_and_
                     && e.type_.as_deref() == Some("Warning")
                     && e.note.as_deref().is_some_and(|n| n.contains(dtype_key))
             }),
-            "a Warning event SettingsUnreadable naming {dtype_key} on {follows}"
+            "the SettingsUnreadable event naming {dtype_key} on {follows} is a Warning"
         );
         // The backend was reconciled under the refusal and rolled nothing back.
         let follows_now =

@@ -348,17 +348,16 @@ fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
 
-        // The operator exports it per deployment and domain.
+        // The operator exports it per deployment and domain, from its own cache of the
+        // deployments (which follows the status just seen): read until it shows.
+        let labels = [("namespace", "team-a"), ("deployment", "chat"), ("domain", "default")];
+        let series = "kvcache_operator_model_shared_cache_hit_ratio";
         let text = operator()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .metrics()?;
-        let series = "kvcache_operator_model_shared_cache_hit_ratio{namespace=\"team-a\",deployment=\"chat\",domain=\"default\"}";
-        let exported = store::metric_value(&text, series);
-        assert!(
-            exported.is_some_and(|v| v > 0.0),
-            "{series} in the operator's metrics: {exported:?}"
-        );
+            .wait_metrics(&format!("{series} {labels:?} above 0"), WAIT, |t| {
+                store::metric_sum(t, series, &labels).is_some_and(|v| v > 0.0)
+            })?;
         // Every dashboard series that needs counting engines is among them.
         for name in kvcache_render::monitoring::ENGINE_SERIES {
             assert!(
@@ -692,8 +691,16 @@ fn with_warm_failover_the_same_prompt_still_hits_after_the_serving_leader_is_del
             serving(b) && view(b).is_some_and(|v| Some(v) != first_view)
         })
         .await?;
-        let after = engine::master_keys(&client, NAMESPACE, WARM).await?;
-        assert!(after >= written, "the new master knows the writer's {written} keys: {after}");
+        // The new master, read once it serves (the old leader Pod may still be listed Ready
+        // a moment): it knows at least the writer's keys (whole counts: more than one fewer).
+        engine::wait_keys_above(
+            &client,
+            NAMESPACE,
+            WARM,
+            written - 1.0,
+            &format!("the writer's {written} keys on the new master"),
+        )
+        .await?;
 
         // The reader asks for the same prompt, nothing written again: its engine's client
         // finds the new master through etcd and the blocks are there. Until its client has
