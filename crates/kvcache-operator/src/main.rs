@@ -7,6 +7,7 @@ mod controllers;
 mod election;
 mod error;
 mod run;
+mod serve;
 mod store;
 mod telemetry;
 mod watch;

@@ -207,7 +207,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
                 let _ = writing.send(true);
                 ctx.metrics.leader.set(1);
                 leadership
-                    .lead(crate::controllers::run(ctx.clone(), changes))
+                    .lead(crate::controllers::run(ctx.clone(), changes, ended(&ready)))
                     .await
             }
             Ok(None) => Ok(()),
@@ -215,7 +215,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         }
     } else {
         ctx.metrics.leader.set(1);
-        crate::controllers::run(ctx.clone(), changes).await;
+        crate::controllers::run(ctx.clone(), changes, ended(&ready)).await;
         Ok(())
     };
     ctx.metrics.leader.set(0);
@@ -229,6 +229,16 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         info!("stopped");
     }
     outcome
+}
+
+/// What a controller loop that ended calls: the liveness probe fails from then on (a loop
+/// ending on SIGTERM fails it too, harmlessly: the replica is stopping).
+fn ended(ready: &Arc<Readiness>) -> impl Fn(&'static str) + Send + Sync + Clone + 'static {
+    let ready = ready.clone();
+    move |what| {
+        error!(loop_ = what, "a controller loop ended");
+        ready.ended(what);
+    }
 }
 
 /// Refuses to start without the CRDs, saying how to install them.
@@ -261,7 +271,9 @@ async fn serve_metrics(
         .await
         .map_err(|source| Error::Serve { addr, source })?;
     Ok(tokio::spawn(async move {
-        if let Err(e) = telemetry::serve(listener, metrics, ready).await {
+        if let Err(e) =
+            telemetry::serve(listener, metrics, ready, crate::serve::Bounds::METRICS).await
+        {
             error!(error = %e, "the metrics and health server stopped");
         }
     }))
@@ -363,20 +375,29 @@ fn start_webhook(
     let keeping = tokio::spawn(keeper.run(ready.clone()));
     let router = webhook::router(Arc::new(webhook::Webhook { ctx: ctx.clone() }));
     let (stop, mut stopping) = tokio::sync::watch::channel(false);
+    let counts: Arc<dyn crate::serve::Counts> = ctx.metrics.clone();
+    let ready = ready.clone();
     let serving = tokio::spawn(async move {
+        let mut asked = stopping.clone();
         let stopped = async move {
             let _ = stopping.wait_for(|s| *s).await;
         };
-        if let Err(e) = webhook::tls::serve(
+        let outcome = webhook::tls::serve(
             addr,
             router,
             presented,
-            webhook::tls::Limits::default(),
+            crate::serve::Bounds::WEBHOOK,
+            counts,
             stopped,
         )
-        .await
-        {
-            error!(error = %e, %addr, "the webhook server stopped");
+        .await;
+        // A listener that ends unasked fails both probes (telemetry::health, readiness).
+        if !*asked.borrow_and_update() {
+            match outcome {
+                Err(e) => error!(error = %e, %addr, "the webhook listener ended"),
+                Ok(()) => error!(%addr, "the webhook listener ended"),
+            }
+            ready.ended(telemetry::WEBHOOK_LISTENER);
         }
     });
     WebhookTasks {

@@ -66,6 +66,15 @@ pub struct WebhookLabels {
     pub outcome: String,
 }
 
+/// Labels of what a server refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// `webhook` or `metrics`.
+    pub server: String,
+    /// Why: `full`, `source_full` (connections); `too_large`, `busy`, `timed_out` (requests).
+    pub reason: String,
+}
+
 /// Labels of a backend's series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendLabels {
@@ -388,6 +397,10 @@ pub struct Metrics {
     pub store_reads: Family<StoreLabels, Counter>,
     /// Webhook request durations by webhook and outcome.
     pub webhook_seconds: Family<WebhookLabels, Histogram>,
+    /// Connections closed unserved, by server and reason.
+    pub connections_refused: Family<RefusedLabels, Counter>,
+    /// Requests answered without reaching their handler, by server and reason.
+    pub requests_refused: Family<RefusedLabels, Counter>,
     /// 1 while this replica leads (runs the controllers), 0 while it stands by.
     pub leader: prometheus_client::metrics::gauge::Gauge,
     /// When the presented webhook certificate expires, seconds since the epoch (0: none).
@@ -415,6 +428,18 @@ impl Default for Metrics {
         let webhook_seconds = Family::<WebhookLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0005, 2.0, 14))
         });
+        let connections_refused = Family::<RefusedLabels, Counter>::default();
+        let requests_refused = Family::<RefusedLabels, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Connections to the webhook or metrics server closed unserved: full (every slot taken) or source_full (the source holds its share)",
+            connections_refused.clone(),
+        );
+        registry.register(
+            "requests_refused",
+            "Requests answered without reaching their handler: too_large (body over the limit), busy (no memory for the body in time), timed_out",
+            requests_refused.clone(),
+        );
         let leader = prometheus_client::metrics::gauge::Gauge::default();
         let webhook_certificate_expiry = prometheus_client::metrics::gauge::Gauge::default();
         registry.register(
@@ -477,6 +502,8 @@ impl Default for Metrics {
             reconcile_seconds,
             store_reads,
             webhook_seconds,
+            connections_refused,
+            requests_refused,
             leader,
             webhook_certificate_expiry,
             backend_capacity,
@@ -568,7 +595,27 @@ impl Metrics {
     }
 }
 
-/// What `/readyz` answers.
+impl crate::serve::Counts for Metrics {
+    fn connection_refused(&self, server: &'static str, why: crate::serve::Refused) {
+        self.connections_refused
+            .get_or_create(&RefusedLabels {
+                server: server.to_owned(),
+                reason: why.label().to_owned(),
+            })
+            .inc();
+    }
+
+    fn request_refused(&self, server: &'static str, why: &crate::serve::Early) {
+        self.requests_refused
+            .get_or_create(&RefusedLabels {
+                server: server.to_owned(),
+                reason: why.label().to_owned(),
+            })
+            .inc();
+    }
+}
+
+/// What `/healthz` and `/readyz` answer.
 #[derive(Default)]
 pub struct Readiness {
     /// The controllers' caches are synced.
@@ -578,13 +625,45 @@ pub struct Readiness {
     /// When the presented webhook certificate expires, seconds since the epoch (0: none
     /// presented).
     pub certificate_not_after: std::sync::atomic::AtomicI64,
+    /// The loops that ended while the process runs on (the webhook listener, a controller):
+    /// each fails the liveness probe, since nothing restarts them but a restart of the process.
+    pub ended: std::sync::Mutex<std::collections::BTreeSet<&'static str>>,
 }
 
-/// Whether the replica is alive as its liveness probe asks: not when the webhook's presented
-/// certificate has expired (`not_after`, seconds since the epoch; 0 when none is presented) at
-/// `now`, since then the API server refuses every request the webhook guards and a restart
-/// makes the keeper start afresh.
-pub fn health(not_after: i64, now: i64) -> Result<(), String> {
+/// The webhook listener's name among [`Readiness::ended`].
+pub const WEBHOOK_LISTENER: &str = "the webhook listener";
+
+impl Readiness {
+    /// Records that `what` ended.
+    pub fn ended(&self, what: &'static str) {
+        self.ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(what);
+    }
+
+    fn ended_now(&self) -> Vec<&'static str> {
+        self.ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .copied()
+            .collect()
+    }
+}
+
+/// Whether the replica is alive as its liveness probe asks: not when a loop that only a restart
+/// brings back has ended (`ended`: the webhook listener, a controller), and not when the
+/// webhook's presented certificate has expired (`not_after`, seconds since the epoch; 0 when
+/// none is presented) at `now`, since then the API server refuses every request the webhook
+/// guards and a restart makes the keeper start afresh.
+pub fn health(not_after: i64, now: i64, ended: &[&str]) -> Result<(), String> {
+    if !ended.is_empty() {
+        return Err(format!(
+            "{} ended: restart the replica",
+            ended.join(" and ")
+        ));
+    }
     if not_after > 0 && now >= not_after {
         return Err(format!(
             "the webhook's serving certificate expired {} s ago and was not renewed",
@@ -592,6 +671,23 @@ pub fn health(not_after: i64, now: i64) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Whether the replica is ready as its readiness probe asks: its caches synced
+/// (`controllers`), and the webhook serving: a certificate loaded and trusted (`webhook`) and
+/// its listener not ended.
+pub fn readiness(controllers: bool, webhook: bool, ended: &[&str]) -> Result<(), &'static str> {
+    if !controllers {
+        Err("caches not synced yet")
+    } else if ended.contains(&WEBHOOK_LISTENER) {
+        Err("the webhook listener ended")
+    } else if !webhook {
+        Err(
+            "the webhook has no certificate loaded, or the webhook configurations do not trust it yet",
+        )
+    } else {
+        Ok(())
+    }
 }
 
 #[derive(Clone)]
@@ -614,40 +710,59 @@ async fn healthz(State(s): State<Context>) -> (StatusCode, String) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-    match health(s.ready.certificate_not_after.load(Ordering::Relaxed), now) {
+    let ended = s.ready.ended_now();
+    match health(
+        s.ready.certificate_not_after.load(Ordering::Relaxed),
+        now,
+        &ended,
+    ) {
         Ok(()) => (StatusCode::OK, "ok".to_owned()),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
 
 async fn readyz(State(s): State<Context>) -> (StatusCode, &'static str) {
-    if !s.ready.controllers.load(Ordering::Relaxed) {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced yet")
-    } else if !s.ready.webhook.load(Ordering::Relaxed) {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the webhook has no certificate loaded, or the webhook configurations do not trust it yet",
-        )
-    } else {
-        (StatusCode::OK, "ok")
+    match readiness(
+        s.ready.controllers.load(Ordering::Relaxed),
+        s.ready.webhook.load(Ordering::Relaxed),
+        &s.ready.ended_now(),
+    ) {
+        Ok(()) => (StatusCode::OK, "ok"),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` until the task is dropped.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    metrics_: Arc<Metrics>,
-    ready: Arc<Readiness>,
-) -> std::io::Result<()> {
-    let app = Router::new()
+/// The routes of the metrics and health port.
+fn router(metrics_: Arc<Metrics>, ready: Arc<Readiness>) -> Router {
+    Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(Context {
             metrics: metrics_,
             ready,
-        });
-    axum::serve(listener, app).await
+        })
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` within `bounds` until the task is dropped.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics_: Arc<Metrics>,
+    ready: Arc<Readiness>,
+    bounds: crate::serve::Bounds,
+) -> std::io::Result<()> {
+    let counts: Arc<dyn crate::serve::Counts> = metrics_.clone();
+    crate::serve::accept_loop(
+        listener,
+        router(metrics_, ready),
+        crate::serve::Ledger::new(bounds),
+        counts,
+        "metrics",
+        |tcp| async move { Some(tcp) },
+        std::future::pending(),
+        std::time::Duration::ZERO,
+    )
+    .await
 }
 
 #[cfg(test)]
@@ -656,12 +771,132 @@ mod tests {
 
     #[test]
     fn an_expired_webhook_certificate_fails_the_liveness_probe() {
-        assert_eq!(health(0, 1_000), Ok(()), "no certificate presented");
-        assert_eq!(health(2_000, 1_000), Ok(()));
+        assert_eq!(health(0, 1_000, &[]), Ok(()), "no certificate presented");
+        assert_eq!(health(2_000, 1_000, &[]), Ok(()));
         assert_eq!(
-            health(1_000, 1_060),
+            health(1_000, 1_060, &[]),
             Err("the webhook's serving certificate expired 60 s ago and was not renewed".into())
         );
-        assert!(health(1_000, 1_000).is_err(), "expired at its own second");
+        assert!(
+            health(1_000, 1_000, &[]).is_err(),
+            "expired at its own second"
+        );
+    }
+
+    #[test]
+    fn an_ended_loop_fails_the_liveness_probe_and_an_ended_listener_readiness() {
+        assert_eq!(
+            health(0, 1_000, &[WEBHOOK_LISTENER]),
+            Err("the webhook listener ended: restart the replica".into())
+        );
+        assert_eq!(
+            health(0, 1_000, &["the ModelDeployment controller"]),
+            Err("the ModelDeployment controller ended: restart the replica".into())
+        );
+        assert_eq!(readiness(true, true, &[]), Ok(()));
+        assert_eq!(
+            readiness(true, true, &[WEBHOOK_LISTENER]),
+            Err("the webhook listener ended"),
+            "a loaded certificate does not make an ended listener serve"
+        );
+        assert!(readiness(true, false, &[]).is_err());
+        assert!(readiness(false, true, &[]).is_err());
+    }
+
+    /// The metrics port on a loopback listener with `bounds`; its address.
+    async fn metrics_port(
+        bounds: crate::serve::Bounds,
+    ) -> (std::net::SocketAddr, Arc<Metrics>, Arc<Readiness>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        let (metrics, ready) = (Arc::new(Metrics::default()), Arc::new(Readiness::default()));
+        tokio::spawn(serve(listener, metrics.clone(), ready.clone(), bounds));
+        (addr, metrics, ready)
+    }
+
+    async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connects");
+        c.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("writes");
+        let mut text = String::new();
+        c.read_to_string(&mut text).await.expect("reads");
+        let status = text
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        (status, text)
+    }
+
+    #[tokio::test]
+    async fn a_listener_that_ended_fails_healthz_over_http() {
+        let (addr, _, ready) = metrics_port(crate::serve::Bounds::METRICS).await;
+        assert_eq!(get(addr, "/healthz").await.0, 200);
+        ready.ended(WEBHOOK_LISTENER);
+        let (status, text) = get(addr, "/healthz").await;
+        assert_eq!(status, 503, "{text}");
+        assert!(
+            text.ends_with("the webhook listener ended: restart the replica"),
+            "{text}"
+        );
+        assert_eq!(get(addr, "/readyz").await.0, 503);
+    }
+
+    #[tokio::test]
+    async fn slow_clients_cannot_starve_the_probes() {
+        use tokio::io::AsyncWriteExt;
+        let bounds = crate::serve::Bounds {
+            connections: 8,
+            per_source: 4,
+            header_read: std::time::Duration::from_millis(300),
+            ..crate::serve::Bounds::METRICS
+        };
+        let (addr, metrics, _) = metrics_port(bounds).await;
+        // One source opens its share and more, each sending half a request line and stopping.
+        let mut slow = Vec::new();
+        for _ in 0..6 {
+            let mut c = tokio::net::TcpStream::connect(addr)
+                .await
+                .expect("connects");
+            let _ = c.write_all(b"GET /metr").await;
+            slow.push(c);
+        }
+        // Another source (127.0.0.2 is loopback too) is still served at once.
+        let other = tokio::net::TcpSocket::new_v4().expect("a socket");
+        other
+            .bind("127.0.0.2:0".parse().expect("an address"))
+            .expect("binds");
+        let mut c = other.connect(addr).await.expect("connects");
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("writes");
+        let mut text = String::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            tokio::io::AsyncReadExt::read_to_string(&mut c, &mut text),
+        )
+        .await
+        .expect("another source is answered while one holds its share")
+        .expect("reads");
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        let refused = metrics
+            .connections_refused
+            .get_or_create(&RefusedLabels {
+                server: "metrics".into(),
+                reason: "source_full".into(),
+            })
+            .get();
+        assert_eq!(
+            refused, 2,
+            "the two past the source's share of 4 were closed"
+        );
     }
 }

@@ -37,23 +37,55 @@ pub const RELEASE_FINALIZER: &str = "kvcache.gpustack.ai/release";
 /// subscription. Pools, Bindings and ModelDeployments are reconciled by the operator that
 /// reconciles every backend (`--backend-selector` scopes backends only, for several operators on
 /// one cluster).
-pub async fn run(ctx: Arc<Context>, changes: Changes) {
+pub async fn run(
+    ctx: Arc<Context>,
+    changes: Changes,
+    ended: impl Fn(&'static str) + Clone + Send + Sync + 'static,
+) {
     let Changes {
         backends,
         pools,
         bindings,
         models,
     } = changes;
+    // Each loop says when it ends (the liveness probe fails on one that ends alone).
+    let backend = watched(
+        "the KVCacheBackend controller",
+        backend::run(ctx.clone(), backends, pools.clone(), bindings.clone()),
+        ended.clone(),
+    );
     if ctx.config.backend_selector.is_empty() {
         tokio::join!(
-            backend::run(ctx.clone(), backends, pools.clone(), bindings.clone()),
-            pool::run(ctx.clone(), pools),
-            binding::run(ctx.clone(), bindings),
-            model::run(ctx.clone(), models),
+            backend,
+            watched(
+                "the KVCachePool controller",
+                pool::run(ctx.clone(), pools),
+                ended.clone()
+            ),
+            watched(
+                "the KVCachePoolBinding controller",
+                binding::run(ctx.clone(), bindings),
+                ended.clone()
+            ),
+            watched(
+                "the ModelDeployment controller",
+                model::run(ctx.clone(), models),
+                ended
+            ),
         );
     } else {
-        backend::run(ctx, backends, pools, bindings).await;
+        backend.await;
     }
+}
+
+/// Runs `controller`, then says that `what` ended.
+async fn watched(
+    what: &'static str,
+    controller: impl std::future::Future<Output = ()>,
+    ended: impl Fn(&'static str),
+) {
+    controller.await;
+    ended(what);
 }
 
 /// Server-side apply under the one field manager, forced.

@@ -1,53 +1,28 @@
 //! The webhook's HTTPS server: TLS with the certificate the keeper presents, HTTP/1 and HTTP/2,
-//! bounded in what one client can hold (a handshake and a request's headers within their
-//! timeouts, a cap on open connections), and a bounded drain on shutdown.
+//! within [`crate::serve::Bounds`] (a handshake, a request's headers and the whole request
+//! within their timeouts, a body limit, a memory budget, connections capped in all and per
+//! source), and a bounded drain on shutdown.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use tracing::{info, warn};
 
+use crate::serve::{Bounds, Counts, Ledger};
 use crate::webhook::certs::Presented;
 
-/// What one client may hold of the server.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    /// From the connection's accept to the TLS handshake's end.
-    pub handshake: std::time::Duration,
-    /// From a request's first byte to its last header (HTTP/1); an HTTP/2 connection that
-    /// stops answering pings within it is closed.
-    pub header_read: std::time::Duration,
-    /// Connections open at once; the next waits in the listen backlog until one closes.
-    pub connections: usize,
-}
-
-impl Default for Limits {
-    /// The API server sends a webhook request within its own 10 s timeout and keeps a few
-    /// connections per replica: these bounds leave it room and leave a slow or idle client
-    /// nothing to pile up.
-    fn default() -> Self {
-        Limits {
-            handshake: std::time::Duration::from_secs(10),
-            header_read: std::time::Duration::from_secs(10),
-            connections: 256,
-        }
-    }
-}
-
-/// Serves the routes over TLS with the presented certificate until the task is dropped.
+/// Serves the routes over TLS with the presented certificate until `stop`.
 pub async fn serve(
     addr: SocketAddr,
     router: Router,
     presented: Arc<Presented>,
-    limits: Limits,
+    bounds: Bounds,
+    counts: Arc<dyn Counts>,
     stop: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    serve_on(listener, router, presented, limits, stop).await
+    serve_on(listener, router, presented, bounds, counts, stop).await
 }
 
 /// [`serve`] on a bound listener.
@@ -55,7 +30,8 @@ pub async fn serve_on(
     listener: tokio::net::TcpListener,
     router: Router,
     presented: Arc<Presented>,
-    limits: Limits,
+    bounds: Bounds,
+    counts: Arc<dyn Counts>,
     stop: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(
@@ -70,83 +46,38 @@ pub async fn serve_on(
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let addr = listener.local_addr()?;
     info!(%addr, "webhook serving");
-    let open = Arc::new(tokio::sync::Semaphore::new(limits.connections));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut stop = std::pin::pin!(stop);
-    loop {
-        // A connection slot first: past the cap, new clients wait in the backlog.
-        let slot = tokio::select! {
-            slot = open.clone().acquire_owned() => match slot {
-                Ok(s) => s,
-                Err(_) => break,
-            },
-            () = &mut stop => break,
-        };
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(error = %e, "accepting a webhook connection");
-                    continue;
-                }
-            },
-            () = &mut stop => break,
-        };
-        // Answers are small writes: without this, Nagle's algorithm holds each one back until
-        // the API server acknowledges the previous segment.
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(%peer, error = %e, "TCP_NODELAY on a webhook connection");
-        }
-        let (acceptor, router) = (acceptor.clone(), router.clone());
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let tls = match tokio::time::timeout(limits.handshake, acceptor.accept(tcp)).await {
-                Ok(Ok(t)) => t,
+    let handshake = bounds.handshake;
+    let wrap = move |tcp: tokio::net::TcpStream| {
+        let acceptor = acceptor.clone();
+        async move {
+            match tokio::time::timeout(handshake, acceptor.accept(tcp)).await {
+                Ok(Ok(t)) => Some(t),
                 Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                    None
                 }
                 Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
+                    tracing::debug!("TLS handshake timed out");
+                    None
                 }
-            };
-            let service = TowerToHyperService::new(router);
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read);
-            builder
-                .http2()
-                .timer(TokioTimer::new())
-                .keep_alive_interval(limits.header_read)
-                .keep_alive_timeout(limits.header_read);
-            let connection = builder
-                .serve_connection(TokioIo::new(tls), service)
-                .into_owned();
-            if let Err(e) = watcher.watch(connection).await {
-                tracing::debug!(%peer, error = %e, "webhook connection ended");
             }
-        });
+        }
+    };
+    let outcome = crate::serve::accept_loop(
+        listener,
+        router,
+        Ledger::new(bounds),
+        counts,
+        "webhook",
+        wrap,
+        stop,
+        DRAIN,
+    )
+    .await;
+    if let Err(e) = &outcome {
+        warn!(error = %e, "the webhook listener failed");
     }
-    // No new connections; the requests in flight are answered and their connections closed
-    // (HTTP/2 GOAWAY, HTTP/1 after the response), within DRAIN.
-    drop(listener);
-    let open = graceful.count();
-    if tokio::time::timeout(DRAIN, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        warn!(
-            open,
-            "webhook connections still open after the drain; closing them"
-        );
-    } else {
-        info!(open, "webhook drained");
-    }
-    Ok(())
+    outcome
 }
 
 /// How long a stopping replica waits for the webhook requests in flight.
@@ -161,8 +92,9 @@ mod tests {
     use super::*;
     use crate::webhook::certs::{Plan, Stored, carry_out};
 
-    /// A server with `limits` on a loopback port, presenting a fresh pair; its address.
-    async fn server(limits: Limits) -> SocketAddr {
+    /// A server with `bounds` on a loopback port, presenting a fresh pair; its address and the
+    /// refusals it counted.
+    async fn server(bounds: Bounds) -> (SocketAddr, Arc<crate::telemetry::Metrics>) {
         let pair = carry_out(
             &Plan::NewCa("test"),
             &Stored::default(),
@@ -175,64 +107,71 @@ mod tests {
             .await
             .expect("a port");
         let addr = listener.local_addr().expect("its address");
+        let metrics = Arc::new(crate::telemetry::Metrics::default());
         tokio::spawn(serve_on(
             listener,
             Router::new(),
             presented,
-            limits,
+            bounds,
+            metrics.clone(),
             std::future::pending(),
         ));
-        addr
+        (addr, metrics)
+    }
+
+    async fn closed_within(stream: &mut tokio::net::TcpStream, bound: Duration) -> Duration {
+        let t = Instant::now();
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(bound, stream.read(&mut buf))
+            .await
+            .expect("the server closes it within the bound");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        t.elapsed()
     }
 
     #[tokio::test]
     async fn a_client_that_never_completes_its_handshake_is_closed() {
-        let addr = server(Limits {
+        let (addr, _) = server(Bounds {
             handshake: Duration::from_millis(300),
-            ..Limits::default()
+            ..Bounds::WEBHOOK
         })
         .await;
         let mut silent = tokio::net::TcpStream::connect(addr)
             .await
             .expect("connects");
-        let t = Instant::now();
-        let mut buf = [0u8; 16];
-        let read = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf))
-            .await
-            .expect("the server closes it well within 5 s");
-        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
-        assert!(
-            t.elapsed() >= Duration::from_millis(250),
-            "{:?}",
-            t.elapsed()
-        );
+        let took = closed_within(&mut silent, Duration::from_secs(5)).await;
+        assert!(took >= Duration::from_millis(250), "{took:?}");
     }
 
     #[tokio::test]
-    async fn past_the_connection_cap_a_client_waits_for_a_slot() {
-        let addr = server(Limits {
-            handshake: Duration::from_millis(500),
-            header_read: Duration::from_millis(500),
-            connections: 1,
+    async fn past_its_sources_share_a_connection_is_closed_at_once() {
+        let (addr, metrics) = server(Bounds {
+            handshake: Duration::from_secs(30),
+            connections: 8,
+            per_source: 2,
+            ..Bounds::WEBHOOK
         })
         .await;
-        // The backlog is first come, first accepted: the first takes the one slot.
         let _first = tokio::net::TcpStream::connect(addr)
             .await
             .expect("connects");
-        let mut second = tokio::net::TcpStream::connect(addr).await.expect("backlog");
-        let t = Instant::now();
-        let mut buf = [0u8; 16];
-        // The second is accepted only once the first's handshake times out, then times out
-        // itself: it is closed no sooner than two handshake bounds after the first came.
-        let read = tokio::time::timeout(Duration::from_secs(5), second.read(&mut buf))
+        let _second = tokio::net::TcpStream::connect(addr)
             .await
-            .expect("closed within 5 s");
-        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
-        assert!(
-            t.elapsed() >= Duration::from_millis(800),
-            "{:?}",
-            t.elapsed()
-        );
+            .expect("connects");
+        let mut third = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connects");
+        // Not left waiting in the backlog behind the first two (their handshakes may take
+        // 30 s): closed long before.
+        let took = closed_within(&mut third, Duration::from_secs(5)).await;
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        let refused = metrics
+            .connections_refused
+            .get_or_create(&crate::telemetry::RefusedLabels {
+                server: "webhook".into(),
+                reason: "source_full".into(),
+            })
+            .get();
+        assert_eq!(refused, 1);
     }
 }
