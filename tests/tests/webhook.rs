@@ -505,6 +505,40 @@ fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_i
             let config: serde_json::Value = serde_json::from_str(a.get("kvcache.gpustack.ai/client-config").expect("client-config")).expect("JSON");
             assert_eq!(config["tenant_id"], name.as_str());
         }
+        // A Binding and its Pod in one `kubectl apply` (the Pod's review comes milliseconds after
+        // the Binding's write): both admitted, the Pod injected with the Binding's tenant, ten
+        // times over.
+        let dir = paths::scratch("webhook-together").expect("dir");
+        for i in 0..10 {
+            let name = format!("together-{i}");
+            let mut pod_doc = serde_json::to_value(pod(&name, |p| {
+                p["metadata"]["annotations"]["kvcache.gpustack.ai/binding"] = name.clone().into();
+            }))
+            .expect("JSON");
+            pod_doc["spec"]["terminationGracePeriodSeconds"] = 0.into();
+            let docs = [
+                serde_json::to_value(binding(&name, "pods-pool", &name)).expect("JSON"),
+                pod_doc,
+            ];
+            let file = dir.join(format!("{name}.yaml"));
+            let text: Vec<String> = docs.iter().map(|d| serde_yaml::to_string(d).expect("YAML")).collect();
+            std::fs::write(&file, text.join("---\n")).expect("write");
+            let out = kubectl().args(["apply", "-o", "json", "-f"]).arg(&file).output().expect("kubectl");
+            assert!(
+                out.status.success(),
+                "a Binding and its Pod applied together are both admitted ({name}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("kubectl's JSON");
+            let applied = list["items"].as_array().expect("a List of what was applied");
+            let created = applied.iter().find(|o| o["kind"] == "Pod").expect("the Pod");
+            let config: serde_json::Value = serde_json::from_str(
+                created["metadata"]["annotations"]["kvcache.gpustack.ai/client-config"].as_str().expect("client-config"),
+            )
+            .expect("JSON");
+            assert_eq!(config["tenant_id"], name.as_str());
+            pods.delete(&name, &DeleteParams::default()).await?;
+        }
 
         // Each refusal, with its reason in what the client reads.
         let ann = |k: &'static str, v: Option<&'static str>| {

@@ -73,24 +73,49 @@ pub async fn live_binding(
     else {
         return Ok(());
     };
+    live_pool(client, &b.spec.pool_ref.name, world).await?;
+    world.add_binding(Arc::new(b));
+    Ok(())
+}
+
+/// Reads a pool and its backend live into `world` (those that exist).
+pub async fn live_pool(client: &kube::Client, name: &str, world: &mut World) -> Result<(), Error> {
+    use kube::api::Api;
+    if !kvcache_api::admission::is_dns_subdomain(name) {
+        return Ok(());
+    }
+    let read = |what: String| kube_error("read", what);
     let pools: Api<KVCachePool> = Api::all(client.clone());
     if let Some(p) = pools
-        .get_opt(&b.spec.pool_ref.name)
+        .get_opt(name)
         .await
-        .map_err(read(format!("KVCachePool {}", b.spec.pool_ref.name)))?
+        .map_err(read(format!("KVCachePool {name}")))?
     {
-        if let Some(name) = p.spec.backend() {
-            let backends: Api<KVCacheBackend> = Api::all(client.clone());
-            if let Some(be) = backends
-                .get_opt(name)
-                .await
-                .map_err(read(format!("KVCacheBackend {name}")))?
-            {
-                world.add_backend(Arc::new(be));
-            }
+        if let Some(backend) = p.spec.backend() {
+            live_backend(client, backend, world).await?;
         }
         world.add_pool(Arc::new(p));
     }
-    world.add_binding(Arc::new(b));
+    Ok(())
+}
+
+/// Reads a backend live into `world` (when it exists).
+pub async fn live_backend(
+    client: &kube::Client,
+    name: &str,
+    world: &mut World,
+) -> Result<(), Error> {
+    use kube::api::Api;
+    if !kvcache_api::admission::is_dns_subdomain(name) {
+        return Ok(());
+    }
+    let backends: Api<KVCacheBackend> = Api::all(client.clone());
+    if let Some(be) = backends
+        .get_opt(name)
+        .await
+        .map_err(kube_error("read", format!("KVCacheBackend {name}")))?
+    {
+        world.add_backend(Arc::new(be));
+    }
     Ok(())
 }

@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use crate::context::Context;
 use admission::{World, freeze_pod, mutate_pod, validate};
-use live::{live_binding, live_world};
+use live::{live_backend, live_binding, live_pool, live_world};
 
 /// What the handlers read.
 pub struct Webhook {
@@ -55,17 +55,65 @@ async fn validate_handler(
         _ => None,
     };
     let world = match live {
-        Some(Ok(w)) => w,
-        Some(Err(why)) => {
+        Some(Ok(w)) => Ok(w),
+        Some(Err(why)) => Err(why),
+        None => with_references(&hook, review.request.as_ref()).await,
+    };
+    let world = match world {
+        Ok(w) => w,
+        Err(why) => {
             return answer(&hook, "validate", review, |req| {
                 AdmissionResponse::from(req).deny(why)
             });
         }
-        None => hook.world(),
     };
     answer(&hook, "validate", review, |req| {
         warned(validate(req, &settings, &world), settings_warning)
     })
+}
+
+/// The caches' world, with what a Binding or pool being written names read live when the
+/// caches have not seen it yet (a pool and its Binding applied together): a reference the
+/// caches lag behind on is never judged as missing.
+async fn with_references(
+    hook: &Webhook,
+    req: Option<&AdmissionRequest<DynamicObject>>,
+) -> Result<World, crate::error::Error> {
+    let mut world = hook.world();
+    let Some(req) = req.filter(|r| matches!(r.operation, Operation::Create | Operation::Update))
+    else {
+        return Ok(world);
+    };
+    let Some(spec) = req.object.as_ref().and_then(|o| o.data.get("spec")) else {
+        return Ok(world);
+    };
+    let named = |pointer: &str| {
+        spec.pointer(pointer)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+    };
+    match req.kind.kind.as_str() {
+        "KVCachePoolBinding" => {
+            if let Some(pool) = named("/poolRef/name")
+                && (world.pool(&pool).is_none()
+                    || world
+                        .pool(&pool)
+                        .and_then(|p| p.spec.backend())
+                        .is_some_and(|b| world.backend(b).is_none()))
+            {
+                live_pool(&hook.ctx.client, &pool, &mut world).await?;
+            }
+        }
+        "KVCachePool" => {
+            if let Some(backend) = named("/backends/0")
+                && world.backend(&backend).is_none()
+            {
+                live_backend(&hook.ctx.client, &backend, &mut world).await?;
+            }
+        }
+        _ => {}
+    }
+    Ok(world)
 }
 
 /// The response with the settings' refusal as a warning `kubectl` prints, when there is one.
