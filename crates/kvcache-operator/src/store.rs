@@ -19,10 +19,15 @@ use kvcache_render::store::{
 /// How long one request may take, answer body included.
 const TIMEOUT: Duration = Duration::from_millis(1500);
 
-/// The most one answer's body may hold: an engine's `/metrics` is about 100 KiB, a ledger of
-/// 2,000 tenants under 1 MiB. An engine runs a tenant's own image, so what it answers is capped
-/// before the operator (256Mi) holds it.
+/// The most one answer of a store's admin surface may hold: a ledger of 2,000 tenants is under
+/// 1 MiB. An engine's `/metrics` has a cap of its own, [`ENGINE_METRICS_MAX_BYTES`].
 const MAX_ANSWER_BYTES: usize = 4 << 20;
+
+/// The most one engine's `/metrics` body may hold. An engine runs a tenant's own image, so what
+/// it answers is capped before the operator (256Mi) holds it: a body past this is an error
+/// naming the URL and the cap ([`NoAnswer::TooLarge`]), of which no more is read.
+const ENGINE_METRICS_MAX_BYTES: usize = 1 << 20;
+const _: () = assert!(ENGINE_METRICS_MAX_BYTES < MAX_ANSWER_BYTES);
 
 /// How long an idle connection to a store is kept for the next read.
 const IDLE: Duration = Duration::from_secs(30);
@@ -47,12 +52,14 @@ impl Default for StoreClient {
 }
 
 impl StoreClient {
-    /// One request: the status and body, or why no answer came within [`TIMEOUT`].
+    /// One request: the status and body (read up to `limit` bytes), or why no answer came
+    /// within [`TIMEOUT`].
     async fn send(
         &self,
         method: &str,
         url: &str,
         body: Option<String>,
+        limit: usize,
     ) -> Result<(u16, String), NoAnswer> {
         let mut request = hyper::Request::builder().method(method).uri(url);
         if body.is_some() {
@@ -64,12 +71,12 @@ impl StoreClient {
         let answer = async {
             let response = self.http.request(request).await.map_err(|e| unsent(&e))?;
             let status = response.status().as_u16();
-            let bytes = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+            let bytes = Limited::new(response.into_body(), limit)
                 .collect()
                 .await
-                .map_err(|e| cut_or_too_large(e.as_ref()))?
+                .map_err(|e| cut_or_too_large(e.as_ref(), limit))?
                 .to_bytes();
-            let text = String::from_utf8(bytes.to_vec()).map_err(|e| NoAnswer::NotText {
+            let text = String::from_utf8(Vec::from(bytes)).map_err(|e| NoAnswer::NotText {
                 at: e.utf8_error().valid_up_to(),
             })?;
             Ok((status, text))
@@ -79,27 +86,44 @@ impl StoreClient {
             .unwrap_or_else(|_| Err(timed_out()))
     }
 
-    /// [`send`](Self::send), with no answer as the reader's error for `url`.
+    /// [`send`](Self::send) of a store's admin surface, with no answer as the reader's error
+    /// for `url`.
     async fn send_read(
         &self,
         method: &str,
         url: &str,
         body: Option<String>,
     ) -> Result<(u16, String), ReadError> {
-        self.send(method, url, body)
+        self.send(method, url, body, MAX_ANSWER_BYTES)
             .await
             .map_err(|cause| read_error(url, cause))
     }
 
-    /// A GET of `url`: the body of a 200 answer, or why there is none.
-    pub async fn fetch(&self, url: &str) -> Result<String, ReadError> {
-        match self.send_read("GET", url, None).await? {
+    /// A GET of `url` reading at most `limit` bytes: the body of a 200 answer, or why there is
+    /// none.
+    async fn get(&self, url: &str, limit: usize) -> Result<String, ReadError> {
+        match self
+            .send("GET", url, None, limit)
+            .await
+            .map_err(|cause| read_error(url, cause))?
+        {
             (200, body) => Ok(body),
             (status, _) => Err(ReadError::Status {
                 url: url.to_owned(),
                 status,
             }),
         }
+    }
+
+    /// A GET of a store's admin route `url`: the body of a 200 answer, or why there is none.
+    pub async fn fetch(&self, url: &str) -> Result<String, ReadError> {
+        self.get(url, MAX_ANSWER_BYTES).await
+    }
+
+    /// A GET of an engine's `/metrics` at `url`, read up to [`ENGINE_METRICS_MAX_BYTES`]: the
+    /// body of a 200 answer, or why there is none.
+    pub async fn engine_metrics(&self, url: &str) -> Result<String, ReadError> {
+        self.get(url, ENGINE_METRICS_MAX_BYTES).await
     }
 
     /// Reads the store whose admin surface is at `admin` (`host:port`).
@@ -134,7 +158,7 @@ impl StoreClient {
             "PUT" => req.body(),
             _ => None,
         };
-        self.send(req.method(), &url, body)
+        self.send(req.method(), &url, body, MAX_ANSWER_BYTES)
             .await
             .map(|(status, body)| decode(status, &body))
             .map_err(|cause| Unanswered {
@@ -209,12 +233,11 @@ fn unsent(e: &hyper_util::client::legacy::Error) -> NoAnswer {
     }
 }
 
-/// Why an answer's body could not be read to its end.
-/// Why a body was not read whole: past [`MAX_ANSWER_BYTES`], or cut as [`cut`] says.
-fn cut_or_too_large(e: &(dyn std::error::Error + Send + Sync + 'static)) -> NoAnswer {
+/// Why a body was not read whole: past the request's cap `limit`, or cut as [`cut`] says.
+fn cut_or_too_large(e: &(dyn std::error::Error + Send + Sync + 'static), limit: usize) -> NoAnswer {
     if e.is::<LengthLimitError>() {
         return NoAnswer::TooLarge {
-            limit_bytes: MAX_ANSWER_BYTES as u64,
+            limit_bytes: limit as u64,
         };
     }
     match e.downcast_ref::<hyper::Error>() {
@@ -322,6 +345,76 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_engine_body_is_read_up_to_its_own_cap_and_past_it_is_an_error_naming_both() {
+        let at: &'static str = Box::leak("y".repeat(ENGINE_METRICS_MAX_BYTES).into_boxed_str());
+        let past: &'static str =
+            Box::leak("x".repeat(ENGINE_METRICS_MAX_BYTES + 1).into_boxed_str());
+        let addr = serve(vec![(200, at), (200, past), (200, past)]).await;
+        let client = StoreClient::default();
+        let url = format!("http://{addr}/metrics");
+        assert_eq!(
+            client.engine_metrics(&url).await.map(|b| b.len()),
+            Ok(ENGINE_METRICS_MAX_BYTES)
+        );
+        let e = client.engine_metrics(&url).await.expect_err("past the cap");
+        assert_eq!(
+            e,
+            ReadError::Unreachable {
+                url: url.clone(),
+                cause: NoAnswer::TooLarge {
+                    limit_bytes: ENGINE_METRICS_MAX_BYTES as u64
+                }
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "no answer from {url}: the answer is larger than the client reads ({ENGINE_METRICS_MAX_BYTES} bytes)"
+            )
+        );
+        // The engine's cap is its own: a store's admin answer of the same size is read.
+        assert_eq!(
+            client.fetch(&url).await.map(|b| b.len()),
+            Ok(ENGINE_METRICS_MAX_BYTES + 1)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_engine_body_past_the_cap_is_not_read_to_its_end() {
+        // An engine that announces 1 GiB and keeps sending: the read ends at the cap, with
+        // the sender still writing.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = sent.clone();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("a connection");
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", 1u64 << 30);
+            let _ = s.write_all(head.as_bytes()).await;
+            let chunk = vec![b'x'; 64 << 10];
+            while s.write_all(&chunk).await.is_ok() {
+                counted.fetch_add(chunk.len(), std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let url = format!("http://{addr}/metrics");
+        assert_eq!(
+            StoreClient::default().engine_metrics(&url).await,
+            Err(ReadError::Unreachable {
+                url,
+                cause: NoAnswer::TooLarge {
+                    limit_bytes: ENGINE_METRICS_MAX_BYTES as u64
+                }
+            })
+        );
+        assert!(sent.load(std::sync::atomic::Ordering::Relaxed) < 64 << 20);
+    }
+
+    #[tokio::test]
     async fn a_ledger_answer_keeps_its_status() {
         let addr = serve(vec![(404, r#"{"success":false}"#)]).await;
         let client = StoreClient::default();
@@ -385,7 +478,10 @@ mod tests {
         });
         let client = StoreClient::default();
         let url = format!("http://{addr}/metrics");
-        let cause = client.send("GET", &url, None).await.expect_err("no answer");
+        let cause = client
+            .send("GET", &url, None, MAX_ANSWER_BYTES)
+            .await
+            .expect_err("no answer");
         assert_eq!(cause, NoAnswer::Closed);
         assert_eq!(
             read_error(&url, cause),
@@ -416,9 +512,12 @@ mod tests {
         });
         let client = StoreClient::default();
         let url = format!("http://{addr}/metrics");
-        assert_eq!(client.send("GET", &url, None).await, Err(NoAnswer::Cut));
         assert_eq!(
-            client.send("GET", &url, None).await,
+            client.send("GET", &url, None, MAX_ANSWER_BYTES).await,
+            Err(NoAnswer::Cut)
+        );
+        assert_eq!(
+            client.send("GET", &url, None, MAX_ANSWER_BYTES).await,
             Err(NoAnswer::NotText { at: 1 })
         );
         assert_eq!(
@@ -440,7 +539,9 @@ mod tests {
     async fn an_address_that_is_no_url_is_said_so() {
         let client = StoreClient::default();
         assert_eq!(
-            client.send("GET", "http://a b:1/", None).await,
+            client
+                .send("GET", "http://a b:1/", None, MAX_ANSWER_BYTES)
+                .await,
             Err(NoAnswer::InvalidUrl)
         );
     }
@@ -453,7 +554,8 @@ mod tests {
                 .send(
                     "GET",
                     "http://kvcache-no-such-host.invalid:9003/health",
-                    None
+                    None,
+                    MAX_ANSWER_BYTES
                 )
                 .await,
             Err(NoAnswer::UnknownHost)

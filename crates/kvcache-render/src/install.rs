@@ -321,6 +321,9 @@ fn cluster_role() -> ClusterRole {
             // Its engines' Pods (their metrics and readiness) and the store's, listed and
             // watched.
             rule(&[""], &["pods"], &["list", "watch"]),
+            // A ModelDeployment's engine Pods are those of its own Deployments' ReplicaSets
+            // (ownership, not labels, chooses the Pods whose metrics it reads): listed.
+            rule(&["apps"], &["replicasets"], &["list"]),
             // Events about our objects, where they live (a repeat patches its series).
             rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
             // At start: are the CRDs installed?

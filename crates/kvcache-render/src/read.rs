@@ -1,9 +1,13 @@
 //! Kubernetes objects read into what the status functions take: a member Pod (its group, its
-//! readiness, why it is not running), a Deployment's replica counts, a Pod's readiness. The
-//! operator lists the objects; everything it concludes from them is here.
+//! readiness, why it is not running), a Deployment's replica counts, a Pod's readiness, which
+//! engine Pods a ModelDeployment's scrape reads. The operator lists the objects; everything it
+//! concludes from them is here.
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::names::POD_SPEC_HASH;
@@ -162,6 +166,101 @@ pub fn replicas(d: &Deployment) -> LeaderReplicas {
     }
 }
 
+/// The most engine Pods one scrape of a ModelDeployment reads. Each read may wait the client's
+/// whole timeout, so a pass of a deployment with many replicas would hold a reconcile slot for
+/// minutes; the counters of this many replicas already give its hit ratio (`status.sharedCache`
+/// says how many of how many were read). The Pods read are the first by name, the same from
+/// pass to pass, so each one's counters have a window to move in.
+pub const ENGINE_PODS_PER_PASS: usize = 32;
+
+/// An engine Pod a shared-cache scrape reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnginePod {
+    /// Pod name, in the ModelDeployment's namespace.
+    pub name: String,
+    /// The Pod's uid: a replaced Pod of the same name starts its counters again.
+    pub uid: String,
+    /// Its address (the engine's `/metrics` is read there).
+    pub ip: String,
+}
+
+/// The engine Pods of a ModelDeployment that one scrape reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineSelection {
+    /// The Pods to read: at most [`ENGINE_PODS_PER_PASS`], by name.
+    pub pods: Vec<EnginePod>,
+    /// How many Pods qualified, those left out by the cap included.
+    pub ready: usize,
+}
+
+/// The uid of the object's controller (its owner reference with `controller: true`).
+fn controller_uid(meta: &ObjectMeta) -> Option<&str> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str())
+}
+
+/// Which engine Pods a scrape of the ModelDeployment whose uid is `owner` reads, by ownership
+/// and never by labels (which anyone who may create a Pod in the namespace can set): a Pod whose
+/// controller is a ReplicaSet whose controller is a Deployment that `owner` controls, of a role
+/// in `managed` (the label values of the roles the operator runs the engine command of, as the
+/// Deployment's `app.kubernetes.io/component` label names them). Of those, the Ready ones that
+/// are not terminating and have an address; at most [`ENGINE_PODS_PER_PASS`], by name.
+pub fn engine_pods(
+    owner: &str,
+    managed: &BTreeSet<String>,
+    deployments: &[Deployment],
+    replica_sets: &[ReplicaSet],
+    pods: &[Pod],
+) -> EngineSelection {
+    let uid = |meta: &ObjectMeta| meta.uid.clone().unwrap_or_default();
+    let roles: BTreeSet<String> = deployments
+        .iter()
+        .filter(|d| !owner.is_empty() && controller_uid(&d.metadata) == Some(owner))
+        .filter(|d| {
+            d.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app.kubernetes.io/component"))
+                .is_some_and(|c| managed.contains(c))
+        })
+        .map(|d| uid(&d.metadata))
+        .filter(|u| !u.is_empty())
+        .collect();
+    let sets: BTreeSet<String> = replica_sets
+        .iter()
+        .filter(|r| controller_uid(&r.metadata).is_some_and(|c| roles.contains(c)))
+        .map(|r| uid(&r.metadata))
+        .filter(|u| !u.is_empty())
+        .collect();
+    let mut chosen: Vec<EnginePod> = pods
+        .iter()
+        .filter(|p| controller_uid(&p.metadata).is_some_and(|c| sets.contains(c)))
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
+        .filter_map(|p| {
+            Some(EnginePod {
+                name: p.metadata.name.clone().unwrap_or_default(),
+                uid: uid(&p.metadata),
+                ip: p
+                    .status
+                    .as_ref()?
+                    .pod_ip
+                    .clone()
+                    .filter(|ip| !ip.is_empty())?,
+            })
+        })
+        .collect();
+    chosen.sort_by(|a, b| a.name.cmp(&b.name));
+    let ready = chosen.len();
+    chosen.truncate(ENGINE_PODS_PER_PASS);
+    EngineSelection {
+        pods: chosen,
+        ready,
+    }
+}
+
 /// A warm backend's etcd as its status shows it: Pods asked for and ready, and the endpoint
 /// list the masters, members and engines are given.
 pub fn etcd(
@@ -259,6 +358,167 @@ mod tests {
             "metadata": {"name": "m-0", "labels": {"app.kubernetes.io/component": "member-0"}}
         }));
         assert_eq!(member_pod(&none).and_then(|m| m.drain), None);
+    }
+
+    /// An object's metadata: `name`, `uid`, labels, and its controller's uid if any.
+    fn meta(name: &str, uid: &str, component: &str, controller: Option<&str>) -> serde_json::Value {
+        serde_json::json!({
+            "name": name, "uid": uid,
+            "labels": {"app.kubernetes.io/name": "model-deployment",
+                       "app.kubernetes.io/instance": "chat",
+                       "app.kubernetes.io/component": component},
+            "ownerReferences": controller.map(|c| vec![serde_json::json!(
+                {"apiVersion": "v1", "kind": "Owner", "name": "o", "uid": c, "controller": true})])
+                .unwrap_or_default()
+        })
+    }
+
+    fn deployment(name: &str, uid: &str, component: &str, owner: &str) -> Deployment {
+        serde_json::from_value(serde_json::json!({
+            "metadata": meta(name, uid, component, Some(owner)),
+            "spec": {"selector": {}, "template": {}}
+        }))
+        .expect("a Deployment")
+    }
+
+    fn replica_set(name: &str, uid: &str, owner: &str) -> ReplicaSet {
+        serde_json::from_value(serde_json::json!({
+            "metadata": meta(name, uid, "engine", Some(owner)),
+            "spec": {"selector": {}}
+        }))
+        .expect("a ReplicaSet")
+    }
+
+    /// A Ready Pod of the engine role with an address, controlled by `owner` if any.
+    fn engine_pod(name: &str, owner: Option<&str>) -> Pod {
+        pod(serde_json::json!({
+            "metadata": meta(name, &format!("uid-{name}"), "engine", owner),
+            "status": {"podIP": "10.0.0.9", "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+    }
+
+    fn names(s: &EngineSelection) -> Vec<&str> {
+        s.pods.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    /// The chain of ownership: the ModelDeployment `md` controls `chat-engine` (managed) and
+    /// `chat-sidecar` (a role running its own command); another deployment `other` controls
+    /// `other-engine`. Each Deployment has a ReplicaSet.
+    fn chain() -> (BTreeSet<String>, Vec<Deployment>, Vec<ReplicaSet>) {
+        (
+            BTreeSet::from(["engine".to_owned()]),
+            vec![
+                deployment("chat-engine", "d1", "engine", "md"),
+                deployment("chat-sidecar", "d2", "sidecar", "md"),
+                deployment("other-engine", "d3", "engine", "other"),
+            ],
+            vec![
+                replica_set("chat-engine-1", "rs1", "d1"),
+                replica_set("chat-engine-2", "rs1b", "d1"),
+                replica_set("chat-sidecar-1", "rs2", "d2"),
+                replica_set("other-engine-1", "rs3", "d3"),
+                // A ReplicaSet of the same labels that no Deployment of `md` controls.
+                replica_set("stray", "rs4", "someone"),
+            ],
+        )
+    }
+
+    #[test]
+    fn an_engine_pod_is_read_only_through_the_deployments_own_replica_sets() {
+        let (managed, deployments, sets) = chain();
+        let pods = vec![
+            engine_pod("chat-engine-1-a", Some("rs1")),
+            // An old ReplicaSet's Pod, mid-rollout: still the deployment's engine.
+            engine_pod("chat-engine-2-a", Some("rs1b")),
+            // Labelled as an engine of `chat`, controlled by nothing: anyone's Pod.
+            engine_pod("forged", None),
+            // Labelled so and controlled by a ReplicaSet that is not the deployment's.
+            engine_pod("stray-a", Some("rs4")),
+            // Controlled by the Deployment itself (no ReplicaSet between): not how a
+            // Deployment runs Pods.
+            engine_pod("direct", Some("d1")),
+            // Another deployment's engine.
+            engine_pod("other-engine-1-a", Some("rs3")),
+            // A role whose command is its own: not an engine the operator counts.
+            engine_pod("chat-sidecar-1-a", Some("rs2")),
+        ];
+        let chosen = engine_pods("md", &managed, &deployments, &sets, &pods);
+        assert_eq!(names(&chosen), ["chat-engine-1-a", "chat-engine-2-a"]);
+        assert_eq!(chosen.ready, 2);
+        assert_eq!(
+            chosen.pods[0],
+            EnginePod {
+                name: "chat-engine-1-a".into(),
+                uid: "uid-chat-engine-1-a".into(),
+                ip: "10.0.0.9".into()
+            }
+        );
+        // The other deployment reads its own and never `md`'s.
+        let theirs = engine_pods("other", &managed, &deployments, &sets, &pods);
+        assert_eq!(names(&theirs), ["other-engine-1-a"]);
+        // An owner of no uid (never the case for a stored object) reads nothing.
+        assert_eq!(
+            engine_pods("", &managed, &deployments, &sets, &pods),
+            EngineSelection::default()
+        );
+    }
+
+    #[test]
+    fn an_owner_reference_that_is_not_the_controller_does_not_count() {
+        let (managed, deployments, sets) = chain();
+        let mut p = engine_pod("chat-engine-1-a", Some("rs1"));
+        for o in p.metadata.owner_references.iter_mut().flatten() {
+            o.controller = None;
+        }
+        assert_eq!(
+            engine_pods("md", &managed, &deployments, &sets, &[p]),
+            EngineSelection::default()
+        );
+    }
+
+    #[test]
+    fn an_engine_pod_not_ready_terminating_or_without_an_address_is_not_read() {
+        let (managed, deployments, sets) = chain();
+        let mut unready = engine_pod("a", Some("rs1"));
+        unready.status = Some(serde_json::from_value(
+            serde_json::json!({"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "False"}]}),
+        ).expect("a status"));
+        let mut terminating = engine_pod("b", Some("rs1"));
+        terminating.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+        );
+        let mut no_ip = engine_pod("c", Some("rs1"));
+        if let Some(s) = no_ip.status.as_mut() {
+            s.pod_ip = None;
+        }
+        let pods = [unready, terminating, no_ip, engine_pod("d", Some("rs1"))];
+        assert_eq!(
+            names(&engine_pods("md", &managed, &deployments, &sets, &pods)),
+            ["d"]
+        );
+    }
+
+    #[test]
+    fn a_pass_reads_at_most_its_cap_the_first_by_name_and_counts_the_rest() {
+        let (managed, deployments, sets) = chain();
+        let pods: Vec<Pod> = (0..ENGINE_PODS_PER_PASS + 5)
+            .rev()
+            .map(|i| engine_pod(&format!("chat-engine-1-{i:03}"), Some("rs1")))
+            .collect();
+        let chosen = engine_pods("md", &managed, &deployments, &sets, &pods);
+        assert_eq!(chosen.pods.len(), ENGINE_PODS_PER_PASS);
+        assert_eq!(chosen.ready, ENGINE_PODS_PER_PASS + 5);
+        assert_eq!(chosen.pods[0].name, "chat-engine-1-000");
+        assert_eq!(
+            chosen.pods[ENGINE_PODS_PER_PASS - 1].name,
+            format!("chat-engine-1-{:03}", ENGINE_PODS_PER_PASS - 1)
+        );
+        let exactly: Vec<Pod> = pods[5..].to_vec();
+        let chosen = engine_pods("md", &managed, &deployments, &sets, &exactly);
+        assert_eq!(
+            (chosen.pods.len(), chosen.ready),
+            (ENGINE_PODS_PER_PASS, ENGINE_PODS_PER_PASS)
+        );
     }
 
     #[test]

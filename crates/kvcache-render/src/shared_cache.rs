@@ -526,7 +526,8 @@ pub enum Engines {
     Uncounted(EngineName),
     /// Engines that count; how many replicas are ready.
     Counted {
-        /// Ready engine Pods.
+        /// Ready engine Pods (more than a pass reads when [`crate::read::ENGINE_PODS_PER_PASS`]
+        /// left some out).
         ready: usize,
     },
 }
@@ -570,17 +571,26 @@ pub fn condition(engines: Engines, readings: &[EngineReading]) -> Cond {
             "NoEngineReady",
             "no engine replica is ready: nothing to read",
         ),
-        Engines::Counted { .. } => {
+        Engines::Counted { ready } => {
             let failed: Vec<String> = readings
                 .iter()
                 .filter_map(|r| r.counters.as_ref().err().map(|e| format!("{}: {e}", r.pod)))
                 .collect();
+            // More ready than read: the pass's cap left the rest out.
+            let capped = if ready > readings.len() {
+                format!(
+                    " (of {ready}: a pass reads at most {})",
+                    crate::read::ENGINE_PODS_PER_PASS
+                )
+            } else {
+                String::new()
+            };
             if failed.is_empty() {
                 Cond::yes(
                     SHARED_CACHE_OBSERVED,
                     "EnginesRead",
                     format!(
-                        "read the shared-cache counters of {} ready engine Pod(s)",
+                        "read the shared-cache counters of {} ready engine Pod(s){capped}",
                         readings.len()
                     ),
                 )
@@ -589,7 +599,7 @@ pub fn condition(engines: Engines, readings: &[EngineReading]) -> Cond {
                     SHARED_CACHE_OBSERVED,
                     "EngineMetricsUnreadable",
                     format!(
-                        "{} of {} ready engine Pod(s) could not be read and are left out of status.sharedCache: {}",
+                        "{} of {} ready engine Pod(s){capped} could not be read and are left out of status.sharedCache: {}",
                         failed.len(),
                         readings.len(),
                         failed.join("; ")
@@ -981,8 +991,22 @@ vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="save_put
             "{}",
             c.message
         );
-        let c = condition(Engines::Counted { ready: 1 }, &[ok]);
-        assert_eq!(c.reason, "EnginesRead");
+        let c = condition(Engines::Counted { ready: 1 }, std::slice::from_ref(&ok));
+        assert_eq!(
+            (c.reason, c.message.as_str()),
+            (
+                "EnginesRead",
+                "read the shared-cache counters of 1 ready engine Pod(s)"
+            )
+        );
+        let c = condition(Engines::Counted { ready: 40 }, &[ok]);
+        assert_eq!(
+            c.message,
+            format!(
+                "read the shared-cache counters of 1 ready engine Pod(s) (of 40: a pass reads at most {})",
+                crate::read::ENGINE_PODS_PER_PASS
+            )
+        );
         assert_eq!(
             condition(Engines::Counted { ready: 0 }, &[]).reason,
             "NoEngineReady"

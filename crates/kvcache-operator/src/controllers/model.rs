@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams};
@@ -24,6 +24,7 @@ use kvcache_api::{KVCachePoolBinding, ModelDeployment};
 use kvcache_render::events::{Kind, Note};
 use kvcache_render::model::{ModelObjects, SERVING_PORT};
 use kvcache_render::model_plan;
+use kvcache_render::read::{EnginePod, EngineSelection};
 use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
 use kvcache_render::status::model::{
     ModelObservation, Resolution, RoleObservation, model_deployment_status,
@@ -155,7 +156,7 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
         foreign,
     };
     let engines = shared_cache::engines(md.spec.engine.name, &resolution, &roles);
-    let (shared_cache, observed) = observe_engines(&ctx, &md, &ns, engines).await?;
+    let (shared_cache, observed) = observe_engines(&ctx, &md, &ns, engines, &owned).await?;
     let status = model_deployment_status(
         &md,
         &obs,
@@ -369,39 +370,51 @@ fn now_ms() -> u64 {
     u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Reads the `/metrics` of every ready engine Pod of the deployment's managed roles, records
-/// the readings in the deployment's window and returns `status.sharedCache` and the
+/// How many engine `/metrics` one pass of a deployment reads at once. Each read holds at most
+/// the store client's engine cap (twice while it is read), so the operator holds at most
+/// `watch::CONCURRENCY` (16) reconciles × this × that cap of engine bodies however many Pods
+/// answer; a pass of [`kvcache_render::read::ENGINE_PODS_PER_PASS`] (32) Pods that all wait
+/// out the client's 1.5 s timeout ends within 8 rounds, 12 s, under the 15 s
+/// `--engine-metrics-interval`.
+const ENGINE_SCRAPES_AT_ONCE: usize = 4;
+
+/// Reads the `/metrics` of the deployment's ready engine Pods (chosen by ownership, at most
+/// [`kvcache_render::read::ENGINE_PODS_PER_PASS`], [`ENGINE_SCRAPES_AT_ONCE`] at a time),
+/// records the readings in the deployment's window and returns `status.sharedCache` and the
 /// `SharedCacheObserved` and (for engines that count) `SharedCacheHealthy` conditions.
 async fn observe_engines(
     ctx: &Context,
     md: &ModelDeployment,
     ns: &str,
     engines: Engines,
+    owned: &[Deployment],
 ) -> Result<(Option<SharedCacheStatus>, Vec<kvcache_api::condition::Cond>), Error> {
     let key = id(md);
     let Engines::Counted { ready } = engines else {
         lock(&ctx.engine_windows).remove(&key);
         return Ok((None, vec![shared_cache::condition(engines, &[])]));
     };
-    let pods = if ready > 0 {
-        ready_engine_pods(ctx, md, ns).await?
+    let chosen = if ready > 0 {
+        engine_pods(ctx, md, ns, owned).await?
     } else {
-        Vec::new()
+        EngineSelection::default()
     };
-    let readings: Vec<EngineReading> =
-        futures::future::join_all(pods.into_iter().map(|(pod, pod_uid, ip)| async move {
+    let readings: Vec<EngineReading> = futures::stream::iter(chosen.pods)
+        .map(|EnginePod { name, uid, ip }| async move {
             let url = format!("http://{ip}:{SERVING_PORT}/metrics");
             let counters = ctx
                 .store
-                .fetch(&url)
+                .engine_metrics(&url)
                 .await
                 .and_then(|text| parse_engine_metrics(md.spec.engine.name, &url, &text));
             EngineReading {
-                pod,
-                uid: pod_uid,
+                pod: name,
+                uid,
                 counters,
             }
-        }))
+        })
+        .buffer_unordered(ENGINE_SCRAPES_AT_ONCE)
+        .collect()
         .await;
     let window = ctx.config.shared_cache_window;
     let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
@@ -423,7 +436,7 @@ async fn observe_engines(
     };
     let condition = shared_cache::condition(
         Engines::Counted {
-            ready: readings.len(),
+            ready: chosen.ready,
         },
         &readings,
     );
@@ -458,12 +471,15 @@ fn sweep(ctx: &Context, windows: &mut crate::context::EngineWindows, now: u64) {
     });
 }
 
-/// The deployment's managed-role Pods that are Ready and have an address: (name, uid, IP).
-async fn ready_engine_pods(
+/// The engine Pods of the deployment's managed roles a pass reads: listed with its
+/// ReplicaSets, chosen by ownership (`kvcache_render::read::engine_pods`: its own Deployments'
+/// ReplicaSets' Pods, never a Pod that only wears its labels). The labels only narrow the lists.
+async fn engine_pods(
     ctx: &Context,
     md: &ModelDeployment,
     ns: &str,
-) -> Result<Vec<(String, String, String)>, Error> {
+    owned: &[Deployment],
+) -> Result<EngineSelection, Error> {
     let managed: BTreeSet<String> = md
         .spec
         .roles
@@ -471,24 +487,22 @@ async fn ready_engine_pods(
         .filter(|r| r.command.is_empty())
         .map(|r| kvcache_render::names::label_value(&r.name))
         .collect();
+    let listed = ListParams::default().labels(&selector(md));
+    let replica_sets = Api::<ReplicaSet>::namespaced(ctx.client.clone(), ns)
+        .list(&listed)
+        .await
+        .map_err(kerr("list", format!("engine ReplicaSets of {}", id(md))))?;
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
-        .list(&ListParams::default().labels(&selector(md)))
+        .list(&listed)
         .await
         .map_err(kerr("list", format!("engine Pods of {}", id(md))))?;
-    Ok(pods
-        .into_iter()
-        .filter(|p| {
-            p.labels()
-                .get("app.kubernetes.io/component")
-                .is_some_and(|c| managed.contains(c))
-                && p.meta().deletion_timestamp.is_none()
-                && kvcache_render::read::pod_ready(p)
-        })
-        .filter_map(|p| {
-            let ip = p.status.as_ref()?.pod_ip.clone()?;
-            Some((p.name_any(), p.uid().unwrap_or_default(), ip))
-        })
-        .collect())
+    Ok(kvcache_render::read::engine_pods(
+        &md.uid().unwrap_or_default(),
+        &managed,
+        owned,
+        &replica_sets.items,
+        &pods.items,
+    ))
 }
 
 /// The role Deployments this ModelDeployment owns (by its uid, not by labels alone).
