@@ -10,6 +10,7 @@ pub mod audit;
 pub mod cluster;
 pub mod engine;
 pub mod failover;
+pub mod flood;
 pub mod images;
 pub mod nodes;
 pub mod operator;

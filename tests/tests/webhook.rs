@@ -800,3 +800,199 @@ fn a_model_deployment_on_a_pool_of_mixed_protocols_is_refused_at_once_from_live_
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Creates `n` injected Pods (dry run) and one Binding through the API server; each create's
+/// latency. Every one must be admitted.
+async fn admit_some(
+    client: &Client,
+    ns: &str,
+    binding: &str,
+    round: &str,
+    n: usize,
+) -> Result<Vec<Duration>, Error> {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let mut took = Vec::new();
+    for i in 0..n {
+        let mut p = serde_json::to_value(pod(&format!("flood-{round}-{i}"), |p| {
+            p["metadata"]["annotations"]["kvcache.gpustack.ai/binding"] = binding.into();
+        }))
+        .expect("JSON");
+        p["metadata"]["namespace"] = ns.into();
+        let p: Pod = serde_json::from_value(p).expect("a Pod");
+        let t = std::time::Instant::now();
+        let out = pods
+            .create(&dry, &p)
+            .await
+            .unwrap_or_else(|e| panic!("{round}: an injected Pod in {ns} is admitted: {e}"));
+        took.push(t.elapsed());
+        assert!(
+            out.metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("kvcache.gpustack.ai/injected"),
+            "{round}: the Pod is injected"
+        );
+    }
+    let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), ns);
+    let name = format!("flood-{round}");
+    let b: KVCachePoolBinding = yaml(&format!(
+        "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  poolRef: {{name: flood-pool}}\n  quota: {{ceiling: 16Mi}}\n  domain: {{name: {name}, blockSize: 64, dtype: bfloat16}}\n"
+    ));
+    let t = std::time::Instant::now();
+    bindings
+        .create(&PostParams::default(), &b)
+        .await
+        .unwrap_or_else(|e| panic!("{round}: a Binding in {ns} is admitted: {e}"));
+    took.push(t.elapsed());
+    Ok(took)
+}
+
+/// The flood that OOM-killed both operator replicas (issue 48), from one source address
+/// (127.0.0.2: the API server calls from 127.0.0.1): 600 connections each sending 1.5 MB of a
+/// 2 MB review at once and then a byte every 2 s; then 600 idle connections; then forged
+/// reviews as fast as they are answered, each naming a Binding that does not exist (a live read
+/// each). Meanwhile injected Pods and a Binding in another namespace are admitted, the operator
+/// never restarts, and its peak memory stays under the installation's 256 Mi limit. The
+/// latencies are printed (figures: `cargo xtask bench admission --flood`), not asserted.
+#[test]
+fn a_flood_from_one_source_leaves_admission_to_everyone_else() {
+    use kvcache_e2e::flood::{Target, forged, idle, peak_memory, slow_bodies};
+    use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
+    const LIMIT: u64 = 256 << 20;
+    let mut h = hook().lock().unwrap_or_else(|p| p.into_inner());
+    let dir = paths::scratch("webhook-flood").expect("dir");
+    let policy = dir.join("tenant-quota-policy.yaml");
+    std::fs::write(
+        &policy,
+        kvcache_quota::policy::render("flood-store", &[])
+            .expect("policy")
+            .to_yaml(),
+    )
+    .expect("policy file");
+    let master = Master::start(&dir, MasterOptions::multi_tenant(&policy)).expect("master");
+    let _member =
+        Member::start(&dir, &MemberOptions::new(master.address(), 64 << 20)).expect("member");
+    master.wait_capacity(64 << 20, WAIT).expect("mounted");
+    let (client_addr, admin_addr) = (
+        master.address(),
+        format!("127.0.0.1:{}", master.metrics_port),
+    );
+    let pid = h.operator.proc.pid();
+    let target = Target {
+        addr: format!("127.0.0.1:{}", h.port)
+            .parse()
+            .expect("the webhook's address"),
+        source: "127.0.0.2".parse().expect("v4"),
+        path: "/mutate-pods",
+    };
+    block_on(async move {
+        let client = client().await?;
+        wait_trusted(&client).await?;
+        Api::<KVCacheBackend>::all(client.clone())
+            .create(&PostParams::default(), &yaml(&format!("apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: flood-store}}\nspec:\n  connection:\n    external:\n      endpoints: [{{name: Client, address: '{client_addr}'}}, {{name: Admin, address: '{admin_addr}'}}]\n")))
+            .await?;
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        pools
+            .create(&PostParams::default(), &yaml("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: flood-pool}\nspec: {backends: [flood-store], quota: {total: 1Gi}}\n"))
+            .await?;
+        namespace(&client, "flood-b").await;
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "flood-b");
+        bindings
+            .create(&PostParams::default(), &yaml("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {name: chat, namespace: flood-b}\nspec:\n  poolRef: {name: flood-pool}\n  quota: {ceiling: 16Mi}\n  domain: {name: flood-chat, blockSize: 64, dtype: bfloat16}\n"))
+            .await?;
+        wait_object(&pools, "flood-pool", "QuotaLedgerAvailable=True and a client endpoint", WAIT, |p| {
+            has_condition(p, "QuotaLedgerAvailable=True")
+                && p.status.as_ref().is_some_and(|s| s.client_endpoint.is_some())
+        })
+        .await?;
+        let quiet = admit_some(&client, "flood-b", "chat", "unloaded", 5).await?;
+        eprintln!("flood: unloaded admission {quiet:?}");
+
+        // 1. Slow bodies: the flood runs for 20 s while admission goes on.
+        let slow = {
+            let target = target.clone();
+            tokio::spawn(async move {
+                slow_bodies(&target, 600, 2_000_000, 1_500_000, Duration::from_secs(2), Duration::from_secs(20)).await
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let during = admit_some(&client, "flood-b", "chat", "slow-bodies", 5).await?;
+        let slow = slow.await.expect("the flood ends");
+        eprintln!("flood: slow bodies {slow:?}; admission {during:?}");
+        assert!(slow.refused + slow.closed > 0, "the flood met the bounds: {slow:?}");
+
+        // 2. Idle connections.
+        let idle_flood = {
+            let target = target.clone();
+            tokio::spawn(async move { idle(&target, 600, Duration::from_secs(15)).await })
+        };
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let during = admit_some(&client, "flood-b", "chat", "idle", 5).await?;
+        let idle_flood = idle_flood.await.expect("the flood ends");
+        eprintln!("flood: idle {idle_flood:?}; admission {during:?}");
+
+        // 3. Forged reviews naming a Binding that does not exist (each a live read).
+        let review = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "00000000-0000-0000-0000-000000000000",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "flood-b", "operation": "CREATE",
+                "userInfo": {"username": "forger"},
+                "object": serde_json::to_value(pod("forged", |p| {
+                    p["metadata"]["namespace"] = "flood-b".into();
+                    p["metadata"]["annotations"]["kvcache.gpustack.ai/binding"] = "no-such-binding".into();
+                })).expect("JSON"),
+            }
+        });
+        let review = serde_json::to_vec(&review).expect("JSON");
+        let forging = {
+            let target = target.clone();
+            tokio::spawn(async move { forged(&target, 32, 3_000, &review).await })
+        };
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let during = admit_some(&client, "flood-b", "chat", "forged", 5).await?;
+        let forging = forging.await.expect("the flood ends");
+        eprintln!("flood: forged {forging:?}; admission {during:?}");
+        assert!(forging.statuses.get(&200).copied().unwrap_or(0) > 0, "forged reviews were answered (refused inside the review): {forging:?}");
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        h.operator.proc.pid(),
+        pid,
+        "the operator was never restarted"
+    );
+    assert!(
+        !h.operator.proc.exited(),
+        "the operator is still running: {}",
+        h.operator.log_text()
+    );
+    let peak = peak_memory(pid).expect("the operator's VmHWM");
+    eprintln!("flood: operator peak memory {} MiB", peak >> 20);
+    assert!(
+        peak < LIMIT,
+        "the operator's peak memory {} MiB stays under the installation's limit of 256 MiB",
+        peak >> 20
+    );
+    let text = h
+        .operator
+        .wait_metrics(
+            "webhook connections refused past the flood's share",
+            WAIT,
+            |t| {
+                t.lines().any(|l| {
+                    l.starts_with("kvcache_operator_connections_refused_total{")
+                        && l.contains("source_full")
+                })
+            },
+        )
+        .expect("the refusals counted");
+    drop(text);
+}
