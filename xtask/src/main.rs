@@ -28,8 +28,23 @@ enum Task {
     },
     /// Write deploy/crds/*.yaml from crates/kvcache-api.
     Crds,
-    /// Write deploy/operator.yaml (the operator's installation) from crates/kvcache-render.
-    Manifests,
+    /// Write deploy/operator.yaml (the operator's installation), the Helm chart and
+    /// deploy/monitoring from crates/kvcache-render; with --out, write only the installation,
+    /// with the network settings given, to that file.
+    Manifests {
+        /// Write the installation here alone (the committed files keep the defaults).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+        /// The address blocks the API server's calls reach the operator's Pods from (the
+        /// control plane's): the webhook port admits those alone (docs/isolation.md). Unset: the
+        /// webhook port admits every source.
+        #[arg(long, value_delimiter = ',', requires = "out")]
+        control_plane_cidrs: Vec<String>,
+        /// Namespaces whose Pods may read the operator's /metrics, in place of `monitoring`
+        /// (an empty value: none).
+        #[arg(long, value_delimiter = ',', requires = "out")]
+        metrics_from: Option<Vec<String>>,
+    },
     /// Install what the tests need (Debian packages, the store's virtualenv, the control plane
     /// built from Go modules), then run every test in the workspace.
     Test {
@@ -137,6 +152,10 @@ enum BenchKind {
         /// Requests in flight.
         #[arg(long, default_value_t = 50)]
         concurrency: usize,
+        /// Instead: admission latency while one source floods the webhook (slow bodies, idle
+        /// connections, forged reviews), what the operator refused and its peak memory.
+        #[arg(long)]
+        flood: bool,
     },
     /// A member rollout of a memory group on real nodes with the operator: the share of keys
     /// still read back with their bytes, and the time the rollout takes (figures in
@@ -203,7 +222,16 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Demo { keep } => demo::demo(keep),
         Task::Crds => crds::write(),
-        Task::Manifests => crds::manifests(),
+        Task::Manifests {
+            out: None,
+            control_plane_cidrs: _,
+            metrics_from: _,
+        } => crds::manifests(),
+        Task::Manifests {
+            out: Some(out),
+            control_plane_cidrs,
+            metrics_from,
+        } => crds::installation(&out, control_plane_cidrs, metrics_from),
         Task::Test { args } => test::run(&args),
         Task::Setup => setup::all().map(|_| ()),
         Task::Cluster { action } => match action {
@@ -264,9 +292,11 @@ fn bench(which: BenchKind) -> anyhow::Result<()> {
             Box::new(move || transfer::transfer(leader_cpu))
         }
         BenchKind::Soak { failovers } => Box::new(move || soak::soak(failovers)),
+        BenchKind::Admission { flood: true, .. } => Box::new(admission::flood),
         BenchKind::Admission {
             creates,
             concurrency,
+            flood: false,
         } => Box::new(move || {
             admission::admission(admission::Shape {
                 creates,
