@@ -386,6 +386,111 @@ impl prometheus_client::collector::Collector for ModelCollector {
     }
 }
 
+/// The latest reading of each backend's master the operator re-exports, by backend name.
+pub type StoreReadings = Arc<
+    std::sync::Mutex<
+        std::collections::BTreeMap<String, Arc<kvcache_render::store_series::StoreSeries>>,
+    >,
+>;
+
+/// Labels of what a backend's re-export left out.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SkippedLabels {
+    /// Name of the KVCacheBackend (cluster-scoped: no namespace label).
+    pub backend: String,
+    /// `over_cap`, `histogram`, `unreadable` or `clash` ([`kvcache_render::store_series::Skipped`]).
+    pub reason: String,
+}
+
+/// The masters' own series, re-exported from the latest reading of each backend
+/// (`kvcache_operator_store_<the master's name>{backend=…}`, [`kvcache_render::store_series`]),
+/// and how many were kept and left out. Only the leading replica reads the stores, so only it
+/// has any; a backend's series go when a read of its master fails and when it is deleted.
+#[derive(Default)]
+struct StoreCollector {
+    readings: StoreReadings,
+}
+
+impl std::fmt::Debug for StoreCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreCollector")
+    }
+}
+
+impl prometheus_client::collector::Collector for StoreCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use kvcache_render::store_series::{BACKEND_LABEL, Exported, merged};
+        use prometheus_client::encoding::NoLabelSet;
+        use prometheus_client::metrics::MetricType;
+        // The Arcs are cloned and the lock let go before anything is written.
+        let readings = self
+            .readings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for family in merged(readings.iter().map(|(b, s)| (b.as_str(), s.as_ref()))) {
+            let help = if family.help.is_empty() {
+                "A series of a backend's master, re-exported by the operator"
+            } else {
+                family.help
+            };
+            let kind = match family.kind {
+                Exported::Counter => MetricType::Counter,
+                Exported::Gauge => MetricType::Gauge,
+            };
+            let mut descriptor = encoder.encode_descriptor(&family.descriptor, help, None, kind)?;
+            for (backend, labels, value) in &family.samples {
+                let set = ([(BACKEND_LABEL, *backend)], *labels);
+                let mut sample = descriptor.encode_family(&set)?;
+                match family.kind {
+                    Exported::Counter => {
+                        sample.encode_counter::<NoLabelSet, _, f64>(value, None)?
+                    }
+                    Exported::Gauge => sample.encode_gauge(value)?,
+                }
+            }
+        }
+        let kept: Vec<(BackendLabels, i64)> = readings
+            .iter()
+            .map(|(b, s)| {
+                let n = i64::try_from(s.len()).unwrap_or(i64::MAX);
+                (BackendLabels { backend: b.clone() }, n)
+            })
+            .collect();
+        gauge_family(
+            &mut encoder,
+            (
+                "backend_store_series",
+                "Series of a backend's master the operator re-exports (kvcache_operator_store_*) from its latest reading; absent while it holds none",
+            ),
+            kept.iter().map(|(l, n)| (l, *n)),
+        )?;
+        let skipped: Vec<(SkippedLabels, i64)> = readings
+            .iter()
+            .flat_map(|(b, s)| {
+                s.skipped.by_reason().map(|(reason, n)| {
+                    let labels = SkippedLabels {
+                        backend: b.clone(),
+                        reason: reason.to_owned(),
+                    };
+                    (labels, i64::try_from(n).unwrap_or(i64::MAX))
+                })
+            })
+            .collect();
+        gauge_family(
+            &mut encoder,
+            (
+                "backend_store_series_skipped",
+                "Samples of a backend's master's latest reading not re-exported: over_cap (past the cap a backend), histogram, unreadable (lines), clash (a name or series taken)",
+            ),
+            skipped.iter().map(|(l, n)| (l, *n)),
+        )
+    }
+}
+
 /// The operator's own series.
 pub struct Metrics {
     registry: Registry,
@@ -415,6 +520,8 @@ pub struct Metrics {
     pub bindings: Arc<std::sync::OnceLock<Store<kvcache_api::KVCachePoolBinding>>>,
     /// The ModelDeployment cache the per-deployment shared-cache series are read from.
     pub models: Arc<std::sync::OnceLock<Store<kvcache_api::ModelDeployment>>>,
+    /// The latest reading of each backend's master, re-exported at each scrape.
+    pub store_readings: StoreReadings,
 }
 
 impl Default for Metrics {
@@ -471,6 +578,9 @@ impl Default for Metrics {
         let model_collector = ModelCollector::default();
         let models = model_collector.models.clone();
         registry.register_collector(Box::new(model_collector));
+        let store_collector = StoreCollector::default();
+        let store_readings = store_collector.readings.clone();
+        registry.register_collector(Box::new(store_collector));
         registry.register(
             "leader",
             "Whether this replica leads (runs the controllers): 1, or 0 while it stands by",
@@ -511,6 +621,7 @@ impl Default for Metrics {
             backend_degraded,
             bindings,
             models,
+            store_readings,
         }
     }
 }
@@ -573,8 +684,26 @@ impl Metrics {
             .set(i64::from(degraded));
     }
 
+    /// Keeps `series`, the latest reading of `backend`'s master, for re-export; `None` (the
+    /// read failed) drops what was kept, so the backend's series go absent.
+    pub fn store_series(
+        &self,
+        backend: &str,
+        series: Option<Arc<kvcache_render::store_series::StoreSeries>>,
+    ) {
+        let mut readings = self
+            .store_readings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match series {
+            Some(s) => readings.insert(backend.to_owned(), s),
+            None => readings.remove(backend),
+        };
+    }
+
     /// Drops a deleted backend's series.
     pub fn backend_gone(&self, backend: &str) {
+        self.store_series(backend, None);
         let b = BackendLabels {
             backend: backend.to_owned(),
         };
@@ -801,6 +930,95 @@ mod tests {
         );
         assert!(readiness(true, false, &[]).is_err());
         assert!(readiness(false, true, &[]).is_err());
+    }
+
+    /// The store samples (`kvcache_operator_store_*`) of the operator's `/metrics` text, read
+    /// back with the exposition reader: (name, backend, value).
+    fn store_samples(m: &Metrics) -> Vec<(String, String, f64)> {
+        let text = m.encode().expect("encodes");
+        let e = kvcache_render::exposition::Exposition::parse(&text);
+        assert_eq!(e.unreadable, [], "{text}");
+        e.samples
+            .into_iter()
+            .filter(|s| {
+                s.name.starts_with("kvcache_operator_store_") && !s.name.ends_with("reads_total")
+            })
+            .map(|s| {
+                let backend = s
+                    .labels
+                    .iter()
+                    .find(|(k, _)| k == "backend")
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default();
+                (s.name, backend, s.value)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_backends_store_series_are_reexported_with_its_name_until_it_is_deleted() {
+        let m = Metrics::default();
+        let reading = |text: &str| Some(kvcache_render::store::Metrics::parse(text).series);
+        m.store_series(
+            "dram",
+            reading("# HELP master_ping_requests_total Pings\n# TYPE master_ping_requests_total counter\nmaster_ping_requests_total 12\n# TYPE master_key_count gauge\nmaster_key_count 5\nmooncake_tenant_quota_charged_bytes{tenant_id=\"a \\\"b\\\"\"} NaN\n"),
+        );
+        m.store_series("disk", reading("master_key_count 7\n"));
+        let samples = store_samples(&m);
+        let find = |name: &str, backend: &str| {
+            samples
+                .iter()
+                .find(|(n, b, _)| n == name && b == backend)
+                .map(|s| s.2)
+        };
+        assert_eq!(
+            find("kvcache_operator_store_master_ping_requests_total", "dram"),
+            Some(12.0)
+        );
+        assert_eq!(
+            find("kvcache_operator_store_master_key_count", "dram"),
+            Some(5.0)
+        );
+        assert_eq!(
+            find("kvcache_operator_store_master_key_count", "disk"),
+            Some(7.0)
+        );
+        assert!(
+            find(
+                "kvcache_operator_store_mooncake_tenant_quota_charged_bytes",
+                "dram"
+            )
+            .is_some_and(f64::is_nan)
+        );
+        // One family each, however many backends print it: Prometheus refuses a scrape that
+        // describes a family twice.
+        let text = m.encode().expect("encodes");
+        let described = text
+            .lines()
+            .filter(|l| *l == "# TYPE kvcache_operator_store_master_key_count gauge")
+            .count();
+        assert_eq!(described, 1, "{text}");
+        // The counts the absent alert reads.
+        let e = kvcache_render::exposition::Exposition::parse(&text);
+        let kept: Vec<(&str, f64)> = e
+            .samples
+            .iter()
+            .filter(|s| s.name == "kvcache_operator_backend_store_series")
+            .map(|s| (s.labels[0].1.as_str(), s.value))
+            .collect();
+        assert_eq!(kept, [("disk", 1.0), ("dram", 3.0)]);
+
+        // A failed read drops the backend's series; a deleted backend's go too.
+        m.store_series("disk", None);
+        m.backend_gone("dram");
+        assert_eq!(store_samples(&m), []);
+        let text = m.encode().expect("encodes");
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("kvcache_operator_backend_store_series")),
+            "{text}"
+        );
     }
 
     /// The metrics port on a loopback listener with `bounds`; its address.

@@ -12,6 +12,7 @@
 pub mod backend;
 mod error;
 pub mod events;
+pub mod exposition;
 pub mod install;
 pub mod model;
 pub mod model_plan;
@@ -27,6 +28,7 @@ pub mod rollout;
 pub mod shared_cache;
 pub mod status;
 pub mod store;
+pub mod store_series;
 pub mod world;
 
 pub use backend::{BackendInputs, BackendObjects, fingerprint};

@@ -1,14 +1,18 @@
 //! The store's admin answers as the status reads them: `/health` (does the master serve),
-//! `/metrics` (capacity, the disk tier, clients, put counters) and `/get_segments_detail` (one
+//! `/metrics` (capacity, the disk tier, clients, put counters; and every counter and gauge, which
+//! the operator re-exports: [`crate::store_series`]) and `/get_segments_detail` (one
 //! row per mounted segment), each parsed on its own so one failed read does not hide the others;
 //! and the drain jobs a member rollout runs (`/api/v1/drain_jobs`: the request, the master's
 //! answers). The operator fetches them (`kvcache-operator`'s `store`); [`crate::status::backend`]
 //! and [`crate::rollout`] judge them.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use kvcache_quota::admin::NoAnswer;
 use serde::Deserialize;
+
+use crate::exposition::Exposition;
+use crate::store_series::{MAX_SERIES, StoreSeries};
 
 /// Why a read of the store failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -158,7 +162,7 @@ impl Health {
     }
 }
 
-/// The `/metrics` samples the status uses.
+/// The `/metrics` samples the status uses, and every series the operator re-exports.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Metrics {
     /// `master_total_capacity_bytes`: registered memory segments.
@@ -177,28 +181,22 @@ pub struct Metrics {
     pub put_revokes: Option<u64>,
     /// `master_key_count`: objects the master knows.
     pub key_count: Option<u64>,
+    /// The master's counters and gauges as the operator re-exports them
+    /// ([`crate::store_series`]); shared, so that a reading is cloned without them.
+    pub series: Arc<StoreSeries>,
 }
 
 impl Metrics {
-    /// Reads the unlabelled samples it needs from Prometheus text exposition.
+    /// Reads Prometheus text exposition ([`Exposition`]): the unlabelled samples the status
+    /// needs (a byte gauge or a counter: finite and not negative), and the series re-exported.
     pub fn parse(text: &str) -> Metrics {
-        let mut samples = BTreeMap::new();
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let Some((key, value)) = line.split_once(' ') else {
-                continue;
-            };
-            if key.contains('{') {
-                continue;
-            }
-            if let Ok(v) = value.trim().parse::<f64>()
-                && v.is_finite()
-                && v >= 0.0
-            {
+        let e = Exposition::parse(text);
+        let get = |k: &str| {
+            e.unlabelled(k)
+                .filter(|v| v.is_finite() && *v >= 0.0)
                 // Byte gauges and counters are whole numbers, printed as integers or floats.
-                samples.insert(key.to_owned(), v as u64);
-            }
-        }
-        let get = |k: &str| samples.get(k).copied();
+                .map(|v| v as u64)
+        };
         Metrics {
             memory_bytes: get("master_total_capacity_bytes"),
             file_bytes: get("master_total_file_capacity_bytes"),
@@ -208,6 +206,7 @@ impl Metrics {
             put_ends: get("master_put_end_requests_total"),
             put_revokes: get("master_put_revoke_requests_total"),
             key_count: get("master_key_count"),
+            series: Arc::new(StoreSeries::from_exposition(&e, MAX_SERIES)),
         }
     }
 }
@@ -448,6 +447,21 @@ mod tests {
 
     /// `/get_segments_detail` of a 0.3.13.post1 master after a drain (captured on loopback).
     const DRAINED: &str = r#"{"total_segments":2,"segments":[{"segment_name":"127.0.0.1:12729","segment_id":"740612671729488647-16470794457785744","client_id":"15513339725995634181-1989518604341493161","base_address":"0x7fe457000000","size_bytes":67108864,"size_human":"0.0625 GiB","te_endpoint":"127.0.0.1:15711","protocol":"tcp","status":"DRAINED","allocator_used_bytes":0,"allocator_capacity_bytes":67108864,"allocator_usage_percent":0E0},{"segment_name":"127.0.0.1:12360","segment_id":"16233683210368398383-6851071194483234448","client_id":"378699378871883011-5232974566424061840","base_address":"0x7f14ba000000","size_bytes":67108864,"size_human":"0.0625 GiB","te_endpoint":"127.0.0.1:16810","protocol":"tcp","status":"OK","allocator_used_bytes":20971520,"allocator_capacity_bytes":67108864,"allocator_usage_percent":31.25}]}"#;
+
+    #[test]
+    fn the_status_reads_unlabelled_figures_and_every_series_is_kept_for_reexport() {
+        let m = Metrics::parse(
+            "# TYPE master_total_capacity_bytes gauge\nmaster_total_capacity_bytes 6.7108864e7\nmaster_key_count{shard=\"1\"} 5\nmaster_active_clients -1\nmaster_put_start_requests_total NaN\n",
+        );
+        assert_eq!(m.memory_bytes, Some(64 << 20));
+        assert_eq!(
+            m.key_count, None,
+            "a labelled sample is not the master's own"
+        );
+        assert_eq!(m.active_clients, None);
+        assert_eq!(m.put_starts, None);
+        assert_eq!(m.series.len(), 4);
+    }
 
     #[test]
     fn segments_say_whether_they_were_drained() {

@@ -409,7 +409,8 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     conclude(ctx, b, &previous, &obs, soon).await
 }
 
-/// Reads the store through the backend's admin address and counts the read.
+/// Reads the store through the backend's admin address, counts the read and keeps the
+/// master's series for re-export (dropped when the read fails).
 async fn read_store(ctx: &Context, backend: &str, admin: &str) -> StoreReading {
     let reading = ctx.store.read(admin).await;
     let result = if reading.health.is_ok() {
@@ -424,6 +425,10 @@ async fn read_store(ctx: &Context, backend: &str, admin: &str) -> StoreReading {
             result: result.into(),
         })
         .inc();
+    ctx.metrics.store_series(
+        backend,
+        reading.metrics.as_ref().ok().map(|m| m.series.clone()),
+    );
     reading
 }
 
