@@ -1,7 +1,11 @@
 //! What a platform team's Prometheus and Grafana get: the alert rules (as a plain rule file and
 //! as a prometheus-operator `PrometheusRule`) and a Grafana dashboard, all built on the series the
-//! operator exports (`kvcache_operator_*`) and the series a Mooncake master exports (`master_*`,
-//! `mooncake_tenant_quota_*`). `cargo xtask manifests` writes them to `deploy/monitoring/`.
+//! operator exports (`kvcache_operator_*`), the masters' own among them: the operator re-exports
+//! each backend's master series as `kvcache_operator_store_<name>{backend=…}`
+//! ([`crate::store_series`]), so Prometheus scrapes the operator alone and never the masters'
+//! port, which is their admin API's too. Only the leading replica reads the stores, so the store
+//! rules take `max by (backend)` over the replicas' scrapes. `cargo xtask manifests` writes them
+//! to `deploy/monitoring/`.
 
 use serde_json::{Value, json};
 
@@ -29,13 +33,25 @@ pub(crate) fn alerts() -> Vec<Alert> {
     vec![
         Alert {
             name: "KVCacheStoreLeaderStalled",
-            // Members ping their master every second: a master that is scraped (it serves its
-            // metrics) but counts no ping and no put for five minutes has stopped serving them.
-            expr: "sum by (namespace, pod) (rate(master_ping_requests_total[5m]) + rate(master_put_start_requests_total[5m])) == 0",
+            // Members ping their master every second: a master the operator reads (it serves
+            // its metrics) that counts no ping and no put for five minutes has stopped serving
+            // them. `max by (backend)`: the leading replica alone re-exports, and through a
+            // handover the old and the new leader's series are one backend's.
+            expr: "max by (backend) (rate(kvcache_operator_store_master_ping_requests_total[5m]) + rate(kvcache_operator_store_master_put_start_requests_total[5m])) == 0",
             for_: "5m",
             severity: "critical",
-            summary: "A Mooncake master answers scrapes but its ping and put counters stopped moving",
-            description: "The leader {{ $labels.namespace }}/{{ $labels.pod }} serves /metrics but no member has pinged it and no engine has put for 5 minutes: members cannot remount and engines miss. Check the leader's log and the members' (kubectl -n {{ $labels.namespace }} logs), and `kubectl get kvcb`.",
+            summary: "A Mooncake master answers the operator but its ping and put counters stopped moving",
+            description: "The master of KVCacheBackend {{ $labels.backend }} answers the operator's reads but no member has pinged it and no engine has put for 5 minutes: members cannot remount and engines miss. Check the log of its leader (Deployment {{ $labels.backend }}-leader in the operator's namespace) and its members', and `kubectl describe kvcb {{ $labels.backend }}`.",
+        },
+        Alert {
+            name: "KVCacheStoreMetricsAbsent",
+            // Every backend the leader reconciles has kvcache_operator_backend_degraded; one
+            // whose master's series the operator does not hold has none of the store's.
+            expr: "max by (backend) (kvcache_operator_backend_degraded) unless on (backend) max by (backend) (kvcache_operator_backend_store_series > 0)",
+            for_: "10m",
+            severity: "warning",
+            summary: "The operator re-exports none of a backend's store series",
+            description: "The operator has held no reading of the master of KVCacheBackend {{ $labels.backend }} for 10 minutes (kvcache_operator_backend_store_series is absent): its reads fail or the master prints no series, so KVCacheStoreLeaderStalled and KVCacheTenantRejectsRising cannot fire for it. `kubectl describe kvcb {{ $labels.backend }}` (CapacityObserved) and kvcache_operator_store_reads_total{result=\"error\"} say whether the reads fail; check the leader Service and the operator's log.",
         },
         Alert {
             name: "KVCacheCapacityZeroWithMembersReady",
@@ -55,11 +71,11 @@ pub(crate) fn alerts() -> Vec<Alert> {
         },
         Alert {
             name: "KVCacheTenantRejectsRising",
-            expr: "sum by (namespace, pod) (rate(master_put_start_failures_total[5m])) > 0",
+            expr: "max by (backend) (rate(kvcache_operator_store_master_put_start_failures_total[5m])) > 0",
             for_: "10m",
             severity: "warning",
             summary: "A Mooncake master keeps refusing puts",
-            description: "The master {{ $labels.namespace }}/{{ $labels.pod }} refuses puts (a tenant at its grant, or no space): engines write less than they try. Compare each Binding's grant and usage (kvcache_operator_binding_granted_bytes, kvcache_operator_binding_used_bytes) and mooncake_tenant_quota_admission_closed.",
+            description: "The master of KVCacheBackend {{ $labels.backend }} refuses puts (a tenant at its grant, or no space): engines write less than they try. Compare each Binding's grant and usage (kvcache_operator_binding_granted_bytes, kvcache_operator_binding_used_bytes) and kvcache_operator_store_mooncake_tenant_quota_admission_closed.",
         },
         Alert {
             name: "KVCacheTenantAtGrant",
@@ -236,17 +252,31 @@ const PANELS: &[Panel] = &[
         title: "Store: allocated vs total",
         unit: "bytes",
         targets: &[
-            ("sum by (pod) (master_allocated_bytes)", "{{pod}} allocated"),
             (
-                "sum by (pod) (master_total_capacity_bytes)",
-                "{{pod}} total",
+                "max by (backend) (kvcache_operator_store_master_allocated_bytes)",
+                "{{backend}} allocated",
+            ),
+            (
+                "max by (backend) (kvcache_operator_store_master_total_capacity_bytes)",
+                "{{backend}} total",
             ),
         ],
     },
     Panel {
         title: "Store: tenants' charge",
         unit: "bytes",
-        targets: &[("mooncake_tenant_quota_charged_bytes", "{{tenant_id}}")],
+        targets: &[(
+            "max by (backend, tenant_id) (kvcache_operator_store_mooncake_tenant_quota_charged_bytes)",
+            "{{backend}} {{tenant_id}}",
+        )],
+    },
+    Panel {
+        title: "Store: series the operator re-exports per backend",
+        unit: "short",
+        targets: &[(
+            "max by (backend) (kvcache_operator_backend_store_series)",
+            "{{backend}}",
+        )],
     },
     Panel {
         title: "Reconcile errors",
@@ -481,6 +511,19 @@ mod tests {
                 "master_allocated_bytes"
             ]
         );
+    }
+
+    #[test]
+    fn nothing_reads_a_master_directly() {
+        // Prometheus scrapes the operator alone: the store's series are its re-exports.
+        for (where_, expr) in expressions() {
+            for series in series_in(&expr) {
+                assert!(
+                    series.starts_with("kvcache_operator_"),
+                    "{where_} reads {series}, which only a master's own port serves"
+                );
+            }
+        }
     }
 
     #[test]

@@ -27,22 +27,58 @@ struct Case {
 const CASES: &[Case] = &[
     Case {
         alert: "KVCacheStoreLeaderStalled",
+        // The operator's leader hands over at minute 11: one alert for the backend all along.
         series: &[
             (
-                "master_ping_requests_total{namespace=\"gpustack-system\",pod=\"mooncake-dram-leader-0\"}",
-                "100+0x40",
+                "kvcache_operator_store_master_ping_requests_total{backend=\"mooncake-dram\",pod=\"kvcache-operator-0\"}",
+                "100+0x10 stale",
             ),
             (
-                "master_put_start_requests_total{namespace=\"gpustack-system\",pod=\"mooncake-dram-leader-0\"}",
-                "7+0x40",
+                "kvcache_operator_store_master_put_start_requests_total{backend=\"mooncake-dram\",pod=\"kvcache-operator-0\"}",
+                "7+0x10 stale",
+            ),
+            (
+                "kvcache_operator_store_master_ping_requests_total{backend=\"mooncake-dram\",pod=\"kvcache-operator-1\"}",
+                "_x11 100+0x30",
+            ),
+            (
+                "kvcache_operator_store_master_put_start_requests_total{backend=\"mooncake-dram\",pod=\"kvcache-operator-1\"}",
+                "_x11 7+0x30",
+            ),
+            // Another backend's master still counts pings.
+            (
+                "kvcache_operator_store_master_ping_requests_total{backend=\"mooncake-disk\",pod=\"kvcache-operator-0\"}",
+                "0+60x40",
+            ),
+            (
+                "kvcache_operator_store_master_put_start_requests_total{backend=\"mooncake-disk\",pod=\"kvcache-operator-0\"}",
+                "0x40",
             ),
         ],
         quiet_at: "4m",
-        fires_at: "15m",
-        labels: &[
-            ("namespace", "gpustack-system"),
-            ("pod", "mooncake-dram-leader-0"),
+        fires_at: "20m",
+        labels: &[("backend", "mooncake-dram")],
+    },
+    Case {
+        alert: "KVCacheStoreMetricsAbsent",
+        // Two backends reconciled; the operator holds a reading of one master only.
+        series: &[
+            (
+                "kvcache_operator_backend_degraded{backend=\"mooncake-dram\",pod=\"kvcache-operator-0\"}",
+                "0x30",
+            ),
+            (
+                "kvcache_operator_backend_store_series{backend=\"mooncake-dram\",pod=\"kvcache-operator-0\"}",
+                "148x30",
+            ),
+            (
+                "kvcache_operator_backend_degraded{backend=\"mooncake-disk\",pod=\"kvcache-operator-0\"}",
+                "0x30",
+            ),
         ],
+        quiet_at: "8m",
+        fires_at: "15m",
+        labels: &[("backend", "mooncake-disk")],
     },
     Case {
         alert: "KVCacheCapacityZeroWithMembersReady",
@@ -73,15 +109,12 @@ const CASES: &[Case] = &[
     Case {
         alert: "KVCacheTenantRejectsRising",
         series: &[(
-            "master_put_start_failures_total{namespace=\"gpustack-system\",pod=\"mooncake-dram-leader-0\"}",
+            "kvcache_operator_store_master_put_start_failures_total{backend=\"mooncake-dram\",pod=\"kvcache-operator-0\"}",
             "0+12x40",
         )],
         quiet_at: "8m",
         fires_at: "20m",
-        labels: &[
-            ("namespace", "gpustack-system"),
-            ("pod", "mooncake-dram-leader-0"),
-        ],
+        labels: &[("backend", "mooncake-dram")],
     },
     Case {
         alert: "KVCacheTenantAtGrant",
