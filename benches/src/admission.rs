@@ -605,51 +605,6 @@ fn print_rounds(shape: &Shape, rounds: &[(&str, Round)]) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sums_and_counts_are_read_per_series_and_added_over_the_matching_ones() {
-        let text = "\
-# TYPE apiserver_admission_webhook_admission_duration_seconds histogram
-apiserver_admission_webhook_admission_duration_seconds_bucket{name=\"inject.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"admit\",le=\"0.005\"} 3
-apiserver_admission_webhook_admission_duration_seconds_sum{name=\"inject.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"admit\"} 0.5
-apiserver_admission_webhook_admission_duration_seconds_count{name=\"inject.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"admit\"} 10
-apiserver_admission_webhook_admission_duration_seconds_sum{name=\"validate.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"validating\"} 0.25
-apiserver_admission_webhook_admission_duration_seconds_count{name=\"validate.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"validating\"} 10
-apiserver_admission_webhook_admission_duration_seconds_sum{name=\"validate.kvcache\",operation=\"UPDATE\",rejected=\"false\",type=\"validating\"} 9
-";
-        let metric = "apiserver_admission_webhook_admission_duration_seconds";
-        assert_eq!(
-            sum_count(text, metric, &[("operation", "CREATE")]),
-            (0.75, 20.0)
-        );
-        assert_eq!(sum_count(text, metric, &[("type", "admit")]), (0.5, 10.0));
-        assert_eq!(sum_count(text, metric, &[("name", "nothing")]), (0.0, 0.0));
-        assert_eq!(mean_between((0.75, 20.0), (0.25, 10.0)), Some(0.05));
-        assert_eq!(mean_between((0.75, 20.0), (0.75, 20.0)), None);
-    }
-
-    #[test]
-    fn a_quantile_from_buckets_interpolates_inside_its_bucket() {
-        let text = "\
-kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"inject\",outcome=\"allowed\",le=\"0.001\"} 50
-kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"inject\",outcome=\"allowed\",le=\"0.002\"} 90
-kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"inject\",outcome=\"allowed\",le=\"+Inf\"} 100
-kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"validate\",outcome=\"allowed\",le=\"0.001\"} 7
-";
-        let b = buckets(text, "inject");
-        assert_eq!(b.len(), 3);
-        let p50 = bucket_quantile(&b, 0.5).expect("p50");
-        assert!((p50 - 0.001).abs() < 1e-9, "{p50}");
-        let p70 = bucket_quantile(&b, 0.7).expect("p70");
-        assert!((p70 - 0.0015).abs() < 1e-9, "{p70}");
-        // In the +Inf bucket: the last finite bound.
-        assert_eq!(bucket_quantile(&b, 0.99), Some(0.002));
-    }
-}
-
 /// `cargo xtask bench admission --flood`: the attacks of
 /// `tests/tests/webhook.rs::a_flood_from_one_source_leaves_admission_to_everyone_else`, from
 /// another loopback source address than the API server's, one after another: 600 connections
@@ -869,4 +824,49 @@ fn engine_pod_on(ns: &str, name: &str, binding: &str) -> anyhow::Result<Pod> {
         .get_or_insert_with(Default::default)
         .insert("kvcache.gpustack.ai/binding".into(), binding.into());
     Ok(pod)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_and_counts_are_read_per_series_and_added_over_the_matching_ones() {
+        let text = "\
+# TYPE apiserver_admission_webhook_admission_duration_seconds histogram
+apiserver_admission_webhook_admission_duration_seconds_bucket{name=\"inject.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"admit\",le=\"0.005\"} 3
+apiserver_admission_webhook_admission_duration_seconds_sum{name=\"inject.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"admit\"} 0.5
+apiserver_admission_webhook_admission_duration_seconds_count{name=\"inject.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"admit\"} 10
+apiserver_admission_webhook_admission_duration_seconds_sum{name=\"validate.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"validating\"} 0.25
+apiserver_admission_webhook_admission_duration_seconds_count{name=\"validate.kvcache\",operation=\"CREATE\",rejected=\"false\",type=\"validating\"} 10
+apiserver_admission_webhook_admission_duration_seconds_sum{name=\"validate.kvcache\",operation=\"UPDATE\",rejected=\"false\",type=\"validating\"} 9
+";
+        let metric = "apiserver_admission_webhook_admission_duration_seconds";
+        assert_eq!(
+            sum_count(text, metric, &[("operation", "CREATE")]),
+            (0.75, 20.0)
+        );
+        assert_eq!(sum_count(text, metric, &[("type", "admit")]), (0.5, 10.0));
+        assert_eq!(sum_count(text, metric, &[("name", "nothing")]), (0.0, 0.0));
+        assert_eq!(mean_between((0.75, 20.0), (0.25, 10.0)), Some(0.05));
+        assert_eq!(mean_between((0.75, 20.0), (0.75, 20.0)), None);
+    }
+
+    #[test]
+    fn a_quantile_from_buckets_interpolates_inside_its_bucket() {
+        let text = "\
+kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"inject\",outcome=\"allowed\",le=\"0.001\"} 50
+kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"inject\",outcome=\"allowed\",le=\"0.002\"} 90
+kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"inject\",outcome=\"allowed\",le=\"+Inf\"} 100
+kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"validate\",outcome=\"allowed\",le=\"0.001\"} 7
+";
+        let b = buckets(text, "inject");
+        assert_eq!(b.len(), 3);
+        let p50 = bucket_quantile(&b, 0.5).expect("p50");
+        assert!((p50 - 0.001).abs() < 1e-9, "{p50}");
+        let p70 = bucket_quantile(&b, 0.7).expect("p70");
+        assert!((p70 - 0.0015).abs() < 1e-9, "{p70}");
+        // In the +Inf bucket: the last finite bound.
+        assert_eq!(bucket_quantile(&b, 0.99), Some(0.002));
+    }
 }

@@ -56,7 +56,7 @@ pub struct Bounds {
     pub body: usize,
     /// Connections open at once, from all sources.
     pub connections: usize,
-    /// Connections open at once from one source address.
+    /// Connections open at once from one source address (at most half of `connections`).
     pub per_source: usize,
     /// Concurrent HTTP/2 streams on one connection.
     pub streams: u32,
@@ -67,18 +67,21 @@ pub struct Bounds {
 
 impl Bounds {
     /// The webhook's: the API server sends a review within its own 10 s timeout (the
-    /// configurations' `timeoutSeconds`) over a few connections per API server; 128
+    /// configurations' `timeoutSeconds`), over HTTP/2 a few connections per API server, over
+    /// HTTP/1 up to one per review in flight: one source may hold half the connections, so an
+    /// API server keeps 64 however busy and no other source can take them all. 128
     /// connections of at most ~0.3 MiB of buffers each (TLS records, the HTTP/1 read buffer
-    /// or the HTTP/2 windows) and 64 MiB of bodies stay well inside the container's 256 Mi
-    /// limit beside the caches (README "Admission under load").
+    /// or the HTTP/2 connection window, which bounds all its streams together) and 64 MiB of
+    /// bodies stay well inside the container's 256 Mi limit beside the caches (README
+    /// "Admission under load").
     pub const WEBHOOK: Bounds = Bounds {
         handshake: Duration::from_secs(10),
         header_read: Duration::from_secs(10),
         request: Duration::from_secs(10),
         body: REVIEW_BODY_LIMIT,
         connections: 128,
-        per_source: 32,
-        streams: 16,
+        per_source: 64,
+        streams: 64,
         memory: 64 << 20,
     };
 
@@ -90,7 +93,7 @@ impl Bounds {
         request: Duration::from_secs(10),
         body: 16 << 10,
         connections: 32,
-        per_source: 8,
+        per_source: 16,
         streams: 4,
         memory: 1 << 20,
     };
@@ -612,8 +615,8 @@ mod tests {
                 "a body at the limit ({largest} KiB reserved) must fit one source's share: {b:?}"
             );
             assert!(
-                b.per_source * 4 <= b.connections,
-                "a source holds at most a quarter"
+                b.per_source * 2 <= b.connections,
+                "a source holds at most half"
             );
         }
     }
