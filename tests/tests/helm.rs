@@ -18,6 +18,11 @@ fn helm() -> PathBuf {
 
 /// `helm template` of the chart with `set` values; the objects, keyed by kind and name.
 fn template(set: &[&str]) -> Vec<((String, String), serde_json::Value)> {
+    template_with(set, &[])
+}
+
+/// As [`template`], with `set_json` values too (`--set-json`, for lists).
+fn template_with(set: &[&str], set_json: &[&str]) -> Vec<((String, String), serde_json::Value)> {
     let chart = paths::workspace_root().join("deploy/helm/kvcache-operator");
     let mut cmd = std::process::Command::new(helm());
     cmd.args(["template", "kvcache-operator"])
@@ -25,6 +30,9 @@ fn template(set: &[&str]) -> Vec<((String, String), serde_json::Value)> {
         .arg("--include-crds");
     for s in set {
         cmd.args(["--set", s]);
+    }
+    for s in set_json {
+        cmd.args(["--set-json", s]);
     }
     let out = cmd.output().expect("helm runs");
     assert!(
@@ -136,4 +144,34 @@ fn each_value_changes_what_it_names() {
     // The RBAC follows the namespace.
     let binding = find(&chart, "ClusterRoleBinding").expect("a ClusterRoleBinding");
     assert_eq!(binding["subjects"][0]["namespace"], "kv-system");
+}
+
+#[test]
+fn the_network_values_give_the_policy_the_installation_renders_for_the_same_settings() {
+    use kvcache_render::install::{Access, operator_with_access};
+    use kvcache_render::resolve::{DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE};
+    for (control_plane, metrics_from) in [
+        (vec![], vec![]),
+        (vec!["10.0.0.0/28", "fd00::/64"], vec!["ops"]),
+        (vec!["10.0.0.0/28"], vec![]),
+        (vec![], vec!["monitoring", "ops"]),
+    ] {
+        let values = [
+            format!("controlPlaneCIDRs={}", serde_json::json!(control_plane)),
+            format!("metricsFrom={}", serde_json::json!(metrics_from)),
+        ];
+        let values: Vec<&str> = values.iter().map(String::as_str).collect();
+        let chart = template_with(&[], &values);
+        let access = Access {
+            control_plane: control_plane.iter().map(|s| (*s).to_owned()).collect(),
+            metrics_from: metrics_from.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        let rendered = operator_with_access(DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE, &access)
+            .expect("renders")
+            .into_iter()
+            .find(|d| d["kind"].as_str() == Some("NetworkPolicy"))
+            .expect("a NetworkPolicy");
+        let rendered = serde_json::to_value(rendered).expect("JSON");
+        assert_eq!(find(&chart, "NetworkPolicy"), Some(&rendered), "{values:?}");
+    }
 }

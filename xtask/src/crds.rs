@@ -24,6 +24,29 @@ pub fn write() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `cargo xtask manifests --out FILE`: the installation with these network settings, alone.
+pub fn installation(
+    out: &std::path::Path,
+    control_plane: Vec<String>,
+    metrics_from: Option<Vec<String>>,
+) -> anyhow::Result<()> {
+    let mut access = kvcache_render::install::Access {
+        control_plane,
+        ..Default::default()
+    };
+    if let Some(m) = metrics_from {
+        access.metrics_from = m.into_iter().filter(|n| !n.is_empty()).collect();
+    }
+    let text = kvcache_render::install::operator_yaml_with_access(
+        kvcache_render::resolve::DEFAULT_NAMESPACE,
+        kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE,
+        &access,
+    )?;
+    std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
 /// `cargo xtask manifests`: writes deploy/operator.yaml (the operator's installation).
 pub fn manifests() -> anyhow::Result<()> {
     let path = root().join("deploy/operator.yaml");

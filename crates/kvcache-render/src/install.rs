@@ -82,10 +82,21 @@ fn role_ref(kind: &str) -> RoleRef {
 /// and sweeps those it no longer renders.
 const APPLIED: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
 
-/// Every object of the installation, as YAML documents in apply order.
+/// Every object of the installation, as YAML documents in apply order, with the default
+/// [`Access`] (what `deploy/operator.yaml` holds).
 pub fn operator(
     namespace: &str,
     image: &str,
+) -> Result<Vec<serde_yaml::Value>, crate::error::Error> {
+    operator_with_access(namespace, image, &Access::default())
+}
+
+/// Every object of the installation, as YAML documents in apply order, its NetworkPolicy
+/// admitting what `access` names.
+pub fn operator_with_access(
+    namespace: &str,
+    image: &str,
+    access: &Access,
 ) -> Result<Vec<serde_yaml::Value>, crate::error::Error> {
     let ns = Some(namespace);
     let mut docs = Vec::new();
@@ -122,7 +133,7 @@ pub fn operator(
     push(&mut docs, &deployment(namespace, image))?;
     push(&mut docs, &service(namespace))?;
     push(&mut docs, &disruption_budget(namespace))?;
-    push(&mut docs, &network_policy(namespace))?;
+    push(&mut docs, &network_policy(namespace, access))?;
     let (mutating, validating) = webhooks(namespace);
     push(&mut docs, &validating)?;
     push(&mut docs, &mutating)?;
@@ -518,17 +529,123 @@ fn operator_container(image: &str) -> Container {
     }
 }
 
-/// The operator's own Pods take connections on the webhook port (from the API server, which
-/// may run on a host's network) and the metrics port (Prometheus) alone.
-fn network_policy(namespace: &str) -> k8s_openapi::api::networking::v1::NetworkPolicy {
+/// Who may connect to the operator's Pods, as set at install (Helm `controlPlaneCIDRs` and
+/// `metricsFrom`; `cargo xtask manifests --control-plane-cidrs --metrics-from`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// The address blocks the API server's calls come from (the control plane's addresses, as
+    /// the operator's Pods see them). Empty: not known, and the webhook port stays open to
+    /// every source, since no NetworkPolicy can name an API server on a host's network in
+    /// general (docs/isolation.md#the-operators-own-pods says what to set per CNI).
+    pub control_plane: Vec<String>,
+    /// The namespaces whose Pods may read `/metrics` (Prometheus's).
+    pub metrics_from: Vec<String>,
+}
+
+/// The namespace whose Pods may read the operator's `/metrics` when the install names none:
+/// where kube-prometheus and the prometheus-operator's guides run Prometheus.
+pub const DEFAULT_METRICS_NAMESPACE: &str = "monitoring";
+
+impl Default for Access {
+    fn default() -> Self {
+        Access {
+            control_plane: Vec::new(),
+            metrics_from: vec![DEFAULT_METRICS_NAMESPACE.to_owned()],
+        }
+    }
+}
+
+/// One source a port admits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// An address block (`ipBlock.cidr`).
+    Block(String),
+    /// Every Pod of a namespace, by its `kubernetes.io/metadata.name` label.
+    Namespace(String),
+}
+
+/// Who may connect to one port of the operator's Pods. Connections from the Pod's own node
+/// (the kubelet's probes) are not a NetworkPolicy's to refuse in the common enforcers
+/// (kube-router, Calico, Cilium), so neither variant needs to name them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sources {
+    /// Every source.
+    Anyone,
+    /// These sources alone; none: nothing but the Pod's own node.
+    Only(Vec<Source>),
+}
+
+/// Which sources each port of the operator's Pods admits: the webhook port the control plane
+/// (everyone when its addresses are not known); the metrics port the control plane (the API
+/// server's Pod proxy, for whoever RBAC lets use it) and the Pods of the monitoring namespaces.
+pub fn admitted(access: &Access) -> Vec<(i32, Sources)> {
+    let control_plane = access
+        .control_plane
+        .iter()
+        .map(|c| Source::Block(c.clone()));
+    let webhook = if access.control_plane.is_empty() {
+        Sources::Anyone
+    } else {
+        Sources::Only(control_plane.clone().collect())
+    };
+    let metrics = Sources::Only(
+        control_plane
+            .chain(
+                access
+                    .metrics_from
+                    .iter()
+                    .map(|n| Source::Namespace(n.clone())),
+            )
+            .collect(),
+    );
+    vec![(WEBHOOK_PORT, webhook), (METRICS_PORT, metrics)]
+}
+
+/// The operator's own Pods take connections on the webhook port and the metrics port alone,
+/// each from the sources [`admitted`] names. A port that admits nobody has no rule (a rule
+/// with no `from` would admit everyone).
+fn network_policy(
+    namespace: &str,
+    access: &Access,
+) -> k8s_openapi::api::networking::v1::NetworkPolicy {
     use k8s_openapi::api::networking::v1::{
-        NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPort, NetworkPolicySpec,
+        IPBlock, NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+        NetworkPolicySpec,
     };
-    let port = |n: i32| NetworkPolicyPort {
-        port: Some(IntOrString::Int(n)),
-        protocol: Some("TCP".into()),
-        ..Default::default()
+    let peer = |s: Source| match s {
+        Source::Block(cidr) => NetworkPolicyPeer {
+            ip_block: Some(IPBlock { cidr, except: None }),
+            ..Default::default()
+        },
+        Source::Namespace(name) => NetworkPolicyPeer {
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "kubernetes.io/metadata.name".to_owned(),
+                    name,
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
     };
+    let ingress = admitted(access)
+        .into_iter()
+        .filter_map(|(port, sources)| {
+            let from = match sources {
+                Sources::Anyone => None,
+                Sources::Only(s) if s.is_empty() => return None,
+                Sources::Only(s) => Some(s.into_iter().map(peer).collect()),
+            };
+            Some(NetworkPolicyIngressRule {
+                from,
+                ports: Some(vec![NetworkPolicyPort {
+                    port: Some(IntOrString::Int(port)),
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                }]),
+            })
+        })
+        .collect();
     NetworkPolicy {
         metadata: meta(NAME, Some(namespace)),
         spec: Some(NetworkPolicySpec {
@@ -537,10 +654,7 @@ fn network_policy(namespace: &str) -> k8s_openapi::api::networking::v1::NetworkP
                 ..Default::default()
             }),
             policy_types: Some(vec!["Ingress".into()]),
-            ingress: Some(vec![NetworkPolicyIngressRule {
-                from: None,
-                ports: Some(vec![port(WEBHOOK_PORT), port(METRICS_PORT)]),
-            }]),
+            ingress: Some(ingress),
             ..Default::default()
         }),
     }
@@ -747,12 +861,29 @@ pub fn webhooks(namespace: &str) -> (MutatingWebhookConfiguration, ValidatingWeb
     (mutating, validating)
 }
 
-/// The installation as one YAML stream with a header.
+/// The installation as one YAML stream with a header (`deploy/operator.yaml`).
 pub fn operator_yaml(namespace: &str, image: &str) -> Result<String, crate::error::Error> {
-    let body = operator(namespace, image)?
+    operator_yaml_with_access(namespace, image, &Access::default())
+}
+
+/// The installation as one YAML stream with a header, its NetworkPolicy admitting what
+/// `access` names and a comment above it saying so.
+pub fn operator_yaml_with_access(
+    namespace: &str,
+    image: &str,
+    access: &Access,
+) -> Result<String, crate::error::Error> {
+    let body = operator_with_access(namespace, image, access)?
         .iter()
-        .map(serde_yaml::to_string)
-        .collect::<Result<Vec<String>, _>>()
+        .map(|doc| {
+            let text = serde_yaml::to_string(doc)?;
+            Ok(if doc["kind"].as_str() == Some("NetworkPolicy") {
+                format!("{}{text}", policy_comment(access))
+            } else {
+                text
+            })
+        })
+        .collect::<Result<Vec<String>, serde_yaml::Error>>()
         .map_err(|e| crate::error::Error::Yaml {
             object: "the installation".into(),
             message: e.to_string(),
@@ -763,9 +894,72 @@ pub fn operator_yaml(namespace: &str, image: &str) -> Result<String, crate::erro
     ))
 }
 
+/// What the operator's NetworkPolicy admits, as comment lines above it.
+fn policy_comment(access: &Access) -> String {
+    let webhook = if access.control_plane.is_empty() {
+        format!(
+            "The webhook port ({WEBHOOK_PORT}) admits every source: the control plane's addresses were not given. Name them where your CNI shows the API server's address to a NetworkPolicy (Helm controlPlaneCIDRs, `cargo xtask manifests --control-plane-cidrs`; docs/isolation.md#the-operators-own-pods says what to set per CNI)."
+        )
+    } else {
+        format!(
+            "The webhook port ({WEBHOOK_PORT}) admits the control plane alone: {}.",
+            access.control_plane.join(", ")
+        )
+    };
+    let mut from = vec!["the Pod's own node (the probes)".to_owned()];
+    if !access.control_plane.is_empty() {
+        from.push("the control plane (the API server's Pod proxy)".to_owned());
+    }
+    if !access.metrics_from.is_empty() {
+        from.push(format!(
+            "the Pods of the namespaces {} (Helm metricsFrom, `--metrics-from`)",
+            access.metrics_from.join(", ")
+        ));
+    }
+    let metrics = match from.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!(
+            "The metrics port ({METRICS_PORT}) admits {} and {last} alone.",
+            rest.join(", ")
+        ),
+        _ => format!(
+            "The metrics port ({METRICS_PORT}) admits {} alone.",
+            from.join("")
+        ),
+    };
+    let mut out = String::new();
+    for paragraph in [webhook, metrics] {
+        let mut line = String::from("#");
+        for word in paragraph.split(' ') {
+            if line.len() + 1 + word.len() > 96 && line.len() > 1 {
+                out.push_str(&line);
+                out.push('\n');
+                line = String::from("#");
+            }
+            line.push(' ');
+            line.push_str(word);
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
 const HELM_NAMESPACE: &str = "HELM_VALUES_NAMESPACE";
 const HELM_IMAGE: &str = "HELM_VALUES_IMAGE";
 const HELM_RESOURCES: &str = "HELM_VALUES_RESOURCES";
+const HELM_INGRESS: &str = "HELM_VALUES_INGRESS";
+
+/// The chart's NetworkPolicy rules, under `spec:`: [`admitted`] written in Helm, from the values
+/// `controlPlaneCIDRs` and `metricsFrom` (a test renders both ways and compares).
+fn helm_ingress() -> String {
+    let blocks = "    {{- range .Values.controlPlaneCIDRs }}\n    - ipBlock:\n        cidr: {{ . | quote }}\n    {{- end }}\n";
+    let port = |n: i32| format!("    ports:\n    - port: {n}\n      protocol: TCP\n");
+    format!(
+        "  # The webhook port admits every source unless controlPlaneCIDRs names the control plane;\n  # the metrics port the Pod's own node, the control plane and the Pods of metricsFrom's\n  # namespaces (docs/isolation.md#the-operators-own-pods).\n  ingress:\n  {{{{- if .Values.controlPlaneCIDRs }}}}\n  - from:\n{blocks}{webhook}  {{{{- else }}}}\n  - ports:\n    - port: {WEBHOOK_PORT}\n      protocol: TCP\n  {{{{- end }}}}\n  {{{{- if or .Values.controlPlaneCIDRs .Values.metricsFrom }}}}\n  - from:\n{blocks}    {{{{- range .Values.metricsFrom }}}}\n    - namespaceSelector:\n        matchLabels:\n          kubernetes.io/metadata.name: {{{{ . | quote }}}}\n    {{{{- end }}}}\n{metrics}  {{{{- end }}}}",
+        webhook = port(WEBHOOK_PORT),
+        metrics = port(METRICS_PORT),
+    )
+}
 
 /// The Helm chart in `deploy/helm/kvcache-operator`, file by file (path in the chart, text): the
 /// same objects as [`operator_yaml`], with values for the image, replicas, resources,
@@ -802,11 +996,13 @@ pub fn helm_chart(
         "serviceMonitor": {"enabled": false, "interval": "30s"},
         "prometheusRule": {"enabled": false},
         "storeMetricsFrom": [],
+        "controlPlaneCIDRs": [],
+        "metricsFrom": [DEFAULT_METRICS_NAMESPACE],
     });
     files.push((
         "values.yaml".to_owned(),
         format!(
-            "{header}# image: the operator image. Store Pods take the elector from their own image (the kv-cache-elector-image setting), so changing this restarts no store Pod.\n# webhook.enabled: false leaves out the admission webhooks (cross-object rules and Pod injection).\n# serviceMonitor.enabled: a prometheus-operator ServiceMonitor for /metrics.\n# prometheusRule.enabled: the alert rules of deploy/monitoring/ as a prometheus-operator PrometheusRule (docs/troubleshooting.md has each alert's runbook line).\n# storeMetricsFrom: namespaces whose Pods (Prometheus) may scrape the Mooncake masters' /metrics; the port is the master's admin API too, so name only a namespace trusted with the tenant ledger (docs/isolation.md).\n{}",
+            "{header}# image: the operator image. Store Pods take the elector from their own image (the kv-cache-elector-image setting), so changing this restarts no store Pod.\n# webhook.enabled: false leaves out the admission webhooks (cross-object rules and Pod injection).\n# serviceMonitor.enabled: a prometheus-operator ServiceMonitor for /metrics.\n# prometheusRule.enabled: the alert rules of deploy/monitoring/ as a prometheus-operator PrometheusRule (docs/troubleshooting.md has each alert's runbook line).\n# storeMetricsFrom: namespaces whose Pods (Prometheus) may scrape the Mooncake masters' /metrics; the port is the master's admin API too, so name only a namespace trusted with the tenant ledger (docs/isolation.md).\n# controlPlaneCIDRs: the address blocks the API server's calls reach the operator's Pods from; set, the webhook port admits those alone (and the metrics port them too, for the API server's Pod proxy); empty, the webhook port admits every source (docs/isolation.md#the-operators-own-pods says what to set per CNI).\n# metricsFrom: namespaces whose Pods (Prometheus) may read the operator's /metrics; the Pod's own node (the probes) always may.\n{}",
             serde_yaml::to_string(&values).map_err(yaml_err("values"))?
         ),
     ));
@@ -826,6 +1022,9 @@ pub fn helm_chart(
                 doc["spec"]["template"]["spec"]["containers"][0]["resources"] =
                     serde_yaml::Value::String(HELM_RESOURCES.into());
             }
+            Some("NetworkPolicy") => {
+                doc["spec"]["ingress"] = serde_yaml::Value::String(HELM_INGRESS.into());
+            }
             _ => {}
         }
         let webhook = matches!(
@@ -839,7 +1038,9 @@ pub fn helm_chart(
                 .replace(HELM_NAMESPACE, "{{ .Values.namespace }}")
                 .replace(HELM_IMAGE, "{{ .Values.image }}")
                 .replace(HELM_RESOURCES, "{{ toJson .Values.resources }}");
-            if line.trim_start() == "replicas: 2" {
+            if line.trim_start() == format!("ingress: {HELM_INGRESS}") {
+                lines.push(helm_ingress());
+            } else if line.trim_start() == "replicas: 2" {
                 lines.push(line.replace("2", "{{ .Values.replicas }}"));
             } else if line.contains("--log-format=json") {
                 let indent = &line[..line.len() - line.trim_start().len()];
@@ -911,4 +1112,139 @@ fn helm_prometheus_rule(header: &str) -> Result<String, crate::error::Error> {
     Ok(format!(
         "{header}{{{{- if .Values.prometheusRule.enabled }}}}\n{text}{{{{- end }}}}\n"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn access(control_plane: &[&str], metrics_from: &[&str]) -> Access {
+        Access {
+            control_plane: control_plane.iter().map(|s| (*s).to_owned()).collect(),
+            metrics_from: metrics_from.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    /// The policy's rules as (port, peers): `None` for a rule that admits every source.
+    fn rules(access: &Access) -> Vec<(i32, Option<Vec<String>>)> {
+        let policy = network_policy("gpustack-system", access);
+        let spec = policy.spec.expect("a spec");
+        assert_eq!(spec.policy_types, Some(vec!["Ingress".to_owned()]));
+        spec.ingress
+            .expect("ingress rules")
+            .into_iter()
+            .map(|r| {
+                let ports = r.ports.expect("every rule names its port");
+                assert_eq!(ports.len(), 1, "one port a rule");
+                let port = match ports[0].port {
+                    Some(IntOrString::Int(n)) => n,
+                    ref other => panic!("a numbered port: {other:?}"),
+                };
+                let peers =
+                    r.from.map(|from| {
+                        from.into_iter()
+                        .map(|p| match (p.ip_block, p.namespace_selector, p.pod_selector) {
+                            (Some(b), None, None) => b.cidr,
+                            (None, Some(n), None) => format!(
+                                "ns:{}",
+                                n.match_labels.expect("labels")["kubernetes.io/metadata.name"]
+                            ),
+                            other => panic!("a block or a namespace: {other:?}"),
+                        })
+                        .collect()
+                    });
+                (port, peers)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn by_default_the_webhook_is_open_and_metrics_admit_the_monitoring_namespace_alone() {
+        assert_eq!(
+            admitted(&Access::default()),
+            vec![
+                (WEBHOOK_PORT, Sources::Anyone),
+                (
+                    METRICS_PORT,
+                    Sources::Only(vec![Source::Namespace("monitoring".into())])
+                ),
+            ]
+        );
+        assert_eq!(
+            rules(&Access::default()),
+            vec![(9443, None), (8080, Some(vec!["ns:monitoring".to_owned()])),]
+        );
+    }
+
+    #[test]
+    fn with_the_control_planes_addresses_the_webhook_admits_them_alone() {
+        let a = access(&["10.0.0.0/28", "fd00::/64"], &["monitoring", "ops"]);
+        assert_eq!(
+            rules(&a),
+            vec![
+                (9443, Some(vec!["10.0.0.0/28".into(), "fd00::/64".into()])),
+                (
+                    8080,
+                    Some(vec![
+                        "10.0.0.0/28".into(),
+                        "fd00::/64".into(),
+                        "ns:monitoring".into(),
+                        "ns:ops".into()
+                    ])
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_port_that_admits_nobody_has_no_rule_never_an_open_one() {
+        // No monitoring namespace and no control plane: the metrics port takes the node's
+        // probes alone, so it has no rule (a rule without `from` would admit everyone).
+        assert_eq!(
+            admitted(&access(&[], &[])),
+            vec![
+                (WEBHOOK_PORT, Sources::Anyone),
+                (METRICS_PORT, Sources::Only(Vec::new()))
+            ]
+        );
+        assert_eq!(rules(&access(&[], &[])), vec![(9443, None)]);
+        // Whatever the settings, only the webhook port may be open to everyone, and only
+        // while the control plane is not named.
+        for a in [
+            access(&[], &[]),
+            access(&["10.0.0.1/32"], &[]),
+            access(&[], &["monitoring"]),
+            access(&["10.0.0.1/32"], &["monitoring"]),
+        ] {
+            for (port, peers) in rules(&a) {
+                if peers.is_none() {
+                    assert_eq!(port, WEBHOOK_PORT, "{a:?}");
+                    assert!(a.control_plane.is_empty(), "{a:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_manifest_says_what_its_policy_admits_above_it() {
+        let text = operator_yaml("gpustack-system", "img").expect("renders");
+        let (before, _) = text
+            .split_once("kind: NetworkPolicy")
+            .expect("the policy is in the manifest");
+        let comment = before.rsplit("---\n").next().unwrap_or_default();
+        assert!(
+            comment.contains("admits every source") && comment.contains("controlPlaneCIDRs"),
+            "{comment}"
+        );
+        let text = operator_yaml_with_access(
+            "gpustack-system",
+            "img",
+            &access(&["10.0.0.0/28"], &["monitoring"]),
+        )
+        .expect("renders");
+        assert!(
+            text.contains("admits the control plane alone: 10.0.0.0/28."),
+            "{text}"
+        );
+    }
 }
