@@ -84,8 +84,10 @@ pub struct RunArgs {
     /// where this operator runs outside a Pod (its node's address). See docs/isolation.md.
     #[arg(long = "store-admin-from", env = "KVCACHE_STORE_ADMIN_FROM", value_delimiter = ',', value_parser = parse_cidr)]
     pub store_admin_from: Vec<String>,
-    /// Namespaces whose Pods may scrape the masters' `/metrics` (Prometheus): the port is the
-    /// admin API's too, so name only a namespace trusted with the tenant ledger.
+    /// Namespaces whose Pods may reach the masters' admin port: an explicit grant of the store's
+    /// admin API (its `/metrics`, and the tenant ledger's reads and writes, on one port). Not
+    /// needed for metrics: the operator re-exports each master's series on its own `/metrics`
+    /// (`kvcache_operator_store_*`). Name only a namespace trusted with the ledger.
     #[arg(long = "store-metrics-from", env = "KVCACHE_STORE_METRICS_FROM", value_delimiter = ',', value_parser = parse_namespace)]
     pub store_metrics_from: Vec<String>,
     /// Where the admission webhook listens (HTTPS). Unset: no webhook is served (the
@@ -378,27 +380,19 @@ fn start_webhook(
     let counts: Arc<dyn crate::serve::Counts> = ctx.metrics.clone();
     let ready = ready.clone();
     let serving = tokio::spawn(async move {
-        let mut asked = stopping.clone();
+        let asked = stopping.clone();
         let stopped = async move {
             let _ = stopping.wait_for(|s| *s).await;
         };
-        let outcome = webhook::tls::serve(
+        let serving = webhook::tls::serve(
             addr,
             router,
             presented,
             crate::serve::Bounds::WEBHOOK,
             counts,
             stopped,
-        )
-        .await;
-        // A listener that ends unasked fails both probes (telemetry::health, readiness).
-        if !*asked.borrow_and_update() {
-            match outcome {
-                Err(e) => error!(error = %e, %addr, "the webhook listener ended"),
-                Ok(()) => error!(%addr, "the webhook listener ended"),
-            }
-            ready.ended(telemetry::WEBHOOK_LISTENER);
-        }
+        );
+        supervise_listener(addr, serving, asked, &ready).await;
     });
     WebhookTasks {
         keeping,
@@ -407,9 +401,75 @@ fn start_webhook(
     }
 }
 
+/// Runs the webhook's server to its end; one that ends unasked (the listener failed, or never
+/// bound) fails both probes (`telemetry::health`, `telemetry::readiness`).
+async fn supervise_listener(
+    addr: SocketAddr,
+    serving: impl Future<Output = std::io::Result<()>>,
+    asked: tokio::sync::watch::Receiver<bool>,
+    ready: &Readiness,
+) {
+    let outcome = serving.await;
+    if !*asked.borrow() {
+        match outcome {
+            Err(e) => error!(error = %e, %addr, "the webhook listener ended"),
+            Ok(()) => error!(%addr, "the webhook listener ended"),
+        }
+        ready.ended(telemetry::WEBHOOK_LISTENER);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_webhook_listener_that_ends_fails_the_probes_and_one_asked_to_stop_does_not() {
+        let taken = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = taken.local_addr().expect("its address");
+        let serve = |stop: tokio::sync::watch::Receiver<bool>| {
+            let mut stop = stop;
+            webhook::tls::serve(
+                addr,
+                axum::Router::new(),
+                Arc::new(webhook::certs::Presented::default()),
+                crate::serve::Bounds::WEBHOOK,
+                Arc::new(crate::telemetry::Metrics::default()),
+                async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                },
+            )
+        };
+        // The real server on a port already taken: its listener ends at once, unasked.
+        let ready = Readiness::default();
+        let (_tx, rx) = tokio::sync::watch::channel(false);
+        supervise_listener(addr, serve(rx.clone()), rx, &ready).await;
+        let ended: Vec<&str> = ready
+            .ended
+            .lock()
+            .expect("unpoisoned")
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(
+            telemetry::health(0, 0, &ended),
+            Err("the webhook listener ended: restart the replica".into())
+        );
+        assert!(telemetry::readiness(true, true, &ended).is_err());
+        // Asked to stop (SIGTERM): the probes are not failed for it.
+        drop(taken);
+        let ready = Readiness::default();
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let running = supervise_listener(addr, serve(rx.clone()), rx, &ready);
+        let stopping = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = tx.send(true);
+        };
+        tokio::join!(running, stopping);
+        assert!(ready.ended.lock().expect("unpoisoned").is_empty());
+    }
 
     #[test]
     fn overrides_and_durations() {
