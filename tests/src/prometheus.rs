@@ -1,13 +1,14 @@
 //! A real Prometheus (built by `cargo xtask setup` from the module proxy) that scrapes the
-//! operator, the stores' masters and the engines on the harness's nodes, evaluates the rules of
-//! `deploy/monitoring/alerts.yaml`, and answers the tests' queries over its HTTP API.
+//! operator and the engines on the harness's nodes, evaluates the rules of
+//! `deploy/monitoring/alerts.yaml`, and answers the tests' queries over its HTTP API. The
+//! stores' series come from the operator, which re-exports each master's
+//! (`kvcache_operator_store_*`): like a Prometheus in the cluster, it needs no way to a master's
+//! admin port (docs/isolation.md).
 //!
 //! It runs in a node's network namespace: it reaches Pods at their own addresses, as a
-//! Prometheus in the cluster does, and scrapes the masters from the node's address, which the
-//! operator's `--store-admin-from` admits there (an in-cluster Prometheus is admitted by
-//! `--store-metrics-from` instead; docs/isolation.md). Its targets are a static scrape
-//! configuration with the labels the installation's ServiceMonitor and a Pod scrape give
-//! (`namespace`, `pod`; the operator's own labels honoured, as the ServiceMonitor says).
+//! Prometheus in the cluster does. Its targets are a static scrape configuration with the labels
+//! the installation's ServiceMonitor and a Pod scrape give (`namespace`, `pod`; the operator's
+//! own labels honoured, as the ServiceMonitor says).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,7 +25,7 @@ pub const INTERVAL: Duration = Duration::from_secs(5);
 /// One scrape target: its job, `host:port`, and the labels it is given.
 #[derive(Clone, Debug)]
 pub struct Target {
-    /// The job (`operator`, `mooncake-master`, `engine`).
+    /// The job (`operator`, `engine`).
     pub job: &'static str,
     /// `host:port`.
     pub address: String,

@@ -244,9 +244,9 @@ fn helm() -> anyhow::Result<PathBuf> {
 }
 
 /// Builds Prometheus and its promtool from the Go module proxy once, into the cache: promtool
-/// checks and unit-tests the alert rules, the server scrapes the operator, the stores and the
-/// engines in `tests/tests/real_engine/monitoring.rs`. Without service discovery
-/// (`remove_all_sd`): the tests give it static targets.
+/// checks and unit-tests the alert rules, the server scrapes the operator (the stores' series
+/// re-exported) and the engines in `tests/tests/real_engine/monitoring.rs`. Without service
+/// discovery (`remove_all_sd`): the tests give it static targets.
 fn prometheus() -> anyhow::Result<PathBuf> {
     let dir = kvcache_e2e::paths::prometheus_dir();
     std::fs::create_dir_all(&dir)?;

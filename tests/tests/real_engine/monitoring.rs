@@ -1,20 +1,17 @@
 //! The monitoring against a real Prometheus (`kvcache_e2e::prometheus`): it scrapes the
-//! operator, the serving master and an engine on the nodes, evaluates
-//! `deploy/monitoring/alerts.yaml`, and every panel of `deploy/monitoring/dashboard.json`
-//! answers with data.
+//! operator (which re-exports the masters' series: `kvcache_operator_store_*`) and an engine on
+//! the nodes, never a master's port, evaluates `deploy/monitoring/alerts.yaml`, and every panel
+//! of `deploy/monitoring/dashboard.json` answers with data.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
-use kube::api::{Api, ListParams};
 use kvcache_e2e::prometheus::{Prometheus, Sample, Target};
-use kvcache_e2e::walkthrough::backend_pods;
 use kvcache_e2e::{Error, engine, paths, pods};
 
-use crate::{BACKEND, NAMESPACE, cluster, operator};
+use crate::{NAMESPACE, cluster, operator};
 
 /// How long Prometheus gets to show what it scrapes (a few scrapes and evaluations).
 const SHOWN: Duration = Duration::from_secs(180);
@@ -70,9 +67,9 @@ fn rules_firing_at_once(alert: &str, dir: &std::path::Path) -> Result<PathBuf, E
 }
 
 /// Starts Prometheus on the operator's node, scraping the operator (as its ServiceMonitor
-/// does), the backend's Ready leader Pods and `engines`, with the shipped rules and
-/// `KVCacheTenantAtGrant` firing without its wait.
-pub async fn start(client: &Client, engines: &[&Pod]) -> Result<Prometheus, Error> {
+/// does) and `engines`, with the shipped rules and `KVCacheTenantAtGrant` firing without its
+/// wait.
+pub async fn start(engines: &[&Pod]) -> Result<Prometheus, Error> {
     let (host, port) = {
         let op = operator().lock().unwrap_or_else(|p| p.into_inner());
         (op.host.clone(), op.metrics_port)
@@ -84,19 +81,7 @@ pub async fn start(client: &Client, engines: &[&Pod]) -> Result<Prometheus, Erro
         labels: labels(NAMESPACE, "kvcache-operator"),
         honor_labels: true,
     }];
-    let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let leaders = store
-        .list(&ListParams::default().labels(&backend_pods(BACKEND, "leader")))
-        .await?;
-    for p in leaders.items.iter().filter(|p| pods::is_ready(p)) {
-        targets.push(Target {
-            job: "mooncake-master",
-            address: format!("{}:{}", pod_ip(p)?, kvcache_render::backend::ADMIN_PORT),
-            path: "/metrics",
-            labels: labels(NAMESPACE, pods::name_of(p)),
-            honor_labels: false,
-        });
-    }
+    // No master: the store panels and rules read the operator's re-exports.
     for p in engines {
         targets.push(Target {
             job: "engine",

@@ -281,7 +281,7 @@ fn a_tenant_whose_saves_are_refused_at_its_grant_is_under_pressure_until_its_cei
             small.status
         );
         let fill = deploy(&client, TEAM_Q, FILL, 1).await?.remove(0);
-        let prom = crate::monitoring::start(&client, &[&fill]).await?;
+        let prom = crate::monitoring::start(&[&fill]).await?;
         let deadline = Instant::now() + WAIT;
         let mut seed = 701;
         let at_grant = loop {
@@ -349,9 +349,9 @@ fn a_tenant_whose_saves_are_refused_at_its_grant_is_under_pressure_until_its_cei
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         wait_event(&client, TEAM_Q, "TenantAtGrant", "", WAIT).await?;
-        // Prometheus, scraping the operator, the master and the engine all along, fires the
-        // alert for the filled tenant (its `for` cut to 0s: crate::monitoring), and every
-        // dashboard panel has data.
+        // Prometheus, scraping the operator (the master's series re-exported) and the engine
+        // all along, fires the alert for the filled tenant (its `for` cut to 0s:
+        // crate::monitoring), and every dashboard panel has data.
         let firing = crate::monitoring::wait_query(
             &prom,
             "ALERTS{alertname=\"KVCacheTenantAtGrant\",alertstate=\"firing\"}",

@@ -6,8 +6,9 @@
 //! - The leader's admin port (9003: `/metrics`, `/health` and the tenant ledger's
 //!   `/api/v1/tenant_quotas`, one port in Mooncake 0.3.13): the operator's Pods, the addresses
 //!   `--store-admin-from` names (an operator that runs outside a Pod) and the namespaces
-//!   `--store-metrics-from` names (Prometheus scrapes `master_*` there; the port is shared, so
-//!   that namespace is trusted with the ledger too).
+//!   `--store-metrics-from` names: an explicit grant of the admin API, ledger writes included
+//!   (the port is shared). Prometheus needs none: the operator re-exports the masters' series
+//!   ([`crate::store_series`]).
 //! - The members, every port: the transfer engine dials its peers on ports it picks, so the
 //!   policy selects peers, not ports (the backend's own Pods and the bound namespaces).
 //!
@@ -38,8 +39,9 @@ pub struct StoreAccess {
     /// Addresses (CIDRs) that reach the admin port besides the operator's Pods: an operator
     /// run outside a Pod (`--store-admin-from`).
     pub admin_from: Vec<String>,
-    /// Namespaces whose Pods may scrape the leader's `/metrics` on the admin port
-    /// (`--store-metrics-from`).
+    /// Namespaces whose Pods may reach the leader's admin port, `/metrics` and the tenant
+    /// ledger alike (`--store-metrics-from`): an explicit grant of the admin API; none is
+    /// needed for metrics, which the operator re-exports.
     pub metrics_from: Vec<String>,
 }
 
