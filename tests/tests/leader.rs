@@ -26,10 +26,14 @@ fn reconciles(text: &str) -> Option<f64> {
     metric_sum(text, "kvcache_operator_reconciles_total", &[])
 }
 
-/// Waits until the replica's metrics satisfy `ok`; a wait that runs out names `what`.
+/// Waits until the replica's metrics satisfy `ok`; a wait that runs out names `what` (and
+/// fails at the caller's line).
+#[track_caller]
 fn wait_metrics(op: &mut Operator, what: &str, ok: impl FnMut(&str) -> bool) -> String {
-    op.wait_metrics(what, WAIT, ok)
-        .unwrap_or_else(|e| panic!("{e}"))
+    match op.wait_metrics(what, WAIT, ok) {
+        Ok(text) => text,
+        Err(e) => panic!("{e}"),
+    }
 }
 
 fn pool(name: &str) -> KVCachePool {
