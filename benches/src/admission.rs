@@ -702,10 +702,10 @@ pub fn flood() -> anyhow::Result<()> {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!();
     println!(
-        "| attack (from 127.0.0.2) | injected Pod p50 / p99 | Binding p50 / p99 | creates | attack: opened / closed unanswered / refused / answers | operator refused (connections; requests) | operator peak memory |"
+        "| attack (from 127.0.0.2) | injected Pod p50 / p99 | Binding p50 / p99 | Pods / Bindings created | attack: opened / closed unanswered / refused / answers | operator refused so far (connections; requests) | operator peak memory so far |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for ((name, pods, bindings, tally, n), metrics, peak) in &rows {
+    for ((name, pods, bindings, tally, _), metrics, peak) in &rows {
         let refused = |metric: &str| -> String {
             metrics
                 .lines()
@@ -719,11 +719,13 @@ pub fn flood() -> anyhow::Result<()> {
                 .join(", ")
         };
         println!(
-            "| {name} | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {n} | {} | {}; {} | {} MiB |",
+            "| {name} | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {} / {} | {} | {}; {} | {} MiB |",
             ms(quantile(pods, 0.5)),
             ms(quantile(pods, 0.99)),
             ms(quantile(bindings, 0.5)),
             ms(quantile(bindings, 0.99)),
+            pods.len(),
+            bindings.len(),
             tally.as_ref().map_or("-".into(), |t| format!(
                 "{} / {} / {} / {:?}",
                 t.opened, t.closed, t.refused, t.statuses
