@@ -370,12 +370,11 @@ fn now_ms() -> u64 {
     u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// How many engine `/metrics` one pass of a deployment reads at once. Each read holds at most
-/// the store client's engine cap (twice while it is read), so the operator holds at most
-/// `watch::CONCURRENCY` (16) reconciles × this × that cap of engine bodies however many Pods
-/// answer; a pass of [`kvcache_render::read::ENGINE_PODS_PER_PASS`] (32) Pods that all wait
-/// out the client's 1.5 s timeout ends within 8 rounds, 12 s, under the 15 s
-/// `--engine-metrics-interval`.
+/// How many engine `/metrics` one pass of a deployment reads at once: a quarter of the reads
+/// the whole operator makes at once (the store client's 16 turns, which bound the engine bodies
+/// it holds), so one deployment's slow Pods leave turns to the others; and a pass of
+/// [`kvcache_render::read::ENGINE_PODS_PER_PASS`] (32) Pods that all wait out the client's
+/// 1.5 s timeout still ends within 8 rounds, 12 s, under the 15 s `--engine-metrics-interval`.
 const ENGINE_SCRAPES_AT_ONCE: usize = 4;
 
 /// Reads the `/metrics` of the deployment's ready engine Pods (chosen by ownership, at most
