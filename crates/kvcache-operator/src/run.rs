@@ -180,6 +180,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     require_crds(&client).await?;
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(Readiness::default());
+    let stopping = stopping_flag()?;
     ready
         .webhook
         .store(args.webhook_addr.is_none(), Ordering::Relaxed);
@@ -209,7 +210,11 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
                 let _ = writing.send(true);
                 ctx.metrics.leader.set(1);
                 leadership
-                    .lead(crate::controllers::run(ctx.clone(), changes, ended(&ready)))
+                    .lead(crate::controllers::run(
+                        ctx.clone(),
+                        changes,
+                        ended(&ready, &stopping),
+                    ))
                     .await
             }
             Ok(None) => Ok(()),
@@ -217,7 +222,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         }
     } else {
         ctx.metrics.leader.set(1);
-        crate::controllers::run(ctx.clone(), changes, ended(&ready)).await;
+        crate::controllers::run(ctx.clone(), changes, ended(&ready, &stopping)).await;
         Ok(())
     };
     ctx.metrics.leader.set(0);
@@ -233,14 +238,33 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     outcome
 }
 
-/// What a controller loop that ended calls: the liveness probe fails from then on (a loop
-/// ending on SIGTERM fails it too, harmlessly: the replica is stopping).
-fn ended(ready: &Arc<Readiness>) -> impl Fn(&'static str) + Send + Sync + Clone + 'static {
-    let ready = ready.clone();
+/// What a controller loop that ended calls: one that ends unasked fails the liveness probe
+/// from then on; one that ends after SIGTERM (`stopping`) is the shutdown, logged as such.
+fn ended(
+    ready: &Arc<Readiness>,
+    stopping: &Arc<std::sync::atomic::AtomicBool>,
+) -> impl Fn(&'static str) + Send + Sync + Clone + 'static {
+    let (ready, stopping) = (ready.clone(), stopping.clone());
     move |what| {
-        error!(loop_ = what, "a controller loop ended");
-        ready.ended(what);
+        if stopping.load(Ordering::Relaxed) {
+            info!(loop_ = what, "a controller loop stopped");
+        } else {
+            error!(loop_ = what, "a controller loop ended");
+            ready.ended(what);
+        }
     }
+}
+
+/// A flag set on the first SIGTERM or Ctrl-C (the controllers stop on it themselves).
+fn stopping_flag() -> Result<Arc<std::sync::atomic::AtomicBool>, Error> {
+    let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let signal = shutdown_signal()?;
+    let set = flag.clone();
+    tokio::spawn(async move {
+        signal.await;
+        set.store(true, Ordering::Relaxed);
+    });
+    Ok(flag)
 }
 
 /// Refuses to start without the CRDs, saying how to install them.
@@ -464,7 +488,6 @@ mod tests {
         let (tx, rx) = tokio::sync::watch::channel(false);
         let running = supervise_listener(addr, serve(rx.clone()), rx, &ready);
         let stopping = async {
-            tokio::time::sleep(Duration::from_millis(200)).await;
             let _ = tx.send(true);
         };
         tokio::join!(running, stopping);

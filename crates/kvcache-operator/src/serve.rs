@@ -10,9 +10,14 @@
 //!   the body, answering) within `request`, a body no larger than `body`, HTTP/2 streams per
 //!   connection at most `streams` with small flow-control windows (a peer cannot make the
 //!   server buffer more than a window per stream);
-//! - memory: a request reserves its declared body (times [`DECODE_FACTOR`], what decoding it
-//!   costs) from a budget in all and from its source's share before its body is read; one that
-//!   cannot reserve within its time is answered 503.
+//! - a connection that makes no progress (no byte read or written) for `idle` is closed: one
+//!   that never sends its first byte, a client that stops reading its answer, an idle
+//!   keep-alive;
+//! - memory: a request reserves its declared body and a base for its headers from a budget in
+//!   all and from its source's share before its body is read; once read, what decoding it will
+//!   cost ([`decode_cost`]: its bytes and its JSON values) is reserved too, or the request is
+//!   refused 413 when that is more than one source may hold. A request that cannot reserve
+//!   within its time is answered 503.
 //!
 //! The decisions (which connection is refused, what a request reserves, which answer a refused
 //! request gets) are plain functions and a small ledger, tested without sockets.
@@ -31,16 +36,61 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
-/// What decoding a body costs in memory, per byte of it: the bytes themselves, the decoded
-/// review (`serde_json::Value` trees of Kubernetes objects come to about twice their text) and
-/// the strict re-decoding of the object the judgement makes.
-pub const DECODE_FACTOR: usize = 4;
+/// What decoding a body costs in memory per byte of it: the bytes read, the strings of the
+/// decoded review, and the copy kube's `DynamicObject` buffers (`#[serde(flatten)]`).
+pub const BYTE_COST: usize = 3;
+
+/// What decoding costs per JSON value on top: a `serde_json::Value` is 32 bytes, a map entry
+/// more, and `#[serde(flatten)]` holds each value once more while it decodes. A 4 MiB review of
+/// `[0,0,…]` (2 million values) measured 131 MiB decoded: 65 bytes a value.
+pub const VALUE_COST: usize = 96;
+
+/// What every request reserves at least: its headers (HTTP/2's list capped at 16 KiB) and its
+/// state.
+pub const REQUEST_BASE: usize = 16 << 10;
 
 /// The largest request body the webhook reads. The API server refuses a request body over
 /// 3 MiB, and etcd stores no object over 1.5 MiB (its default `--max-request-bytes`): the
 /// review of an UPDATE carries the new object and the stored one, and a few KiB of envelope
 /// (user, kind, options) beside them, so two 1.5 MiB objects and the envelope fit with room.
 pub const REVIEW_BODY_LIMIT: usize = 4 << 20;
+
+/// What decoding a body will cost, counted without decoding it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeCost {
+    /// The JSON values it holds (each `,` `:` `[` `{` outside a string starts one more).
+    pub values: usize,
+    /// Bytes decoding it may hold: [`BYTE_COST`] a byte and [`VALUE_COST`] a value.
+    pub bytes: usize,
+}
+
+/// Counts what decoding `body` as JSON will cost: one pass, no allocation.
+pub fn decode_cost(body: &[u8]) -> DecodeCost {
+    let (mut values, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in body {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b',' | b':' | b'[' | b'{' => values += 1,
+                _ => {}
+            }
+        }
+    }
+    DecodeCost {
+        values,
+        bytes: body
+            .len()
+            .saturating_mul(BYTE_COST)
+            .saturating_add(values.saturating_mul(VALUE_COST)),
+    }
+}
 
 /// What one server lets clients hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,20 +110,23 @@ pub struct Bounds {
     pub per_source: usize,
     /// Concurrent HTTP/2 streams on one connection.
     pub streams: u32,
-    /// Bytes that request bodies and their decoding may hold at once, from all sources; one
-    /// source may hold a quarter of it.
+    /// Bytes that requests, their bodies and their decoding may hold at once, from all
+    /// sources; one source may hold a quarter of it.
     pub memory: usize,
+    /// A connection with no byte read or written for this long is closed (longer than
+    /// `request`, so no request in flight is cut by it).
+    pub idle: Duration,
 }
 
 impl Bounds {
     /// The webhook's: the API server sends a review within its own 10 s timeout (the
     /// configurations' `timeoutSeconds`), over HTTP/2 a few connections per API server, over
     /// HTTP/1 up to one per review in flight: one source may hold half the connections, so an
-    /// API server keeps 64 however busy and no other source can take them all. 128
-    /// connections of at most ~0.3 MiB of buffers each (TLS records, the HTTP/1 read buffer
-    /// or the HTTP/2 connection window, which bounds all its streams together) and 64 MiB of
-    /// bodies stay well inside the container's 256 Mi limit beside the caches (README
-    /// "Admission under load").
+    /// API server keeps 64 however busy and no one other source can take them all. 128
+    /// connections of at most ~0.4 MiB of buffers each (TLS records, the HTTP/1 read buffer
+    /// or the HTTP/2 connection window, which bounds all its streams together) and 96 MiB of
+    /// requests stay inside the container's 256 Mi limit beside the caches (README "Admission
+    /// under load").
     pub const WEBHOOK: Bounds = Bounds {
         handshake: Duration::from_secs(10),
         header_read: Duration::from_secs(10),
@@ -81,8 +134,9 @@ impl Bounds {
         body: REVIEW_BODY_LIMIT,
         connections: 128,
         per_source: 64,
-        streams: 64,
-        memory: 64 << 20,
+        streams: 8,
+        memory: 96 << 20,
+        idle: Duration::from_secs(20),
     };
 
     /// The metrics and health port's: Prometheus and the kubelet send bodiless GETs, one or
@@ -95,7 +149,8 @@ impl Bounds {
         connections: 32,
         per_source: 16,
         streams: 4,
-        memory: 1 << 20,
+        memory: 2 << 20,
+        idle: Duration::from_secs(15),
     };
 
     /// What one source may hold of [`Bounds::memory`].
@@ -137,7 +192,8 @@ pub fn admit_connection(bounds: &Bounds, open: usize, from_source: usize) -> Res
 
 /// What a request reserves of the memory budget before its body is read, in KiB (the
 /// semaphores' unit), or the answer it gets at once: 413 when it declares a body over the
-/// limit. A body without a declared length reserves the limit.
+/// limit. It reserves its declared body and [`REQUEST_BASE`]; a body without a declared length
+/// reserves the limit.
 pub fn reservation(bounds: &Bounds, declared: Option<u64>) -> Result<u32, Early> {
     let length = match declared {
         Some(n) if n > bounds.body as u64 => {
@@ -149,8 +205,26 @@ pub fn reservation(bounds: &Bounds, declared: Option<u64>) -> Result<u32, Early>
         Some(n) => usize::try_from(n).unwrap_or(bounds.body),
         None => bounds.body,
     };
-    let kib = length.saturating_mul(DECODE_FACTOR).div_ceil(1024).max(1);
-    Ok(u32::try_from(kib).unwrap_or(u32::MAX))
+    Ok(to_kib(length.saturating_add(REQUEST_BASE)))
+}
+
+/// What a request whose body was read reserves on top of [`reservation`]'s `reserved` KiB to
+/// decode it, or 413 when decoding it would take more than one source may hold.
+pub fn decoding(bounds: &Bounds, body: &[u8], reserved: u32) -> Result<u32, Early> {
+    let cost = decode_cost(body);
+    let total = cost.bytes.saturating_add(REQUEST_BASE);
+    if total > bounds.source_memory() {
+        return Err(Early::TooComplex {
+            values: cost.values,
+            cost: total,
+            share: bounds.source_memory(),
+        });
+    }
+    Ok(to_kib(total).saturating_sub(reserved))
+}
+
+fn to_kib(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX)
 }
 
 /// An answer given without the request reaching its handler.
@@ -158,9 +232,18 @@ pub fn reservation(bounds: &Bounds, declared: Option<u64>) -> Result<u32, Early>
 pub enum Early {
     /// The declared body is over the limit: 413.
     TooLarge { declared: u64, limit: usize },
+    /// Decoding the body would cost more than one source may hold: 413.
+    TooComplex {
+        values: usize,
+        cost: usize,
+        share: usize,
+    },
+    /// The body could not be read to its end (the client reset the stream or sent a malformed
+    /// body): 400.
+    Unreadable,
     /// No memory could be reserved for the body within the request's time: 503.
     Busy,
-    /// The request took longer than the request bound: 408 (or 503 when its body was read).
+    /// The request was not read and answered within the request bound: 408.
     TimedOut(Duration),
 }
 
@@ -173,6 +256,22 @@ impl Early {
                 format!(
                     "a request body of {declared} bytes is over this server's limit of {limit} bytes"
                 ),
+            ),
+            Early::TooComplex {
+                values,
+                cost,
+                share,
+            } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "a request body of {values} JSON values would take {} MiB to decode, over the {} MiB one source may hold",
+                    cost >> 20,
+                    share >> 20
+                ),
+            ),
+            Early::Unreadable => (
+                StatusCode::BAD_REQUEST,
+                "the request body could not be read to its end".into(),
             ),
             Early::Busy => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -189,6 +288,8 @@ impl Early {
     pub fn label(&self) -> &'static str {
         match self {
             Early::TooLarge { .. } => "too_large",
+            Early::TooComplex { .. } => "too_complex",
+            Early::Unreadable => "unreadable",
             Early::Busy => "busy",
             Early::TimedOut(_) => "timed_out",
         }
@@ -279,7 +380,8 @@ impl Ledger {
     }
 
     /// Reserves `kib` of memory for a request on `slot`: first from its source's share, then
-    /// from the budget in all; waits until both are free.
+    /// from the budget in all; waits until both are free (a reservation larger than the share
+    /// waits until the caller's deadline: [`decoding`] refuses those first).
     pub async fn reserve(&self, slot: &Slot, kib: u32) -> Held {
         let source = acquire(&slot.memory, kib).await;
         let all = acquire(&self.memory, kib).await;
@@ -290,8 +392,7 @@ impl Ledger {
     }
 }
 
-/// `n` permits of `semaphore`, clamped to what it can ever hold (a semaphore is never closed
-/// here, so the wait ends).
+/// `n` permits of `semaphore` (a semaphore is never closed here; the caller bounds the wait).
 async fn acquire(semaphore: &Arc<Semaphore>, n: u32) -> OwnedSemaphorePermit {
     loop {
         if let Ok(p) = semaphore.clone().acquire_many_owned(n).await {
@@ -348,16 +449,17 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(bounds.header_read)
         .max_buf_size(HTTP1_BUFFER);
+    // No keep-alive pings: a connection quiet for `idle` is closed by `Progress` (pings would
+    // keep an idle connection open for ever).
     builder
         .http2()
         .timer(TokioTimer::new())
-        .keep_alive_interval(bounds.header_read)
-        .keep_alive_timeout(bounds.header_read)
         .max_concurrent_streams(bounds.streams)
         .initial_stream_window_size(H2_STREAM_WINDOW)
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .max_header_list_size(H2_HEADER_LIST)
         .max_send_buf_size(H2_STREAM_WINDOW as usize);
+    let io = Progress::new(io, bounds.idle);
     let connection = builder
         .serve_connection(TokioIo::new(io), service)
         .into_owned();
@@ -369,7 +471,7 @@ const HTTP1_BUFFER: usize = 64 << 10;
 /// HTTP/2 flow-control windows: what a peer may send before the server reads it.
 const H2_STREAM_WINDOW: u32 = 64 << 10;
 const H2_CONNECTION_WINDOW: u32 = 256 << 10;
-const H2_HEADER_LIST: u32 = 32 << 10;
+const H2_HEADER_LIST: u32 = 16 << 10;
 
 /// One request within the bounds: its declared body checked, its memory reserved, its body
 /// capped, the whole of it timed.
@@ -393,10 +495,39 @@ async fn bounded(
         .await
         .map_err(|_| Early::Busy)?;
     let (parts, body) = req.into_parts();
-    let body = Body::new(http_body_util::Limited::new(body, bounds.body));
-    let answered =
-        tokio::time::timeout_at(deadline, router.oneshot(Request::from_parts(parts, body))).await;
-    drop(held);
+    let read = tokio::time::timeout_at(
+        deadline,
+        http_body_util::BodyExt::collect(http_body_util::Limited::new(body, bounds.body)),
+    )
+    .await
+    .map_err(|_| Early::TimedOut(bounds.request))?;
+    let body = match read {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(Early::TooLarge {
+                declared: declared.unwrap_or(bounds.body as u64 + 1),
+                limit: bounds.body,
+            });
+        }
+        Err(_) => return Err(Early::Unreadable),
+    };
+    // Then what decoding it costs, counted before it is decoded.
+    let more = decoding(&bounds, &body, kib)?;
+    let decoding = if more > 0 {
+        Some(
+            tokio::time::timeout_at(deadline, ledger.reserve(slot, more))
+                .await
+                .map_err(|_| Early::Busy)?,
+        )
+    } else {
+        None
+    };
+    let answered = tokio::time::timeout_at(
+        deadline,
+        router.oneshot(Request::from_parts(parts, Body::from(body))),
+    )
+    .await;
+    drop((held, decoding));
     match answered {
         Ok(Ok(response)) => Ok(response),
         Ok(Err(never)) => match never {},
@@ -457,6 +588,11 @@ where
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(c) => { failures = 0; c }
+                // A connection reset before it was accepted is that connection's problem.
+                Err(e) if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                ) => continue,
                 Err(e) => {
                     // Out of file descriptors or memory: back off rather than spin; a listener
                     // that keeps failing has ended.
@@ -520,6 +656,104 @@ where
     Ok(())
 }
 
+/// A connection's IO that fails with `TimedOut` once neither a read nor a write has made
+/// progress for `idle`: a peer that never sends its first byte, stops reading its answer, or
+/// leaves the connection idle is closed, whatever the protocol does meanwhile.
+struct Progress<I> {
+    io: I,
+    idle: Duration,
+    quiet: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<I> Progress<I> {
+    fn new(io: I, idle: Duration) -> Self {
+        Progress {
+            io,
+            idle,
+            quiet: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    /// After a poll of the IO: progress moves the deadline; no progress checks it.
+    fn after<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<std::io::Result<T>>,
+        progressed: impl FnOnce(&T) -> bool,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::task::Poll;
+        match polled {
+            Poll::Ready(Ok(v)) => {
+                if progressed(&v) {
+                    let next = tokio::time::Instant::now() + self.idle;
+                    self.quiet.as_mut().reset(next);
+                }
+                Poll::Ready(Ok(v))
+            }
+            Poll::Pending => match std::future::Future::poll(self.quiet.as_mut(), cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no progress on the connection",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Progress<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
+        let after = buf.filled().len();
+        self.after(cx, polled, |()| after > before)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Progress<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
+        self.after(cx, polled, |n| *n > 0)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_flush(cx);
+        self.after(cx, polled, |()| false)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.after(cx, polled, |n| *n > 0)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
 /// Accept failures in a row after which the listener counts as ended.
 const ACCEPT_FAILURES: u32 = 100;
 
@@ -531,7 +765,7 @@ mod tests {
         Bounds {
             connections: 4,
             per_source: 2,
-            memory: 128 << 10,
+            memory: 256 << 10,
             body: 8 << 10,
             ..Bounds::WEBHOOK
         }
@@ -578,7 +812,8 @@ mod tests {
         let b = bounds();
         assert_eq!(
             reservation(&b, Some(8 << 10)),
-            Ok(u32::try_from(8 * DECODE_FACTOR).expect("small"))
+            Ok(8 + 16),
+            "the body and its base"
         );
         assert_eq!(
             reservation(&b, Some((8 << 10) + 1)),
@@ -589,8 +824,8 @@ mod tests {
         );
         assert_eq!(
             reservation(&b, Some(0)),
-            Ok(1),
-            "a bodiless request costs a KiB"
+            Ok(16),
+            "a bodiless request costs its base"
         );
         assert_eq!(
             reservation(&b, None),
@@ -630,14 +865,14 @@ mod tests {
         let b = ledger
             .enter("10.0.0.2".parse().expect("v4"))
             .expect("a slot");
-        // A quarter of 128 KiB: 32 KiB each source.
-        let held = ledger.reserve(&a, 32).await;
+        // A quarter of 256 KiB: 64 KiB each source.
+        let held = ledger.reserve(&a, 64).await;
         let waiting = tokio::time::timeout(Duration::from_millis(100), ledger.reserve(&a, 1)).await;
         assert!(waiting.is_err(), "the source's share is taken");
-        let other = tokio::time::timeout(Duration::from_millis(100), ledger.reserve(&b, 32)).await;
+        let other = tokio::time::timeout(Duration::from_millis(100), ledger.reserve(&b, 64)).await;
         assert!(other.is_ok(), "another source is served from its own share");
         drop(held);
-        let again = tokio::time::timeout(Duration::from_millis(100), ledger.reserve(&a, 32)).await;
+        let again = tokio::time::timeout(Duration::from_millis(100), ledger.reserve(&a, 64)).await;
         assert!(again.is_ok(), "a request done gives its memory back");
     }
 
@@ -750,16 +985,84 @@ mod tests {
             ..bounds()
         })
         .await;
-        // The loopback source's whole share (a quarter of 128 KiB) held elsewhere.
+        // The loopback source's whole share (a quarter of 256 KiB) held elsewhere.
         let slot = ledger
             .enter("127.0.0.1".parse().expect("v4"))
             .expect("a slot");
-        let held = ledger.reserve(&slot, 32).await;
+        let held = ledger.reserve(&slot, 64).await;
         let (status, text) = exchange(addr, &post(4096), &json_of(4096)).await;
         assert_eq!(status, 503, "{text}");
         assert!(text.contains("retry"), "{text}");
         drop(held);
         let (status, text) = exchange(addr, &post(4096), &json_of(4096)).await;
         assert_eq!(status, 200, "memory given back is served: {text}");
+    }
+
+    #[test]
+    fn decoding_counts_values_outside_strings_only() {
+        assert_eq!(
+            decode_cost(b"\"a,b:[{\"").values,
+            1,
+            "punctuation in a string"
+        );
+        assert_eq!(
+            decode_cost(br#""a\",b""#).values,
+            1,
+            "an escaped quote stays in the string"
+        );
+        assert_eq!(decode_cost(b"[0,0,0]").values, 4);
+        assert_eq!(decode_cost(br#"{"a":1,"b":[2]}"#).values, 6);
+        let c = decode_cost(b"[0,0]");
+        assert_eq!(c.bytes, 5 * BYTE_COST + 3 * VALUE_COST);
+    }
+
+    #[test]
+    fn a_review_of_small_values_is_refused_before_it_is_decoded() {
+        let b = Bounds::WEBHOOK;
+        // Two million zeros: 4 MiB of text, ~200 MiB decoded.
+        let mut zeros = b"[".to_vec();
+        zeros.extend(std::iter::repeat_n(b"0,".as_slice(), (b.body - 4) / 2).flatten());
+        zeros.push(b'0');
+        zeros.push(b']');
+        assert!(zeros.len() <= b.body);
+        let reserved = reservation(&b, Some(zeros.len() as u64)).expect("under the limit");
+        match decoding(&b, &zeros, reserved) {
+            Err(e @ Early::TooComplex { .. }) => {
+                let (status, text) = e.answer();
+                assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+                assert!(text.contains("JSON values"), "{text}");
+            }
+            other => panic!("decoded: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_never_sends_its_first_byte_is_closed_when_idle() {
+        use tokio::io::AsyncReadExt;
+        let (addr, ledger) = echo(Bounds {
+            idle: Duration::from_millis(300),
+            header_read: Duration::from_secs(30),
+            ..bounds()
+        })
+        .await;
+        let mut silent = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connects");
+        let started = std::time::Instant::now();
+        let mut buf = [0u8; 8];
+        let read = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf))
+            .await
+            .expect("closed within 5 s");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        // Its slot is given back.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while ledger.open() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the slot was not given back"
+            );
+            tokio::task::yield_now().await;
+        }
     }
 }
