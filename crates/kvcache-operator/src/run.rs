@@ -124,6 +124,13 @@ pub struct RunArgs {
         default_value = kvcache_render::install::WEBHOOK_CA_SECRET
     )]
     pub webhook_ca_secret: String,
+    /// Address blocks (CIDRs) the webhook serves, as the control plane's calls reach it: a
+    /// connection from anywhere else is closed at once, so no other Pod can send reviews or
+    /// hold the webhook's connections and memory, even where no enforcer applies the
+    /// operator's NetworkPolicy. Empty: every source (each within its share). The installation
+    /// sets it from the same setting as that policy (docs/isolation.md).
+    #[arg(long = "webhook-allowed-source", env = "KVCACHE_WEBHOOK_ALLOWED_SOURCES", value_delimiter = ',', value_parser = parse_net)]
+    pub webhook_allowed_sources: Vec<ipnet::IpNet>,
     /// The validating and mutating webhook configurations whose `caBundle` the operator keeps.
     #[arg(
         long,
@@ -155,6 +162,13 @@ fn parse_cidr(text: &str) -> Result<String, Error> {
         return Err(bad());
     }
     Ok(text.to_owned())
+}
+
+/// `ADDRESS/PREFIX` as [`parse_cidr`] takes it, as a network.
+fn parse_net(text: &str) -> Result<ipnet::IpNet, Error> {
+    parse_cidr(text)?
+        .parse()
+        .map_err(|_| Error::NotACidr(text.to_owned()))
 }
 
 /// A namespace name (a DNS label).
@@ -403,19 +417,16 @@ fn start_webhook(
     let (stop, mut stopping) = tokio::sync::watch::channel(false);
     let counts: Arc<dyn crate::serve::Counts> = ctx.metrics.clone();
     let ready = ready.clone();
+    let ledger = crate::serve::Ledger::serving(
+        crate::serve::Bounds::WEBHOOK,
+        args.webhook_allowed_sources.clone(),
+    );
     let serving = tokio::spawn(async move {
         let asked = stopping.clone();
         let stopped = async move {
             let _ = stopping.wait_for(|s| *s).await;
         };
-        let serving = webhook::tls::serve(
-            addr,
-            router,
-            presented,
-            crate::serve::Bounds::WEBHOOK,
-            counts,
-            stopped,
-        );
+        let serving = webhook::tls::serve(addr, router, presented, ledger, counts, stopped);
         supervise_listener(addr, serving, asked, &ready).await;
     });
     WebhookTasks {
@@ -459,7 +470,7 @@ mod tests {
                 addr,
                 axum::Router::new(),
                 Arc::new(webhook::certs::Presented::default()),
-                crate::serve::Bounds::WEBHOOK,
+                crate::serve::Ledger::new(crate::serve::Bounds::WEBHOOK),
                 Arc::new(crate::telemetry::Metrics::default()),
                 async move {
                     let _ = stop.wait_for(|s| *s).await;
@@ -514,6 +525,11 @@ mod tests {
         for bad in ["10.0.0.5", "10.0.0.5/33", "x/8", "fd00::/129", ""] {
             assert!(parse_cidr(bad).is_err(), "{bad}");
         }
+        assert_eq!(
+            parse_net("10.0.0.0/24").ok(),
+            "10.0.0.0/24".parse::<ipnet::IpNet>().ok()
+        );
+        assert!(parse_net("10.0.0.1").is_err());
         assert!(parse_namespace("monitoring").is_ok());
         for bad in ["", "Monitoring", "-a", "a_b"] {
             assert!(parse_namespace(bad).is_err(), "{bad}");

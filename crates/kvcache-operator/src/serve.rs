@@ -166,6 +166,9 @@ pub enum Refused {
     Full,
     /// Its source holds `per_source` connections already.
     SourceFull,
+    /// Its source is not among the sources this server is told to serve (the webhook's: the
+    /// control plane's addresses, when the installation names them).
+    NotAllowed,
 }
 
 impl Refused {
@@ -174,14 +177,22 @@ impl Refused {
         match self {
             Refused::Full => "full",
             Refused::SourceFull => "source_full",
+            Refused::NotAllowed => "not_allowed",
         }
     }
 }
 
 /// Whether a new connection from a source holding `from_source` connections, with `open` in
-/// all, is served.
-pub fn admit_connection(bounds: &Bounds, open: usize, from_source: usize) -> Result<(), Refused> {
-    if open >= bounds.connections {
+/// all, is served; `allowed`: whether its source is one the server serves.
+pub fn admit_connection(
+    bounds: &Bounds,
+    open: usize,
+    from_source: usize,
+    allowed: bool,
+) -> Result<(), Refused> {
+    if !allowed {
+        Err(Refused::NotAllowed)
+    } else if open >= bounds.connections {
         Err(Refused::Full)
     } else if from_source >= bounds.per_source {
         Err(Refused::SourceFull)
@@ -299,6 +310,8 @@ impl Early {
 /// The connections and memory held per source, and in all.
 pub struct Ledger {
     bounds: Bounds,
+    /// The sources served; empty: every source.
+    allowed: Vec<ipnet::IpNet>,
     memory: Arc<Semaphore>,
     state: Mutex<State>,
 }
@@ -341,10 +354,17 @@ pub struct Held {
 }
 
 impl Ledger {
-    /// An empty ledger for a server with `bounds`.
+    /// An empty ledger for a server with `bounds` serving every source.
     pub fn new(bounds: Bounds) -> Arc<Self> {
+        Self::serving(bounds, Vec::new())
+    }
+
+    /// An empty ledger for a server with `bounds` serving only the sources in `allowed` (every
+    /// source when it is empty).
+    pub fn serving(bounds: Bounds, allowed: Vec<ipnet::IpNet>) -> Arc<Self> {
         Arc::new(Ledger {
             bounds,
+            allowed,
             memory: Arc::new(Semaphore::new(kib(bounds.memory))),
             state: Mutex::new(State::default()),
         })
@@ -358,7 +378,8 @@ impl Ledger {
     pub fn enter(self: &Arc<Self>, source: IpAddr) -> Result<Slot, Refused> {
         let mut state = self.lock();
         let from_source = state.sources.get(&source).map_or(0, |s| s.open);
-        admit_connection(&self.bounds, state.open, from_source)?;
+        let allowed = self.allowed.is_empty() || self.allowed.iter().any(|n| n.contains(&source));
+        admit_connection(&self.bounds, state.open, from_source, allowed)?;
         state.open += 1;
         let share = kib(self.bounds.source_memory());
         let entry = state.sources.entry(source).or_insert_with(|| Source {
@@ -372,6 +393,11 @@ impl Ledger {
             source,
             memory,
         })
+    }
+
+    /// The bounds it keeps.
+    pub fn bounds(&self) -> Bounds {
+        self.bounds
     }
 
     /// Connections open now, in all.
@@ -774,10 +800,15 @@ mod tests {
     #[test]
     fn a_connection_past_either_cap_is_refused() {
         let b = bounds();
-        assert_eq!(admit_connection(&b, 0, 0), Ok(()));
-        assert_eq!(admit_connection(&b, 3, 1), Ok(()), "one below both caps");
-        assert_eq!(admit_connection(&b, 3, 2), Err(Refused::SourceFull));
-        assert_eq!(admit_connection(&b, 4, 0), Err(Refused::Full));
+        assert_eq!(admit_connection(&b, 0, 0, true), Ok(()));
+        assert_eq!(
+            admit_connection(&b, 3, 1, true),
+            Ok(()),
+            "one below both caps"
+        );
+        assert_eq!(admit_connection(&b, 3, 2, true), Err(Refused::SourceFull));
+        assert_eq!(admit_connection(&b, 4, 0, true), Err(Refused::Full));
+        assert_eq!(admit_connection(&b, 0, 0, false), Err(Refused::NotAllowed));
     }
 
     #[test]
@@ -1064,5 +1095,21 @@ mod tests {
             );
             tokio::task::yield_now().await;
         }
+    }
+
+    #[test]
+    fn a_server_told_its_sources_serves_them_alone() {
+        let net: ipnet::IpNet = "10.0.0.0/30".parse().expect("a CIDR");
+        let ledger = Ledger::serving(bounds(), vec![net]);
+        assert!(ledger.enter("10.0.0.2".parse().expect("v4")).is_ok());
+        assert_eq!(
+            ledger.enter("10.0.0.9".parse().expect("v4")).err(),
+            Some(Refused::NotAllowed)
+        );
+        let open = Ledger::new(bounds());
+        assert!(
+            open.enter("10.0.0.9".parse().expect("v4")).is_ok(),
+            "no list: every source"
+        );
     }
 }

@@ -130,7 +130,7 @@ pub fn operator_with_access(
             subjects: Some(vec![subject(namespace)]),
         },
     )?;
-    push(&mut docs, &deployment(namespace, image))?;
+    push(&mut docs, &deployment(namespace, image, access))?;
     push(&mut docs, &service(namespace))?;
     push(&mut docs, &disruption_budget(namespace))?;
     push(&mut docs, &network_policy(namespace, access))?;
@@ -437,7 +437,7 @@ fn namespace_role(namespace: &str) -> Role {
 
 /// The operator Deployment: two replicas, one runs the controllers while holding the Lease
 /// `kvcache-operator`, the other stands by and takes over when it is released.
-fn deployment(namespace: &str, image: &str) -> Deployment {
+fn deployment(namespace: &str, image: &str, access: &Access) -> Deployment {
     Deployment {
         metadata: meta(NAME, Some(namespace)),
         spec: Some(DeploymentSpec {
@@ -451,7 +451,7 @@ fn deployment(namespace: &str, image: &str) -> Deployment {
                     labels: Some(labels()),
                     ..Default::default()
                 }),
-                spec: Some(pod_spec(image)),
+                spec: Some(pod_spec(image, access)),
             },
             ..Default::default()
         }),
@@ -460,7 +460,7 @@ fn deployment(namespace: &str, image: &str) -> Deployment {
 }
 
 /// The operator Pod: restricted, spread over two nodes where there are two.
-fn pod_spec(image: &str) -> PodSpec {
+fn pod_spec(image: &str, access: &Access) -> PodSpec {
     PodSpec {
         service_account_name: Some(NAME.into()),
         // The restricted Pod Security Standard: non-root, no privilege escalation, every
@@ -481,26 +481,36 @@ fn pod_spec(image: &str) -> PodSpec {
         termination_grace_period_seconds: Some(30),
         // The two replicas on different nodes where there are two.
         affinity: Some(crate::names::prefer_separate_nodes(selector_labels())),
-        containers: vec![operator_container(image)],
+        containers: vec![operator_container(image, access)],
         ..Default::default()
     }
 }
 
-/// The operator container: `run` with leader election, the webhook and metrics ports, probes on
+/// The operator container: `run` with leader election, the webhook and metrics ports (the
+/// webhook serving the control plane's addresses alone when `access` names them), probes on
 /// `/readyz` and `/healthz`, a read-only root filesystem.
-fn operator_container(image: &str) -> Container {
+fn operator_container(image: &str, access: &Access) -> Container {
+    let mut args = vec![
+        "run".into(),
+        "--leader-elect".into(),
+        format!("--webhook-addr=0.0.0.0:{WEBHOOK_PORT}"),
+        format!("--metrics-addr=0.0.0.0:{METRICS_PORT}"),
+        // One JSON object a line, each with the reconcile's span (controller, namespace, name,
+        // trace_id).
+        "--log-format=json".into(),
+    ];
+    // The server itself closes other sources' connections too: where nothing enforces the
+    // NetworkPolicy, no other Pod sends reviews or holds the webhook's connections.
+    if !access.control_plane.is_empty() {
+        args.push(format!(
+            "--webhook-allowed-source={}",
+            access.control_plane.join(",")
+        ));
+    }
     Container {
         name: "operator".into(),
         image: Some(image.into()),
-        args: Some(vec![
-            "run".into(),
-            "--leader-elect".into(),
-            format!("--webhook-addr=0.0.0.0:{WEBHOOK_PORT}"),
-            format!("--metrics-addr=0.0.0.0:{METRICS_PORT}"),
-            // One JSON object a line, each with the reconcile's span (controller, namespace, name,
-            // trace_id).
-            "--log-format=json".into(),
-        ]),
+        args: Some(args),
         env: Some(vec![
             field_env("KVCACHE_NAMESPACE", "metadata.namespace"),
             // The replica's identity in the Lease and in events.
@@ -1050,6 +1060,11 @@ pub fn helm_chart(
                     "{indent}- --store-metrics-from={{{{ join \",\" . }}}}"
                 ));
                 lines.push("{{- end }}".to_owned());
+                lines.push("{{- with .Values.controlPlaneCIDRs }}".to_owned());
+                lines.push(format!(
+                    "{indent}- --webhook-allowed-source={{{{ join \",\" . }}}}"
+                ));
+                lines.push("{{- end }}".to_owned());
             } else if line.contains("--webhook-addr=") {
                 lines.push("{{- if .Values.webhook.enabled }}".to_owned());
                 lines.push(line);
@@ -1193,6 +1208,21 @@ mod tests {
                     ])
                 ),
             ]
+        );
+    }
+
+    #[test]
+    fn the_webhook_is_told_the_control_planes_addresses_it_serves() {
+        let args = |a: &Access| operator_container("img", a).args.unwrap_or_default();
+        assert!(
+            args(&access(&["10.0.0.0/28", "fd00::/64"], &[]))
+                .contains(&"--webhook-allowed-source=10.0.0.0/28,fd00::/64".to_owned())
+        );
+        assert!(
+            !args(&Access::default())
+                .iter()
+                .any(|a| a.starts_with("--webhook-allowed-source")),
+            "unnamed, every source is served"
         );
     }
 

@@ -9,20 +9,21 @@ use std::sync::Arc;
 use axum::Router;
 use tracing::{info, warn};
 
-use crate::serve::{Bounds, Counts, Ledger};
+use crate::serve::{Counts, Ledger};
 use crate::webhook::certs::Presented;
 
-/// Serves the routes over TLS with the presented certificate until `stop`.
+/// Serves the routes over TLS with the presented certificate until `stop`, to the sources in
+/// `ledger`.
 pub async fn serve(
     addr: SocketAddr,
     router: Router,
     presented: Arc<Presented>,
-    bounds: Bounds,
+    ledger: Arc<Ledger>,
     counts: Arc<dyn Counts>,
     stop: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    serve_on(listener, router, presented, bounds, counts, stop).await
+    serve_on(listener, router, presented, ledger, counts, stop).await
 }
 
 /// [`serve`] on a bound listener.
@@ -30,7 +31,7 @@ pub async fn serve_on(
     listener: tokio::net::TcpListener,
     router: Router,
     presented: Arc<Presented>,
-    bounds: Bounds,
+    ledger: Arc<Ledger>,
     counts: Arc<dyn Counts>,
     stop: impl std::future::Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
@@ -46,7 +47,7 @@ pub async fn serve_on(
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let addr = listener.local_addr()?;
     info!(%addr, "webhook serving");
-    let handshake = bounds.handshake;
+    let handshake = ledger.bounds().handshake;
     let wrap = move |tcp: tokio::net::TcpStream| {
         let acceptor = acceptor.clone();
         async move {
@@ -64,14 +65,7 @@ pub async fn serve_on(
         }
     };
     let outcome = crate::serve::accept_loop(
-        listener,
-        router,
-        Ledger::new(bounds),
-        counts,
-        "webhook",
-        wrap,
-        stop,
-        DRAIN,
+        listener, router, ledger, counts, "webhook", wrap, stop, DRAIN,
     )
     .await;
     if let Err(e) = &outcome {
@@ -86,6 +80,8 @@ pub const DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, Instant};
+
+    use crate::serve::Bounds;
 
     use tokio::io::AsyncReadExt;
 
@@ -112,7 +108,7 @@ mod tests {
             listener,
             Router::new(),
             presented,
-            bounds,
+            Ledger::new(bounds),
             metrics.clone(),
             std::future::pending(),
         ));
