@@ -91,6 +91,10 @@ mod tests {
     /// A server with `bounds` on a loopback port, presenting a fresh pair; its address and the
     /// refusals it counted.
     async fn server(bounds: Bounds) -> (SocketAddr, Arc<crate::telemetry::Metrics>) {
+        server_for(Ledger::new(bounds)).await
+    }
+
+    async fn server_for(ledger: Arc<Ledger>) -> (SocketAddr, Arc<crate::telemetry::Metrics>) {
         let pair = carry_out(
             &Plan::NewCa("test"),
             &Stored::default(),
@@ -108,7 +112,7 @@ mod tests {
             listener,
             Router::new(),
             presented,
-            Ledger::new(bounds),
+            ledger,
             metrics.clone(),
             std::future::pending(),
         ));
@@ -169,5 +173,40 @@ mod tests {
             })
             .get();
         assert_eq!(refused, 1);
+    }
+
+    #[tokio::test]
+    async fn told_the_control_planes_address_the_webhook_closes_every_other_source() {
+        let allowed: ipnet::IpNet = "127.0.0.1/32".parse().expect("a CIDR");
+        let (addr, metrics) = server_for(Ledger::serving(
+            Bounds {
+                handshake: Duration::from_secs(30),
+                ..Bounds::WEBHOOK
+            },
+            vec![allowed],
+        ))
+        .await;
+        let other = tokio::net::TcpSocket::new_v4().expect("a socket");
+        other
+            .bind("127.0.0.2:0".parse().expect("an address"))
+            .expect("binds");
+        let mut stranger = other.connect(addr).await.expect("connects");
+        let took = closed_within(&mut stranger, Duration::from_secs(5)).await;
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        let refused = metrics
+            .connections_refused
+            .get_or_create(&crate::telemetry::RefusedLabels {
+                server: "webhook".into(),
+                reason: "not_allowed".into(),
+            })
+            .get();
+        assert_eq!(refused, 1);
+        // The control plane's own address is served (its handshake is awaited, not refused).
+        let mut own = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connects");
+        let mut buf = [0u8; 1];
+        let waited = tokio::time::timeout(Duration::from_millis(300), own.read(&mut buf)).await;
+        assert!(waited.is_err(), "the allowed source is kept: {waited:?}");
     }
 }
