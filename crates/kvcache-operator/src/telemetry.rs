@@ -431,7 +431,8 @@ impl prometheus_client::collector::Collector for StoreCollector {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        for family in merged(readings.iter().map(|(b, s)| (b.as_str(), s.as_ref()))) {
+        let merge = merged(readings.iter().map(|(b, s)| (b.as_str(), s.as_ref())));
+        for family in &merge.families {
             let help = if family.help.is_empty() {
                 "A series of a backend's master, re-exported by the operator"
             } else {
@@ -453,11 +454,23 @@ impl prometheus_client::collector::Collector for StoreCollector {
                 }
             }
         }
-        let kept: Vec<(BackendLabels, i64)> = readings
+        let written: Vec<(&String, usize, kvcache_render::store_series::Skipped)> = readings
             .iter()
             .map(|(b, s)| {
-                let n = i64::try_from(s.len()).unwrap_or(i64::MAX);
-                (BackendLabels { backend: b.clone() }, n)
+                let (kept, skipped) = merge.written(b, s);
+                (b, kept, skipped)
+            })
+            .collect();
+        let kept: Vec<(BackendLabels, i64)> = written
+            .iter()
+            .map(|(b, kept, _)| {
+                let n = i64::try_from(*kept).unwrap_or(i64::MAX);
+                (
+                    BackendLabels {
+                        backend: (*b).clone(),
+                    },
+                    n,
+                )
             })
             .collect();
         gauge_family(
@@ -468,12 +481,12 @@ impl prometheus_client::collector::Collector for StoreCollector {
             ),
             kept.iter().map(|(l, n)| (l, *n)),
         )?;
-        let skipped: Vec<(SkippedLabels, i64)> = readings
+        let skipped: Vec<(SkippedLabels, i64)> = written
             .iter()
-            .flat_map(|(b, s)| {
-                s.skipped.by_reason().map(|(reason, n)| {
+            .flat_map(|(b, _, skipped)| {
+                skipped.by_reason().map(|(reason, n)| {
                     let labels = SkippedLabels {
-                        backend: b.clone(),
+                        backend: (*b).clone(),
                         reason: reason.to_owned(),
                     };
                     (labels, i64::try_from(n).unwrap_or(i64::MAX))
@@ -701,9 +714,22 @@ impl Metrics {
         };
     }
 
+    /// Drops the store series of a backend whose master is not read (an external backend
+    /// without an Admin endpoint, or a deleted one): its re-exported series and its reads'
+    /// counts, whose presence says the master is read (`KVCacheStoreMetricsAbsent`).
+    pub fn store_not_read(&self, backend: &str) {
+        self.store_series(backend, None);
+        for result in ["ok", "error"] {
+            self.store_reads.remove(&StoreLabels {
+                backend: backend.to_owned(),
+                result: result.to_owned(),
+            });
+        }
+    }
+
     /// Drops a deleted backend's series.
     pub fn backend_gone(&self, backend: &str) {
-        self.store_series(backend, None);
+        self.store_not_read(backend);
         let b = BackendLabels {
             backend: backend.to_owned(),
         };
@@ -1017,6 +1043,114 @@ mod tests {
             !text
                 .lines()
                 .any(|l| l.starts_with("kvcache_operator_backend_store_series")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_name_two_families_would_take_is_described_once_and_labels_never_twice() {
+        let m = Metrics::default();
+        let reading = |text: &str| Some(kvcache_render::store::Metrics::parse(text).series);
+        // `foo` and `foo_total` are both `kvcache_operator_store_foo`, in one master and
+        // across two; the master's own `backend`, `exported_backend` and `pod` labels.
+        m.store_series(
+            "a",
+            reading("# TYPE foo gauge\nfoo 1\n# TYPE foo_total counter\nfoo_total 2\nx{backend=\"m\",exported_backend=\"n\",pod=\"p\"} 3\n"),
+        );
+        m.store_series("b", reading("# TYPE foo_total counter\nfoo_total 4\n"));
+        let text = m.encode().expect("encodes");
+        let e = kvcache_render::exposition::Exposition::parse(&text);
+        assert_eq!(e.unreadable, [], "no label named twice: {text}");
+        let mut described: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let all = described.len();
+        described.sort_unstable();
+        described.dedup();
+        assert_eq!(described.len(), all, "{text}");
+        assert_eq!(
+            store_samples(&m)
+                .iter()
+                .map(|(n, b, v)| (n.as_str(), b.as_str(), *v))
+                .collect::<Vec<_>>(),
+            [
+                ("kvcache_operator_store_foo", "a", 1.0),
+                ("kvcache_operator_store_x", "a", 3.0)
+            ]
+        );
+        let x = e
+            .samples
+            .iter()
+            .find(|s| s.name == "kvcache_operator_store_x")
+            .expect("x");
+        let names: Vec<&str> = x.labels.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "backend",
+                "exported_exported_backend",
+                "exported_backend",
+                "exported_pod"
+            ]
+        );
+        let skipped = |backend: &str, reason: &str| {
+            e.samples
+                .iter()
+                .find(|s| {
+                    s.name == "kvcache_operator_backend_store_series_skipped"
+                        && s.labels.contains(&("backend".into(), backend.into()))
+                        && s.labels.contains(&("reason".into(), reason.into()))
+                })
+                .map(|s| s.value)
+        };
+        assert_eq!(skipped("a", "clash"), Some(1.0), "{text}");
+        assert_eq!(skipped("b", "clash"), Some(1.0), "{text}");
+        let kept = |backend: &str| {
+            e.samples
+                .iter()
+                .find(|s| {
+                    s.name == "kvcache_operator_backend_store_series"
+                        && s.labels.contains(&("backend".into(), backend.into()))
+                })
+                .map(|s| s.value)
+        };
+        assert_eq!((kept("a"), kept("b")), (Some(2.0), Some(0.0)));
+    }
+
+    #[test]
+    fn a_backend_whose_master_is_not_read_has_no_reads_counted() {
+        let m = Metrics::default();
+        let labels = |backend: &str| StoreLabels {
+            backend: backend.into(),
+            result: "ok".into(),
+        };
+        m.store_reads.get_or_create(&labels("dram")).inc();
+        m.store_reads.get_or_create(&labels("external")).inc();
+        m.store_series(
+            "external",
+            Some(kvcache_render::store::Metrics::parse("master_key_count 1\n").series),
+        );
+        // Its Admin endpoint removed: the master is no longer read.
+        m.store_not_read("external");
+        let text = m.encode().expect("encodes");
+        let e = kvcache_render::exposition::Exposition::parse(&text);
+        let read: Vec<&str> = e
+            .samples
+            .iter()
+            .filter(|s| s.name == "kvcache_operator_store_reads_total")
+            .filter_map(|s| s.labels.iter().find(|(k, _)| k == "backend"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(read, ["dram"], "{text}");
+        assert_eq!(store_samples(&m), []);
+        m.backend_gone("dram");
+        let text = m.encode().expect("encodes");
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("kvcache_operator_store_reads_total")),
             "{text}"
         );
     }

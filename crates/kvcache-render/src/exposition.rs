@@ -77,15 +77,28 @@ pub type Label = (String, String);
 pub struct Exposition {
     /// Each family named by a `# TYPE` or `# HELP` line, by name.
     pub families: BTreeMap<String, Family>,
-    /// The samples, in the order written.
+    /// The samples, in the order written (the first, up to the cap of
+    /// [`Exposition::parse_capped`]).
     pub samples: Vec<Sample>,
-    /// The lines skipped.
+    /// The lines skipped (the first, up to the cap).
     pub unreadable: Vec<BadLine>,
+    /// Samples that read but were not kept, past the cap.
+    pub samples_past_cap: usize,
+    /// Lines that did not read and were not recorded in [`Exposition::unreadable`], past the cap.
+    pub unreadable_past_cap: usize,
 }
 
 impl Exposition {
-    /// Reads `text` line by line.
+    /// Reads `text` line by line, keeping every sample.
     pub fn parse(text: &str) -> Exposition {
+        Exposition::parse_capped(text, usize::MAX, |_| {})
+    }
+
+    /// Reads `text` line by line, keeping the first `cap` samples and recording the first `cap`
+    /// lines that do not read; the rest are counted ([`Exposition::samples_past_cap`],
+    /// [`Exposition::unreadable_past_cap`]), so that what is held stays bounded however many
+    /// lines the text has. `each` sees every sample that reads, kept or not, in order.
+    pub fn parse_capped(text: &str, cap: usize, mut each: impl FnMut(&Sample)) -> Exposition {
         let mut out = Exposition::default();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim_matches([' ', '\t', '\r']);
@@ -94,13 +107,31 @@ impl Exposition {
             } else if line.is_empty() {
                 Ok(())
             } else {
-                sample(line).map(|s| out.samples.push(s))
+                sample(line).map(|s| {
+                    each(&s);
+                    if out.samples.len() < cap {
+                        out.samples.push(s);
+                    } else {
+                        out.samples_past_cap += 1;
+                    }
+                })
             };
             if let Err(why) = read {
-                out.unreadable.push(BadLine { line: i + 1, why });
+                if out.unreadable.len() < cap {
+                    out.unreadable.push(BadLine { line: i + 1, why });
+                } else {
+                    out.unreadable_past_cap += 1;
+                }
             }
         }
         out
+    }
+
+    /// How many lines did not read, recorded or not.
+    pub fn unreadable_lines(&self) -> usize {
+        self.unreadable
+            .len()
+            .saturating_add(self.unreadable_past_cap)
     }
 
     /// A `# HELP` or `# TYPE` line (any other comment is ignored).
@@ -352,6 +383,23 @@ mod tests {
             Some(Kind::Counter)
         );
         assert_eq!(e.family_of("w_count"), None, "a counter has no _count");
+    }
+
+    #[test]
+    fn past_the_cap_samples_and_bad_lines_are_counted_not_kept() {
+        let text: String = (0..1000)
+            .map(|i| format!("g{{i=\"{i}\"}} {i}\nbad{i}\n"))
+            .collect();
+        let mut seen = 0;
+        let e = Exposition::parse_capped(&text, 10, |_| seen += 1);
+        assert_eq!(e.samples.len(), 10);
+        assert_eq!(e.samples[9].value, 9.0);
+        assert_eq!(e.samples_past_cap, 990);
+        assert_eq!((e.unreadable.len(), e.unreadable_past_cap), (10, 990));
+        assert_eq!(e.unreadable_lines(), 1000);
+        assert_eq!(seen, 1000, "every sample that reads is seen, kept or not");
+        let whole = Exposition::parse(&text);
+        assert_eq!((whole.samples.len(), whole.samples_past_cap), (1000, 0));
     }
 
     #[test]

@@ -45,13 +45,15 @@ pub(crate) fn alerts() -> Vec<Alert> {
         },
         Alert {
             name: "KVCacheStoreMetricsAbsent",
-            // Every backend the leader reconciles has kvcache_operator_backend_degraded; one
-            // whose master's series the operator does not hold has none of the store's.
-            expr: "max by (backend) (kvcache_operator_backend_degraded) unless on (backend) max by (backend) (kvcache_operator_backend_store_series > 0)",
+            // Every backend whose master the leader reads (one with an admin address: not an
+            // external backend without an Admin endpoint) has kvcache_operator_store_reads_total,
+            // dropped when the backend is deleted or loses its admin address; one whose
+            // master's series the operator does not hold has none of the store's.
+            expr: "max by (backend) (kvcache_operator_store_reads_total) unless on (backend) max by (backend) (kvcache_operator_backend_store_series > 0)",
             for_: "10m",
             severity: "warning",
             summary: "The operator re-exports none of a backend's store series",
-            description: "The operator has held no reading of the master of KVCacheBackend {{ $labels.backend }} for 10 minutes (kvcache_operator_backend_store_series is absent): its reads fail or the master prints no series, so KVCacheStoreLeaderStalled and KVCacheTenantRejectsRising cannot fire for it. `kubectl describe kvcb {{ $labels.backend }}` (CapacityObserved) and kvcache_operator_store_reads_total{result=\"error\"} say whether the reads fail; check the leader Service and the operator's log.",
+            description: "The operator reads the master of KVCacheBackend {{ $labels.backend }} but has held no reading of it for 10 minutes (kvcache_operator_backend_store_series is absent): its reads fail or the master prints no series, so KVCacheStoreLeaderStalled and KVCacheTenantRejectsRising cannot fire for it. `kubectl describe kvcb {{ $labels.backend }}` (CapacityObserved) and kvcache_operator_store_reads_total{result=\"error\"} say whether the reads fail; check the leader Service and the operator's log.",
         },
         Alert {
             name: "KVCacheCapacityZeroWithMembersReady",

@@ -188,24 +188,51 @@ pub struct Metrics {
 
 impl Metrics {
     /// Reads Prometheus text exposition ([`Exposition`]): the unlabelled samples the status
-    /// needs (a byte gauge or a counter: finite and not negative), and the series re-exported.
+    /// needs (a byte gauge or a counter: finite and not negative), wherever they are printed,
+    /// and the series re-exported, of which at most [`MAX_SERIES`] are held.
     pub fn parse(text: &str) -> Metrics {
-        let e = Exposition::parse(text);
-        let get = |k: &str| {
-            e.unlabelled(k)
-                .filter(|v| v.is_finite() && *v >= 0.0)
+        const STATUS: [&str; 8] = [
+            "master_total_capacity_bytes",
+            "master_total_file_capacity_bytes",
+            "master_allocated_file_size_bytes",
+            "master_active_clients",
+            "master_put_start_requests_total",
+            "master_put_end_requests_total",
+            "master_put_revoke_requests_total",
+            "master_key_count",
+        ];
+        let mut status = [None; STATUS.len()];
+        let e = Exposition::parse_capped(text, MAX_SERIES, |s| {
+            if let Some(i) = STATUS.iter().position(|n| *n == s.name)
+                && s.labels.is_empty()
+                && let Some(slot) = status.get_mut(i)
+            {
+                slot.get_or_insert(s.value);
+            }
+        });
+        let [
+            memory_bytes,
+            file_bytes,
+            file_allocated_bytes,
+            active_clients,
+            put_starts,
+            put_ends,
+            put_revokes,
+            key_count,
+        ] = status.map(|v: Option<f64>| {
+            v.filter(|v| v.is_finite() && *v >= 0.0)
                 // Byte gauges and counters are whole numbers, printed as integers or floats.
                 .map(|v| v as u64)
-        };
+        });
         Metrics {
-            memory_bytes: get("master_total_capacity_bytes"),
-            file_bytes: get("master_total_file_capacity_bytes"),
-            file_allocated_bytes: get("master_allocated_file_size_bytes"),
-            active_clients: get("master_active_clients"),
-            put_starts: get("master_put_start_requests_total"),
-            put_ends: get("master_put_end_requests_total"),
-            put_revokes: get("master_put_revoke_requests_total"),
-            key_count: get("master_key_count"),
+            memory_bytes,
+            file_bytes,
+            file_allocated_bytes,
+            active_clients,
+            put_starts,
+            put_ends,
+            put_revokes,
+            key_count,
             series: Arc::new(StoreSeries::from_exposition(&e, MAX_SERIES)),
         }
     }
@@ -461,6 +488,18 @@ mod tests {
         assert_eq!(m.active_clients, None);
         assert_eq!(m.put_starts, None);
         assert_eq!(m.series.len(), 4);
+    }
+
+    #[test]
+    fn past_the_cap_the_series_are_counted_and_the_status_still_read() {
+        let mut text: String = (0..MAX_SERIES + 100)
+            .map(|i| format!("mooncake_tenant_quota_charged_bytes{{tenant_id=\"t{i}\"}} 1\n"))
+            .collect();
+        text.push_str("master_key_count 7\n");
+        let m = Metrics::parse(&text);
+        assert_eq!(m.key_count, Some(7), "read past the cap");
+        assert_eq!(m.series.len(), MAX_SERIES);
+        assert_eq!(m.series.skipped.over_cap, 101);
     }
 
     #[test]

@@ -5,19 +5,26 @@
 //! Every counter and gauge the master prints is kept, up to [`MAX_SERIES`] samples a backend,
 //! under `kvcache_operator_store_<the master's name>` with a `backend` label added (the master's
 //! own labels kept, e.g. `tenant_id`): `master_ping_requests_total` becomes
-//! `kvcache_operator_store_master_ping_requests_total{backend="mooncake-dram"}`. Histograms and
-//! summaries are skipped (the 0.3.13 master prints none; one re-exported bucket by bucket would
-//! be cut by the cap mid-family). What is skipped is counted by reason ([`Skipped`]), and the
-//! operator exports the counts (`kvcache_operator_backend_store_series_skipped`).
+//! `kvcache_operator_store_master_ping_requests_total{backend="mooncake-dram"}`. A master's label
+//! that the scrape sets on the operator's series ([`TARGET_LABELS`]: `backend`, `pod`,
+//! `namespace`, …) is renamed `exported_<name>`, as Prometheus renames a clash, since the
+//! installation's ServiceMonitor honours the operator's labels. Histograms and summaries are
+//! skipped (the 0.3.13 master prints none; one re-exported bucket by bucket would be cut by the
+//! cap mid-family), and so is a family whose name on the operator's `/metrics` another family
+//! takes (a gauge `foo` and a counter `foo_total` are both `kvcache_operator_store_foo`, and two
+//! `# TYPE` lines for one name make Prometheus refuse the whole scrape). What is skipped is
+//! counted by reason ([`Skipped`]), and the operator exports the counts
+//! (`kvcache_operator_backend_store_series_skipped`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::exposition::{Exposition, Kind, Label};
 
-/// The most samples of one backend's master the operator keeps (in the master's order; the
-/// rest are counted as [`Skipped::over_cap`]). A 0.3.13 master prints about 140 series of its
-/// own and 6 a tenant: 16,384 holds a ledger of 2,000 tenants with room, and bounds what one
-/// master can make the operator hold (about 3 MiB) and Prometheus store.
+/// The most samples of one backend's master the operator reads and keeps (in the master's
+/// order; the rest are counted as [`Skipped::over_cap`], and not held even while reading:
+/// [`Exposition::parse_capped`]). A 0.3.13 master prints about 140 series of its own and 6 a
+/// tenant: 16,384 holds a ledger of 2,000 tenants with room, and bounds what one master can make
+/// the operator hold (about 3 MiB) and Prometheus store.
 pub const MAX_SERIES: usize = 16_384;
 
 /// What the operator's registry (prefix `kvcache_operator_`) puts before a master's name.
@@ -29,12 +36,29 @@ pub const EXPORTED_PREFIX: &str = "kvcache_operator_store_";
 /// The label naming the backend whose master printed the sample.
 pub const BACKEND_LABEL: &str = "backend";
 
-/// What a master's own `backend` label is renamed to (Prometheus's convention for a clash).
-pub const EXPORTED_BACKEND_LABEL: &str = "exported_backend";
+/// Labels a scrape of the operator sets on every series (the prometheus-operator's target
+/// labels, and [`BACKEND_LABEL`], which the operator adds). The installation's ServiceMonitor
+/// has `honorLabels: true`, so a master's own label of one of these names would override the
+/// target's: it is renamed `exported_<name>` (`exported_exported_<name>` if the master prints
+/// that too, and so on), as Prometheus renames a clash.
+pub const TARGET_LABELS: &[&str] = &[
+    BACKEND_LABEL,
+    "container",
+    "endpoint",
+    "instance",
+    "job",
+    "namespace",
+    "pod",
+    "service",
+];
 
-/// Master names the operator's own series take under [`EXPORTED_PREFIX`]
-/// (`kvcache_operator_store_reads_total`): skipped, so that no family is written twice.
-const RESERVED: &[&str] = &["reads", "reads_total"];
+/// What Prometheus and this module put before a label's name to rename it.
+pub const EXPORTED_LABEL_PREFIX: &str = "exported_";
+
+/// Names on the operator's `/metrics` (less its `kvcache_operator_` prefix) its own series take
+/// under [`NAME_PREFIX`] (`kvcache_operator_store_reads_total`): a master's family that would
+/// be written under one of them is skipped, so that no name is described twice.
+const RESERVED: &[&str] = &["store_reads", "store_reads_total"];
 
 /// How a family is re-exported.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,7 +79,8 @@ pub struct SeriesFamily {
     pub kind: Exported,
     /// The master's `# HELP` text, its escapes kept.
     pub help: String,
-    /// Each sample's labels (the master's, `backend` renamed to `exported_backend`) and value.
+    /// Each sample's labels (the master's, those of [`TARGET_LABELS`] renamed
+    /// `exported_<name>`) and value.
     pub samples: Vec<(Vec<Label>, f64)>,
 }
 
@@ -69,6 +94,44 @@ impl SeriesFamily {
         };
         format!("{NAME_PREFIX}{name}")
     }
+
+    /// The names the family's samples and metadata take on the operator's `/metrics` (less
+    /// its `kvcache_operator_` prefix): the descriptor, and a counter's samples' `_total` name.
+    /// Two families that share one cannot both be written.
+    pub fn claims(&self) -> Vec<String> {
+        let descriptor = self.descriptor();
+        match self.kind {
+            Exported::Counter => vec![format!("{descriptor}_total"), descriptor],
+            Exported::Gauge => vec![descriptor],
+        }
+    }
+}
+
+/// `labels` as re-exported: each of [`TARGET_LABELS`] renamed with [`EXPORTED_LABEL_PREFIX`]
+/// until its name is one no other label of the sample has; the rest as they are. Distinct label
+/// sets stay distinct.
+pub fn exported_labels(labels: &[Label]) -> Vec<Label> {
+    let is_target = |name: &str| TARGET_LABELS.contains(&name);
+    let taken: BTreeSet<&str> = labels
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| !is_target(k))
+        .collect();
+    let mut renamed: BTreeSet<String> = BTreeSet::new();
+    labels
+        .iter()
+        .map(|(k, v)| {
+            if !is_target(k) {
+                return (k.clone(), v.clone());
+            }
+            let mut name = format!("{EXPORTED_LABEL_PREFIX}{k}");
+            while taken.contains(name.as_str()) || renamed.contains(&name) {
+                name.insert_str(0, EXPORTED_LABEL_PREFIX);
+            }
+            renamed.insert(name.clone());
+            (name, v.clone())
+        })
+        .collect()
 }
 
 /// Samples a master printed that are not re-exported, by reason.
@@ -80,7 +143,9 @@ pub struct Skipped {
     pub histogram: usize,
     /// Lines that did not read ([`crate::exposition::BadLine`]).
     pub unreadable: usize,
-    /// Named as one of the operator's own series, or printed twice with the same labels.
+    /// Of a family whose name on the operator's `/metrics` is taken (by the operator's own
+    /// series, by another family of the master's, or by another backend's master's), or printed
+    /// twice with the same labels.
     pub clash: usize,
 }
 
@@ -106,16 +171,21 @@ pub struct StoreSeries {
 }
 
 impl StoreSeries {
-    /// The counters and gauges of `e`, at most `cap` samples.
+    /// The counters and gauges of `e`, at most `cap` samples; what `e` itself left past its cap
+    /// ([`Exposition::parse_capped`]) is counted as over the cap, its unreadable lines as such.
     pub fn from_exposition(e: &Exposition, cap: usize) -> StoreSeries {
         let mut out = StoreSeries {
             skipped: Skipped {
-                unreadable: e.unreadable.len(),
+                unreadable: e.unreadable_lines(),
+                over_cap: e.samples_past_cap,
                 ..Skipped::default()
             },
             ..StoreSeries::default()
         };
-        let mut index: BTreeMap<&str, usize> = BTreeMap::new();
+        // Each master name's family (its index in `out.families`), or `None` for one skipped
+        // because its name on the operator's `/metrics` is taken.
+        let mut index: BTreeMap<&str, Option<usize>> = BTreeMap::new();
+        let mut claimed: BTreeSet<String> = RESERVED.iter().map(|r| (*r).to_owned()).collect();
         let mut seen: BTreeSet<(&str, &[Label])> = BTreeSet::new();
         let mut kept = 0;
         for s in &e.samples {
@@ -129,9 +199,26 @@ impl StoreSeries {
                 Kind::Counter if s.name.ends_with("_total") => Exported::Counter,
                 Kind::Counter | Kind::Gauge | Kind::Untyped => Exported::Gauge,
             };
-            if RESERVED.contains(&s.name.as_str())
-                || !seen.insert((s.name.as_str(), s.labels.as_slice()))
-            {
+            let slot = *index.entry(s.name.as_str()).or_insert_with(|| {
+                let f = SeriesFamily {
+                    name: s.name.clone(),
+                    kind: exported,
+                    help: family.map(|(_, f)| f.help.clone()).unwrap_or_default(),
+                    samples: Vec::new(),
+                };
+                let claims = f.claims();
+                if claims.iter().any(|c| claimed.contains(c)) {
+                    return None;
+                }
+                claimed.extend(claims);
+                out.families.push(f);
+                Some(out.families.len() - 1)
+            });
+            let Some(i) = slot else {
+                out.skipped.clash += 1;
+                continue;
+            };
+            if !seen.insert((s.name.as_str(), s.labels.as_slice())) {
                 out.skipped.clash += 1;
                 continue;
             }
@@ -140,29 +227,12 @@ impl StoreSeries {
                 continue;
             }
             kept += 1;
-            let i = *index.entry(s.name.as_str()).or_insert_with(|| {
-                out.families.push(SeriesFamily {
-                    name: s.name.clone(),
-                    kind: exported,
-                    help: family.map(|(_, f)| f.help.clone()).unwrap_or_default(),
-                    samples: Vec::new(),
-                });
-                out.families.len() - 1
-            });
-            let labels = s
-                .labels
-                .iter()
-                .map(|(k, v)| {
-                    let k = if k == BACKEND_LABEL {
-                        EXPORTED_BACKEND_LABEL
-                    } else {
-                        k
-                    };
-                    (k.to_owned(), v.clone())
-                })
-                .collect();
-            out.families[i].samples.push((labels, s.value));
+            if let Some(f) = out.families.get_mut(i) {
+                f.samples.push((exported_labels(&s.labels), s.value));
+            }
         }
+        // A family all of whose samples were past the cap is not written.
+        out.families.retain(|f| !f.samples.is_empty());
         out
     }
 
@@ -191,20 +261,56 @@ pub struct Merged<'a> {
     pub samples: Vec<(&'a str, &'a [Label], f64)>,
 }
 
+/// Every backend's families, each written once.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Merge<'a> {
+    /// The families, by the master's name.
+    pub families: Vec<Merged<'a>>,
+    /// Samples of each backend left out because another backend's master has a different
+    /// family under the same name on the operator's `/metrics` (the first backend's is kept).
+    pub clashes: BTreeMap<&'a str, usize>,
+}
+
+impl Merge<'_> {
+    /// How many of `series`, `backend`'s reading, are written, and what is left out, this
+    /// merge's clashes included.
+    pub fn written(&self, backend: &str, series: &StoreSeries) -> (usize, Skipped) {
+        let clashed = self.clashes.get(backend).copied().unwrap_or(0);
+        let skipped = Skipped {
+            clash: series.skipped.clash.saturating_add(clashed),
+            ..series.skipped
+        };
+        (series.len().saturating_sub(clashed), skipped)
+    }
+}
+
 /// The families of every backend's reading, each once, by the master's name; within one, the
-/// backends in the order given. A family written twice would make Prometheus refuse the scrape.
-pub fn merged<'a>(
-    readings: impl IntoIterator<Item = (&'a str, &'a StoreSeries)>,
-) -> Vec<Merged<'a>> {
+/// backends in the order given. A name described twice would make Prometheus refuse the scrape:
+/// a family whose name on the operator's `/metrics` an earlier backend's different family took
+/// ([`SeriesFamily::claims`]) is left out, and counted in [`Merge::clashes`].
+pub fn merged<'a>(readings: impl IntoIterator<Item = (&'a str, &'a StoreSeries)>) -> Merge<'a> {
     let mut out: BTreeMap<&'a str, Merged<'a>> = BTreeMap::new();
+    let mut claimed: BTreeSet<String> = BTreeSet::new();
+    let mut clashes: BTreeMap<&'a str, usize> = BTreeMap::new();
     for (backend, series) in readings {
         for f in &series.families {
-            let m = out.entry(&f.name).or_insert_with(|| Merged {
-                descriptor: f.descriptor(),
-                kind: f.kind,
-                help: &f.help,
-                samples: Vec::new(),
-            });
+            let m = match out.entry(&f.name) {
+                std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    let claims = f.claims();
+                    if claims.iter().any(|c| claimed.contains(c)) {
+                        *clashes.entry(backend).or_default() += f.samples.len();
+                        continue;
+                    }
+                    claimed.extend(claims);
+                    v.insert(Merged {
+                        descriptor: f.descriptor(),
+                        kind: f.kind,
+                        help: &f.help,
+                        samples: Vec::new(),
+                    })
+                }
+            };
             m.samples.extend(
                 f.samples
                     .iter()
@@ -212,7 +318,10 @@ pub fn merged<'a>(
             );
         }
     }
-    out.into_values().collect()
+    Merge {
+        families: out.into_values().collect(),
+        clashes,
+    }
 }
 
 #[cfg(test)]
@@ -306,9 +415,161 @@ mod tests {
             StoreSeries::from_exposition(&Exposition::parse("master_key_count 2\n"), MAX_SERIES);
         let m = merged([("a", &a), ("b", &b)]);
         assert_eq!(
-            m.iter().map(|m| m.descriptor.as_str()).collect::<Vec<_>>(),
+            m.families
+                .iter()
+                .map(|m| m.descriptor.as_str())
+                .collect::<Vec<_>>(),
             ["store_master_key_count", "store_only_a"]
         );
-        assert_eq!(m[0].samples, [("a", &[][..], 1.0), ("b", &[][..], 2.0)]);
+        assert_eq!(
+            m.families[0].samples,
+            [("a", &[][..], 1.0), ("b", &[][..], 2.0)]
+        );
+        assert_eq!(m.clashes, BTreeMap::new());
+    }
+
+    fn read(text: &str) -> StoreSeries {
+        StoreSeries::from_exposition(&Exposition::parse(text), MAX_SERIES)
+    }
+
+    #[test]
+    fn a_gauge_and_a_counter_written_under_one_name_keep_the_first_family() {
+        // `foo` (a gauge) and `foo_total` (a counter) are both `kvcache_operator_store_foo`.
+        let s = read(
+            "# TYPE foo gauge\nfoo 1\n# TYPE foo_total counter\nfoo_total{a=\"1\"} 2\nfoo_total{a=\"2\"} 3\n",
+        );
+        assert_eq!(
+            s.families
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect::<Vec<_>>(),
+            ["foo"]
+        );
+        assert_eq!(s.skipped.clash, 2);
+        let s = read("# TYPE foo_total counter\nfoo_total 2\n# TYPE foo gauge\nfoo 1\n");
+        assert_eq!(
+            s.families
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect::<Vec<_>>(),
+            ["foo_total"]
+        );
+        assert_eq!(s.skipped.clash, 1);
+        // The operator's own `kvcache_operator_store_reads` takes `reads` and `reads_total`.
+        let s = read("# TYPE reads_total counter\nreads_total 2\nreads 1\n");
+        assert_eq!((s.len(), s.skipped.clash), (0, 2));
+        // Every name the operator writes is described once.
+        for s in [
+            read("# TYPE foo gauge\nfoo 1\n# TYPE foo_total counter\nfoo_total 2\nreads 1\n"),
+            read(MASTER),
+        ] {
+            let mut names: Vec<String> = s.families.iter().flat_map(SeriesFamily::claims).collect();
+            let all = names.len();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), all, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn across_backends_a_name_taken_by_another_family_is_left_out_and_counted() {
+        let a = read("# TYPE foo gauge\nfoo 1\nshared 1\n");
+        let b = read(
+            "# TYPE foo_total counter\nfoo_total{x=\"1\"} 2\nfoo_total{x=\"2\"} 2\nshared 2\n",
+        );
+        let m = merged([("a", &a), ("b", &b)]);
+        assert_eq!(
+            m.families
+                .iter()
+                .map(|m| (m.descriptor.as_str(), m.samples.len()))
+                .collect::<Vec<_>>(),
+            [("store_foo", 1), ("store_shared", 2)]
+        );
+        assert_eq!(m.clashes, BTreeMap::from([("b", 2)]));
+        assert_eq!(m.written("a", &a), (2, Skipped::default()));
+        assert_eq!(
+            m.written("b", &b),
+            (
+                1,
+                Skipped {
+                    clash: 2,
+                    ..Skipped::default()
+                }
+            )
+        );
+    }
+
+    #[test]
+    fn labels_a_scrape_sets_are_renamed_and_never_doubled() {
+        let s = read(
+            "x{backend=\"a\",exported_backend=\"b\",pod=\"p\",namespace=\"n\",job=\"j\",instance=\"i\",service=\"s\",tenant_id=\"t\"} 1\nx{exported_backend=\"a\",backend=\"b\"} 2\n",
+        );
+        assert_eq!(s.skipped, Skipped::default());
+        let names = |i: usize| -> Vec<&str> {
+            s.families[0].samples[i]
+                .0
+                .iter()
+                .map(|(k, _)| k.as_str())
+                .collect()
+        };
+        assert_eq!(
+            names(0),
+            [
+                "exported_exported_backend",
+                "exported_backend",
+                "exported_pod",
+                "exported_namespace",
+                "exported_job",
+                "exported_instance",
+                "exported_service",
+                "tenant_id"
+            ]
+        );
+        assert_eq!(s.families[0].samples[0].0[0].1, "a");
+        assert_eq!(s.families[0].samples[0].0[1].1, "b");
+        assert_eq!(
+            s.families[0].samples[1].0,
+            labels(&[
+                ("exported_backend", "a"),
+                ("exported_exported_backend", "b")
+            ]),
+            "the same names, whatever the order: one family's samples stay one series each"
+        );
+        for (labels, _) in &s.families[0].samples {
+            let mut names: Vec<&str> = labels.iter().map(|(k, _)| k.as_str()).collect();
+            names.sort_unstable();
+            let all = names.len();
+            names.dedup();
+            assert_eq!(names.len(), all, "{labels:?}");
+            assert!(
+                names.iter().all(|n| !TARGET_LABELS.contains(n)),
+                "{labels:?}"
+            );
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> Vec<Label> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_capped_reading_counts_what_it_did_not_hold_as_over_the_cap() {
+        let text: String = (0..100)
+            .map(|i| format!("g{{i=\"{i}\"}} {i}\nbad{i}\n"))
+            .collect();
+        let e = Exposition::parse_capped(&text, 30, |_| {});
+        let s = StoreSeries::from_exposition(&e, MAX_SERIES);
+        assert_eq!(s.len(), 30);
+        assert_eq!(
+            s.skipped,
+            Skipped {
+                over_cap: 70,
+                unreadable: 100,
+                ..Skipped::default()
+            }
+        );
     }
 }

@@ -364,6 +364,10 @@ async fn read_backend(ctx: &Context, b: &KVCacheBackend) -> Result<Reads, Error>
             let answer = ctx.store.drain_job(&admin, &job).await;
             reads.jobs.insert(job, answer);
         }
+    } else {
+        // Never read (an external backend without an Admin endpoint): no reads counted, no
+        // series kept from an earlier address.
+        ctx.metrics.store_not_read(&name);
     }
     Ok(reads)
 }

@@ -61,11 +61,17 @@ const CASES: &[Case] = &[
     },
     Case {
         alert: "KVCacheStoreMetricsAbsent",
-        // Two backends reconciled; the operator holds a reading of one master only.
+        // Three backends reconciled: the operator reads two masters and holds a reading of one
+        // only; the third is external with no Admin endpoint, so its master is never read (no
+        // reads, no series) and it stays quiet.
         series: &[
             (
                 "kvcache_operator_backend_degraded{backend=\"mooncake-dram\",pod=\"kvcache-operator-0\"}",
                 "0x30",
+            ),
+            (
+                "kvcache_operator_store_reads_total{backend=\"mooncake-dram\",result=\"ok\",pod=\"kvcache-operator-0\"}",
+                "0+4x30",
             ),
             (
                 "kvcache_operator_backend_store_series{backend=\"mooncake-dram\",pod=\"kvcache-operator-0\"}",
@@ -73,6 +79,14 @@ const CASES: &[Case] = &[
             ),
             (
                 "kvcache_operator_backend_degraded{backend=\"mooncake-disk\",pod=\"kvcache-operator-0\"}",
+                "0x30",
+            ),
+            (
+                "kvcache_operator_store_reads_total{backend=\"mooncake-disk\",result=\"error\",pod=\"kvcache-operator-0\"}",
+                "0+4x30",
+            ),
+            (
+                "kvcache_operator_backend_degraded{backend=\"external\",pod=\"kvcache-operator-0\"}",
                 "0x30",
             ),
         ],
