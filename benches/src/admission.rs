@@ -24,6 +24,7 @@ use kvcache_e2e::cluster::{ControlPlane, Options, client_from, crds_dir, install
 use kvcache_e2e::operator::{Operator, register_webhooks};
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
 use kvcache_e2e::{Watched, paths};
+use kvcache_render::exposition::{Exposition, Sample};
 
 /// The load `cargo xtask bench admission` applies (its `--creates` and `--concurrency`).
 pub struct Shape {
@@ -58,38 +59,31 @@ fn quantile(sorted: &[Duration], q: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The value of `s`'s label `name`.
+fn label<'a>(s: &'a Sample, name: &str) -> Option<&'a str> {
+    s.labels
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
 /// One webhook's buckets from `/metrics`: (upper bound in seconds, cumulative count).
 fn buckets(text: &str, webhook: &str) -> Vec<(f64, f64)> {
     let mut out: Vec<(f64, f64)> = Vec::new();
-    for line in text.lines() {
-        let Some(rest) =
-            line.strip_prefix("kvcache_operator_webhook_request_duration_seconds_bucket{")
-        else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
-                .map(|v| v.trim_end_matches('"').to_owned())
-        };
-        if label("webhook").as_deref() != Some(webhook) {
+    for s in Exposition::parse(text).samples {
+        if s.name != "kvcache_operator_webhook_request_duration_seconds_bucket"
+            || label(&s, "webhook") != Some(webhook)
+        {
             continue;
         }
-        let Some(le) = label("le") else { continue };
-        let le = if le == "+Inf" {
-            f64::INFINITY
-        } else {
-            le.parse().unwrap_or(f64::INFINITY)
+        // `+Inf` reads as infinity.
+        let Some(Ok(le)) = label(&s, "le").map(str::parse::<f64>) else {
+            continue;
         };
-        let n: f64 = value.trim().parse().unwrap_or(0.0);
         // Outcomes (allowed, refused, ...) are summed per bound.
         match out.iter_mut().find(|(b, _)| *b == le) {
-            Some(slot) => slot.1 += n,
-            None => out.push((le, n)),
+            Some(slot) => slot.1 += s.value,
+            None => out.push((le, s.value)),
         }
     }
     out.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -113,26 +107,36 @@ fn minus(after: &[(f64, f64)], before: &[(f64, f64)]) -> Vec<(f64, f64)> {
 /// The `_sum` and `_count` of the histogram `metric` in Prometheus text, added over the series
 /// whose labels hold every `(name, value)` of `with`.
 fn sum_count(text: &str, metric: &str, with: &[(&str, &str)]) -> (f64, f64) {
+    let (sum, count) = (format!("{metric}_sum"), format!("{metric}_count"));
     let mut out = (0.0, 0.0);
-    for line in text.lines() {
-        let (slot, rest) = if let Some(r) = line.strip_prefix(&format!("{metric}_sum{{")) {
-            (&mut out.0, r)
-        } else if let Some(r) = line.strip_prefix(&format!("{metric}_count{{")) {
-            (&mut out.1, r)
+    for s in Exposition::parse(text).samples {
+        let slot = if s.name == sum {
+            &mut out.0
+        } else if s.name == count {
+            &mut out.1
         } else {
             continue;
         };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let matches = with
+        if with
             .iter()
-            .all(|(name, want)| labels.split(',').any(|l| l == format!("{name}=\"{want}\"")));
-        if matches && let Ok(v) = value.trim().parse::<f64>() {
-            *slot += v;
+            .all(|(name, want)| label(&s, name) == Some(*want))
+        {
+            *slot += s.value;
         }
     }
     out
+}
+
+/// What the operator's webhook server refused so far, by reason, from its `/metrics` and the
+/// counter `metric`: `reason count, ...`.
+fn refusals(text: &str, metric: &str) -> String {
+    Exposition::parse(text)
+        .samples
+        .iter()
+        .filter(|s| s.name == metric && label(s, "server") == Some("webhook"))
+        .filter_map(|s| Some(format!("{} {}", label(s, "reason")?, s.value)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The mean of the samples added between two `(sum, count)` readings, in seconds.
@@ -706,18 +710,7 @@ pub fn flood() -> anyhow::Result<()> {
     );
     println!("|---|---|---|---|---|---|---|");
     for ((name, pods, bindings, tally, _), metrics, peak) in &rows {
-        let refused = |metric: &str| -> String {
-            metrics
-                .lines()
-                .filter(|l| l.starts_with(metric) && l.contains("server=\"webhook\""))
-                .filter_map(|l| {
-                    let (labels, value) = l.rsplit_once(' ')?;
-                    let reason = labels.split("reason=\"").nth(1)?.split('"').next()?;
-                    Some(format!("{reason} {value}"))
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let refused = |metric: &str| refusals(metrics, metric);
         println!(
             "| {name} | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {} / {} | {} | {}; {} | {} MiB |",
             ms(quantile(pods, 0.5)),
@@ -852,6 +845,38 @@ apiserver_admission_webhook_admission_duration_seconds_sum{name=\"validate.kvcac
         assert_eq!(sum_count(text, metric, &[("name", "nothing")]), (0.0, 0.0));
         assert_eq!(mean_between((0.75, 20.0), (0.25, 10.0)), Some(0.05));
         assert_eq!(mean_between((0.75, 20.0), (0.75, 20.0)), None);
+    }
+
+    #[test]
+    fn samples_are_read_as_the_format_writes_them_not_by_substring() {
+        // Valid text all three must read: a space after a label's comma, a comma inside a
+        // value, a timestamp after a value.
+        let text = "\
+kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"inject\", outcome=\"allowed\", le=\"0.001\"} 5
+kvcache_operator_webhook_request_duration_seconds_bucket{webhook=\"inject\", outcome=\"allowed\", le=\"+Inf\"} 6
+apiserver_admission_webhook_admission_duration_seconds_sum{name=\"a,b\",operation=\"CREATE\"} 0.5
+apiserver_admission_webhook_admission_duration_seconds_count{name=\"a,b\",operation=\"CREATE\"} 2
+# TYPE kvcache_operator_connections_refused counter
+kvcache_operator_connections_refused_total{server=\"webhook\",reason=\"source_full\"} 3 1700000000000
+kvcache_operator_connections_refused_total{server=\"metrics\",reason=\"full\"} 1
+kvcache_operator_connections_refused_total{server=\"webhook\",reason=\"full\"} 2
+";
+        assert_eq!(
+            buckets(text, "inject"),
+            [(0.001, 5.0), (f64::INFINITY, 6.0)]
+        );
+        assert_eq!(
+            sum_count(
+                text,
+                "apiserver_admission_webhook_admission_duration_seconds",
+                &[("name", "a,b")]
+            ),
+            (0.5, 2.0)
+        );
+        assert_eq!(
+            refusals(text, "kvcache_operator_connections_refused_total"),
+            "source_full 3, full 2"
+        );
     }
 
     #[test]

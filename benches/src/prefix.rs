@@ -307,21 +307,9 @@ struct Reader {
     prefill_seconds: f64,
 }
 
-/// The sum of the samples of `name` whose labels hold every `want` pair.
+/// The sum of the samples of `name` whose labels hold every `want` pair (0 without one).
 fn sum(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let (n, labels) = series.split_once('{').unwrap_or((series, ""));
-            (n == name
-                && want
-                    .iter()
-                    .all(|(k, v)| labels.contains(&format!("{k}=\"{v}\""))))
-            .then(|| value.parse::<f64>().ok())
-            .flatten()
-        })
-        .sum()
+    kvcache_e2e::store::metric_sum(text, name, want).unwrap_or(0.0)
 }
 
 async fn reader(client: &kube::Client, pod: &str) -> Result<Reader, kvcache_e2e::Error> {

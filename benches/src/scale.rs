@@ -68,19 +68,9 @@ async fn apply<K: Watched + serde::Serialize>(
 /// `reconciles` counters by controller from the operator's `/metrics`.
 fn reconciles(text: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("kvcache_operator_reconciles_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        let controller = labels
-            .split(',')
-            .find_map(|l| l.strip_prefix("controller=\""))
-            .map(|c| c.trim_end_matches('"').to_owned())
-            .unwrap_or_default();
-        *out.entry(controller).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+    for (labels, value) in kvcache_e2e::store::samples(text, "kvcache_operator_reconciles_total") {
+        let controller = labels.get("controller").cloned().unwrap_or_default();
+        *out.entry(controller).or_insert(0.0) += value;
     }
     out
 }

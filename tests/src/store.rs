@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use kvcache_render::exposition::Exposition;
+
 use crate::process::{Proc, free_port, wait_for, wait_tcp};
 use crate::{Error, Result, paths};
 
@@ -171,29 +173,21 @@ pub fn wait_metric(admin_url: &str, name: &str, want: f64, timeout: Duration) ->
     }
 }
 
-/// The value of an unlabelled sample in Prometheus text exposition.
+/// The value of an unlabelled sample in Prometheus text exposition, read with
+/// [`kvcache_render::exposition`].
 pub fn metric_value(text: &str, name: &str) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let (key, value) = l.split_once(' ')?;
-        (key == name).then(|| value.trim().parse().ok()).flatten()
-    })
+    Exposition::parse(text).unlabelled(name)
 }
 
-/// The samples of `name` in Prometheus text (or OpenMetrics) exposition: each one's labels and
-/// value, in the order exposed. Lines that do not parse are skipped.
+/// The samples of `name` in Prometheus text (or OpenMetrics) exposition, read with
+/// [`kvcache_render::exposition`]: each one's labels and value, in the order exposed. Lines
+/// that do not read are skipped.
 pub fn samples(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            let (labels, rest) = match rest.strip_prefix('{') {
-                Some(inner) => labels(inner)?,
-                None => (BTreeMap::new(), rest),
-            };
-            // A space before the value; a timestamp may follow it.
-            let value = rest.strip_prefix(' ')?.split_whitespace().next()?;
-            Some((labels, value.parse().ok()?))
-        })
+    Exposition::parse(text)
+        .samples
+        .into_iter()
+        .filter(|s| s.name == name)
+        .map(|s| (s.labels.into_iter().collect(), s.value))
         .collect()
 }
 
@@ -208,32 +202,6 @@ pub fn metric_sum(text: &str, name: &str, with: &[(&str, &str)]) -> Option<f64> 
         })
         .map(|(_, v)| v)
         .reduce(|a, b| a + b)
-}
-
-/// Reads `key="value",...}` (the text after a sample's `{`): its labels, and what follows `}`.
-fn labels(mut s: &str) -> Option<(BTreeMap<String, String>, &str)> {
-    let mut labels = BTreeMap::new();
-    loop {
-        s = s.trim_start_matches([',', ' ']);
-        if let Some(rest) = s.strip_prefix('}') {
-            return Some((labels, rest));
-        }
-        let (key, rest) = s.split_once("=\"")?;
-        let mut value = String::new();
-        let mut chars = rest.char_indices();
-        let end = loop {
-            match chars.next()? {
-                (i, '"') => break i,
-                (_, '\\') => match chars.next()?.1 {
-                    'n' => value.push('\n'),
-                    c => value.push(c),
-                },
-                (_, c) => value.push(c),
-            }
-        };
-        labels.insert(key.trim().to_owned(), value);
-        s = &rest[end + 1..];
-    }
 }
 
 /// How to start a member.
@@ -507,5 +475,13 @@ mod tests {
         );
         assert_eq!(metric_value(text, "master_key_count"), Some(0.0));
         assert_eq!(metric_value(text, "segment_total_capacity_bytes"), None);
+        // A timestamp after the value, as the format allows.
+        assert_eq!(
+            metric_value(
+                "master_allocated_bytes 5 1700000000000\n",
+                "master_allocated_bytes"
+            ),
+            Some(5.0)
+        );
     }
 }

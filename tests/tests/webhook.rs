@@ -987,10 +987,13 @@ fn a_flood_from_one_source_leaves_admission_to_everyone_else() {
             "webhook connections refused past the flood's share",
             WAIT,
             |t| {
-                t.lines().any(|l| {
-                    l.starts_with("kvcache_operator_connections_refused_total{")
-                        && l.contains("source_full")
-                })
+                // Read with the exposition reader: the webhook server's own count of this reason.
+                kvcache_e2e::store::metric_sum(
+                    t,
+                    "kvcache_operator_connections_refused_total",
+                    &[("server", "webhook"), ("reason", "source_full")],
+                )
+                .is_some_and(|v| v > 0.0)
             },
         )
         .expect("the refusals counted");
