@@ -1,8 +1,9 @@
-//! The installation for real: `kubectl apply -f deploy/operator.yaml` on a cluster with two
-//! real nodes and the locally built images gives two operator Pods (one leads, one stands by
-//! and serves webhooks), and the walkthrough, applied with `kubectl` as a user would, converges
-//! through them: the API server calls the webhooks through the operator's Service.
-//! One cluster and one installation for the binary; the tests take turns.
+//! The installation for real: `kubectl apply -f deploy/operator.yaml` (with this cluster's
+//! control plane named in its NetworkPolicy, `support::installation`) on a cluster with two
+//! real nodes that enforce NetworkPolicy and the locally built images gives two operator Pods
+//! (one leads, one stands by and serves webhooks), and the walkthrough, applied with `kubectl`
+//! as a user would, converges through them: the API server calls the webhooks through the
+//! operator's Service. One cluster and one installation for the binary; the tests take turns.
 
 use std::time::{Duration, Instant};
 
@@ -16,8 +17,9 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_e2e::cluster::{block_on, wait_object};
 use kvcache_e2e::pods::{self, name_of};
 use kvcache_e2e::status::{phase, wait_condition, wait_event};
-use kvcache_e2e::{Error, paths, walkthrough};
+use kvcache_e2e::{Error, walkthrough};
 
+mod access;
 mod support;
 mod webhook_guard;
 use support::*;
@@ -270,13 +272,16 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
         // (either replica) or the store's leader exports.
         let store_pods: Api<Pod> = Api::namespaced(client.clone(), NS);
         let master = pods::wait_ready(&store_pods, &walkthrough::backend_pods("mooncake-dram", "leader"), 1, WAIT).await?;
-        let req = http::Request::get(format!(
-            "/api/v1/namespaces/{NS}/pods/{}:9003/proxy/metrics",
-            name_of(&master[0])
-        ))
-        .body(Vec::new())
-        .expect("a request");
-        let master_text = client.request_text(req).await?;
+        // Read inside the leader Pod: its admin port admits the operator's Pods alone, not the
+        // API server's Pod proxy (this cluster enforces the store's NetworkPolicies).
+        let master_text = pods::master_page_in(
+            &store_pods,
+            name_of(&master[0]),
+            "master",
+            "127.0.0.1:9003",
+            "metrics",
+        )
+        .await?;
         let mut exported = std::collections::BTreeSet::new();
         for t in after_request.iter().chain([&master_text]) {
             for l in t.lines().filter(|l| !l.starts_with('#')) {
@@ -465,8 +470,7 @@ fn the_uninstall_keeps_the_crds_the_objects_and_the_store_and_a_reinstall_picks_
         let client = cluster.client().await?;
         wait_replicas(&client, 2).await?;
         converged(&client).await?;
-        let install = paths::workspace_root().join("deploy/operator.yaml");
-        let install = install.display().to_string();
+        let install = installation().display().to_string();
         // The README's one command.
         run_kubectl(&[
             "delete",

@@ -2,7 +2,7 @@
 //! holder, scrapes of the operator's metrics, convergence and the quota grant, and the audit
 //! log's writes by the operator's account.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -15,10 +15,10 @@ use kvcache_api::backend::BackendPhase;
 use kvcache_api::quantity::parse_bytes;
 use kvcache_api::{KVCacheBackend, KVCachePoolBinding, ModelDeployment};
 use kvcache_e2e::cluster::{block_on, wait_object};
-use kvcache_e2e::nodes::{self, NodeCluster};
+use kvcache_e2e::nodes::NodeCluster;
 use kvcache_e2e::pods::{self, name_of};
 use kvcache_e2e::status::{has_condition, phase, wait_condition};
-use kvcache_e2e::{Error, paths, walkthrough};
+use kvcache_e2e::{Error, images, paths, walkthrough};
 
 pub(crate) const NS: &str = "gpustack-system";
 pub(crate) const WAIT: Duration = Duration::from_secs(180);
@@ -36,7 +36,7 @@ pub(crate) fn kubectl() -> std::process::Command {
         .join("bin")
         .join("kubectl");
     let mut c = std::process::Command::new(bin);
-    c.env("KUBECONFIG", &nodes::shared().control_plane.kubeconfig);
+    c.env("KUBECONFIG", &cluster().control_plane.kubeconfig);
     c
 }
 
@@ -54,14 +54,48 @@ pub(crate) fn run_kubectl(args: &[&str]) -> String {
     text
 }
 
+/// The installation the tests apply: `deploy/operator.yaml` with this cluster's control plane
+/// named in the operator's NetworkPolicy (as `cargo xtask manifests --out FILE
+/// --control-plane-cidrs ...` writes it; Helm's `controlPlaneCIDRs`). The harness's API server
+/// runs on the host and reaches the Pods from the node bridge's host address.
+pub(crate) fn installation() -> &'static Path {
+    static FILE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let file = FILE.get_or_init(|| {
+        let access = kvcache_render::install::Access {
+            control_plane: vec![format!("{}/32", control_plane_address())],
+            ..Default::default()
+        };
+        let text = kvcache_render::install::operator_yaml_with_access(
+            kvcache_render::resolve::DEFAULT_NAMESPACE,
+            kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE,
+            &access,
+        )
+        .map_err(|e| e.to_string())?;
+        let path = paths::scratch("install-manifest")
+            .map_err(|e| e.to_string())?
+            .join("operator.yaml");
+        std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        Ok(path)
+    });
+    match file {
+        Ok(p) => p,
+        Err(e) => panic!("the installation could not be rendered: {e}"),
+    }
+}
+
+/// The address the API server's connections to Pods come from: the node bridge's host address
+/// (the harness's API server and cluster DNS listen there).
+pub(crate) fn control_plane_address() -> &'static str {
+    &cluster().nodes.dns
+}
+
 /// The cluster with the installation applied and both replicas Ready, then the walkthrough
 /// (demo size) applied with kubectl in creation order.
 pub(crate) fn installed() -> &'static Mutex<Install> {
     static INSTALLED: OnceLock<Result<Mutex<Install>, String>> = OnceLock::new();
     let done = INSTALLED.get_or_init(|| {
-        let cluster = nodes::shared();
-        let install = paths::workspace_root().join("deploy/operator.yaml");
-        run_kubectl(&["apply", "-f", &install.display().to_string()]);
+        let cluster = cluster();
+        run_kubectl(&["apply", "-f", &installation().display().to_string()]);
         let dir = paths::scratch("install-walkthrough").map_err(|e| e.to_string())?;
         let manifests =
             walkthrough::demo_manifests(&walkthrough::examples("walkthrough"), &dir, |_| true)
@@ -101,8 +135,23 @@ pub(crate) struct Install {
     pub(crate) standby_writes: Vec<(Vec<String>, String, String)>,
 }
 
+/// The binary's cluster: two real nodes with every image, NetworkPolicy enforced by the
+/// harness's enforcer (kube-router's firewall), so the installation's own policy holds as on a
+/// production cluster (started on first use; torn down by the watchdogs when the binary exits).
 pub(crate) fn cluster() -> &'static NodeCluster {
-    nodes::shared()
+    static CLUSTER: OnceLock<Result<NodeCluster, String>> = OnceLock::new();
+    let c = CLUSTER.get_or_init(|| {
+        let dir = paths::scratch("install-nodes").map_err(|e| e.to_string())?;
+        let mut c = NodeCluster::start(&dir, 2, images::NODE_DEFAULT).map_err(|e| e.to_string())?;
+        c.nodes
+            .enforce_network_policy()
+            .map_err(|e| e.to_string())?;
+        Ok(c)
+    });
+    match c {
+        Ok(c) => c,
+        Err(e) => panic!("the cluster with an enforcer could not start: {e}"),
+    }
 }
 
 /// Waits until the operator Deployment has `n` Ready replicas and as many Pods; returns the
