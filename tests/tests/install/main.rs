@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kvcache_api::backend::BackendPhase;
 use kvcache_api::quantity::parse_bytes;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
@@ -240,18 +240,30 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
                 &instance_type,
             )
             .await?;
-        // The webhook requests, on whichever replica served them.
-        let mut webhook = 0.0;
-        let mut after_request = Vec::new();
-        for p in &operators {
-            let t = scrape(&client, name_of(p)).await?;
-            webhook += sum(
-                &t,
-                "kvcache_operator_webhook_request_duration_seconds_count{webhook=\"validate\"",
+        // The webhook requests, on whichever replica served them: counted when the handler
+        // ends, so waited for.
+        let deadline = Instant::now() + WAIT;
+        let after_request = loop {
+            let mut webhook = 0.0;
+            let mut texts = Vec::new();
+            for p in &operators {
+                let t = scrape(&client, name_of(p)).await?;
+                webhook += sum(
+                    &t,
+                    "kvcache_operator_webhook_request_duration_seconds_count{webhook=\"validate\"",
+                );
+                texts.push(t);
+            }
+            if webhook > 0.0 {
+                break texts;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "validate requests recorded on either replica within {WAIT:?}; last scrapes:\n{}",
+                texts.join("\n---\n")
             );
-            after_request.push(t);
-        }
-        assert!(webhook > 0.0, "validate requests recorded");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
         let standby = operators
             .iter()
             .find(|p| name_of(p) != leader)
@@ -313,22 +325,33 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
         // (a line at info) once the pool's pass has concluded.
         grant(&client, "32Mi", 32 * MIB).await?;
         let api: Api<Pod> = Api::namespaced(client.clone(), NS);
-        let log = pods::logs(&api, &leader, None).await?;
-        let traced = log
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|l| {
-                l["fields"]["message"] == "status updated"
-                    && l["fields"]["kind"] == "KVCachePoolBinding"
-                    && l["fields"]["name"] == "team-a"
-            })
-            .find_map(|l| {
-                // The reconcile's span among the line's spans (kube-runtime's is outside it).
-                l["spans"].as_array()?.iter().find(|s| {
-                    s["controller"] == "kvcachepoolbinding" && s["object"] == "team-a"
-                }).cloned()
-            })
-            .unwrap_or_else(|| panic!("no JSON line of the Binding controller writing the Binding in:\n{log}"));
+        // The line follows the write the grant saw: waited for.
+        let deadline = Instant::now() + WAIT;
+        let traced = loop {
+            let log = pods::logs(&api, &leader, None).await?;
+            let found = log
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|l| {
+                    l["fields"]["message"] == "status updated"
+                        && l["fields"]["kind"] == "KVCachePoolBinding"
+                        && l["fields"]["name"] == "team-a"
+                })
+                .find_map(|l| {
+                    // The reconcile's span among the line's spans (kube-runtime's is outside it).
+                    l["spans"].as_array()?.iter().find(|s| {
+                        s["controller"] == "kvcachepoolbinding" && s["object"] == "team-a"
+                    }).cloned()
+                });
+            if let Some(span) = found {
+                break span;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no JSON line of the Binding controller writing the Binding within {WAIT:?} in:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
         grant(&client, "8Gi", 512 * MIB).await?;
         let trace = traced["trace_id"].as_str().unwrap_or_default();
         assert_eq!(trace.len(), 32, "{traced}");
@@ -771,18 +794,7 @@ fn a_deleted_binding_whose_tenant_holds_data_waits_until_asked_to_drop_it_and_ot
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
-            .list(&ListParams::default())
-            .await?;
-        assert!(
-            events.items.iter().any(|e| {
-                e.reason.as_deref() == Some("CachedDataDropped")
-                    && e.note
-                        .as_deref()
-                        .is_some_and(|n| n.contains("removed 4 objects"))
-            }),
-            "a CachedDataDropped event counting the 4 objects"
-        );
+        wait_event(&client, ns, "CachedDataDropped", "removed 4 objects", WAIT).await?;
         for i in 0..4 {
             let got =
                 pods::store_get(&store, &member, &master, &format!("drop-{i}"), Some(domain)).await;
