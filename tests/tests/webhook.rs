@@ -409,6 +409,13 @@ fn a_renewed_serving_certificate_is_presented_by_the_running_webhook_without_a_r
     drop(h);
 }
 
+/// Deletes `name` and waits until it is gone (its finalizers released).
+async fn remove<K: kvcache_e2e::Watched>(api: &Api<K>, name: &str) -> Result<(), Error> {
+    let uid = api.get(name).await?.uid().unwrap_or_default();
+    api.delete(name, &DeleteParams::default()).await?;
+    kvcache_e2e::cluster::wait_deleted(api, name, &uid, "deleted", WAIT).await
+}
+
 fn pod(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> k8s_openapi::api::core::v1::Pod {
     let mut v = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -538,6 +545,106 @@ fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_i
             .expect("JSON");
             assert_eq!(config["tenant_id"], name.as_str());
             pods.delete(&name, &DeleteParams::default()).await?;
+        }
+
+        // A new backend, a pool on it, a Binding on that pool and its Pod in one `kubectl apply`
+        // (docs/design.md#live-reads): a Binding is judged against the pool and backend written
+        // a moment before it, read live when the caches have not seen them yet. What shows it:
+        // in the same apply, a Binding claiming a domain that a Binding the caches already hold
+        // claims on the new backend (it named the pool before the pool existed) is refused as
+        // its duplicate; judged on the caches alone while they lack the pool, its claim would go
+        // unchecked. Server-side apply sends one request per object, the shortest gap between
+        // the pool's write and the next review. The Pod is refused only as LedgerNotReady (its
+        // pool has not read the master's ledger yet), never as naming what is missing; once the
+        // pool reports the ledger the same chain applied again is admitted, the Pod injected.
+        // Ten times over: the caches lag only now and then.
+        namespace(&client, "live-held").await;
+        namespace(&client, "live-dup").await;
+        let held: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "live-held");
+        let dups: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "live-dup");
+        let apply = |file: &std::path::Path| {
+            kubectl().args(["apply", "--server-side", "-o", "json", "-f"]).arg(file).output().expect("kubectl")
+        };
+        for i in 0..10 {
+            let (store, pool, name, domain) =
+                (format!("live-store-{i}"), format!("live-pool-{i}"), format!("live-{i}"), format!("held-{i}"));
+            let claim = |ns: &str, domain: &str| {
+                format!("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  poolRef: {{name: {pool}}}\n  quota: {{ceiling: 16Mi}}\n  domain: {{name: {domain}, blockSize: 64, dtype: bfloat16}}\n")
+            };
+            held.create(&PostParams::default(), &yaml(&claim("live-held", &domain))).await?;
+            // The operator's finalizer is on: its caches hold the claim.
+            wait_object(&held, &name, "the operator's finalizer", WAIT, |b| !b.finalizers().is_empty()).await?;
+            let backend_doc = format!("apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {store}}}\nspec:\n  connection:\n    external:\n      endpoints: [{{name: Client, address: '{client_addr}'}}, {{name: Admin, address: '{admin_addr}'}}]\n");
+            let pool_doc = format!("apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {{name: {pool}}}\nspec: {{backends: [{store}], quota: {{total: 1Gi}}}}\n");
+            let mut pod_doc = serde_json::to_value(pod(&name, |p| {
+                p["metadata"]["annotations"]["kvcache.gpustack.ai/binding"] = name.clone().into();
+            }))
+            .expect("JSON");
+            pod_doc["spec"]["terminationGracePeriodSeconds"] = 0.into();
+            let pod_doc = serde_yaml::to_string(&pod_doc).expect("YAML");
+            let own = claim("pods-a", &name);
+            // The duplicate comes right after the pool, when the caches are least likely to
+            // hold it.
+            let first = dir.join(format!("{name}.yaml"));
+            std::fs::write(&first, [backend_doc.as_str(), &pool_doc, &claim("live-dup", &domain), &own, &pod_doc].join("---\n")).expect("write");
+            let out = apply(&first);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{name}: the duplicate claim is refused: {stderr}");
+            // kubectl prints one line per refused object (its own wording around the webhook's
+            // message; the admitted ones' warnings start with "Warning:").
+            let duplicate = format!("domain \"{domain}\" is already held on backend {store} by KVCachePoolBinding live-held/{name}");
+            let refused: Vec<&str> = stderr.lines().filter(|l| !l.is_empty() && !l.starts_with("Warning:")).collect();
+            assert_eq!(
+                refused.iter().filter(|l| l.contains("spec.domain.name") && l.contains(&duplicate)).count(),
+                1,
+                "{name}: refused as the duplicate of live-held/{name}: {stderr}"
+            );
+            assert!(
+                refused.iter().all(|l| l.contains(&duplicate) || l.contains("LedgerNotReady")),
+                "{name}: only the duplicate and (its pool new) the Pod as LedgerNotReady are refused: {stderr}"
+            );
+            assert!(dups.get_opt(&name).await?.is_none(), "{name}: the duplicate was not created");
+            assert!(backends.get_opt(&store).await?.is_some(), "{name}: the backend was created");
+            assert!(pools.get_opt(&pool).await?.is_some(), "{name}: the pool was created");
+            assert!(bindings.get_opt(&name).await?.is_some(), "{name}: the Binding was created");
+            wait_object(&pools, &pool, "QuotaLedgerAvailable=True and a client endpoint", WAIT, |p| {
+                has_condition(p, "QuotaLedgerAvailable=True")
+                    && p.status.as_ref().is_some_and(|s| s.client_endpoint.is_some())
+            })
+            .await?;
+            // Applied again without the duplicate: every object admitted, the Pod injected. The
+            // caches may see the pool's ledger a moment after the watch above: a LedgerNotReady
+            // is asked again, within WAIT.
+            let second = dir.join(format!("{name}-again.yaml"));
+            std::fs::write(&second, [backend_doc.as_str(), &pool_doc, &own, &pod_doc].join("---\n")).expect("write");
+            let deadline = tokio::time::Instant::now() + WAIT;
+            let list: serde_json::Value = loop {
+                let out = apply(&second);
+                if out.status.success() {
+                    break serde_json::from_slice(&out.stdout).expect("kubectl's JSON");
+                }
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    stderr.contains("LedgerNotReady") && tokio::time::Instant::now() < deadline,
+                    "{name}: the chain applied again once its pool reports the ledger is admitted (within {WAIT:?}): {stderr}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            let applied = list["items"].as_array().expect("a List of what was applied");
+            let created = applied.iter().find(|o| o["kind"] == "Pod").expect("the Pod");
+            let config: serde_json::Value = serde_json::from_str(
+                created["metadata"]["annotations"]["kvcache.gpustack.ai/client-config"].as_str().expect("client-config"),
+            )
+            .expect("JSON");
+            assert_eq!(config["tenant_id"], name.as_str());
+            assert_eq!(config["master_server_address"], client_addr.as_str());
+            // Gone again, so that later tests meet what they made: the Pod at once, the Bindings
+            // once the operator released their tenants, then the pool, then the backend.
+            pods.delete(&name, &DeleteParams::default().grace_period(0)).await?;
+            remove(&bindings, &name).await?;
+            remove(&held, &name).await?;
+            remove(&pools, &pool).await?;
+            remove(&backends, &store).await?;
         }
 
         // Each refusal, with its reason in what the client reads.

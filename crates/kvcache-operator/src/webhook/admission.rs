@@ -11,6 +11,7 @@
 //!   the same instant as another one on the same domain can pass both checks; that race is
 //!   what `DomainExclusive=False/DomainClaimedByMultipleBindings` reports afterwards
 //!   (docs/design.md#raced-claims).
+//! - what a request names that the stores lack (yet): read live first, as [`live_read`] decides.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DynamicObject;
@@ -66,6 +67,87 @@ fn related(world: &World, object: &Object) -> Vec<Object> {
         .chain(bindings)
         .chain(instance_types)
         .collect()
+}
+
+/// An object a request names that the caches do not hold (yet), to be read from the API server
+/// before the request is judged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LiveRead {
+    /// A Binding, its pool and that pool's backend; what the read finds replaces what the caches
+    /// hold, and a Binding it does not find is gone.
+    Binding {
+        /// The Binding's namespace (the Pod's).
+        namespace: String,
+        /// The Binding's name.
+        name: String,
+    },
+    /// A pool and its backend.
+    Pool(String),
+    /// A backend.
+    Backend(String),
+}
+
+impl std::fmt::Display for LiveRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LiveRead::Binding { namespace, name } => {
+                write!(f, "KVCachePoolBinding {namespace}/{name}")
+            }
+            LiveRead::Pool(name) => write!(f, "KVCachePool {name}"),
+            LiveRead::Backend(name) => write!(f, "KVCacheBackend {name}"),
+        }
+    }
+}
+
+/// What to read live before judging `req` against `world` (the caches), so that nothing is
+/// judged missing only because a cache lags behind a write a moment earlier (a pool and its
+/// Binding in one `kubectl apply`): for a Binding, its pool when the caches lack the pool or the
+/// pool's backend; for a pool, its backend when the caches lack it; for a Pod, the Binding it
+/// names when the caches lack the Binding, its pool or its backend. Nothing for a deletion, for
+/// other kinds, or for a name no object can have (read, `other/chat` would even reach the
+/// subresource `chat` of the Binding `other`).
+pub fn live_read(req: &AdmissionRequest<DynamicObject>, world: &World) -> Option<LiveRead> {
+    let object = req.object.as_ref()?;
+    let named = |pointer: &str| {
+        object
+            .data
+            .get("spec")?
+            .pointer(pointer)?
+            .as_str()
+            .filter(|n| kvcache_api::admission::is_dns_subdomain(n))
+            .map(str::to_owned)
+    };
+    let writes = matches!(req.operation, Operation::Create | Operation::Update);
+    match (req.kind.group.as_str(), req.kind.kind.as_str()) {
+        (GROUP, "KVCachePoolBinding") if writes => {
+            let pool = named("/poolRef/name")?;
+            let complete = world
+                .pool(&pool)
+                .is_some_and(|p| p.spec.backend().is_none_or(|b| world.backend(b).is_some()));
+            (!complete).then_some(LiveRead::Pool(pool))
+        }
+        (GROUP, "KVCachePool") if writes => {
+            let backend = named("/backends/0")?;
+            world
+                .backend(&backend)
+                .is_none()
+                .then_some(LiveRead::Backend(backend))
+        }
+        ("", "Pod") if matches!(req.operation, Operation::Create) => {
+            let name = kvcache_render::pod::binding_named(&object.metadata)
+                .filter(|n| kvcache_api::admission::is_dns_subdomain(n))?;
+            let namespace = req.namespace.clone().unwrap_or_default();
+            world
+                .chain(&namespace, name)
+                .backend
+                .is_none()
+                .then(|| LiveRead::Binding {
+                    name: name.to_owned(),
+                    namespace,
+                })
+        }
+        _ => None,
+    }
 }
 
 /// One object of a request, decoded strictly (unknown fields listed).
@@ -246,7 +328,6 @@ pub fn freeze_pod(req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
     }
 }
 
-/// Whether `world` holds the Binding a Pod names, its pool and backend.
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +371,152 @@ mod tests {
         let first: KVCachePoolBinding =
             serde_json::from_value(binding("team-a", "qwen")).expect("binding");
         World::new([], [Arc::new(pool)], [Arc::new(first)], [], [])
+    }
+
+    /// `world()` with the backend `m` its pool draws on.
+    fn world_with_backend() -> World {
+        let mut w = world();
+        let backend: kvcache_api::KVCacheBackend = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "m"},
+            "spec": {"connection": {"external": {"endpoints": [
+                {"name": "Client", "address": "m:50051"}, {"name": "Admin", "address": "m:9003"}]}}}
+        }))
+        .expect("backend");
+        w.add_backend(Arc::new(backend));
+        w
+    }
+
+    fn binding_on(pool: &str) -> serde_json::Value {
+        let mut b = binding("team-b", "qwen");
+        b["spec"]["poolRef"]["name"] = pool.into();
+        b
+    }
+
+    fn pool_on(backend: &str) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "new"},
+            "spec": {"backends": [backend], "quota": {"total": "1Gi"}}
+        })
+    }
+
+    fn pod_request(operation: &str, binding: Option<&str>) -> AdmissionRequest<DynamicObject> {
+        let mut pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "engine", "namespace": "team-a", "annotations": {}},
+            "spec": {"containers": [{"name": "engine", "image": "engine"}]}
+        });
+        if let Some(b) = binding {
+            pod["metadata"]["annotations"]["kvcache.gpustack.ai/binding"] = b.into();
+        }
+        let mut req = request("Pod", operation, pod);
+        req.kind.group = String::new();
+        req
+    }
+
+    #[test]
+    fn a_binding_reads_its_pool_live_when_the_caches_lack_it_or_its_backend() {
+        let read = |req: &AdmissionRequest<DynamicObject>, w: &World| live_read(req, w);
+        let create = |o| request("KVCachePoolBinding", "CREATE", o);
+        // Pool and backend cached: nothing to read.
+        assert_eq!(
+            read(&create(binding_on("shared")), &world_with_backend()),
+            None
+        );
+        // The pool missing: read it (and its backend).
+        assert_eq!(
+            read(&create(binding_on("new")), &world_with_backend()),
+            Some(LiveRead::Pool("new".into()))
+        );
+        // The pool cached but its backend not: the pool is read again, with its backend.
+        assert_eq!(
+            read(&create(binding_on("shared")), &world()),
+            Some(LiveRead::Pool("shared".into()))
+        );
+        let mut update = create(binding_on("new"));
+        update.operation = Operation::Update;
+        assert_eq!(read(&update, &world()), Some(LiveRead::Pool("new".into())));
+        // A deletion, a Binding without a spec, a name no pool can have: nothing.
+        let delete = request("KVCachePoolBinding", "DELETE", binding_on("new"));
+        assert_eq!(read(&delete, &world()), None);
+        let mut bare = binding_on("new");
+        bare.as_object_mut().expect("object").remove("spec");
+        assert_eq!(read(&create(bare), &world()), None);
+        assert_eq!(read(&create(binding_on("other/new")), &world()), None);
+        assert_eq!(read(&create(binding_on("New")), &world()), None);
+    }
+
+    #[test]
+    fn a_pool_reads_its_backend_live_when_the_caches_lack_it_and_other_kinds_read_nothing() {
+        let create = |kind: &str, o| request(kind, "CREATE", o);
+        assert_eq!(
+            live_read(
+                &create("KVCachePool", pool_on("elsewhere")),
+                &world_with_backend()
+            ),
+            Some(LiveRead::Backend("elsewhere".into()))
+        );
+        assert_eq!(
+            live_read(&create("KVCachePool", pool_on("m")), &world_with_backend()),
+            None
+        );
+        let delete = request("KVCachePool", "DELETE", pool_on("elsewhere"));
+        assert_eq!(live_read(&delete, &world()), None);
+        assert_eq!(
+            live_read(&create("KVCachePool", pool_on("a_b")), &world()),
+            None
+        );
+        // A backend or a ModelDeployment names no pool or backend this reads.
+        let backend = serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "n"},
+            "spec": {"connection": {"external": {"endpoints": [{"name": "Client", "address": "m:1"}]}}, "backends": ["x"]}
+        });
+        assert_eq!(
+            live_read(&create("KVCacheBackend", backend), &world()),
+            None
+        );
+        let md = serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "ModelDeployment",
+            "metadata": {"name": "chat", "namespace": "team-a"}, "spec": {"kvCache": {"poolRef": {"name": "x"}}}
+        });
+        assert_eq!(live_read(&create("ModelDeployment", md), &world()), None);
+        // The same kind name in another group is not ours.
+        let mut foreign = create("KVCachePool", pool_on("elsewhere"));
+        foreign.kind.group = "example.com".into();
+        assert_eq!(live_read(&foreign, &world()), None);
+    }
+
+    #[test]
+    fn a_pod_reads_its_binding_live_unless_the_whole_chain_is_cached() {
+        // team-a/team, its pool and backend cached: nothing.
+        assert_eq!(
+            live_read(&pod_request("CREATE", Some("team")), &world_with_backend()),
+            None
+        );
+        let live = Some(LiveRead::Binding {
+            namespace: "team-a".into(),
+            name: "team".into(),
+        });
+        // The backend missing: the whole chain is read again.
+        assert_eq!(
+            live_read(&pod_request("CREATE", Some("team")), &world()),
+            live
+        );
+        assert_eq!(
+            live_read(&pod_request("CREATE", Some("new")), &world_with_backend()),
+            Some(LiveRead::Binding {
+                namespace: "team-a".into(),
+                name: "new".into(),
+            })
+        );
+        // No Binding named, another namespace's, an update: nothing.
+        for req in [
+            pod_request("CREATE", None),
+            pod_request("CREATE", Some("")),
+            pod_request("CREATE", Some("other/team")),
+            pod_request("UPDATE", Some("new")),
+        ] {
+            assert_eq!(live_read(&req, &world()), None, "{:?}", req.object);
+        }
     }
 
     #[test]

@@ -6,8 +6,20 @@ use std::sync::Arc;
 use kube::api::DynamicObject;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 
-use super::admission::World;
+use super::admission::{LiveRead, World};
 use crate::error::{Error, Unjudgeable, kube as kube_error};
+
+/// Reads what [`super::admission::live_read`] asked for into `world`.
+pub async fn read(client: &kube::Client, what: &LiveRead, world: &mut World) -> Result<(), Error> {
+    match what {
+        LiveRead::Binding { namespace, name } => {
+            world.remove_binding(namespace, name);
+            live_binding(client, namespace, name, world).await
+        }
+        LiveRead::Pool(name) => live_pool(client, name, world).await,
+        LiveRead::Backend(name) => live_backend(client, name, world).await,
+    }
+}
 
 /// What a ModelDeployment is judged against (docs/design.md#live-reads): its Binding, that Binding's pool
 /// and backend, and the InstanceTypes its roles name, read live from the API server, so that a

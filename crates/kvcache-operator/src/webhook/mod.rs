@@ -20,8 +20,8 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use tracing::{info, warn};
 
 use crate::context::Context;
-use admission::{World, freeze_pod, mutate_pod, validate};
-use live::{live_backend, live_binding, live_pool, live_world};
+use admission::{World, freeze_pod, live_read, mutate_pod, validate};
+use live::live_world;
 
 /// What the handlers read.
 pub struct Webhook {
@@ -72,46 +72,16 @@ async fn validate_handler(
     })
 }
 
-/// The caches' world, with what a Binding or pool being written names read live when the
-/// caches have not seen it yet (a pool and its Binding applied together): a reference the
-/// caches lag behind on is never judged as missing.
+/// The caches' world, with what a Binding or pool being written names read live where the
+/// caches lag behind ([`admission::live_read`] decides what): a reference is never judged as
+/// missing only because the caches have not seen it yet.
 async fn with_references(
     hook: &Webhook,
     req: Option<&AdmissionRequest<DynamicObject>>,
 ) -> Result<World, crate::error::Error> {
     let mut world = hook.world();
-    let Some(req) = req.filter(|r| matches!(r.operation, Operation::Create | Operation::Update))
-    else {
-        return Ok(world);
-    };
-    let Some(spec) = req.object.as_ref().and_then(|o| o.data.get("spec")) else {
-        return Ok(world);
-    };
-    let named = |pointer: &str| {
-        spec.pointer(pointer)
-            .and_then(serde_json::Value::as_str)
-            .map(str::to_owned)
-    };
-    match req.kind.kind.as_str() {
-        "KVCachePoolBinding" => {
-            if let Some(pool) = named("/poolRef/name")
-                && (world.pool(&pool).is_none()
-                    || world
-                        .pool(&pool)
-                        .and_then(|p| p.spec.backend())
-                        .is_some_and(|b| world.backend(b).is_none()))
-            {
-                live_pool(&hook.ctx.client, &pool, &mut world).await?;
-            }
-        }
-        "KVCachePool" => {
-            if let Some(backend) = named("/backends/0")
-                && world.backend(&backend).is_none()
-            {
-                live_backend(&hook.ctx.client, &backend, &mut world).await?;
-            }
-        }
-        _ => {}
+    if let Some(what) = req.and_then(|r| live_read(r, &world)) {
+        live::read(&hook.ctx.client, &what, &mut world).await?;
     }
     Ok(world)
 }
@@ -172,21 +142,11 @@ async fn mutate_pods_handler(
     // when the chain a Pod names is not all there (a Binding created a moment before its
     // Pods), they are read live, so that the Pod is judged on what exists, not on a lagging
     // cache. A failed read refuses the Pod (the webhook fails closed).
-    if let Some(req) = &review.request
-        && let Some(pod) = &req.object
+    if let Some(what) = review.request.as_ref().and_then(|r| live_read(r, &world))
+        && let Err(e) = live::read(&hook.ctx.client, &what, &mut world).await
     {
-        let ns = req.namespace.clone().unwrap_or_default();
-        if let Some(binding) = kvcache_render::pod::binding_named(&pod.metadata)
-            && world.chain(&ns, binding).backend.is_none()
-        {
-            // What the live read finds replaces what the caches hold; a Binding it does not
-            // find is gone.
-            world.remove_binding(&ns, binding);
-            if let Err(e) = live_binding(&hook.ctx.client, &ns, binding, &mut world).await {
-                tracing::warn!(namespace = %ns, binding = %binding, error = %e, "live read for a Pod's Binding failed");
-                unreadable = Some(e);
-            }
-        }
+        warn!(object = %what, error = %e, "live read for a Pod's Binding failed");
+        unreadable = Some(e);
     }
     let config = &hook.ctx.config;
     answer(&hook, "inject", review, |req| {
