@@ -672,12 +672,11 @@ where
         .is_err()
     {
         tracing::warn!(
-            server,
             open,
-            "connections still open after the drain; closing them"
+            "{server} connections still open after the drain; closing them"
         );
     } else {
-        tracing::info!(server, open, "drained");
+        tracing::info!(open, "{server} drained");
     }
     Ok(())
 }
