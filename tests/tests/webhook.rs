@@ -172,13 +172,13 @@ fn a_second_binding_claiming_a_domain_on_the_same_backend_is_refused_naming_the_
 
         // A Binding being deleted still holds its domain (the master keeps its tenant's data
         // until the release finishes): a finalizer of the test's keeps claims-a/team there.
-        let mut holder = a.get("team").await?;
-        holder.finalizers_mut().push("e2e.kvcache.gpustack.ai/hold".into());
-        // With the resourceVersion read: a concurrent change fails the patch rather than losing
-        // the operator's finalizer.
-        let finalizers = serde_json::json!({"metadata": {
-            "finalizers": holder.finalizers(), "resourceVersion": holder.resource_version()}});
-        a.patch("team", &PatchParams::default(), &Patch::Merge(&finalizers)).await?;
+        // Appended by a JSON patch: the operator's finalizer stays, and its status writes in
+        // between cannot make the patch conflict.
+        let hold: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "add", "path": "/metadata/finalizers/-", "value": "e2e.kvcache.gpustack.ai/hold"}
+        ]))
+        .expect("a JSON patch");
+        a.patch("team", &PatchParams::default(), &Patch::<()>::Json(hold)).await?;
         a.delete("team", &DeleteParams::default()).await?;
         namespace(&client, "claims-c").await;
         let c: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "claims-c");
