@@ -22,7 +22,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_e2e::cluster::{ControlPlane, Options, client_from, crds_dir, install_crds};
 use kvcache_e2e::operator::{Operator, register_webhooks};
-use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
+use kvcache_e2e::store::{Master, Member};
 use kvcache_e2e::{Watched, paths};
 use kvcache_render::exposition::{Exposition, Sample};
 
@@ -339,33 +339,33 @@ struct Round {
     calls: (Calls, Calls),
 }
 
-pub fn admission(shape: Shape) -> anyhow::Result<()> {
+/// What both admission benches run on: a loopback control plane, a real multi-tenant master
+/// with one member as the pool's external backend (the pool reads its ledger and publishes the
+/// address the injection writes), the fixtures, and the release operator with its webhook.
+struct Rig {
+    cp: ControlPlane,
+    kc: PathBuf,
+    master: Master,
+    member: Member,
+    operator: Operator,
+    port: u16,
+    base: String,
+}
+
+fn rig(scratch: &str) -> anyhow::Result<Rig> {
     paths::use_release_builds();
     paths::operator_bin()?;
-    let dir = paths::scratch("bench-admission")?;
+    let dir = paths::scratch(scratch)?;
     let cp = ControlPlane::start(&dir, &Options::default())?;
     let kc = cp.kubeconfig.clone();
-    // A real multi-tenant master as the pool's external backend: the pool reads its ledger and
-    // publishes the address the injection writes.
-    let policy = dir.join("tenant-quota-policy.yaml");
-    std::fs::write(
-        &policy,
-        kvcache_quota::policy::render("store", &[])?.to_yaml(),
-    )?;
-    let master = Master::start(&dir, MasterOptions::multi_tenant(&policy))?;
-    let member = Member::start(&dir, &MemberOptions::new(master.address(), SEGMENT))?;
-    master.wait_capacity(SEGMENT, Duration::from_secs(120))?;
+    let (master, member) =
+        kvcache_e2e::store::multi_tenant_store(&dir, "store", SEGMENT, Duration::from_secs(120))?;
     let (client_addr, admin_addr) = (
         master.address(),
         format!("127.0.0.1:{}", master.metrics_port),
     );
     let port = kvcache_e2e::process::free_port()?;
     let base = format!("https://127.0.0.1:{port}");
-    println!(
-        "admission: {n} Binding creates and {n} injected Pod creates at {c} concurrent, with and without the webhook",
-        n = shape.creates,
-        c = shape.concurrency
-    );
     block_on(create_fixtures(kc.clone(), client_addr, admin_addr))??;
     let operator = Operator::builder(&kc, OPERATOR_NS)
         .extra(&[
@@ -373,6 +373,32 @@ pub fn admission(shape: Shape) -> anyhow::Result<()> {
             "--webhook-name=127.0.0.1".into(),
         ])
         .start(&dir)?;
+    Ok(Rig {
+        cp,
+        kc,
+        master,
+        member,
+        operator,
+        port,
+        base,
+    })
+}
+
+pub fn admission(shape: Shape) -> anyhow::Result<()> {
+    println!(
+        "admission: {n} Binding creates and {n} injected Pod creates at {c} concurrent, with and without the webhook",
+        n = shape.creates,
+        c = shape.concurrency
+    );
+    let Rig {
+        cp,
+        kc,
+        master,
+        member,
+        operator,
+        port: _,
+        base,
+    } = rig("bench-admission")?;
     // The pool's client endpoint (the injection needs it) before anything is measured.
     block_on(wait_client_endpoint(kc.clone()))??;
     let rounds = block_on(async {
@@ -619,32 +645,15 @@ fn print_rounds(shape: &Shape, rounds: &[(&str, Round)]) {
 /// unloaded ones, what the operator refused (its counters) and its peak memory (`VmHWM`).
 pub fn flood() -> anyhow::Result<()> {
     use kvcache_e2e::flood::{Target, forged, idle, peak_memory, slow_bodies};
-    paths::use_release_builds();
-    paths::operator_bin()?;
-    let dir = paths::scratch("bench-admission-flood")?;
-    let cp = ControlPlane::start(&dir, &Options::default())?;
-    let kc = cp.kubeconfig.clone();
-    let policy = dir.join("tenant-quota-policy.yaml");
-    std::fs::write(
-        &policy,
-        kvcache_quota::policy::render("store", &[])?.to_yaml(),
-    )?;
-    let master = Master::start(&dir, MasterOptions::multi_tenant(&policy))?;
-    let member = Member::start(&dir, &MemberOptions::new(master.address(), SEGMENT))?;
-    master.wait_capacity(SEGMENT, Duration::from_secs(120))?;
-    let (client_addr, admin_addr) = (
-        master.address(),
-        format!("127.0.0.1:{}", master.metrics_port),
-    );
-    let port = kvcache_e2e::process::free_port()?;
-    let base = format!("https://127.0.0.1:{port}");
-    block_on(create_fixtures(kc.clone(), client_addr, admin_addr))??;
-    let operator = Operator::builder(&kc, OPERATOR_NS)
-        .extra(&[
-            format!("--webhook-addr=127.0.0.1:{port}"),
-            "--webhook-name=127.0.0.1".into(),
-        ])
-        .start(&dir)?;
+    let Rig {
+        cp,
+        kc,
+        master,
+        member,
+        operator,
+        port,
+        base,
+    } = rig("bench-admission-flood")?;
     let pid = operator.proc.pid();
     block_on(wait_client_endpoint(kc.clone()))??;
     let target = Target {
@@ -652,17 +661,10 @@ pub fn flood() -> anyhow::Result<()> {
         source: "127.0.0.2".parse()?,
         path: "/mutate-pods",
     };
-    let review = serde_json::to_vec(&serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {
-            "uid": "00000000-0000-0000-0000-000000000000",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "pods-with-00", "operation": "CREATE",
-            "userInfo": {"username": "forger"},
-            "object": serde_json::to_value(engine_pod_on("pods-with-00", "forged", "no-such-binding")?)?,
-        }
-    }))?;
+    let review = kvcache_e2e::flood::forged_review(
+        "pods-with-00",
+        serde_json::to_value(engine_pod_on("pods-with-00", "forged", "no-such-binding")?)?,
+    );
     let rows = block_on(async {
         let client = client_from(&kc).await?;
         register(&client, &base).await?;

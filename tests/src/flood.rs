@@ -294,6 +294,24 @@ async fn collect(tasks: Vec<tokio::task::JoinHandle<Tally>>) -> Tally {
     all
 }
 
+/// An AdmissionReview of a Pod CREATE in `namespace`, as a forger would send it to
+/// `/mutate-pods` (not from the API server).
+pub fn forged_review(namespace: &str, pod: serde_json::Value) -> Vec<u8> {
+    serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "00000000-0000-0000-0000-000000000000",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace, "operation": "CREATE",
+            "userInfo": {"username": "forger"},
+            "object": pod,
+        }
+    })
+    .to_string()
+    .into_bytes()
+}
+
 /// A process's peak resident memory (`VmHWM`), bytes.
 pub fn peak_memory(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

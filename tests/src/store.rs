@@ -52,6 +52,31 @@ pub struct Master {
     options: MasterOptions,
 }
 
+/// A real multi-tenant master with one member of `segment` bytes mounted, its tenant policy
+/// rendered for the backend `backend` (no Binding yet): what an external backend over a real
+/// store needs (the pool reads its ledger and publishes its address).
+pub fn multi_tenant_store(
+    dir: &Path,
+    backend: &str,
+    segment: u64,
+    within: Duration,
+) -> Result<(Master, Member)> {
+    let policy = dir.join("tenant-quota-policy.yaml");
+    let document = kvcache_quota::policy::render(backend, &[]).map_err(|e| Error::Invalid {
+        path: policy.display().to_string(),
+        what: "tenant quota policy",
+        reason: e.to_string(),
+    })?;
+    std::fs::write(&policy, document.to_yaml()).map_err(|source| Error::Io {
+        context: format!("writing {}", policy.display()),
+        source,
+    })?;
+    let master = Master::start(dir, MasterOptions::multi_tenant(&policy))?;
+    let member = Member::start(dir, &MemberOptions::new(master.address(), segment))?;
+    master.wait_capacity(segment, within)?;
+    Ok((master, member))
+}
+
 impl Master {
     /// Starts a master in `dir` and waits for `/health` to answer.
     pub fn start(dir: &Path, options: MasterOptions) -> Result<Master> {

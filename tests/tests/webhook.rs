@@ -432,23 +432,13 @@ fn pod(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> k8s_openapi::ap
 #[test]
 fn every_pod_refusal_reaches_the_client_with_its_reason_and_an_opted_in_pod_is_injected() {
     use k8s_openapi::api::core::v1::Pod;
-    use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
+    use kvcache_e2e::store::multi_tenant_store;
     let _turn = hook().lock().unwrap_or_else(|p| p.into_inner());
     let dir = paths::scratch("webhook-pods").expect("dir");
     // A real multi-tenant master with one member, as an external backend: the pool reads its
     // ledger (QuotaLedgerAvailable=True) and publishes its address.
-    let policy = dir.join("tenant-quota-policy.yaml");
-    std::fs::write(
-        &policy,
-        kvcache_quota::policy::render("pods-store", &[])
-            .expect("policy")
-            .to_yaml(),
-    )
-    .expect("policy file");
-    let master = Master::start(&dir, MasterOptions::multi_tenant(&policy)).expect("master");
-    let _member =
-        Member::start(&dir, &MemberOptions::new(master.address(), 64 << 20)).expect("member");
-    master.wait_capacity(64 << 20, WAIT).expect("mounted");
+    let (master, _member) =
+        multi_tenant_store(&dir, "pods-store", 64 << 20, WAIT).expect("a store");
     let (client_addr, admin_addr) = (
         master.address(),
         format!("127.0.0.1:{}", master.metrics_port),
@@ -968,23 +958,13 @@ async fn admit_some(
 /// latencies are printed (figures: `cargo xtask bench admission --flood`), not asserted.
 #[test]
 fn a_flood_from_one_source_leaves_admission_to_everyone_else() {
-    use kvcache_e2e::flood::{Target, forged, idle, peak_memory, slow_bodies};
-    use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions};
+    use kvcache_e2e::flood::{Target, forged, forged_review, idle, peak_memory, slow_bodies};
+    use kvcache_e2e::store::multi_tenant_store;
     const LIMIT: u64 = 256 << 20;
     let mut h = hook().lock().unwrap_or_else(|p| p.into_inner());
     let dir = paths::scratch("webhook-flood").expect("dir");
-    let policy = dir.join("tenant-quota-policy.yaml");
-    std::fs::write(
-        &policy,
-        kvcache_quota::policy::render("flood-store", &[])
-            .expect("policy")
-            .to_yaml(),
-    )
-    .expect("policy file");
-    let master = Master::start(&dir, MasterOptions::multi_tenant(&policy)).expect("master");
-    let _member =
-        Member::start(&dir, &MemberOptions::new(master.address(), 64 << 20)).expect("member");
-    master.wait_capacity(64 << 20, WAIT).expect("mounted");
+    let (master, _member) =
+        multi_tenant_store(&dir, "flood-store", 64 << 20, WAIT).expect("a store");
     let (client_addr, admin_addr) = (
         master.address(),
         format!("127.0.0.1:{}", master.metrics_port),
@@ -1044,21 +1024,15 @@ fn a_flood_from_one_source_leaves_admission_to_everyone_else() {
         eprintln!("flood: idle {idle_flood:?}; admission {during:?}");
 
         // 3. Forged reviews naming a Binding that does not exist (each a live read).
-        let review = serde_json::json!({
-            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {
-                "uid": "00000000-0000-0000-0000-000000000000",
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "namespace": "flood-b", "operation": "CREATE",
-                "userInfo": {"username": "forger"},
-                "object": serde_json::to_value(pod("forged", |p| {
-                    p["metadata"]["namespace"] = "flood-b".into();
-                    p["metadata"]["annotations"]["kvcache.gpustack.ai/binding"] = "no-such-binding".into();
-                })).expect("JSON"),
-            }
-        });
-        let review = serde_json::to_vec(&review).expect("JSON");
+        let review = forged_review(
+            "flood-b",
+            serde_json::to_value(pod("forged", |p| {
+                p["metadata"]["namespace"] = "flood-b".into();
+                p["metadata"]["annotations"]["kvcache.gpustack.ai/binding"] =
+                    "no-such-binding".into();
+            }))
+            .expect("JSON"),
+        );
         let forging = {
             let target = target.clone();
             tokio::spawn(async move { forged(&target, 32, 3_000, &review).await })
