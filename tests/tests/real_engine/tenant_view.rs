@@ -336,7 +336,11 @@ fn a_tenant_whose_saves_are_refused_at_its_grant_is_under_pressure_until_its_cei
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .metrics()?;
-            let v = kvcache_e2e::store::metric_value(&text, series);
+            let v = kvcache_e2e::store::metric_sum(
+                &text,
+                "kvcache_operator_binding_quota_pressure",
+                &[("namespace", TEAM_Q), ("binding", TEAM_Q), ("domain", TEAM_Q)],
+            );
             if v == Some(1.0) {
                 break;
             }
