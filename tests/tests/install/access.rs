@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::{Client, ResourceExt};
 use kvcache_e2e::cluster::block_on;
 use kvcache_e2e::pods::{self, exec, ip_of, name_of};
 use kvcache_e2e::reach;
@@ -129,35 +129,15 @@ fn a_tenant_pod_reaches_neither_operator_port_while_the_api_server_and_monitorin
 
         // The API server still calls the webhook: an engine Pod opted in to injection is
         // admitted with the store settings (dry run) ...
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "engine-behind-policy", "namespace": TENANT,
-                "labels": {"kvcache.gpustack.ai/inject": "true"},
-                "annotations": {"kvcache.gpustack.ai/binding": "team-a", "kvcache.gpustack.ai/engine": "vLLM"}},
-            "spec": {"containers": [{"name": "engine", "image": "gpustack/runner:cpu-vllm0.29.0",
-                "command": ["vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct"]}]}
-        }))
-        .expect("a Pod");
-        let injected = tenant_pods
-            .create(
-                &PostParams {
-                    dry_run: true,
-                    ..Default::default()
-                },
-                &pod,
-            )
-            .await?;
-        assert!(
-            injected
-                .annotations()
-                .contains_key("kvcache.gpustack.ai/injected"),
-            "the webhook answered the API server: {:?}",
-            injected.annotations()
-        );
+        injected_dry_run(&client, TENANT, "engine-behind-policy").await?;
         // ... and its Pod proxy reads each replica's /metrics (the control plane is admitted on
         // the metrics port too).
         for p in &operators {
-            assert!(scrape(&client, name_of(p)).await?.contains("kvcache_operator_"));
+            assert!(
+                scrape(&client, name_of(p))
+                    .await?
+                    .contains("kvcache_operator_")
+            );
         }
         println!(
             "the operator's ports from {TENANT}: {seen:?}; control plane {}",

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kvcache_api::backend::BackendPhase;
 use kvcache_api::quantity::parse_bytes;
@@ -44,12 +43,16 @@ fn kubectl_apply_gives_two_ready_replicas_the_walkthrough_converges_and_the_stan
             .iter()
             .find(|p| name_of(p) != leader)
             .expect("a standby");
-        let standby_ip = pods::ip_of(standby).expect("the standby's address").to_owned();
+        let standby_ip = pods::ip_of(standby)
+            .expect("the standby's address")
+            .to_owned();
         let leader_pod = operators
             .iter()
             .find(|p| name_of(p) == leader)
             .expect("the leader is one of the Pods");
-        let leader_ip = pods::ip_of(leader_pod).expect("the leader's address").to_owned();
+        let leader_ip = pods::ip_of(leader_pod)
+            .expect("the leader's address")
+            .to_owned();
         // What the log holds so far (earlier tests may have moved the leadership).
         let audited = std::fs::read_to_string(&cluster.control_plane.audit_log)
             .unwrap_or_default()
@@ -79,31 +82,7 @@ fn kubectl_apply_gives_two_ready_replicas_the_walkthrough_converges_and_the_stan
             other => panic!("a duplicate domain admitted: {other:?}"),
         }
         // An engine Pod opted in to injection gets the store settings (dry run).
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "engine", "namespace": "team-a",
-                "labels": {"kvcache.gpustack.ai/inject": "true"},
-                "annotations": {"kvcache.gpustack.ai/binding": "team-a", "kvcache.gpustack.ai/engine": "vLLM"}},
-            "spec": {"containers": [{"name": "engine", "image": "gpustack/runner:cpu-vllm0.29.0",
-                "command": ["vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct"]}]}
-        }))
-        .expect("a Pod");
-        let injected = Api::<Pod>::namespaced(client.clone(), "team-a")
-            .create(
-                &PostParams {
-                    dry_run: true,
-                    ..Default::default()
-                },
-                &pod,
-            )
-            .await?;
-        assert!(
-            injected
-                .annotations()
-                .contains_key("kvcache.gpustack.ai/injected"),
-            "{:?}",
-            injected.annotations()
-        );
+        injected_dry_run(&client, "team-a", "engine").await?;
 
         // Every write by the operator's account came from the leader: none from the standby's
         // address (both use one field manager, so managedFields cannot tell them apart; the

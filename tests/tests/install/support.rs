@@ -494,3 +494,31 @@ pub(crate) async fn second_binding(client: &Client, ns: &str, domain: &str) -> R
     .await?;
     Ok(())
 }
+
+/// Creates (dry run) an engine Pod `name` in `ns` opted in to injection on the Binding named
+/// `team-a`, and checks that the webhook injected it (the API server called the webhook); the
+/// Pod as admitted.
+pub(crate) async fn injected_dry_run(client: &Client, ns: &str, name: &str) -> Result<Pod, Error> {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns,
+            "labels": {"kvcache.gpustack.ai/inject": "true"},
+            "annotations": {"kvcache.gpustack.ai/binding": "team-a", "kvcache.gpustack.ai/engine": "vLLM"}},
+        "spec": {"containers": [{"name": "engine", "image": "gpustack/runner:cpu-vllm0.29.0",
+            "command": ["vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct"]}]}
+    }))
+    .expect("a Pod");
+    let dry = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let injected = Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&dry, &pod)
+        .await?;
+    assert!(
+        kube::ResourceExt::annotations(&injected).contains_key("kvcache.gpustack.ai/injected"),
+        "the webhook injected {ns}/{name}: {:?}",
+        kube::ResourceExt::annotations(&injected)
+    );
+    Ok(injected)
+}
