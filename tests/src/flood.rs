@@ -21,8 +21,8 @@ pub struct Target {
     pub path: &'static str,
 }
 
-/// What a flood saw.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a flood saw (also as [`IN_POD`] prints it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
 pub struct Tally {
     /// Connections that completed their TLS handshake.
     pub opened: usize,
@@ -44,6 +44,11 @@ impl Tally {
         }
     }
 }
+
+/// The same floods run from inside a Pod by the store image's python3:
+/// `python3 -c IN_POD MODE HOST PORT ARGS...` (the modes and their arguments head the script);
+/// it prints a [`Tally`] as JSON.
+pub const IN_POD: &str = include_str!("flood_pod.py");
 
 /// Trusts any certificate: the flood attacks the server, it does not authenticate it.
 #[derive(Debug)]

@@ -3,9 +3,10 @@
 //! hold of the process, so that no client can take the slots or the memory the API server's
 //! reviews and the kubelet's probes need.
 //!
-//! - connections: a cap in all and a smaller one per source address; a connection past either is
-//!   accepted and closed at once (counted), never left in the backlog in front of the API
-//!   server's;
+//! - connections: a cap in all and a smaller one per source address, and a rate of new ones per
+//!   source (a burst, then so many a second: `governor`'s keyed limiter); a connection past any
+//!   of them is accepted and closed at once (counted), never left in the backlog in front of
+//!   the API server's, and never costs a TLS handshake;
 //! - a request: its headers within `header_read`, the whole of it (waiting for memory, reading
 //!   the body, answering) within `request`, a body no larger than `body`, HTTP/2 streams per
 //!   connection at most `streams` with small flow-control windows (a peer cannot make the
@@ -92,6 +93,15 @@ pub fn decode_cost(body: &[u8]) -> DecodeCost {
     }
 }
 
+/// New connections one source may open: `burst` at once, then `per_second`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    /// Connections a second, once the burst is spent.
+    pub per_second: u32,
+    /// Connections at once.
+    pub burst: u32,
+}
+
 /// What one server lets clients hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bounds {
@@ -108,6 +118,11 @@ pub struct Bounds {
     pub connections: usize,
     /// Connections open at once from one source address (at most half of `connections`).
     pub per_source: usize,
+    /// New connections from one source address: a client that opens a connection for each
+    /// request (each a TLS handshake, the costliest thing a forged review makes the server do)
+    /// is held to this rate; a client that keeps its connections open, as the API server and
+    /// Prometheus do, never meets it.
+    pub source_rate: Rate,
     /// Concurrent HTTP/2 streams on one connection.
     pub streams: u32,
     /// Bytes that requests, their bodies and their decoding may hold at once, from all
@@ -134,6 +149,10 @@ impl Bounds {
         body: REVIEW_BODY_LIMIT,
         connections: 128,
         per_source: 64,
+        source_rate: Rate {
+            per_second: 32,
+            burst: 64,
+        },
         streams: 8,
         memory: 96 << 20,
         idle: Duration::from_secs(20),
@@ -148,6 +167,10 @@ impl Bounds {
         body: 16 << 10,
         connections: 32,
         per_source: 16,
+        source_rate: Rate {
+            per_second: 8,
+            burst: 16,
+        },
         streams: 4,
         memory: 2 << 20,
         idle: Duration::from_secs(15),
@@ -169,6 +192,8 @@ pub enum Refused {
     /// Its source is not among the sources this server is told to serve (the webhook's: the
     /// control plane's addresses, when the installation names them).
     NotAllowed,
+    /// Its source opened more than `source_rate` allows.
+    TooFast,
 }
 
 impl Refused {
@@ -178,6 +203,7 @@ impl Refused {
             Refused::Full => "full",
             Refused::SourceFull => "source_full",
             Refused::NotAllowed => "not_allowed",
+            Refused::TooFast => "source_rate",
         }
     }
 }
@@ -314,6 +340,18 @@ pub struct Ledger {
     allowed: Vec<ipnet::IpNet>,
     memory: Arc<Semaphore>,
     state: Mutex<State>,
+    /// New connections per source (sources it no longer tells apart from new ones are
+    /// forgotten once it remembers [`SOURCES_REMEMBERED`]).
+    rate: governor::DefaultKeyedRateLimiter<IpAddr>,
+}
+
+/// Sources the connection rate remembers before it forgets those back at a full burst.
+const SOURCES_REMEMBERED: usize = 4096;
+
+/// `governor`'s quota for a [`Rate`] (a zero reads as one).
+fn quota(rate: Rate) -> governor::Quota {
+    let at_least_one = |n: u32| std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN);
+    governor::Quota::per_second(at_least_one(rate.per_second)).allow_burst(at_least_one(rate.burst))
 }
 
 #[derive(Default)]
@@ -367,6 +405,7 @@ impl Ledger {
             allowed,
             memory: Arc::new(Semaphore::new(kib(bounds.memory))),
             state: Mutex::new(State::default()),
+            rate: governor::RateLimiter::keyed(quota(bounds.source_rate)),
         })
     }
 
@@ -380,6 +419,13 @@ impl Ledger {
         let from_source = state.sources.get(&source).map_or(0, |s| s.open);
         let allowed = self.allowed.is_empty() || self.allowed.iter().any(|n| n.contains(&source));
         admit_connection(&self.bounds, state.open, from_source, allowed)?;
+        // Last, so that only a connection the caps admit spends its source's rate.
+        if self.rate.len() > SOURCES_REMEMBERED {
+            self.rate.retain_recent();
+        }
+        if self.rate.check_key(&source).is_err() {
+            return Err(Refused::TooFast);
+        }
         state.open += 1;
         let share = kib(self.bounds.source_memory());
         let entry = state.sources.entry(source).or_insert_with(|| Source {
@@ -808,6 +854,40 @@ mod tests {
         assert_eq!(admit_connection(&b, 3, 2, true), Err(Refused::SourceFull));
         assert_eq!(admit_connection(&b, 4, 0, true), Err(Refused::Full));
         assert_eq!(admit_connection(&b, 0, 0, false), Err(Refused::NotAllowed));
+    }
+
+    #[test]
+    fn a_source_opening_connections_past_its_rate_is_refused_and_others_are_not() {
+        let b = Bounds {
+            connections: 64,
+            per_source: 2,
+            source_rate: Rate {
+                per_second: 1,
+                burst: 3,
+            },
+            ..bounds()
+        };
+        let ledger = Ledger::new(b);
+        let a: IpAddr = "10.0.0.1".parse().expect("an address");
+        let held = ledger.enter(a).expect("the first");
+        let _second = ledger.enter(a).expect("the second");
+        // Refused by its cap: no rate spent.
+        for _ in 0..5 {
+            assert_eq!(ledger.enter(a).err(), Some(Refused::SourceFull));
+        }
+        drop(held);
+        drop(ledger.enter(a).expect("the burst's third"));
+        assert_eq!(
+            ledger.enter(a).err(),
+            Some(Refused::TooFast),
+            "one past the burst"
+        );
+        let _other = ledger
+            .enter("10.0.0.2".parse().expect("an address"))
+            .expect("another source has a rate of its own");
+        std::thread::sleep(Duration::from_millis(1100));
+        drop(ledger.enter(a).expect("a second later, one more"));
+        assert_eq!(ledger.enter(a).err(), Some(Refused::TooFast));
     }
 
     #[test]

@@ -71,7 +71,8 @@ pub struct WebhookLabels {
 pub struct RefusedLabels {
     /// `webhook` or `metrics`.
     pub server: String,
-    /// Why: `full`, `source_full` (connections); `too_large`, `busy`, `timed_out` (requests).
+    /// Why: `full`, `source_full`, `source_rate`, `not_allowed` (connections); `too_large`,
+    /// `too_complex`, `unreadable`, `busy`, `timed_out` (requests).
     pub reason: String,
 }
 
@@ -552,7 +553,7 @@ impl Default for Metrics {
         let requests_refused = Family::<RefusedLabels, Counter>::default();
         registry.register(
             "connections_refused",
-            "Connections to the webhook or metrics server closed unserved: full (every slot taken) or source_full (the source holds its share)",
+            "Connections to the webhook or metrics server closed unserved: full (every slot taken), source_full (the source holds its share), source_rate (the source opens them too fast) or not_allowed (not a source the server serves)",
             connections_refused.clone(),
         );
         registry.register(

@@ -7,12 +7,11 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use kvcache_e2e::cluster::block_on;
 use kvcache_e2e::pods::{self, exec, ip_of, name_of};
 use kvcache_e2e::reach;
-use kvcache_e2e::{Error, images, walkthrough};
+use kvcache_e2e::{Error, walkthrough};
 
 use super::support::*;
 
@@ -20,27 +19,6 @@ use super::support::*;
 const TENANT: &str = "team-a";
 const MONITORING: &str = kvcache_render::install::DEFAULT_METRICS_NAMESPACE;
 const PROBER: &str = "operator-prober";
-
-/// A Pod of the store image (it has python3) in `ns` that only waits; Ready once running.
-async fn prober(client: &Client, ns: &str) -> Result<Pod, Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": PROBER, "namespace": ns, "labels": {"app": PROBER}},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "main", "image": images::STORE.name, "imagePullPolicy": "Never",
-                            "command": ["sleep", "3600"]}]
-        }
-    }))
-    .expect("a Pod");
-    api.create(&PostParams::default(), &pod).await?;
-    let ready = pods::wait_ready(&api, &format!("app={PROBER}"), 1, WAIT).await?;
-    Ok(ready[0].clone())
-}
-
-/// Prints the body of `GET http://ADDRESS/metrics` (3 s at most); exits 1 when there is none.
-const GET_METRICS: &str = "import sys, urllib.request\nprint(urllib.request.urlopen('http://%s/metrics' % sys.argv[1], timeout=3).read().decode())";
 
 /// Waits until `pod` reads the operator's series from `address`; fails naming what it last saw.
 async fn wait_metrics(api: &Api<Pod>, pod: &str, address: &str) -> Result<(), Error> {
@@ -81,8 +59,8 @@ fn a_tenant_pod_reaches_neither_operator_port_while_the_api_server_and_monitorin
             .expect("the operator Service's address");
 
         walkthrough::ensure_namespace(&client, MONITORING).await?;
-        let watcher = prober(&client, MONITORING).await?;
-        let tenant = prober(&client, TENANT).await?;
+        let watcher = prober(&client, MONITORING, PROBER).await?;
+        let tenant = prober(&client, TENANT, PROBER).await?;
         let monitoring_pods: Api<Pod> = Api::namespaced(client.clone(), MONITORING);
         let tenant_pods: Api<Pod> = Api::namespaced(client.clone(), TENANT);
 

@@ -19,6 +19,7 @@ use kvcache_e2e::status::{phase, wait_condition, wait_event};
 use kvcache_e2e::{Error, walkthrough};
 
 mod access;
+mod flood;
 mod support;
 mod webhook_guard;
 use support::*;

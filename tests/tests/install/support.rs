@@ -499,11 +499,21 @@ pub(crate) async fn second_binding(client: &Client, ns: &str, domain: &str) -> R
 /// `team-a`, and checks that the webhook injected it (the API server called the webhook); the
 /// Pod as admitted.
 pub(crate) async fn injected_dry_run(client: &Client, ns: &str, name: &str) -> Result<Pod, Error> {
+    injected_dry_run_on(client, ns, "team-a", name).await
+}
+
+/// [`injected_dry_run`] on the Binding `binding` of `ns`.
+pub(crate) async fn injected_dry_run_on(
+    client: &Client,
+    ns: &str,
+    binding: &str,
+    name: &str,
+) -> Result<Pod, Error> {
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns,
             "labels": {"kvcache.gpustack.ai/inject": "true"},
-            "annotations": {"kvcache.gpustack.ai/binding": "team-a", "kvcache.gpustack.ai/engine": "vLLM"}},
+            "annotations": {"kvcache.gpustack.ai/binding": binding, "kvcache.gpustack.ai/engine": "vLLM"}},
         "spec": {"containers": [{"name": "engine", "image": "gpustack/runner:cpu-vllm0.29.0",
             "command": ["vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct"]}]}
     }))
@@ -521,4 +531,55 @@ pub(crate) async fn injected_dry_run(client: &Client, ns: &str, name: &str) -> R
         kube::ResourceExt::annotations(&injected)
     );
     Ok(injected)
+}
+
+/// A Pod `name` of the store image (it has python3) in `ns` that only waits, with `resources`
+/// (JSON, `{}` for none); Ready once running.
+pub(crate) async fn prober_with(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    resources: serde_json::Value,
+) -> Result<Pod, Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": images::STORE.name, "imagePullPolicy": "Never",
+                            "command": ["sleep", "3600"], "resources": resources}]
+        }
+    }))
+    .expect("a Pod");
+    api.create(&PostParams::default(), &pod).await?;
+    let ready = pods::wait_ready(&api, &format!("app={name}"), 1, WAIT).await?;
+    Ok(ready[0].clone())
+}
+
+/// [`prober_with`] without resources.
+pub(crate) async fn prober(client: &Client, ns: &str, name: &str) -> Result<Pod, Error> {
+    prober_with(client, ns, name, serde_json::json!({})).await
+}
+
+/// Prints the body of `GET http://ADDRESS/metrics` (3 s at most); exits 1 when there is none.
+pub(crate) const GET_METRICS: &str = "import sys, urllib.request\nprint(urllib.request.urlopen('http://%s/metrics' % sys.argv[1], timeout=3).read().decode())";
+
+/// The body of `/metrics` at `address` as the Pod `pod` of `api` reads it (a monitoring
+/// namespace's Pod, where the API server's proxy is not admitted: an installation naming no
+/// control plane).
+pub(crate) async fn metrics_from(
+    api: &Api<Pod>,
+    pod: &str,
+    address: &str,
+) -> Result<String, Error> {
+    let out = pods::exec(api, pod, None, &["python3", "-c", GET_METRICS, address]).await?;
+    if out.success {
+        Ok(out.stdout)
+    } else {
+        Err(Error::Wait {
+            what: format!("{pod} reading /metrics at {address}"),
+            reason: pods::last_lines(&out.stderr, 3).join(" | "),
+        })
+    }
 }
