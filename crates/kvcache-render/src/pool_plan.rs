@@ -57,7 +57,7 @@ pub fn backend_view(world: &World, namespace: &str, pool: &KVCachePool) -> Backe
     match (&b.spec.connection.managed, &b.spec.connection.external) {
         (Some(m), _) => BackendView::Managed {
             multi_tenancy: m.leader.multi_tenancy,
-            client_endpoint: client_endpoint(&name, namespace, &m.leader),
+            client_endpoint: client_endpoint(&name, namespace),
             name,
         },
         (None, Some(x)) => BackendView::External {

@@ -200,11 +200,7 @@ pub(crate) fn attachment_on(
         &backend.spec.connection.external,
     ) {
         (Some(m), _) => (
-            Some(backend::client_endpoint(
-                backend_name,
-                env.namespace,
-                &m.leader,
-            )),
+            Some(backend::client_endpoint(backend_name, env.namespace)),
             m.members
                 .iter()
                 .map(|g| g.protocol(backend.spec.transport.protocol))

@@ -3,7 +3,8 @@
 //! operation log, so keys written before a failover or a leader restart read back after it with
 //! their bytes; a member replaced while no master serves turns its keys into misses, never into
 //! other bytes. The keys go through the store's own client dialling `status.endpoint`, the
-//! `etcd://` entry the engines are given.
+//! leader Service the engines are given (the etcd answers the backend's own Pods alone; the
+//! Service follows the serving master).
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -56,7 +57,7 @@ fn serving(b: &KVCacheBackend) -> bool {
         && has_condition(b, "EtcdAvailable=True")
 }
 
-/// `status.endpoint`: the `etcd://` entry.
+/// `status.endpoint`: the leader Service's address.
 fn endpoint(b: &KVCacheBackend) -> String {
     b.status
         .as_ref()
@@ -78,9 +79,13 @@ async fn write_keys(
     )
     .await?;
     let master = endpoint(&b);
-    assert!(
-        master.starts_with("etcd://"),
-        "the engines' entry is etcd://: {}",
+    assert_eq!(
+        master,
+        format!(
+            "{}.{NAMESPACE}.svc:50051",
+            kvcache_render::backend::leader_name(name)
+        ),
+        "the engines' entry is the leader Service, not the etcd: {}",
         describe(&b)
     );
     let members = pods::wait_ready(store, &backend_pods(name, "member-0"), 2, WAIT).await?;

@@ -703,7 +703,7 @@ fn with_warm_failover_the_same_prompt_still_hits_after_the_serving_leader_is_del
         .await?;
 
         // The reader asks for the same prompt, nothing written again: its engine's client
-        // finds the new master through etcd and the blocks are there. Until its client has
+        // finds the new master through the leader Service and the blocks are there. Until its client has
         // reattached a lookup fails (a miss); each try empties its local cache first.
         let api: Api<Pod> = Api::namespaced(client.clone(), TEAM_W);
         let started = tokio::time::Instant::now();

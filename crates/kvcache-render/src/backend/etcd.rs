@@ -1,6 +1,6 @@
 //! The etcd of a warm-failover backend (`leader.electionBackend: Etcd`): a StatefulSet of one
 //! or three members behind a headless Service, each with its own claim, and the endpoint list the
-//! masters, members and engines are given. Mooncake keeps its master view at one fixed key
+//! masters are given. Mooncake keeps its master view at one fixed key
 //! (`mooncake-store/master_view`), so every backend has an etcd of its own.
 
 use std::collections::BTreeMap;
@@ -19,9 +19,7 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicySpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, ObjectMeta,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::Leader;
@@ -54,17 +52,13 @@ pub(super) struct EtcdObjects {
     pub policy: NetworkPolicy,
 }
 
-/// Who may reach the etcd (Mooncake's etcd client has no TLS): on the client port the backend's
-/// own Pods (leader, members, etcd) and the Pods of the namespaces holding a Binding on the
-/// backend (their engines find the serving master through `etcd://`); on the peer port the
-/// etcd Pods alone. Nothing else: a Pod of another namespace, or of another backend, does not
-/// connect.
-fn etcd_policy(
-    b: &KVCacheBackend,
-    namespace: &str,
-    backend: &str,
-    bound_namespaces: &[String],
-) -> NetworkPolicy {
+/// Who may reach the etcd (Mooncake's etcd client has no TLS and the etcd no authentication):
+/// on the client port the backend's own Pods alone (the masters elect and keep their operation
+/// log there; the members' Pods are selected too, by the backend's labels), on the peer port the
+/// etcd Pods alone. No bound namespace: engines and members dial the leader Service
+/// ([`super::client_endpoint`]), and a tenant that could write the master view would choose
+/// where every client of the backend goes.
+fn etcd_policy(b: &KVCacheBackend, namespace: &str, backend: &str) -> NetworkPolicy {
     let port = |n: i32| NetworkPolicyPort {
         port: Some(IntOrString::Int(n)),
         protocol: Some("TCP".into()),
@@ -80,26 +74,13 @@ fn etcd_policy(
             names::label_value(backend),
         ),
     ]);
-    let mut client_from = vec![NetworkPolicyPeer {
+    let client_from = vec![NetworkPolicyPeer {
         pod_selector: Some(LabelSelector {
             match_labels: Some(own),
             ..Default::default()
         }),
         ..Default::default()
     }];
-    if !bound_namespaces.is_empty() {
-        client_from.push(NetworkPolicyPeer {
-            namespace_selector: Some(LabelSelector {
-                match_expressions: Some(vec![LabelSelectorRequirement {
-                    key: "kubernetes.io/metadata.name".into(),
-                    operator: "In".into(),
-                    values: Some(bound_namespaces.to_vec()),
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-    }
     NetworkPolicy {
         metadata: meta(
             &etcd_name(backend),
@@ -141,7 +122,6 @@ pub(super) fn etcd(
     namespace: &str,
     leader: &Leader,
     image: &str,
-    bound_namespaces: &[String],
 ) -> Result<EtcdObjects, Error> {
     let backend = b.metadata.name.clone().unwrap_or_default();
     let spec = leader.etcd.clone().unwrap_or_default();
@@ -164,7 +144,7 @@ pub(super) fn etcd(
     let claim = etcd_claim(&backend, spec.storage_class_name.clone(), size);
     let container = etcd_container(b, &member, image, claim_bytes);
     Ok(EtcdObjects {
-        policy: etcd_policy(b, namespace, &backend, bound_namespaces),
+        policy: etcd_policy(b, namespace, &backend),
         service: etcd_service(b, &member),
         stateful_set: etcd_stateful_set(b, &member, container, claim),
     })

@@ -41,7 +41,6 @@ struct Group<'a> {
     segment: u64,
     buffer: u64,
     lease_members: bool,
-    leader: kvcache_api::backend::Leader,
 }
 
 impl<'a> Group<'a> {
@@ -72,7 +71,6 @@ impl<'a> Group<'a> {
             segment,
             buffer,
             lease_members: managed.leader.effective_member_addressing() == MemberAddressing::Lease,
-            leader: managed.leader.clone(),
             field_path,
         })
     }
@@ -96,13 +94,28 @@ pub(crate) const MEMBER_RPC_TIMEOUT_MS: u32 = 2000;
 /// names them (one entry per name: with two the runtime picks the winner).
 pub(crate) const RPC_TIMEOUT_ENV: [&str; 2] = ["MC_RPC_TIMEOUT_MS", "MC_RPC_CONNECT_TIMEOUT_MS"];
 
+/// The first and last port a member's transfer engine may listen on, for its handshake and
+/// its TCP data listener alike (each a port picked at random in the range, one per process).
+/// Eight, not two: a port the member held is kept in `TIME_WAIT` for a minute after its
+/// process ends, and a store restarted in the same Pod within that minute needs two others
+/// (seen with the 0.3.13.post1 wheel: with a range of two the restarted member failed
+/// "P2P: No valid port found for local TCP service" until the minute passed). The members'
+/// NetworkPolicy names these ports (`access.rs`).
+pub const TRANSFER_PORTS: (i32, i32) = (15000, 15007);
+
+/// The variables that carry [`TRANSFER_PORTS`] (the store's names for the range it picks its
+/// transfer engine's ports from): rendered for a group off the host network unless its
+/// `extraEnv` names them. A fabric group on the host network keeps the store's default range:
+/// no policy covers it, and the node's other store processes pick from the same ports.
+pub const TRANSFER_PORT_ENV: [&str; 2] = ["MC_MIN_RPC_PORT", "MC_MAX_RPC_PORT"];
+
 /// The store client's environment: where the master is, the transport, the segment.
 fn store_env(g: &Group<'_>) -> Vec<EnvVar> {
     let mut env = vec![env_value("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE")];
     if !g.lease_members {
         env.push(env_value(
             "MOONCAKE_MASTER",
-            client_endpoint(g.backend, g.inputs.namespace, &g.leader),
+            client_endpoint(g.backend, g.inputs.namespace),
         ));
     }
     env.extend([
@@ -122,6 +135,16 @@ fn store_env(g: &Group<'_>) -> Vec<EnvVar> {
             .filter(|name| !g.group.extra_env.iter().any(|e| e.name == **name))
             .map(|name| env_value(name, MEMBER_RPC_TIMEOUT_MS.to_string())),
     );
+    if !g.fabric() {
+        let (first, last) = TRANSFER_PORTS;
+        env.extend(
+            TRANSFER_PORT_ENV
+                .iter()
+                .zip([first, last])
+                .filter(|(name, _)| !g.group.extra_env.iter().any(|e| e.name == **name))
+                .map(|(name, port)| env_value(name, port.to_string())),
+        );
+    }
     // The transport defaults engines get too (kvcache_inject::transport); the group's own
     // `extraEnv` entry of a name replaces it.
     if g.protocol.artifact() == "tcp" {

@@ -99,8 +99,8 @@ pub struct BackendInputs<'a> {
     /// The etcd image (the `kv-cache-etcd-image` setting) a backend with `electionBackend: Etcd`
     /// runs.
     pub etcd_image: &'a str,
-    /// The namespaces holding a Binding to a pool on this backend (their engines may reach a
-    /// warm backend's etcd), sorted.
+    /// The namespaces holding a Binding to a pool on this backend (their engines reach the
+    /// master's RPC port and the members' transfer ports), sorted.
     pub bound_namespaces: &'a [String],
     /// The tenant policy from the pools on this backend (empty when there are none yet).
     pub policy: Option<&'a PolicyDocument>,
@@ -162,20 +162,19 @@ pub fn leader_name(backend: &str) -> String {
     names::object(backend, "leader")
 }
 
-/// The address engines and members dial: `<backend>-leader.<namespace>.svc:50051`, or with
-/// `electionBackend: Etcd` `etcd://` and the backend's etcd members, where the store's client
-/// reads which master serves (both engines' loaders pass the string to the client unchanged:
-/// `mooncake/mooncake_config.py` in the store's wheel, from the file and from `MOONCAKE_MASTER`).
-pub fn client_endpoint(
-    backend: &str,
-    namespace: &str,
-    leader: &kvcache_api::backend::Leader,
-) -> String {
-    if leader.warm() {
-        format!("etcd://{}", etcd_endpoints(backend, namespace, leader))
-    } else {
-        format!("{}.{namespace}.svc:{RPC_PORT}", leader_name(backend))
-    }
+/// The address engines and members dial: `<backend>-leader.<namespace>.svc:50051`, whatever
+/// the election. The leader Service selects only a Ready leader Pod, and only the serving master
+/// is Ready (the elector's readiness, or with `electionBackend: Etcd` the master's
+/// `/get_all_segments`, which a standby answers 503), so a client that dials the Service finds
+/// the serving master without reading the etcd. The store's client with a plain address (not
+/// `etcd://`) reconnects to the same address after three failed pings and remounts when the
+/// master says so (upstream `mooncake-store/src/client_service.cpp`, v0.3.12.post1,
+/// `Client::ConnectToMaster` and the ping loop's "non-HA" branch), which is how it follows the
+/// Service to a new master. Keeping the etcd to the backend's own Pods is then possible: it
+/// has no authentication, and whoever writes its master view decides where every client goes
+/// (`access.rs`).
+pub fn client_endpoint(backend: &str, namespace: &str) -> String {
+    format!("{}.{namespace}.svc:{RPC_PORT}", leader_name(backend))
 }
 
 fn owner(b: &KVCacheBackend) -> Option<Vec<OwnerReference>> {
@@ -430,13 +429,7 @@ pub fn render(inputs: &BackendInputs<'_>) -> Result<BackendObjects, Error> {
         &out.daemon_sets,
     );
     if managed.leader.warm() {
-        let e = etcd::etcd(
-            b,
-            ns,
-            &managed.leader,
-            inputs.etcd_image,
-            inputs.bound_namespaces,
-        )?;
+        let e = etcd::etcd(b, ns, &managed.leader, inputs.etcd_image)?;
         out.etcd_service = Some(e.service);
         out.etcd = Some(e.stateful_set);
         out.etcd_policy = Some(e.policy);

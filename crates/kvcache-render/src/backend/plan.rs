@@ -163,7 +163,7 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
         obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
     }
     if let Some(managed) = &b.spec.connection.managed {
-        obs.endpoint = Some(client_endpoint(&name, read.namespace, &managed.leader));
+        obs.endpoint = Some(client_endpoint(&name, read.namespace));
         obs.settings_refused = read
             .settings_refused
             .clone()
