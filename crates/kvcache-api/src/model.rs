@@ -281,6 +281,9 @@ pub mod conditions {
     /// The engines' loads from the store succeed (no more than a set share failed in the
     /// window: a failed load is a prefill paid after all).
     pub const SHARED_CACHE_HEALTHY: &str = "SharedCacheHealthy";
+    /// The engines computed enough prompt tokens, in prefills of different sizes, to price a
+    /// computed token: `status.sharedCache.prefillSecondsSaved` is known.
+    pub const PREFILL_PRICED: &str = "PrefillPriced";
     /// Every Deployment and Service the roles render is this deployment's own: none bears the
     /// name of an object something else controls.
     pub const OBJECTS_OWNED: &str = "ObjectsOwned";

@@ -44,9 +44,23 @@ pub struct SharedCacheStatus {
     /// absent without loads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_time_p50: Option<String>,
-    /// Prefill the store saved the engines within the window, seconds with one decimal: the
-    /// tokens each loaded from the store times its own prefill time per computed token
-    /// (docs/shared-cache-hits.md); absent before an engine computed any prompt.
+    /// The time the window's loads took, seconds, summed over the loads (the connector's own
+    /// timing of each `load_get`); absent without loads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_seconds: Option<String>,
+    /// Prefill the store saved within the window, seconds: the tokens loaded from the store at
+    /// the price of a computed token (`prefillMsPerToken`), less `loadSeconds`; negative when
+    /// the loads took longer than computing would have. Absent while tokens were loaded and no
+    /// price is known yet: the `PrefillPriced` condition says why (docs/shared-cache-hits.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds_saved: Option<String>,
+    /// Give or take: one standard error of `prefillSecondsSaved` from the fit of the price;
+    /// absent with fewer than three readings of prefills to fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_seconds_saved_error: Option<String>,
+    /// What one more computed prompt token costs the engines in prefill, milliseconds, apart
+    /// from the fixed cost of a prefill step; fitted to the deployment's engines' prefills of
+    /// the last hour. Absent until priced, and on a Binding (its deployments' prices differ).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_ms_per_token: Option<String>,
 }

@@ -11,13 +11,18 @@
 //! SGLang's hierarchical cache publishes no per-engine hit counter of the store tier that this
 //! project's engines can show, so a SGLang deployment says so in the condition instead of a
 //! ratio of zero.
+//!
+//! The seconds saved price a loaded token with [`PrefillFit`]: a least-squares fit of the
+//! engines' prefill times to the requests and the tokens they computed, which tells the fixed
+//! cost of a prefill step from the cost of one more token (docs/shared-cache-hits.md).
 
 use std::collections::{BTreeMap, VecDeque};
 
 use kvcache_api::condition::Cond;
-use kvcache_api::model::conditions::{SHARED_CACHE_HEALTHY, SHARED_CACHE_OBSERVED};
+use kvcache_api::model::conditions::{PREFILL_PRICED, SHARED_CACHE_HEALTHY, SHARED_CACHE_OBSERVED};
 use kvcache_api::model::{EngineName, SharedCacheStatus};
 
+use crate::exposition::{Exposition, Sample};
 use crate::status::model::{Resolution, RoleObservation};
 use crate::store::{BadAnswer, ReadError};
 
@@ -29,16 +34,18 @@ pub(crate) const VLLM_HITS: &str = "vllm:external_prefix_cache_hits_total";
 pub(crate) const VLLM_TOKENS_BY_SOURCE: &str = "vllm:prompt_tokens_by_source_total";
 /// The `source` label value of tokens taken from the store.
 pub const FROM_STORE: &str = "external_kv_transfer";
-/// The `source` label value of tokens the engine computed.
-pub const COMPUTED: &str = "local_compute";
-/// vLLM's time spent in prefill, a histogram (its `_sum` in seconds).
-pub(crate) const VLLM_PREFILL_SECONDS: &str = "vllm:request_prefill_time_seconds_sum";
+/// vLLM's time of each request from being scheduled to its first token, a histogram: its
+/// `_sum` (seconds) and `_count` (requests). A request whose blocks load from the store waits
+/// for them before it is scheduled, so the load is not in it.
+pub(crate) const VLLM_PREFILL_TIME: &str = "vllm:request_prefill_time_seconds";
+/// vLLM's prompt tokens each request computed (found in no cache), a histogram observed with
+/// [`VLLM_PREFILL_TIME`] as each request finishes: its `_sum`.
+pub(crate) const VLLM_PREFILL_COMPUTED: &str = "vllm:request_prefill_kv_computed_tokens";
 
 /// vLLM's Mooncake store connector: operations by `operation` and `status` (`ok`, `error`).
 pub(crate) const VLLM_STORE_OPERATIONS: &str = "vllm:mooncake_store_operation_total";
-/// Its operations' time, a histogram by `operation`.
-pub(crate) const VLLM_STORE_TIME_BUCKETS: &str =
-    "vllm:mooncake_store_operation_time_seconds_bucket";
+/// Its operations' time, a histogram by `operation` and `status`: `_bucket` and `_sum`.
+pub(crate) const VLLM_STORE_TIME: &str = "vllm:mooncake_store_operation_time_seconds";
 /// The connector's load from the store (a hit being fetched).
 pub const LOAD_OPERATION: &str = "load_get";
 /// The connector's save to the store.
@@ -55,17 +62,62 @@ pub struct EngineCounters {
     pub tokens_from_store: u64,
     /// The connector's loads and saves (zero for an engine that publishes none).
     pub operations: StoreOperations,
-    /// Prompt tokens the engine computed itself.
-    pub computed_tokens: u64,
-    /// The engine's time in prefill, microseconds (`vllm:request_prefill_time_seconds_sum`).
-    pub prefill_micros: u64,
+    /// The prefills of the requests the engine finished.
+    pub prefills: Prefills,
 }
 
 impl EngineCounters {
-    /// The engine's own prefill cost per token, microseconds: its prefill time over the prompt
-    /// tokens it computed since it started; `None` before it computed any.
-    pub fn prefill_micros_per_token(&self) -> Option<f64> {
-        (self.computed_tokens > 0).then(|| self.prefill_micros as f64 / self.computed_tokens as f64)
+    /// What grew from `base` to `self` (an engine's counters only grow while it runs; a counter
+    /// below its base counts as zero).
+    pub fn since(&self, base: &EngineCounters) -> EngineCounters {
+        EngineCounters {
+            queried_tokens: self.queried_tokens.saturating_sub(base.queried_tokens),
+            hit_tokens: self.hit_tokens.saturating_sub(base.hit_tokens),
+            tokens_from_store: self
+                .tokens_from_store
+                .saturating_sub(base.tokens_from_store),
+            operations: self.operations.since(&base.operations),
+            prefills: self.prefills.since(&base.prefills),
+        }
+    }
+
+    /// Whether a counter went down since `earlier`: the engine restarted.
+    fn went_down(&self, earlier: &EngineCounters) -> bool {
+        self.queried_tokens < earlier.queried_tokens
+            || self.hit_tokens < earlier.hit_tokens
+            || self.operations.went_down(&earlier.operations)
+            || self.prefills.went_down(&earlier.prefills)
+    }
+}
+
+/// The prefills of the requests an engine finished since it started, from vLLM's per-request
+/// histograms (observed together as each request finishes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Prefills {
+    /// Requests whose prefill is counted (`vllm:request_prefill_time_seconds_count`).
+    pub requests: u64,
+    /// The prompt tokens they computed rather than found in a cache
+    /// (`vllm:request_prefill_kv_computed_tokens_sum`).
+    pub computed_tokens: u64,
+    /// Their time from being scheduled to the first token, microseconds
+    /// (`vllm:request_prefill_time_seconds_sum`).
+    pub micros: u64,
+}
+
+impl Prefills {
+    /// What grew from `base` to `self`.
+    pub fn since(&self, base: &Prefills) -> Prefills {
+        Prefills {
+            requests: self.requests.saturating_sub(base.requests),
+            computed_tokens: self.computed_tokens.saturating_sub(base.computed_tokens),
+            micros: self.micros.saturating_sub(base.micros),
+        }
+    }
+
+    fn went_down(&self, earlier: &Prefills) -> bool {
+        self.requests < earlier.requests
+            || self.computed_tokens < earlier.computed_tokens
+            || self.micros < earlier.micros
     }
 }
 
@@ -83,6 +135,8 @@ pub struct StoreOperations {
     /// The loads' time histogram: (upper bound in microseconds, `u64::MAX` for `+Inf`;
     /// cumulative count), ascending.
     pub load_time: Vec<(u64, u64)>,
+    /// The loads' time summed, microseconds (the histogram's `_sum`).
+    pub load_micros: u64,
 }
 
 impl StoreOperations {
@@ -104,6 +158,7 @@ impl StoreOperations {
                 .iter()
                 .map(|(le, c)| (*le, c.saturating_sub(bucket(*le, base))))
                 .collect(),
+            load_micros: self.load_micros.saturating_sub(base.load_micros),
         }
     }
 
@@ -113,6 +168,7 @@ impl StoreOperations {
         self.failed_loads += other.failed_loads;
         self.saves += other.saves;
         self.failed_saves += other.failed_saves;
+        self.load_micros += other.load_micros;
         let mut buckets: BTreeMap<u64, u64> = self.load_time.iter().copied().collect();
         for (le, c) in &other.load_time {
             *buckets.entry(*le).or_default() += c;
@@ -154,62 +210,100 @@ pub fn median_micros(histogram: &[(u64, u64)]) -> Option<u64> {
     Some(lower.0)
 }
 
-/// One sample line of the Prometheus text format: its name, labels and value. Comments, blank
-/// lines and lines that do not parse are skipped (a scrape is read for the series it needs).
-fn samples(text: &str) -> impl Iterator<Item = (&str, Vec<(&str, String)>, f64)> {
-    text.lines().filter_map(|line| {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            return None;
-        }
-        let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
-        let (name, mut rest) = line.split_at(name_end);
-        let mut labels = Vec::new();
-        if let Some(body) = rest.strip_prefix('{') {
-            let (parsed, after) = label_set(body)?;
-            labels = parsed;
-            rest = after;
-        }
-        let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
-        Some((name, labels, value))
-    })
-}
-
-/// The labels of `{k="v",...}` (after the brace) and the text after the closing brace.
-fn label_set(mut s: &str) -> Option<(Vec<(&str, String)>, &str)> {
-    let mut labels = Vec::new();
-    loop {
-        s = s.trim_start_matches([' ', ',']);
-        if let Some(after) = s.strip_prefix('}') {
-            return Some((labels, after));
-        }
-        let (key, rest) = s.split_once('=')?;
-        let mut chars = rest.strip_prefix('"')?.char_indices();
-        let mut value = String::new();
-        let end = loop {
-            match chars.next()? {
-                (_, '\\') => match chars.next()?.1 {
-                    'n' => value.push('\n'),
-                    c => value.push(c),
-                },
-                (i, '"') => break i,
-                (_, c) => value.push(c),
-            }
-        };
-        labels.push((key.trim(), value));
-        s = &rest[1 + end + 1..];
-    }
-}
-
 /// A whole, non-negative counter value (`NaN`, infinities and negatives are no counter).
 fn counter(v: f64) -> Option<u64> {
     (v.is_finite() && v >= 0.0).then_some(v as u64)
 }
 
-/// An engine's counters from the text of its `/metrics` at `url`. Every series is summed over
-/// its label sets (vLLM labels each with the model and engine index). A scrape without the hit
-/// and query series is [`ReadError::Unreadable`]: the engine runs without the store's connector
-/// or is a version that does not count, which is not a hit ratio of zero.
+/// Seconds as whole microseconds (`NaN`, infinities and negatives are none).
+fn micros(seconds: f64) -> Option<u64> {
+    (seconds.is_finite() && seconds >= 0.0).then(|| (seconds * 1e6).round() as u64)
+}
+
+/// The series of one engine's scrape this module reads, summed over their label sets.
+#[derive(Default)]
+struct Tally {
+    queries: Option<u64>,
+    hits: Option<u64>,
+    from_store: u64,
+    operations: StoreOperations,
+    load_time: BTreeMap<u64, u64>,
+    prefills: Prefills,
+}
+
+impl Tally {
+    fn add(&mut self, s: &Sample) {
+        let label = |key: &str| {
+            s.labels
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        let name = s.name.as_str();
+        if let Some(part) = name.strip_prefix(VLLM_PREFILL_TIME) {
+            match part {
+                "_sum" => self.prefills.micros += micros(s.value).unwrap_or(0),
+                "_count" => self.prefills.requests += counter(s.value).unwrap_or(0),
+                _ => {}
+            }
+            return;
+        }
+        if name.strip_prefix(VLLM_PREFILL_COMPUTED) == Some("_sum") {
+            self.prefills.computed_tokens += counter(s.value).unwrap_or(0);
+            return;
+        }
+        if let Some(part) = name.strip_prefix(VLLM_STORE_TIME) {
+            if label("operation") != Some(LOAD_OPERATION) {
+                return;
+            }
+            match part {
+                "_sum" => self.operations.load_micros += micros(s.value).unwrap_or(0),
+                "_bucket" => {
+                    let le = match label("le") {
+                        Some("+Inf") => Some(u64::MAX),
+                        Some(b) => b.parse::<f64>().ok().and_then(micros),
+                        None => None,
+                    };
+                    if let (Some(le), Some(v)) = (le, counter(s.value)) {
+                        *self.load_time.entry(le).or_default() += v;
+                    }
+                }
+                _ => {}
+            }
+            return;
+        }
+        let Some(v) = counter(s.value) else { return };
+        match name {
+            VLLM_STORE_OPERATIONS => {
+                // vLLM writes `ok`, `error` (the call raised) or `partial_failure` (some keys
+                // of the batch failed: a store that refuses a put at the tenant's grant, a member
+                // the engine cannot reach); anything but `ok` is a failed operation.
+                let failed = label("status") != Some("ok");
+                match label("operation") {
+                    Some(LOAD_OPERATION) => {
+                        self.operations.loads += v;
+                        self.operations.failed_loads += if failed { v } else { 0 };
+                    }
+                    Some(SAVE_OPERATION) => {
+                        self.operations.saves += v;
+                        self.operations.failed_saves += if failed { v } else { 0 };
+                    }
+                    _ => {}
+                }
+            }
+            VLLM_QUERIES => *self.queries.get_or_insert(0) += v,
+            VLLM_HITS => *self.hits.get_or_insert(0) += v,
+            VLLM_TOKENS_BY_SOURCE if label("source") == Some(FROM_STORE) => self.from_store += v,
+            _ => {}
+        }
+    }
+}
+
+/// An engine's counters from the text of its `/metrics` at `url`, read with
+/// [`crate::exposition`]. Every series is summed over its label sets (vLLM labels each with the
+/// model and engine index). A scrape without the hit and query series is
+/// [`ReadError::Unreadable`]: the engine runs without the store's connector or is a version that
+/// does not count, which is not a hit ratio of zero.
 pub fn parse_engine_metrics(
     engine: EngineName,
     url: &str,
@@ -221,72 +315,19 @@ pub fn parse_engine_metrics(
             cause: BadAnswer::EngineUncounted,
         });
     }
-    let (mut queries, mut hits, mut from_store) = (None::<u64>, None::<u64>, 0u64);
-    let mut operations = StoreOperations::default();
-    let mut load_time: BTreeMap<u64, u64> = BTreeMap::new();
-    let (mut computed, mut prefill_micros) = (0u64, 0u64);
-    for (name, labels, value) in samples(text) {
-        if name == VLLM_PREFILL_SECONDS && value.is_finite() && value >= 0.0 {
-            prefill_micros += (value * 1e6).round() as u64;
-            continue;
-        }
-        let Some(v) = counter(value) else { continue };
-        let label = |key: &str| {
-            labels
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, v)| v.as_str())
-        };
-        match name {
-            VLLM_STORE_OPERATIONS => {
-                // vLLM writes `ok`, `error` (the call raised) or `partial_failure` (some keys
-                // of the batch failed: a store that refuses a put at the tenant's grant, a member
-                // the engine cannot reach); anything but `ok` is a failed operation.
-                let failed = label("status") != Some("ok");
-                match label("operation") {
-                    Some(LOAD_OPERATION) => {
-                        operations.loads += v;
-                        operations.failed_loads += if failed { v } else { 0 };
-                    }
-                    Some(SAVE_OPERATION) => {
-                        operations.saves += v;
-                        operations.failed_saves += if failed { v } else { 0 };
-                    }
-                    _ => {}
-                }
-            }
-            VLLM_STORE_TIME_BUCKETS if label("operation") == Some(LOAD_OPERATION) => {
-                let le = match label("le") {
-                    Some("+Inf") => Some(u64::MAX),
-                    Some(s) => s
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|b| b.is_finite() && *b >= 0.0)
-                        .map(|b| (b * 1e6).round() as u64),
-                    None => None,
-                };
-                if let Some(le) = le {
-                    *load_time.entry(le).or_default() += v;
-                }
-            }
-            VLLM_QUERIES => *queries.get_or_insert(0) += v,
-            VLLM_HITS => *hits.get_or_insert(0) += v,
-            VLLM_TOKENS_BY_SOURCE if label("source") == Some(FROM_STORE) => from_store += v,
-            VLLM_TOKENS_BY_SOURCE if label("source") == Some(COMPUTED) => computed += v,
-            _ => {}
-        }
-    }
-    match (queries, hits) {
+    let mut tally = Tally::default();
+    // Nothing kept: each sample is tallied as it reads.
+    Exposition::parse_capped(text, 0, |s| tally.add(s));
+    match (tally.queries, tally.hits) {
         (Some(queried_tokens), Some(hit_tokens)) => Ok(EngineCounters {
             queried_tokens,
             hit_tokens,
-            tokens_from_store: from_store,
+            tokens_from_store: tally.from_store,
             operations: StoreOperations {
-                load_time: load_time.into_iter().collect(),
-                ..operations
+                load_time: tally.load_time.into_iter().collect(),
+                ..tally.operations
             },
-            computed_tokens: computed,
-            prefill_micros,
+            prefills: tally.prefills,
         }),
         _ => Err(ReadError::Unreadable {
             url: url.to_owned(),
@@ -309,22 +350,36 @@ pub struct EngineReading {
     pub counters: Result<EngineCounters, ReadError>,
 }
 
-/// The samples of one deployment's engines over a sliding window.
+/// The samples of one deployment's engines over a sliding window, and its engines' prefills of
+/// the last [`PRICE_HISTORY_MS`] that price a computed token.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Window {
     /// Per Pod uid: (milliseconds, counters), oldest first.
     pods: BTreeMap<String, VecDeque<(u64, EngineCounters)>>,
     /// Per Pod uid: its name, for the condition.
     names: BTreeMap<String, String>,
+    /// The prefills read, one fit a period of [`PRICE_PERIOD_MS`] (by its index), oldest
+    /// first: every engine's, a Pod's that has gone as well.
+    prefills: VecDeque<(u64, PrefillFit)>,
+    /// Per Pod uid: when it was last read and its prefills then, already in `prefills`.
+    counted: BTreeMap<String, (u64, Prefills)>,
 }
 
 /// Above this share of failed loads in the window, `SharedCacheHealthy` turns False.
 pub const FALLBACK_SHARE: f64 = 0.10;
 
+/// How far back the engines' prefills price a computed token: an hour, so that a window of
+/// hits is priced by the prefills before it too, and a price follows the node's load.
+pub const PRICE_HISTORY_MS: u64 = 3_600_000;
+/// The prefills of the history are kept as one fit a period of this length (5 minutes).
+pub const PRICE_PERIOD_MS: u64 = 300_000;
+
 impl Window {
     /// Records this pass's readings taken at `now_ms`. Pods not among `readings` are gone (or no
     /// longer ready) and leave the window; a Pod whose read failed keeps its earlier samples. A
-    /// counter that went down is a restarted engine: its samples start again.
+    /// counter that went down is a restarted engine: its samples start again. The prefills each
+    /// engine finished since it was last read (since it started, when read for the first time or
+    /// restarted) join the price's history.
     pub fn record(&mut self, now_ms: u64, window_ms: u64, readings: &[EngineReading]) {
         self.pods
             .retain(|uid, _| readings.iter().any(|r| &r.uid == uid));
@@ -333,12 +388,14 @@ impl Window {
         for r in readings {
             self.names.insert(r.uid.clone(), r.pod.clone());
             let Ok(c) = &r.counters else { continue };
+            let base = match self.counted.get(&r.uid) {
+                Some((_, p)) if !c.prefills.went_down(p) => *p,
+                _ => Prefills::default(),
+            };
+            self.add_prefills(now_ms, &c.prefills.since(&base));
+            self.counted.insert(r.uid.clone(), (now_ms, c.prefills));
             let samples = self.pods.entry(r.uid.clone()).or_default();
-            if samples.back().is_some_and(|(_, last)| {
-                c.queried_tokens < last.queried_tokens
-                    || c.hit_tokens < last.hit_tokens
-                    || c.operations.went_down(&last.operations)
-            }) {
+            if samples.back().is_some_and(|(_, last)| c.went_down(last)) {
                 samples.clear();
             }
             samples.push_back((now_ms, c.clone()));
@@ -349,28 +406,60 @@ impl Window {
                 samples.pop_front();
             }
         }
+        let oldest = now_ms.saturating_sub(PRICE_HISTORY_MS);
+        self.counted.retain(|_, (t, _)| *t >= oldest);
+        while self
+            .prefills
+            .front()
+            .is_some_and(|(period, _)| (period + 1) * PRICE_PERIOD_MS <= oldest)
+        {
+            self.prefills.pop_front();
+        }
+    }
+
+    /// Adds prefills read at `now_ms` to the fit of its period.
+    fn add_prefills(&mut self, now_ms: u64, grown: &Prefills) {
+        if grown.requests == 0 {
+            return;
+        }
+        let period = now_ms / PRICE_PERIOD_MS;
+        match self.prefills.back_mut() {
+            Some((p, fit)) if *p == period => fit.add(grown),
+            _ => {
+                let mut fit = PrefillFit::default();
+                fit.add(grown);
+                self.prefills.push_back((period, fit));
+            }
+        }
+    }
+
+    /// The price of a computed token from the prefills of the last [`PRICE_HISTORY_MS`], or why
+    /// there is none yet.
+    pub fn price(&self) -> Result<PrefillPrice, Unpriced> {
+        let mut all = PrefillFit::default();
+        for (_, fit) in &self.prefills {
+            all.merge(fit);
+        }
+        all.price()
     }
 
     /// The deployment's shared-cache figures over the last `window_ms` before `now_ms`: for each
     /// engine the growth of its counters since the window's start (since its first sample when
     /// it was first read inside the window: an engine's counters start at zero, so a Pod first
-    /// read within the window counts from its start), summed.
+    /// read within the window counts from its start), summed. The seconds saved price the
+    /// tokens loaded with [`Window::price`] and take the loads' time off.
     pub fn summary(&self, now_ms: u64, window_ms: u64, window: &str) -> SharedCacheStatus {
-        let (mut queried, mut hit, mut total_from_store) = (0u64, 0u64, 0u64);
+        let (mut queried, mut hit, mut total_from_store, mut loaded) = (0u64, 0u64, 0u64, 0u64);
         let mut operations = StoreOperations::default();
-        let mut saved_micros = 0.0f64;
-        let mut priced = false;
         for (_, last, grown) in self.growth(now_ms, window_ms) {
             queried += grown.queried_tokens;
             hit += grown.hit_tokens;
+            loaded += grown.tokens_from_store;
             total_from_store += last.tokens_from_store;
             operations.add(&grown.operations);
-            // Each engine's own price of a token (docs/shared-cache-hits.md#prefill-time-saved).
-            if let Some(per_token) = last.prefill_micros_per_token() {
-                saved_micros += grown.tokens_from_store as f64 * per_token;
-                priced = true;
-            }
         }
+        let price = self.price().ok();
+        let saved = saved(loaded, operations.load_micros, price.as_ref());
         SharedCacheStatus {
             window: window.to_owned(),
             queried_tokens: queried,
@@ -384,7 +473,11 @@ impl Window {
             failed_saves: operations.failed_saves,
             load_time_p50: median_micros(&operations.load_time)
                 .map(|us| format!("{:.3}s", us as f64 / 1e6)),
-            prefill_seconds_saved: priced.then(|| format!("{:.1}", saved_micros / 1e6)),
+            load_seconds: (operations.loads > 0)
+                .then(|| seconds_text(operations.load_micros as f64, 3)),
+            prefill_seconds_saved: saved.map(|(s, _)| seconds_text(s, 2)),
+            prefill_seconds_saved_error: saved.and_then(|(_, e)| e).map(|e| seconds_text(e, 2)),
+            prefill_ms_per_token: price.map(|p| format!("{:.4}", p.per_token_micros / 1e3)),
         }
     }
 
@@ -404,17 +497,7 @@ impl Window {
                 .find(|(t, _)| *t < start)
                 .map(|(_, c)| c.clone())
                 .unwrap_or_default();
-            let grown = EngineCounters {
-                queried_tokens: last.queried_tokens.saturating_sub(base.queried_tokens),
-                hit_tokens: last.hit_tokens.saturating_sub(base.hit_tokens),
-                tokens_from_store: last
-                    .tokens_from_store
-                    .saturating_sub(base.tokens_from_store),
-                operations: last.operations.since(&base.operations),
-                computed_tokens: last.computed_tokens.saturating_sub(base.computed_tokens),
-                prefill_micros: last.prefill_micros.saturating_sub(base.prefill_micros),
-            };
-            Some((uid, last, grown))
+            Some((uid, last, last.since(&base)))
         })
     }
 
@@ -478,17 +561,235 @@ impl Window {
     }
 }
 
+/// The fewest prompt tokens the deployment's engines must have computed within
+/// [`PRICE_HISTORY_MS`] before their prefills price a token (a prefill of 2,048 tokens on the
+/// demo's CPU takes about 2 s, well above a step's fixed cost and its noise).
+pub const MIN_PRICED_TOKENS: u64 = 2048;
+/// The least spread (a standard deviation, in tokens) of the tokens computed per prefill across
+/// the readings, below which a prefill's fixed cost cannot be told from a token's price: one
+/// block of the demo's engines.
+pub const MIN_SPREAD_TOKENS: f64 = 32.0;
+
+/// The sums of a least-squares fit of prefill time to the requests and the tokens computed:
+/// each reading of an engine (what it finished since it was last read: `n` requests that
+/// computed `c` tokens in `t` µs) is taken as `t = a·n + b·c` plus noise that grows with the
+/// requests (weighted by `1/n`), where `a` is a prefill's fixed cost and `b` a computed token's
+/// price. Sums add, so periods and engines pool by adding them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PrefillFit {
+    /// Readings added (each with at least one request).
+    readings: u64,
+    /// Σ n.
+    requests: f64,
+    /// Σ c.
+    tokens: f64,
+    /// Σ c²/n.
+    tokens_sq: f64,
+    /// Σ t.
+    micros: f64,
+    /// Σ c·t/n.
+    tokens_micros: f64,
+    /// Σ t²/n.
+    micros_sq: f64,
+}
+
+/// A computed token's price, from [`PrefillFit::price`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefillPrice {
+    /// One more computed prompt token, microseconds of prefill.
+    pub per_token_micros: f64,
+    /// A prefill's fixed cost, microseconds: what a step costs whatever its tokens (zero when
+    /// the fit made it negative, and the price was fitted without it).
+    pub per_prefill_micros: f64,
+    /// One standard error of `per_token_micros`; `None` with fewer than three readings.
+    pub per_token_error_micros: Option<f64>,
+    /// The prompt tokens the fit's prefills computed.
+    pub computed_tokens: u64,
+    /// The prefills (requests) fitted.
+    pub prefills: u64,
+    /// The readings of engines they came in.
+    pub readings: u64,
+}
+
+/// Why the engines' prefills price no token yet.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Unpriced {
+    /// Fewer than [`MIN_PRICED_TOKENS`] computed.
+    TooFewTokens {
+        /// The tokens the prefills computed.
+        computed: u64,
+    },
+    /// The prefills computed about as many tokens each (a spread under [`MIN_SPREAD_TOKENS`]).
+    PrefillsAlike {
+        /// The standard deviation of the tokens computed per prefill, tokens.
+        spread: f64,
+    },
+    /// The prefills did not take longer for more tokens: something else (waiting for the CPU)
+    /// set their time.
+    NotGrowing,
+}
+
+impl PrefillFit {
+    /// Adds one reading of an engine's prefills (none: nothing is added).
+    pub fn add(&mut self, p: &Prefills) {
+        if p.requests == 0 {
+            return;
+        }
+        let (n, c, t) = (p.requests as f64, p.computed_tokens as f64, p.micros as f64);
+        self.readings += 1;
+        self.requests += n;
+        self.tokens += c;
+        self.tokens_sq += c * c / n;
+        self.micros += t;
+        self.tokens_micros += c * t / n;
+        self.micros_sq += t * t / n;
+    }
+
+    /// Adds every reading of `other`.
+    pub fn merge(&mut self, other: &PrefillFit) {
+        self.readings += other.readings;
+        self.requests += other.requests;
+        self.tokens += other.tokens;
+        self.tokens_sq += other.tokens_sq;
+        self.micros += other.micros;
+        self.tokens_micros += other.tokens_micros;
+        self.micros_sq += other.micros_sq;
+    }
+
+    /// The price of a computed token and a prefill's fixed cost, once at least
+    /// [`MIN_PRICED_TOKENS`] were computed in prefills whose sizes spread by at least
+    /// [`MIN_SPREAD_TOKENS`]. A negative fixed cost (noise) is taken as none and the price
+    /// fitted again without it.
+    pub fn price(&self) -> Result<PrefillPrice, Unpriced> {
+        let computed = self.tokens.round() as u64;
+        if computed < MIN_PRICED_TOKENS {
+            return Err(Unpriced::TooFewTokens { computed });
+        }
+        let (n, c, cc, t, ct, tt) = (
+            self.requests,
+            self.tokens,
+            self.tokens_sq,
+            self.micros,
+            self.tokens_micros,
+            self.micros_sq,
+        );
+        let mean = c / n;
+        let spread = (cc / n - mean * mean).max(0.0).sqrt();
+        if spread < MIN_SPREAD_TOKENS {
+            return Err(Unpriced::PrefillsAlike { spread });
+        }
+        // The normal equations: t = a·n + b·c, weighted by 1/n.
+        let det = n * cc - c * c;
+        let (mut a, mut b) = ((t * cc - c * ct) / det, (n * ct - c * t) / det);
+        let mut fitted = 2u64;
+        let mut var_per = n / det;
+        if a < 0.0 {
+            (a, b, fitted, var_per) = (0.0, ct / cc, 1, 1.0 / cc);
+        }
+        if !(b > 0.0 && b.is_finite()) {
+            return Err(Unpriced::NotGrowing);
+        }
+        // The residual sum of squares, from the sums (each reading weighted by 1/n).
+        let rss = tt - 2.0 * a * t - 2.0 * b * ct + a * a * n + 2.0 * a * b * c + b * b * cc;
+        let error = (self.readings >= 3 && self.readings > fitted).then(|| {
+            let variance = rss.max(0.0) / (self.readings - fitted) as f64;
+            (variance * var_per).sqrt()
+        });
+        Ok(PrefillPrice {
+            per_token_micros: b,
+            per_prefill_micros: a,
+            per_token_error_micros: error,
+            computed_tokens: computed,
+            prefills: self.requests.round() as u64,
+            readings: self.readings,
+        })
+    }
+}
+
+/// The prefill `loaded` tokens spared at `price`, less the `load_micros` their loads took, with
+/// its standard error (µs): with nothing loaded, the loads' time alone (exact), with tokens
+/// loaded and no price, none.
+fn saved(
+    loaded: u64,
+    load_micros: u64,
+    price: Option<&PrefillPrice>,
+) -> Option<(f64, Option<f64>)> {
+    let spent = load_micros as f64;
+    if loaded == 0 {
+        return Some((-spent, Some(0.0)));
+    }
+    let p = price?;
+    let tokens = loaded as f64;
+    Some((
+        tokens * p.per_token_micros - spent,
+        p.per_token_error_micros.map(|e| tokens * e),
+    ))
+}
+
+/// Microseconds as seconds with `decimals` decimals (no `-0.00`).
+fn seconds_text(micros: f64, decimals: usize) -> String {
+    let text = format!("{:.*}", decimals, micros / 1e6);
+    match text.strip_prefix('-') {
+        Some(rest) if rest.chars().all(|c| c == '0' || c == '.') => rest.to_owned(),
+        _ => text,
+    }
+}
+
+/// `PrefillPriced`: the price of a computed token and what it was fitted to, or why there is
+/// none yet (`prefillSecondsSaved` is then absent while tokens were loaded).
+pub fn price_condition(price: &Result<PrefillPrice, Unpriced>) -> Cond {
+    match price {
+        Ok(p) => Cond::yes(
+            PREFILL_PRICED,
+            "Priced",
+            format!(
+                "a computed prompt token costs {:.4} ms of prefill{} and a prefill {:.0} ms besides, fitted to {} tokens computed in {} prefills ({} readings of the engines) within the last hour",
+                p.per_token_micros / 1e3,
+                p.per_token_error_micros
+                    .map(|e| format!(" (± {:.4} ms)", e / 1e3))
+                    .unwrap_or_else(|| " (no error bar below three readings)".to_owned()),
+                p.per_prefill_micros / 1e3,
+                p.computed_tokens,
+                p.prefills,
+                p.readings
+            ),
+        ),
+        Err(Unpriced::TooFewTokens { computed }) => Cond::unknown(
+            PREFILL_PRICED,
+            "TooFewTokensComputed",
+            format!(
+                "the engines computed {computed} prompt tokens within the last hour and a price needs {MIN_PRICED_TOKENS}: status.sharedCache.prefillSecondsSaved stays absent while tokens are loaded from the store"
+            ),
+        ),
+        Err(Unpriced::PrefillsAlike { spread }) => Cond::unknown(
+            PREFILL_PRICED,
+            "PrefillsAlike",
+            format!(
+                "the engines' prefills computed about as many tokens each (they spread by {spread:.0} tokens, under {MIN_SPREAD_TOKENS:.0}): a prefill's fixed cost cannot be told from a token's price until prefills of other sizes are read; status.sharedCache.prefillSecondsSaved stays absent while tokens are loaded"
+            ),
+        ),
+        Err(Unpriced::NotGrowing) => Cond::unknown(
+            PREFILL_PRICED,
+            "PrefillsNotGrowing",
+            "the engines' prefills did not take longer for more tokens computed: their time is set by something else (waiting for the CPU or GPU); status.sharedCache.prefillSecondsSaved stays absent while tokens are loaded",
+        ),
+    }
+}
+
 /// Several deployments' figures as one (a Binding's, from the ModelDeployments that use it):
 /// every count summed and the ratio recomputed; the window is the first's (one operator writes
-/// them all with its one `--shared-cache-window`); the seconds saved summed where given; no load
-/// median (medians do not add). `None` for none.
+/// them all with its one `--shared-cache-window`); the loads' time and the seconds saved summed
+/// (none saved when a deployment has none: the sum would undercount), their errors summed in
+/// quadrature (each deployment's price is fitted on its own); no load median (medians do not
+/// add) and no price (the deployments' differ). `None` for none.
 pub fn sum(statuses: &[&SharedCacheStatus]) -> Option<SharedCacheStatus> {
     let first = statuses.first()?;
     let mut out = SharedCacheStatus {
         window: first.window.clone(),
         ..SharedCacheStatus::default()
     };
-    let mut saved: Option<f64> = None;
+    let number = |v: &Option<String>| v.as_deref().and_then(|v| v.parse::<f64>().ok());
+    let (mut load, mut saved, mut variance) = (None::<f64>, Some(0.0f64), Some(0.0f64));
     for s in statuses {
         out.queried_tokens += s.queried_tokens;
         out.hit_tokens += s.hit_tokens;
@@ -498,16 +799,20 @@ pub fn sum(statuses: &[&SharedCacheStatus]) -> Option<SharedCacheStatus> {
         out.failed_loads += s.failed_loads;
         out.saves += s.saves;
         out.failed_saves += s.failed_saves;
-        if let Some(v) = s
-            .prefill_seconds_saved
-            .as_deref()
-            .and_then(|v| v.parse::<f64>().ok())
-        {
-            *saved.get_or_insert(0.0) += v;
+        if let Some(v) = number(&s.load_seconds) {
+            *load.get_or_insert(0.0) += v;
         }
+        saved = saved
+            .zip(number(&s.prefill_seconds_saved))
+            .map(|(a, b)| a + b);
+        variance = variance
+            .zip(number(&s.prefill_seconds_saved_error))
+            .map(|(a, e)| a + e * e);
     }
     out.hit_ratio = ratio(out.hit_tokens, out.queried_tokens);
-    out.prefill_seconds_saved = saved.map(|v| format!("{v:.1}"));
+    out.load_seconds = load.map(|v| seconds_text(v * 1e6, 3));
+    out.prefill_seconds_saved = saved.map(|v| seconds_text(v * 1e6, 2));
+    out.prefill_seconds_saved_error = saved.and(variance).map(|v| seconds_text(v.sqrt() * 1e6, 2));
     Some(out)
 }
 
@@ -622,6 +927,15 @@ vllm:external_prefix_cache_hits_total{engine="0",model_name="/models/tiny-llama"
 vllm:prompt_tokens_by_source_total{engine="0",model_name="/models/tiny-llama",source="local_compute"} 208.0
 vllm:prompt_tokens_by_source_total{engine="0",model_name="/models/tiny-llama",source="external_kv_transfer"} 192.0
 vllm:prompt_tokens_by_source_total{engine="0",model_name="a \"quoted\" , name}",source="local_cache_hit"} 7.0
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{engine="0",le="0.3"} 1.0
+vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf"} 2.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="/models/tiny-llama"} 2.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="/models/tiny-llama"} 0.4125
+# TYPE vllm:request_prefill_kv_computed_tokens histogram
+vllm:request_prefill_kv_computed_tokens_count{engine="0",model_name="/models/tiny-llama"} 2.0
+vllm:request_prefill_kv_computed_tokens_sum{engine="0",model_name="/models/tiny-llama"} 208.0
+vllm:request_prefill_kv_computed_tokens_created{engine="0",model_name="/models/tiny-llama"} 1.7e9
 "#;
 
     fn counters(q: u64, h: u64, s: u64) -> EngineCounters {
@@ -630,8 +944,7 @@ vllm:prompt_tokens_by_source_total{engine="0",model_name="a \"quoted\" , name}",
             hit_tokens: h,
             tokens_from_store: s,
             operations: StoreOperations::default(),
-            computed_tokens: 0,
-            prefill_micros: 0,
+            prefills: Prefills::default(),
         }
     }
 
@@ -660,6 +973,9 @@ vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="load_get
 vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="load_get",le="0.1"} 10.0
 vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="load_get",le="+Inf"} 10.0
 vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="save_put",le="0.05"} 4.0
+vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="load_get",status="ok"} 0.5
+vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="load_get",status="error"} 0.25
+vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_put",status="ok"} 9.0
 "#;
 
     #[test]
@@ -673,6 +989,7 @@ vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="save_put
                 saves: 5,
                 failed_saves: 1,
                 load_time: vec![(50_000, 2), (100_000, 10), (u64::MAX, 10)],
+                load_micros: 750_000,
             }
         );
         // The median of 10 loads, 2 under 50 ms and 8 between 50 and 100 ms: 5 is the third of
@@ -723,46 +1040,292 @@ vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="save_put
         assert_eq!(Window::default().health(0, 60_000, &[]).reason, "NoLoads");
     }
 
+    /// An engine's counters after `prefills` (requests, computed tokens, ms), having loaded
+    /// `loaded` tokens in `load_ms`.
+    fn engine(prefills: (u64, u64, u64), loaded: u64, load_ms: u64) -> EngineCounters {
+        EngineCounters {
+            tokens_from_store: loaded,
+            operations: StoreOperations {
+                loads: u64::from(loaded > 0),
+                load_micros: load_ms * 1000,
+                ..Default::default()
+            },
+            prefills: Prefills {
+                requests: prefills.0,
+                computed_tokens: prefills.1,
+                micros: prefills.2 * 1000,
+            },
+            ..counters(prefills.1 + loaded, loaded, loaded)
+        }
+    }
+
+    /// A fit of readings (requests, computed tokens, µs).
+    fn fit(readings: &[(u64, u64, u64)]) -> PrefillFit {
+        let mut f = PrefillFit::default();
+        for &(requests, computed_tokens, micros) in readings {
+            f.add(&Prefills {
+                requests,
+                computed_tokens,
+                micros,
+            });
+        }
+        f
+    }
+
     #[test]
-    fn prefill_saved_is_the_tokens_loaded_in_the_window_at_each_engines_own_price() {
-        let text = "vllm:external_prefix_cache_queries_total 10\nvllm:external_prefix_cache_hits_total 5\nvllm:prompt_tokens_by_source_total{source=\"local_compute\"} 1000\nvllm:request_prefill_time_seconds_sum{engine=\"0\"} 4.0\n";
-        let c = parse_engine_metrics(EngineName::Vllm, "u", text).expect("readable");
-        assert_eq!((c.computed_tokens, c.prefill_micros), (1000, 4_000_000));
-        assert_eq!(c.prefill_micros_per_token(), Some(4000.0));
-        // Engine a: 4 ms a token, 500 tokens from the store in the window; b: 2 ms, 1,000.
-        let priced = |from_store: u64, micros: u64| EngineCounters {
-            tokens_from_store: from_store,
-            computed_tokens: 1000,
-            prefill_micros: micros,
-            ..counters(1, 1, 0)
-        };
+    fn a_hit_by_an_engine_that_computed_almost_nothing_is_priced_by_the_deployments_prefills() {
+        // The demo's case: a prefill step costs 180 ms whatever its tokens, a token 2.2 ms.
+        // Replica A computes 200 tokens (0.62 s), then 4,000 (8.98 s); replica B computes 8
+        // and 32 (0.1976 s and 0.2504 s: mostly the step's cost, 5.6 ms a token on its own)
+        // and loads 192 and 3,968 tokens in 0.1 s and 0.45 s.
+        let mut w = Window::default();
+        let zero = engine((0, 0, 0), 0, 0);
+        w.record(
+            0,
+            300_000,
+            &[reading("a", Ok(zero.clone())), reading("b", Ok(zero))],
+        );
+        w.record(
+            15_000,
+            300_000,
+            &[
+                reading("a", Ok(engine((1, 200, 620), 0, 0))),
+                reading("b", Ok(engine((1, 8, 197), 192, 100))),
+            ],
+        );
+        // 197.6 ms rounds to 197: B's second reading adds 250.4 + 0.6 ms.
+        w.record(
+            30_000,
+            300_000,
+            &[
+                reading("a", Ok(engine((2, 4200, 9600), 0, 0))),
+                reading("b", Ok(engine((2, 40, 448), 4160, 550))),
+            ],
+        );
+        let s = w.summary(30_000, 300_000, "5m");
+        // 4,160 tokens at 2.2 ms, less the loads' 0.55 s; B's own price would claim 23.3 s.
+        assert_eq!(s.prefill_seconds_saved.as_deref(), Some("8.60"), "{s:?}");
+        assert_eq!(s.prefill_ms_per_token.as_deref(), Some("2.2000"), "{s:?}");
+        assert_eq!(s.load_seconds.as_deref(), Some("0.550"));
+        let error: f64 = s
+            .prefill_seconds_saved_error
+            .as_deref()
+            .and_then(|e| e.parse().ok())
+            .expect("an error bar from four readings");
+        assert!(
+            error < 0.01,
+            "the readings lie on a line (to the ms): {s:?}"
+        );
+        let p = w.price().expect("priced");
+        assert!((p.per_prefill_micros - 180_000.0).abs() < 1_000.0, "{p:?}");
+        assert_eq!((p.computed_tokens, p.prefills, p.readings), (4240, 4, 4));
+        let c = price_condition(&w.price());
+        assert_eq!((c.type_, c.reason), (PREFILL_PRICED, "Priced"));
+        assert!(
+            c.message.starts_with("a computed prompt token costs 2.2000 ms of prefill (± 0.0")
+                && c.message.contains("and a prefill 180 ms besides, fitted to 4240 tokens computed in 4 prefills (4 readings of the engines)"),
+            "{}",
+            c.message
+        );
+    }
+
+    #[test]
+    fn a_price_needs_the_minimum_of_computed_tokens_in_prefills_of_different_sizes() {
+        // One token short of the minimum: no price, and no seconds saved once tokens are loaded.
+        let short = fit(&[(1, 47, 150_000), (1, 2000, 4_100_000)]);
+        assert_eq!(
+            short.price(),
+            Err(Unpriced::TooFewTokens { computed: 2047 })
+        );
+        let at = fit(&[(1, 48, 150_000), (1, 2000, 4_100_000)]).price();
+        let p = at.expect("priced at the minimum");
+        assert!(
+            (p.per_token_micros - 3_950_000.0 / 1952.0).abs() < 1e-6,
+            "{p:?}"
+        );
+        assert_eq!(p.per_token_error_micros, None, "two readings: no error bar");
+        let past = fit(&[(1, 48, 150_000), (1, 2000, 4_100_000), (2, 6000, 6_300_000)]);
+        assert!(
+            past.price()
+                .is_ok_and(|p| p.per_token_error_micros.is_some())
+        );
+        // Every prefill as large: the fixed cost and the price cannot be told apart.
+        let alike = fit(&[
+            (1, 1024, 1_000_000),
+            (1, 1024, 1_100_000),
+            (2, 2048, 2_000_000),
+        ]);
+        assert_eq!(alike.price(), Err(Unpriced::PrefillsAlike { spread: 0.0 }));
+        // Longer prefills took less time: nothing to price.
+        let flat = fit(&[(1, 100, 500_000), (1, 3000, 400_000)]);
+        assert_eq!(flat.price(), Err(Unpriced::NotGrowing));
+        // What the status shows before the minimum: no figure while tokens were loaded, the
+        // loads' time alone while none were, and the condition says why.
         let mut w = Window::default();
         w.record(
             0,
             60_000,
-            &[
-                reading("a", Ok(priced(100, 4_000_000))),
-                reading("b", Ok(priced(0, 2_000_000))),
-            ],
+            &[reading("b", Ok(engine((1, 8, 200), 192, 100)))],
         );
-        w.record(
-            70_000,
-            60_000,
-            &[
-                reading("a", Ok(priced(600, 4_000_000))),
-                reading("b", Ok(priced(1000, 2_000_000))),
-            ],
-        );
-        let s = w.summary(70_000, 60_000, "1m");
+        let s = w.summary(0, 60_000, "1m");
         assert_eq!(
-            s.prefill_seconds_saved.as_deref(),
-            Some("4.0"),
-            "0.5 x 4 ms ... 2.0 + 2.0 s"
+            (s.prefill_seconds_saved, s.prefill_ms_per_token),
+            (None, None)
         );
-        // An engine that computed nothing yet has no price: nothing is claimed.
+        assert_eq!(s.load_seconds.as_deref(), Some("0.100"));
+        let c = price_condition(&w.price());
+        assert_eq!(
+            (c.status, c.reason, c.message.as_str()),
+            (
+                kvcache_api::condition::Status::Unknown,
+                "TooFewTokensComputed",
+                "the engines computed 8 prompt tokens within the last hour and a price needs 2048: status.sharedCache.prefillSecondsSaved stays absent while tokens are loaded from the store"
+            )
+        );
         let mut w = Window::default();
-        w.record(0, 60_000, &[reading("a", Ok(counters(10, 10, 10)))]);
-        assert_eq!(w.summary(0, 60_000, "1m").prefill_seconds_saved, None);
+        w.record(0, 60_000, &[reading("a", Ok(engine((1, 200, 400), 0, 0)))]);
+        let s = w.summary(0, 60_000, "1m");
+        assert_eq!(
+            (s.prefill_seconds_saved.as_deref(), s.load_seconds),
+            (Some("0.00"), None),
+            "nothing loaded: nothing saved, whatever the price"
+        );
+        assert_eq!(price_condition(&alike.price()).reason, "PrefillsAlike");
+        assert_eq!(price_condition(&flat.price()).reason, "PrefillsNotGrowing");
+    }
+
+    #[test]
+    fn the_price_and_its_error_bar_are_the_weighted_least_squares_fit() {
+        // t = 66.7 ms + 1 ms a token, residuals +33.3, -66.7, +33.3 ms: the standard error of
+        // the slope is sqrt(6.667e9 / 1 / 2e6) = 57.7 µs.
+        let p = fit(&[
+            (1, 1000, 1_100_000),
+            (1, 2000, 2_000_000),
+            (1, 3000, 3_100_000),
+        ])
+        .price()
+        .expect("priced");
+        assert!((p.per_token_micros - 1000.0).abs() < 1e-6, "{p:?}");
+        assert!((p.per_prefill_micros - 66_666.667).abs() < 1e-2, "{p:?}");
+        let e = p.per_token_error_micros.expect("three readings");
+        assert!((e - 57.735).abs() < 1e-3, "{p:?}");
+        // Readings of several requests weigh as their requests: two readings of one request
+        // each are the same fit as one reading of both.
+        let one = fit(&[(2, 3000, 3_100_000), (1, 3000, 3_100_000)]).price();
+        let two = fit(&[
+            (1, 1000, 1_100_000),
+            (1, 2000, 2_000_000),
+            (1, 3000, 3_100_000),
+        ])
+        .price();
+        let (one, two) = (one.expect("priced"), two.expect("priced"));
+        assert!(
+            (one.per_token_micros - two.per_token_micros).abs() < 50.0,
+            "{one:?} {two:?}"
+        );
+        // A negative fixed cost is noise: the price is fitted without one.
+        let p = fit(&[(1, 1000, 900_000), (1, 3000, 3_100_000)])
+            .price()
+            .expect("priced");
+        assert_eq!(p.per_prefill_micros, 0.0);
+        assert!((p.per_token_micros - 1020.0).abs() < 1e-9, "{p:?}");
+        // The seconds saved carry the price's error times the tokens loaded.
+        let (s, e) = saved(
+            1000,
+            200_000,
+            Some(
+                &fit(&[
+                    (1, 1000, 1_100_000),
+                    (1, 2000, 2_000_000),
+                    (1, 3000, 3_100_000),
+                ])
+                .price()
+                .expect("priced"),
+            ),
+        )
+        .expect("saved");
+        assert!((s - 800_000.0).abs() < 1e-3 && (e.unwrap_or_default() - 57_735.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn the_price_keeps_a_gone_pods_prefills_counts_a_restart_from_zero_and_forgets_after_an_hour() {
+        let mut w = Window::default();
+        w.record(
+            0,
+            60_000,
+            &[reading("a", Ok(engine((1, 2000, 2_100), 0, 0)))],
+        );
+        // a missed one pass (not ready) and is read again: its prefills are not counted twice.
+        w.record(15_000, 60_000, &[]);
+        w.record(
+            30_000,
+            60_000,
+            &[reading("a", Ok(engine((2, 2100, 2_300), 0, 0)))],
+        );
+        assert_eq!(w.price().map(|p| p.computed_tokens), Ok(2100));
+        // a's engine restarted: what it did since counts from zero, nothing goes negative.
+        w.record(
+            45_000,
+            60_000,
+            &[reading("a", Ok(engine((1, 500, 600), 0, 0)))],
+        );
+        let p = w.price().expect("priced");
+        assert_eq!((p.computed_tokens, p.prefills, p.readings), (2600, 3, 3));
+        // a gone, b new: a's prefills still price b's loads.
+        w.record(
+            60_000,
+            60_000,
+            &[reading("b", Ok(engine((1, 8, 120), 192, 50)))],
+        );
+        let p = w.price().expect("priced");
+        assert_eq!((p.computed_tokens, p.prefills), (2608, 4));
+        assert!(
+            w.summary(60_000, 60_000, "1m")
+                .prefill_seconds_saved
+                .is_some()
+        );
+        // An hour on, what was read before it is forgotten.
+        w.record(
+            60_000 + PRICE_HISTORY_MS + PRICE_PERIOD_MS,
+            60_000,
+            &[reading("b", Ok(engine((1, 8, 120), 192, 50)))],
+        );
+        assert_eq!(w.price(), Err(Unpriced::TooFewTokens { computed: 0 }));
+    }
+
+    #[test]
+    fn a_bindings_sum_adds_the_seconds_and_their_errors_in_quadrature_and_needs_every_figure() {
+        let view = |saved: Option<&str>, error: Option<&str>| SharedCacheStatus {
+            window: "5m".into(),
+            load_seconds: Some("0.250".into()),
+            prefill_seconds_saved: saved.map(str::to_owned),
+            prefill_seconds_saved_error: error.map(str::to_owned),
+            prefill_ms_per_token: Some("1.0000".into()),
+            ..Default::default()
+        };
+        let (a, b) = (
+            view(Some("3.00"), Some("0.30")),
+            view(Some("-0.50"), Some("0.40")),
+        );
+        let s = sum(&[&a, &b]).expect("two");
+        assert_eq!(
+            (
+                s.prefill_seconds_saved.as_deref(),
+                s.prefill_seconds_saved_error.as_deref(),
+                s.load_seconds.as_deref(),
+                s.prefill_ms_per_token
+            ),
+            (Some("2.50"), Some("0.50"), Some("0.500"), None)
+        );
+        let unpriced = view(None, None);
+        let s = sum(&[&a, &unpriced]).expect("two");
+        assert_eq!(
+            (s.prefill_seconds_saved, s.prefill_seconds_saved_error),
+            (None, None),
+            "a deployment without the figure would make the sum undercount"
+        );
+        assert_eq!(seconds_text(-1.0, 2), "0.00");
+        assert_eq!(seconds_text(-10_000.0, 2), "-0.01");
     }
 
     #[test]
@@ -819,7 +1382,11 @@ vllm:mooncake_store_operation_time_seconds_bucket{engine="0",operation="save_put
         assert_eq!(
             parse_engine_metrics(EngineName::Vllm, "u", SCRAPE),
             Ok(EngineCounters {
-                computed_tokens: 208,
+                prefills: Prefills {
+                    requests: 2,
+                    computed_tokens: 208,
+                    micros: 412_500,
+                },
                 ..counters(400, 192, 192)
             })
         );

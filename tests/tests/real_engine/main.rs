@@ -199,17 +199,7 @@ async fn ask(
         .await?
         .tokens;
     let after = engine::counters(client, namespace, name_of(pod)).await?;
-    Ok((
-        tokens,
-        EngineCounters {
-            queried_tokens: after.queried_tokens - before.queried_tokens,
-            hit_tokens: after.hit_tokens - before.hit_tokens,
-            tokens_from_store: after.tokens_from_store - before.tokens_from_store,
-            operations: after.operations.since(&before.operations),
-            computed_tokens: after.computed_tokens - before.computed_tokens,
-            prefill_micros: after.prefill_micros - before.prefill_micros,
-        },
-    ))
+    Ok((tokens, after.since(&before)))
 }
 
 /// Asks `writer` for `prompt` and waits until the master holds more keys than before.

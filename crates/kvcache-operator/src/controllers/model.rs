@@ -380,7 +380,8 @@ const ENGINE_SCRAPES_AT_ONCE: usize = 4;
 /// Reads the `/metrics` of the deployment's ready engine Pods (chosen by ownership, at most
 /// [`kvcache_render::read::ENGINE_PODS_PER_PASS`], [`ENGINE_SCRAPES_AT_ONCE`] at a time),
 /// records the readings in the deployment's window and returns `status.sharedCache` and the
-/// `SharedCacheObserved` and (for engines that count) `SharedCacheHealthy` conditions.
+/// `SharedCacheObserved` and (for engines that count) `SharedCacheHealthy` and `PrefillPriced`
+/// conditions.
 async fn observe_engines(
     ctx: &Context,
     md: &ModelDeployment,
@@ -418,7 +419,7 @@ async fn observe_engines(
     let window = ctx.config.shared_cache_window;
     let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
     let now = now_ms();
-    let (summary, health) = {
+    let (summary, health, priced) = {
         let mut windows = lock(&ctx.engine_windows);
         sweep(ctx, &mut windows, now);
         let uid = md.uid().unwrap_or_default();
@@ -431,6 +432,7 @@ async fn observe_engines(
         (
             entry.1.summary(now, window_ms, &window_text(window)),
             entry.1.health(now, window_ms, &readings),
+            shared_cache::price_condition(&entry.1.price()),
         )
     };
     let condition = shared_cache::condition(
@@ -441,7 +443,7 @@ async fn observe_engines(
     );
     Ok((
         (!readings.is_empty()).then_some(summary),
-        vec![condition, health],
+        vec![condition, health, priced],
     ))
 }
 

@@ -209,7 +209,7 @@ mod tests {
             (summed.loads, summed.failed_loads, summed.engines_read),
             (6, 2, 4)
         );
-        assert_eq!(summed.prefill_seconds_saved.as_deref(), Some("3.0"));
+        assert_eq!(summed.prefill_seconds_saved.as_deref(), Some("3.00"));
         assert_eq!(crate::shared_cache::sum(&[]), None);
         let stored = binding_status_after(
             &binding(None),
