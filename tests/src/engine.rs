@@ -315,3 +315,54 @@ pub async fn wait_keys_above(
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }
+
+/// What one engine's own prefills price a computed token at, microseconds: between two of its
+/// readings (`short` and `long`, each what it finished over a stretch: prefills of different
+/// sizes), the difference in time a prefill over the difference in tokens a prefill, so that
+/// the fixed cost of a step cancels out. `None` when the two computed as many tokens a prefill.
+/// The check the demo and `real_engine::prefill_saved` hold the operator's price to.
+pub fn own_price_micros(
+    short: &kvcache_render::shared_cache::Prefills,
+    long: &kvcache_render::shared_cache::Prefills,
+) -> Option<f64> {
+    let each = |p: &kvcache_render::shared_cache::Prefills| {
+        (p.requests > 0).then(|| {
+            let n = p.requests as f64;
+            (p.computed_tokens as f64 / n, p.micros as f64 / n)
+        })
+    };
+    let ((c1, t1), (c2, t2)) = (each(short)?, each(long)?);
+    ((c2 - c1).abs() >= 1.0).then(|| (t2 - t1) / (c2 - c1))
+}
+
+/// Whether `figure` is within `share` of `reference` (of its size).
+pub fn agrees(figure: f64, reference: f64, share: f64) -> bool {
+    (figure - reference).abs() <= share * reference.abs()
+}
+
+#[cfg(test)]
+mod tests {
+    use kvcache_render::shared_cache::Prefills;
+
+    use super::*;
+
+    #[test]
+    fn an_engines_own_price_is_the_slope_between_two_sizes_of_prefill() {
+        // 180 ms a step and 2.2 ms a token: 200 tokens in 620 ms, two of 4,000 in 17.96 s.
+        let short = Prefills {
+            requests: 1,
+            computed_tokens: 200,
+            micros: 620_000,
+        };
+        let long = Prefills {
+            requests: 2,
+            computed_tokens: 8000,
+            micros: 17_960_000,
+        };
+        let p = own_price_micros(&short, &long).expect("two sizes");
+        assert!((p - 2200.0).abs() < 1e-6, "{p}");
+        assert_eq!(own_price_micros(&short, &short), None);
+        assert_eq!(own_price_micros(&Prefills::default(), &long), None);
+        assert!(agrees(1.29, 1.0, 0.3) && !agrees(1.31, 1.0, 0.3) && agrees(-1.2, -1.0, 0.3));
+    }
+}

@@ -366,11 +366,28 @@ fn the_win(d: &Demo, a: &str, b: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The engine's `/metrics`, read inside its Pod.
+fn engine_metrics(d: &Demo, pod: &str) -> anyhow::Result<String> {
+    let script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics', timeout=10).read().decode())";
+    d.quiet(&["-n", "team-a", "exec", pod, "--", "python3", "-c", script])
+}
+
+/// The engine's own counters, parsed as the operator parses them, shown nowhere.
+fn own_counters(
+    d: &Demo,
+    pod: &str,
+) -> anyhow::Result<kvcache_render::shared_cache::EngineCounters> {
+    Ok(kvcache_render::shared_cache::parse_engine_metrics(
+        kvcache_api::model::EngineName::Vllm,
+        &format!("{pod}:8000/metrics"),
+        &engine_metrics(d, pod)?,
+    )?)
+}
+
 /// The engine's own shared-cache counters: shows its `vllm:external_prefix_cache_*` and
 /// store-sourced prompt-token lines and returns them parsed.
 fn counters(d: &Demo, pod: &str) -> anyhow::Result<kvcache_render::shared_cache::EngineCounters> {
-    let script = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics', timeout=10).read().decode())";
-    let text = d.quiet(&["-n", "team-a", "exec", pod, "--", "python3", "-c", script])?;
+    let text = engine_metrics(d, pod)?;
     println!(
         "$ kubectl -n team-a exec {pod} -- python3 -c '<GET /metrics>' | grep -E 'external_prefix_cache_(hits|queries)_total|source=\"external_kv_transfer\"'"
     );
@@ -724,7 +741,9 @@ fn the_model(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
         bail!("qwen-chat runs {} engine Pods, not 2: {pods:?}", pods.len());
     };
     println!("replica A ({a}) computes the prompt and writes its KV blocks to the store:");
+    let a_fresh = own_counters(d, a)?;
     ask(d, a, 1)?;
+    let a_short = own_counters(d, a)?;
     d.wait_condition(
         "team-a",
         "md/qwen-chat",
@@ -744,6 +763,10 @@ fn the_model(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
         "replica B found nothing in the store: {c:?}"
     );
     the_win(d, a, b)?;
+    // Replica A's own prefills (the 200-token prompt, then the timed one) and replica B's own
+    // loads: what the operator's figure is checked against.
+    let a_long = own_counters(d, a)?;
+    let b_own = own_counters(d, b)?;
     // The operator keeps its Lease while the engines prefill on every core (at its old 50m
     // request its leader lost it here).
     d.show(&[
@@ -792,7 +815,9 @@ fn the_model(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
         "jsonpath={.status.sharedCache}",
     ])?;
     println!();
-    // The tenant's view: the Binding sums the namespace's deployments that use it.
+    // The tenant's view: the Binding sums the namespace's deployments that use it, once the
+    // operator read replica B after its last load.
+    let loaded = b_own.tokens_from_store;
     d.wait(
         "team-a's Binding summing its deployments, with the prefill time the cache saved",
         &[
@@ -802,24 +827,62 @@ fn the_model(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
             "kvcachepoolbinding",
             "team-a",
             "-o",
-            "jsonpath={.status.sharedCache.prefillSecondsSaved}",
+            "jsonpath={.status.sharedCache.prefillSecondsSaved} {.status.sharedCache.tokensFromStore}",
         ],
         Duration::from_secs(120),
-        |s| s.parse::<f64>().is_ok_and(|v| v > 0.0),
+        |s| {
+            let mut words = s.split_whitespace();
+            words.next().is_some_and(|v| v.parse::<f64>().is_ok())
+                && words
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|n| n >= loaded)
+        },
     )?;
     d.show(&["-n", "team-a", "get", "kvcachepoolbinding"])?;
-    d.show(&[
+    let line = d.show(&[
         "-n",
         "team-a",
         "get",
         "kvcachepoolbinding",
         "team-a",
         "-o",
-        "jsonpath=the cache saved team-a {.status.sharedCache.prefillSecondsSaved} s of prefill in the last {.status.sharedCache.window} (hit ratio {.status.sharedCache.hitRatio}, {.status.sharedCache.tokensFromStore} tokens from the store)",
+        "jsonpath=the cache saved team-a {.status.sharedCache.prefillSecondsSaved} s (± {.status.sharedCache.prefillSecondsSavedError}) of prefill in the last {.status.sharedCache.window} (hit ratio {.status.sharedCache.hitRatio}, {.status.sharedCache.tokensFromStore} tokens from the store)",
     ])?;
     println!();
+    let saved: f64 = line
+        .split_whitespace()
+        .nth(4)
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no seconds saved in {line:?}"))?;
+    let short = a_short.prefills.since(&a_fresh.prefills);
+    let long = a_long.prefills.since(&a_short.prefills);
+    let price = kvcache_e2e::engine::own_price_micros(&short, &long).with_context(|| {
+        format!("replica A's two prefills computed as many tokens: {short:?}, {long:?}")
+    })?;
+    let gross = price * loaded as f64 / 1e6;
+    let load = b_own.operations.load_micros as f64 / 1e6;
+    let own = gross - load;
+    println!(
+        "replica A's own prefills ({} tokens in {:.2} s, then {} in {:.2} s: {:.3} ms a token beyond a step's cost) price those {loaded} tokens at {gross:.2} s; less the {load:.2} s replica B's loads took: {own:.2} s, {:+.0} % from the operator's {saved:.2} s",
+        short.computed_tokens,
+        short.micros as f64 / 1e6,
+        long.computed_tokens,
+        long.micros as f64 / 1e6,
+        price / 1e3,
+        (saved - own) / own * 100.0
+    );
+    anyhow::ensure!(
+        kvcache_e2e::engine::agrees(saved, own, PRICE_AGREEMENT),
+        "the operator's {saved} s saved is more than {:.0} % from replica A's own {own:.2} s",
+        PRICE_AGREEMENT * 100.0
+    );
     Ok(())
 }
+
+/// How close the operator's seconds saved must come to replica A's own price of the same
+/// tokens (docs/shared-cache-hits.md#its-error).
+const PRICE_AGREEMENT: f64 = 0.30;
 
 /// Standbys, then the serving leader deleted: a new one serves, the members remount, and the
 /// new master starts empty (an earlier prompt is a miss).
