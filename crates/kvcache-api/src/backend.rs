@@ -29,6 +29,7 @@ use crate::rules;
     derive = "PartialEq",
     doc = "A Mooncake KV-cache store shared by the deployments of the cluster.",
     printcolumn(name = "Type", type_ = "string", json_path = ".spec.type"),
+    printcolumn(name = "Tenancy", type_ = "string", json_path = ".spec.tenancy.mode"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Endpoint", type_ = "string", json_path = ".status.endpoint"),
     printcolumn(
@@ -68,6 +69,50 @@ pub struct KVCacheBackendSpec {
 
     /// Who runs the store: the operator (`managed`) or someone else (`external`). Exactly one.
     pub connection: Connection,
+
+    /// Which namespaces may bind this store. `Shared` (the default): any namespace a
+    /// KVCachePoolBinding grants; the store has no authentication, so each bound namespace can
+    /// read and remove the others' blocks. `Dedicated`: only `namespace`; a Binding from any
+    /// other is refused.
+    #[serde(default)]
+    pub tenancy: Tenancy,
+}
+
+/// Who may bind a backend (`spec.tenancy`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = rules::dedicated_names_its_namespace())]
+#[x_kube(validation = rules::shared_names_no_namespace())]
+pub struct Tenancy {
+    /// `Shared` (the default) or `Dedicated`.
+    #[serde(default)]
+    pub mode: TenancyMode,
+    /// With `Dedicated`, the one namespace whose KVCachePoolBindings may use this backend;
+    /// left out with `Shared`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = rules::tenancy_namespace_shape())]
+    pub namespace: Option<String>,
+}
+
+impl Tenancy {
+    /// The one namespace the backend is dedicated to (`None`: shared).
+    pub fn dedicated_to(&self) -> Option<&str> {
+        match self.mode {
+            TenancyMode::Dedicated => self.namespace.as_deref(),
+            TenancyMode::Shared => None,
+        }
+    }
+}
+
+/// Whether a backend takes Bindings of many namespaces or of one.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum TenancyMode {
+    /// Any namespace a KVCachePoolBinding grants; those namespaces trust one another.
+    #[default]
+    Shared,
+    /// Only `tenancy.namespace`.
+    Dedicated,
 }
 
 /// Which store implementation a backend runs (`spec.type`).
@@ -718,6 +763,11 @@ pub struct KVCacheBackendStatus {
     /// Pools holding this backend; deletion waits for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub used_by: Vec<ObjectRef>,
+    /// The namespaces whose KVCachePoolBindings grant them this store (a managed store's
+    /// NetworkPolicies admit their Pods), sorted. More than one: they share one trust domain,
+    /// each able to read and remove the others' blocks (docs/isolation.md#tenancy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bound_namespaces: Vec<String>,
     /// The version the running master binary reports (`mooncake_master --version`, published by
     /// the elector on the Lease), used by the engine/store version check in preference to the
     /// image tag.

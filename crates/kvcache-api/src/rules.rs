@@ -544,6 +544,41 @@ pub fn immutable(what: &str, fix: &str) -> Rule {
         .reason(Reason::FieldValueForbidden)
 }
 
+/// `tenancy.namespace` as CEL names it: `namespace` is a CEL reserved word, which Kubernetes
+/// escapes as `__namespace__` in a rule (`self.namespace` would not compile).
+const TENANCY_NAMESPACE_CEL: &str = "self.__namespace__";
+
+/// `spec.tenancy`: `Dedicated` names the namespace it admits.
+pub(crate) fn dedicated_names_its_namespace() -> Rule {
+    rule(
+        format!("self.mode != 'Dedicated' || has({TENANCY_NAMESPACE_CEL})"),
+        TENANCY_NAMESPACE_MISSING,
+    )
+}
+
+/// `spec.tenancy`: `Shared` names no namespace (it would read as a restriction it is not).
+pub(crate) fn shared_names_no_namespace() -> Rule {
+    rule(
+        format!("self.mode == 'Dedicated' || !has({TENANCY_NAMESPACE_CEL})"),
+        TENANCY_NAMESPACE_UNUSED,
+    )
+}
+
+/// `spec.tenancy.namespace`: a namespace's name, a DNS-1123 label.
+pub(crate) fn tenancy_namespace_shape() -> Rule {
+    rule(
+        "self.matches('^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$')",
+        TENANCY_NAMESPACE_SHAPE,
+    )
+}
+
+/// Why a `Dedicated` tenancy without a namespace is refused.
+pub(crate) const TENANCY_NAMESPACE_MISSING: &str = "spec.tenancy.mode: Dedicated needs spec.tenancy.namespace, the one namespace whose KVCachePoolBindings may use this backend";
+/// Why a namespace on a `Shared` tenancy is refused.
+pub(crate) const TENANCY_NAMESPACE_UNUSED: &str = "spec.tenancy.namespace is read only with mode: Dedicated; set mode: Dedicated to admit that namespace alone, or remove it";
+/// Why a tenancy namespace that no namespace can have is refused.
+pub(crate) const TENANCY_NAMESPACE_SHAPE: &str = "spec.tenancy.namespace must be a namespace name: a DNS-1123 label (lowercase letters, digits and '-', at most 63 characters)";
+
 /// `KVCachePool.spec.backends`: exactly one.
 pub(crate) fn exactly_one_backend() -> Rule {
     rule(

@@ -365,3 +365,63 @@ fn update_rules_agree_with_the_pure_validator() {
         model_deployment(&WALKTHROUGH_MD.replace("replicas: 2", "replicas: 4"));
     assert_eq!(cel(&more, Some(&md)), Vec::<String>::new());
 }
+
+/// `spec.tenancy` (docs/isolation.md#tenancy): a namespace with `Dedicated` and only then, a
+/// name a namespace can have; CEL and the pure validator refuse the same, in the same words.
+#[test]
+fn tenancy_rules_agree_with_the_pure_validator() {
+    use kvcache_api::backend::{Tenancy, TenancyMode};
+    let with = |mode: TenancyMode, namespace: Option<&str>| {
+        let mut b = backend(WALKTHROUGH_BACKEND);
+        b.spec.tenancy = Tenancy {
+            mode,
+            namespace: namespace.map(str::to_owned),
+        };
+        b
+    };
+    let refused = [
+        (
+            with(TenancyMode::Dedicated, None),
+            "spec.tenancy",
+            "mode: Dedicated needs spec.tenancy.namespace",
+        ),
+        (
+            with(TenancyMode::Shared, Some("team-a")),
+            "spec.tenancy",
+            "is read only with mode: Dedicated",
+        ),
+        (
+            with(TenancyMode::Dedicated, Some("Team_A")),
+            "spec.tenancy.namespace",
+            "must be a namespace name",
+        ),
+        (
+            with(TenancyMode::Dedicated, Some("-team")),
+            "spec.tenancy.namespace",
+            "must be a namespace name",
+        ),
+    ];
+    for (b, field, fragment) in refused {
+        assert_cel_refuses(&cel(&b, None), fragment);
+        let v = b.validate_create(&Settings::default());
+        assert!(
+            v.refuses(field, fragment),
+            "pure validator disagrees at {field} for {fragment:?}: {:#?}",
+            v.violations
+        );
+    }
+    let shared = with(TenancyMode::Shared, None);
+    let dedicated = with(TenancyMode::Dedicated, Some("team-a"));
+    for ok in [&shared, &dedicated] {
+        assert_eq!(cel(ok, None), Vec::<String>::new(), "{:?}", ok.spec.tenancy);
+        assert!(ok.validate_create(&Settings::default()).allowed());
+    }
+    // Either way is an edit the schema allows; who already binds it is judged by admission.
+    assert_eq!(cel(&dedicated, Some(&shared)), Vec::<String>::new());
+    assert_eq!(cel(&shared, Some(&dedicated)), Vec::<String>::new());
+    // A backend written without the field reads as Shared.
+    assert_eq!(
+        backend(WALKTHROUGH_BACKEND).spec.tenancy.dedicated_to(),
+        None
+    );
+}

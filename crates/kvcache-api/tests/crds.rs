@@ -70,7 +70,7 @@ fn names_scopes_and_columns() {
     // NAME is implicit in kubectl; AGE is the creation timestamp column.
     assert_eq!(
         columns("KVCacheBackend"),
-        ["TYPE", "PHASE", "ENDPOINT", "CAPACITY"]
+        ["TYPE", "TENANCY", "PHASE", "ENDPOINT", "CAPACITY"]
     );
     assert_eq!(
         columns("KVCachePoolBinding"),

@@ -190,6 +190,7 @@ fn backend() -> impl Strategy<Value = KVCacheBackend> {
                         image_pull_policy: None,
                         transport: Transport { protocol: proto },
                         connection,
+                        tenancy: Default::default(),
                     },
                     status: None,
                 }

@@ -137,3 +137,38 @@ fn an_external_backend_renders_nothing_and_reports_its_client_address() {
     assert!(p.observation.rollout.is_empty());
     assert!(p.observation.endpoint.is_some(), "{:?}", p.observation);
 }
+
+#[test]
+fn the_namespaces_bound_to_a_backend_reach_its_status_sorted() {
+    let (b, mut world) = input("external.yaml");
+    let extra = "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: p}\nspec: {backends: [outside], quota: {total: 1Gi}}\n---\napiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {name: elsewhere}\nspec: {backends: [other], quota: {total: 1Gi}}\n";
+    let mut text = extra.to_owned();
+    for (ns, pool) in [
+        ("team-b", "p"),
+        ("team-a", "p"),
+        ("team-a", "p"),
+        ("team-c", "elsewhere"),
+    ] {
+        text.push_str(&format!("---\napiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {{name: {pool}-{ns}, namespace: {ns}}}\nspec: {{poolRef: {{name: {pool}}}, quota: {{ceiling: 1Mi}}, domain: {{name: {ns}, blockSize: 64, dtype: bfloat16}}}}\n"));
+    }
+    for m in manifest::parse("extra", &text).expect("parses") {
+        world.add(m.object);
+    }
+    let settings = Settings::default();
+    let p = plan(&read(&b, &world, Some(&settings))).expect("a plan");
+    assert_eq!(p.observation.bound_namespaces, ["team-a", "team-b"]);
+    let computed =
+        kvcache_render::status::backend::backend_status(&b, &p.observation, &Default::default());
+    let status = kvcache_render::status::backend::apply(
+        &Default::default(),
+        computed,
+        &p.observation,
+        &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+    );
+    assert_eq!(status.bound_namespaces, ["team-a", "team-b"]);
+    let written = serde_json::to_value(&status).expect("json");
+    assert_eq!(
+        written["boundNamespaces"],
+        serde_json::json!(["team-a", "team-b"])
+    );
+}

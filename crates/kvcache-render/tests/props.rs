@@ -103,6 +103,7 @@ fn backend() -> impl Strategy<Value = KVCacheBackend> {
                         }),
                         external: None,
                     },
+                    tenancy: Default::default(),
                 },
                 status: None,
             },

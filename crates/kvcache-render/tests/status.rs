@@ -77,6 +77,7 @@ fn observation(store: Option<StoreReading>, members: Vec<MemberPod>) -> Observat
         generation: Some(3),
         deleting: false,
         used_by: Vec::new(),
+        bound_namespaces: Vec::new(),
         endpoint: Some("mooncake-dram-leader.gpustack-system.svc:50051".into()),
         leader: Some(LeaderReplicas {
             desired: 1,

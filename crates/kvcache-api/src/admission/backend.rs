@@ -6,7 +6,7 @@ use super::{Admission, Verdict};
 use crate::backend::member_memory_floor;
 use crate::backend::{
     Connection, ElectionBackend, EndpointName, External, ExtraEnv, LocalDisk, Managed, Medium,
-    MemberGroup,
+    MemberGroup, Tenancy, TenancyMode,
 };
 use crate::names::{self, is_host_port, tier_path_problem};
 use crate::quantity::{format_bytes, parse_bytes, parse_millicores};
@@ -107,11 +107,30 @@ fn backend_static(b: &KVCacheBackend, v: &mut Verdict) {
     if let Some(image) = &b.spec.image {
         image_shape("spec.image", image, v);
     }
+    tenancy_static(&b.spec.tenancy, v);
     if let Some(m) = managed {
         managed_static(b, m, v);
     }
     if let Some(e) = external {
         external_static(e, v);
+    }
+}
+
+/// `spec.tenancy` on its own (the CRD's CEL rules, same words): a namespace with `Dedicated`
+/// and only then, and a name a namespace can have. Who binds it is judged against the Bindings
+/// (`kvcache_quota::tenancy`).
+fn tenancy_static(t: &Tenancy, v: &mut Verdict) {
+    match (t.mode, &t.namespace) {
+        (TenancyMode::Dedicated, None) => {
+            v.refuse("spec.tenancy", rules::TENANCY_NAMESPACE_MISSING)
+        }
+        (TenancyMode::Shared, Some(_)) => v.refuse("spec.tenancy", rules::TENANCY_NAMESPACE_UNUSED),
+        _ => {}
+    }
+    if let Some(ns) = &t.namespace
+        && !names::is_dns_label(ns)
+    {
+        v.refuse("spec.tenancy.namespace", rules::TENANCY_NAMESPACE_SHAPE);
     }
 }
 

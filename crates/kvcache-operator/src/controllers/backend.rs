@@ -675,12 +675,14 @@ async fn events(
 /// within its Pods' termination grace plus a slack, after which it is abandoned with a warning.
 async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     let name = b.name_any();
-    let used_by = ctx.world().consumers(&name);
+    let world = ctx.world();
+    let used_by = world.consumers(&name);
     if !used_by.is_empty() {
         let previous = b.status.clone().unwrap_or_default();
         let obs = Observation {
             deleting: true,
             used_by: used_by.clone(),
+            bound_namespaces: world.bound_namespaces(&name),
             endpoint: previous.endpoint.clone(),
             ..Observation::empty(b.metadata.generation)
         };

@@ -147,6 +147,7 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
     let (members, other_members) = members(&name, read.store_pods);
     let mut obs = Observation {
         used_by: read.world.consumers(&name),
+        bound_namespaces: read.world.bound_namespaces(&name),
         members,
         other_members,
         store: read.store.clone(),
@@ -184,7 +185,7 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
                 let (ceilings, _) = read.world.ceilings_on(&name);
                 // A refused policy keeps the document already written (never a partial one).
                 let doc = policy::render(&name, &ceilings).ok();
-                let bound = read.world.bound_namespaces(&name);
+                let bound = obs.bound_namespaces.clone();
                 let mut objects = render(&BackendInputs {
                     backend: b,
                     store_image: image,

@@ -30,6 +30,9 @@ pub struct Observation {
     pub deleting: bool,
     /// Pools on it.
     pub used_by: Vec<ObjectRef>,
+    /// The namespaces with a Binding on it, sorted (`World::bound_namespaces`), written as
+    /// `status.boundNamespaces`.
+    pub bound_namespaces: Vec<String>,
     /// Where engines connect.
     pub endpoint: Option<String>,
     /// The leader Deployment (managed; `None` while it does not exist yet).
@@ -74,6 +77,7 @@ impl Observation {
             generation,
             deleting: false,
             used_by: Vec::new(),
+            bound_namespaces: Vec::new(),
             endpoint: None,
             leader: None,
             lease_holder: None,
@@ -982,6 +986,7 @@ pub fn apply(
         capacity: computed.capacity,
         members: computed.members,
         used_by: obs.used_by.clone(),
+        bound_namespaces: obs.bound_namespaces.clone(),
         store_version: obs
             .store_version
             .as_ref()
