@@ -128,6 +128,36 @@ fn domains_are_claimed_once_per_backend_across_manifests() {
 }
 
 #[test]
+fn validate_warns_of_a_second_namespace_on_a_backend() {
+    let dir = std::env::temp_dir().join(format!("kvcache-cli-tenancy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let binding = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/walkthrough/03-binding.yaml"
+    ))
+    .expect("example");
+    let second = binding
+        .replace(
+            "name: team-a\n  namespace: team-a",
+            "name: team-b\n  namespace: team-b",
+        )
+        .replace("blockSize: 64", "name: chat\n    blockSize: 64");
+    std::fs::write(dir.join("04-second.yaml"), second).expect("write");
+    let (code, out) = operator(&[
+        "validate",
+        "-f",
+        "examples/walkthrough",
+        "-f",
+        dir.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, 0, "admitted: {out}");
+    assert!(
+        out.contains("warning: namespace team-b will share KVCacheBackend mooncake-dram with namespaces team-a: "),
+        "{out}"
+    );
+}
+
+#[test]
 fn crds_prints_all_five() {
     let (code, out) = operator(&["crds"]);
     assert_eq!(code, 0);

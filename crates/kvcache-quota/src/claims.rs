@@ -1,6 +1,6 @@
 //! Domain claims: a tenant name is held by one Binding per backend object, cluster-wide.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use kvcache_api::manifest::{Object, ObjectRef};
@@ -174,9 +174,10 @@ impl Finding {
     }
 }
 
-/// Domain claims per backend, the pool warning for a single-tenant backend and a second domain
+/// Domain claims per backend, the pool warning for a single-tenant backend, a second domain
 /// on a backend without a ledger (docs/design.md#domain-claims, #pool-admission,
-/// #second-domain), over objects given together.
+/// #second-domain) and who shares a backend (`crate::tenancy`, docs/isolation.md#tenancy), over
+/// objects given together.
 /// Bindings are judged in the order given: a later claim on a held name is the duplicate.
 pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -224,6 +225,8 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
     // which one came first): each Binding is judged in O(log n), not against every claim.
     let mut held: BTreeMap<(String, String), Claim> = BTreeMap::new();
     let mut tenants_on: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // The namespaces already holding a Binding on each backend (docs/isolation.md#tenancy).
+    let mut namespaces_on: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for o in objects {
         let Object::Binding(b) = o else { continue };
         let Some(backend) = pool_backend.get(&b.spec.pool_ref.name) else {
@@ -252,6 +255,32 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
                 message: dup.to_string(),
             });
             continue;
+        }
+        let namespace = b.metadata.namespace.as_deref().unwrap_or("default");
+        let empty = BTreeSet::new();
+        match crate::tenancy::binding(
+            backend,
+            backends.get(backend).copied(),
+            &claim.pool,
+            namespace,
+            namespaces_on.get(backend).unwrap_or(&empty),
+        ) {
+            Ok(Some(w)) => out.push(Finding {
+                object: o.object_ref(),
+                field: "spec.poolRef.name",
+                kind: FindingKind::Warning,
+                message: w,
+            }),
+            Ok(None) => {}
+            Err(e) => {
+                out.push(Finding {
+                    object: o.object_ref(),
+                    field: "spec.poolRef.name",
+                    kind: FindingKind::Forbidden,
+                    message: e.to_string(),
+                });
+                continue;
+            }
         }
         // Declared off wins; otherwise what a pool observed; otherwise unknown.
         let ledger = match backends
@@ -288,6 +317,10 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
         if seen.len() < 2 && !seen.contains(&claim.tenant) {
             seen.push(claim.tenant.clone());
         }
+        namespaces_on
+            .entry(claim.backend.clone())
+            .or_default()
+            .insert(namespace.to_owned());
         held.entry((claim.backend.clone(), claim.tenant.clone()))
             .or_insert(claim);
     }
@@ -350,7 +383,7 @@ mod tests {
                 binding("b", "llama"),
             ])
             .into_iter()
-            .find(|f| f.object.namespace.as_deref() == Some("b"))
+            .find(|f| f.object.namespace.as_deref() == Some("b") && f.field == "spec.domain.name")
             .map(|f| f.kind)
         };
         assert_eq!(
@@ -443,6 +476,76 @@ mod tests {
                 refusal.message
             );
         }
+    }
+
+    #[test]
+    fn bindings_bringing_namespaces_to_a_backend_are_warned_or_refused_by_its_tenancy() {
+        let objects = |tenancy: serde_json::Value| {
+            let mut all = vec![
+                object(serde_json::json!({
+                    "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "ext"},
+                    "spec": {"tenancy": tenancy, "connection": {"external": {"endpoints": [
+                        {"name": "Client", "address": "m:50051"}, {"name": "Admin", "address": "m:9003"}]}}}
+                })),
+                object(serde_json::json!({
+                    "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "p"},
+                    "spec": {"backends": ["ext"], "quota": {"total": "1Gi"}}
+                })),
+            ];
+            for (ns, name, domain) in [
+                ("team-a", "one", "qwen"),
+                ("team-a", "two", "llama"),
+                ("team-b", "one", "mistral"),
+                ("team-c", "one", "gemma"),
+            ] {
+                all.push(object(serde_json::json!({
+                    "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"poolRef": {"name": "p"}, "quota": {"ceiling": "1Gi"},
+                             "domain": {"name": domain, "blockSize": 64, "dtype": "bfloat16"}}
+                })));
+            }
+            cross_object(&all)
+                .into_iter()
+                .filter(|f| f.field == "spec.poolRef.name")
+                .map(|f| (f.object.to_string(), f.kind, f.message))
+                .collect::<Vec<_>>()
+        };
+        let shared = objects(serde_json::json!({"mode": "Shared"}));
+        let warned: Vec<&str> = shared.iter().map(|(o, _, _)| o.as_str()).collect();
+        assert_eq!(
+            warned,
+            [
+                "KVCachePoolBinding team-b/one",
+                "KVCachePoolBinding team-c/one"
+            ],
+            "team-a's second Binding brings nobody new: {shared:#?}"
+        );
+        assert!(shared.iter().all(|(_, k, _)| *k == FindingKind::Warning));
+        assert!(
+            shared[1]
+                .2
+                .contains("share KVCacheBackend ext with namespaces team-a, team-b:"),
+            "{}",
+            shared[1].2
+        );
+        let dedicated = objects(serde_json::json!({"mode": "Dedicated", "namespace": "team-a"}));
+        let refused: Vec<(&str, FindingKind)> =
+            dedicated.iter().map(|(o, k, _)| (o.as_str(), *k)).collect();
+        assert_eq!(
+            refused,
+            [
+                ("KVCachePoolBinding team-b/one", FindingKind::Forbidden),
+                ("KVCachePoolBinding team-c/one", FindingKind::Forbidden)
+            ]
+        );
+        assert!(
+            dedicated[1]
+                .2
+                .contains("spec.tenancy (mode: Dedicated) admits namespace team-a only"),
+            "{}",
+            dedicated[1].2
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod grant;
 pub mod policy;
 pub mod release;
 pub mod status;
+pub mod tenancy;
 
 pub use admin::{AdminError, Outcome, TenantEntry};
 pub use claims::{Claim, DuplicateDomain};

@@ -216,6 +216,34 @@ fn oplog_image_rule(
     })
 }
 
+/// Tenancy (docs/isolation.md#tenancy): a backend declared, or changed to, `Dedicated` while
+/// Bindings of other namespaces use it is refused, naming them (`kvcache_quota::tenancy`).
+/// Judged when the backend is created or its `spec.tenancy` moves, against the Bindings among
+/// `others`, so a stored backend stays updatable.
+fn tenancy_rule(
+    b: &kvcache_api::KVCacheBackend,
+    old: Option<&kvcache_api::KVCacheBackend>,
+    others: &[Object],
+) -> Option<Refusal> {
+    let admits = b.spec.tenancy.dedicated_to();
+    if admits.is_none() || old.is_some_and(|o| o.spec.tenancy == b.spec.tenancy) {
+        return None;
+    }
+    let world = World::from_objects(others);
+    let name = b.metadata.name.as_deref().unwrap_or_default();
+    let bindings: Vec<String> = world
+        .bindings_on(name)
+        .map(crate::world::binding_id)
+        .collect();
+    kvcache_quota::tenancy::dedicate(admits, &bindings)
+        .err()
+        .map(|e| Refusal {
+            field: "spec.tenancy".into(),
+            cause: Cause::Forbidden,
+            message: e.to_string(),
+        })
+}
+
 /// The backend behind a ModelDeployment's Binding and the protocol of each of its member groups
 /// (an external store counts as one group on the backend's protocol), when the Binding, its pool
 /// and backend are among `others`; otherwise the deployment reports `BindingNotFound` (creation
@@ -438,6 +466,7 @@ pub fn review(
         };
         refusals.extend(store_image_rule(b, previous, settings));
         refusals.extend(oplog_image_rule(b, previous, settings));
+        refusals.extend(tenancy_rule(b, previous, others));
     }
     // The object is judged last among the others, so a name it claims that another holds is
     // its duplicate, not the other's.

@@ -305,3 +305,107 @@ fn a_role_computing_in_another_dtype_than_its_domain_is_admitted_with_a_warning(
     let r = review(&model_computing_in("float32"), None, &[], &[], &settings);
     assert!(r.warnings.is_empty(), "{r:?}");
 }
+
+/// An external backend `ext` with `tenancy`, a pool `p` on it and one Binding per namespace.
+fn tenancy_world(tenancy: serde_json::Value, namespaces: &[&str]) -> Vec<Object> {
+    let mut all = vec![
+        object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "ext"},
+            "spec": {"tenancy": tenancy, "connection": {"external": {"endpoints": [
+                {"name": "Client", "address": "m:50051"}, {"name": "Admin", "address": "m:9003"}]}}}
+        })),
+        object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "p"},
+            "spec": {"backends": ["ext"], "quota": {"total": "1Gi"}}
+        })),
+    ];
+    all.extend(namespaces.iter().map(|ns| tenant_binding(ns)));
+    all
+}
+
+fn tenant_binding(ns: &str) -> Object {
+    object(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+        "metadata": {"name": "cache", "namespace": ns},
+        "spec": {"poolRef": {"name": "p"}, "quota": {"ceiling": "1Gi"},
+                 "domain": {"name": ns, "blockSize": 64, "dtype": "bfloat16"}}
+    }))
+}
+
+#[test]
+fn a_binding_sharing_a_backend_is_warned_and_one_on_a_backend_dedicated_elsewhere_refused() {
+    let settings = Settings::default();
+    let shared = tenancy_world(serde_json::json!({}), &["team-a", "team-c"]);
+    let r = review(&tenant_binding("team-b"), None, &shared, &[], &settings);
+    assert!(r.allowed(), "{r:?}");
+    assert!(
+        r.warnings.iter().any(|w| w.starts_with(
+            "namespace team-b will share KVCacheBackend ext with namespaces team-a, team-c: "
+        )),
+        "{:#?}",
+        r.warnings
+    );
+    // Alone on it: no word.
+    let alone = tenancy_world(serde_json::json!({}), &[]);
+    let r = review(&tenant_binding("team-b"), None, &alone, &[], &settings);
+    assert!(r.allowed() && r.warnings.is_empty(), "{r:?}");
+    // An update (its finalizer removed, say) is not judged again.
+    let b = tenant_binding("team-b");
+    let r = review(&b, Some(&b), &shared, &[], &settings);
+    assert!(r.warnings.is_empty(), "{r:?}");
+
+    let dedicated = tenancy_world(
+        serde_json::json!({"mode": "Dedicated", "namespace": "team-a"}),
+        &["team-a"],
+    );
+    let r = review(&tenant_binding("team-b"), None, &dedicated, &[], &settings);
+    assert!(
+        r.refusals.iter().any(|f| f.field == "spec.poolRef.name"
+            && f.cause.cause_type() == "FieldValueForbidden"
+            && f.message
+                .contains("whose spec.tenancy (mode: Dedicated) admits namespace team-a only")),
+        "{r:?}"
+    );
+    let r = review(&tenant_binding("team-a"), None, &dedicated, &[], &settings);
+    assert!(r.allowed() && r.warnings.is_empty(), "{r:?}");
+}
+
+#[test]
+fn a_backend_is_dedicated_only_while_no_other_namespace_binds_it() {
+    let settings = Settings::default();
+    let objects = tenancy_world(serde_json::json!({}), &["team-a", "team-b"]);
+    let shared = objects[0].clone();
+    let dedicated = |ns: &str| {
+        tenancy_world(
+            serde_json::json!({"mode": "Dedicated", "namespace": ns}),
+            &[],
+        )
+        .remove(0)
+    };
+    // Changed to Dedicated while team-b's Binding uses it: refused, naming it.
+    let r = review(
+        &dedicated("team-a"),
+        Some(&shared),
+        &objects,
+        &[],
+        &settings,
+    );
+    assert!(
+        r.refusals.iter().any(|f| f.field == "spec.tenancy"
+            && f.cause.cause_type() == "FieldValueForbidden"
+            && f.message.contains("(team-b/cache)")
+            && !f.message.contains("team-a/cache")),
+        "{r:?}"
+    );
+    // Created so, too.
+    assert!(!review(&dedicated("team-a"), None, &objects, &[], &settings).allowed());
+    // Only its own namespace's Bindings: admitted.
+    let own = tenancy_world(serde_json::json!({}), &["team-a"]);
+    let r = review(&dedicated("team-a"), Some(&own[0]), &own, &[], &settings);
+    assert!(r.allowed(), "{r:?}");
+    // A stored dedicated backend whose tenancy stays is not judged again (a raced Binding
+    // cannot hold its edits hostage); back to Shared always passes.
+    let stored = dedicated("team-a");
+    assert!(review(&stored, Some(&stored), &objects, &[], &settings).allowed());
+    assert!(review(&shared, Some(&stored), &objects, &[], &settings).allowed());
+}

@@ -13,23 +13,29 @@
 //!   (docs/design.md#raced-claims).
 //! - what a request names that the stores lack (yet): read live first, as [`live_read`] decides.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::core::response::{Status, StatusCause, StatusDetails};
 use kvcache_api::manifest::{Manifest, Object};
 use kvcache_api::{GROUP, Settings};
+use kvcache_quota::tenancy::NAMED;
 use kvcache_render::review::{Review, review};
 pub use kvcache_render::world::World;
 
 use crate::error::Unjudgeable;
 
 /// The objects `object` is judged beside, cloned: every backend, pool and InstanceType (few),
-/// and of the Bindings only those the claims can read (docs/design.md#domain-claims): for a
-/// Binding, those on its backend with its tenant (a duplicate) plus one with another tenant (a
-/// second domain); for a ModelDeployment every Binding of `world` (the live world holds only its
-/// own); for the other kinds none (their rules read no Binding). A request thus costs the same
-/// with 2,000 Bindings stored as with 2.
+/// and of the Bindings only those the claims and tenancy can read (docs/design.md#domain-claims,
+/// docs/isolation.md#tenancy): for a Binding, those on its backend with its tenant (a
+/// duplicate), one with another tenant (a second domain), and one of each namespace on the
+/// backend up to what a warning names (its own, and `NAMED + 1` others); for a backend
+/// dedicated to a namespace, the Bindings of other namespaces on it up to what a refusal names;
+/// for a ModelDeployment every Binding of `world` (the live world holds only its own); for the
+/// other kinds none (their rules read no Binding). A request thus costs the same with 2,000
+/// Bindings stored as with 2.
 fn related(world: &World, object: &Object) -> Vec<Object> {
     let backends = world
         .backends()
@@ -51,16 +57,35 @@ fn related(world: &World, object: &Object) -> Vec<Object> {
             .and_then(|p| p.spec.backend())
     {
         let tenant = kvcache_api::admission::tenant_of(candidate);
+        let own = candidate.metadata.namespace.as_deref();
         let mut other_tenant = false;
+        let mut namespaces: BTreeSet<&str> = BTreeSet::new();
+        let mut others = 0;
         // A Binding being deleted still holds its name: until its finalizer is gone the
         // master keeps its tenant's data, which a new claim would inherit.
         for b in world.bindings_on(backend) {
             let same = kvcache_api::admission::tenant_of(b) == tenant;
-            if same || !other_tenant {
+            let ns = b.metadata.namespace.as_deref().unwrap_or_default();
+            let new_namespace = !namespaces.contains(ns) && (Some(ns) == own || others <= NAMED);
+            if same || !other_tenant || new_namespace {
                 other_tenant |= !same;
+                if namespaces.insert(ns) && Some(ns) != own {
+                    others += 1;
+                }
                 bindings.push(Object::Binding(Box::new(b.clone())));
             }
         }
+    } else if let Object::Backend(b) = object
+        && let Some(admits) = b.spec.tenancy.dedicated_to()
+    {
+        let name = b.metadata.name.as_deref().unwrap_or_default();
+        bindings.extend(
+            world
+                .bindings_on(name)
+                .filter(|x| x.metadata.namespace.as_deref() != Some(admits))
+                .take(NAMED + 1)
+                .map(|x| Object::Binding(Box::new(x.clone()))),
+        );
     }
     backends
         .chain(pools)
@@ -547,6 +572,130 @@ mod tests {
         assert!(
             r.warnings
                 .is_some_and(|w| w.iter().any(|w| w.contains("is unproven")))
+        );
+    }
+
+    /// `world_with_backend()` with the backend `m` dedicated to `ns` (`None`: shared), and a
+    /// Binding `team` of tenant `t-<ns>` in each of `namespaces`.
+    fn tenancy_world(dedicated: Option<&str>, namespaces: &[&str]) -> World {
+        let mut w = world_with_backend();
+        if let Some(ns) = dedicated {
+            let mut b = w.backend("m").expect("backend").clone();
+            b.spec.tenancy = kvcache_api::backend::Tenancy {
+                mode: kvcache_api::backend::TenancyMode::Dedicated,
+                namespace: Some(ns.into()),
+            };
+            w.add_backend(Arc::new(b));
+        }
+        for ns in namespaces {
+            let b: KVCachePoolBinding =
+                serde_json::from_value(binding(ns, &format!("t-{ns}"))).expect("binding");
+            w.add_binding(Arc::new(b));
+        }
+        w
+    }
+
+    #[test]
+    fn a_binding_bringing_a_namespace_to_a_shared_backend_is_admitted_with_the_warning() {
+        let r = validate(
+            &request("KVCachePoolBinding", "CREATE", binding("team-b", "llama")),
+            &Settings::default(),
+            &tenancy_world(None, &[]),
+        );
+        assert!(r.allowed, "{:?}", r.result);
+        let warnings = r.warnings.unwrap_or_default();
+        assert!(
+            warnings.iter().any(|w| w.starts_with(
+                "namespace team-b will share KVCacheBackend m with namespaces team-a: "
+            )),
+            "{warnings:#?}"
+        );
+        // A further Binding of a namespace already there: no such warning.
+        let r = validate(
+            &request("KVCachePoolBinding", "CREATE", binding("team-a", "llama")),
+            &Settings::default(),
+            &tenancy_world(None, &[]),
+        );
+        assert!(
+            r.warnings
+                .unwrap_or_default()
+                .iter()
+                .all(|w| !w.contains("will share")),
+            "team-a is on the backend already"
+        );
+    }
+
+    #[test]
+    fn many_namespaces_on_a_backend_are_judged_from_a_bounded_few_and_named_five_and_others() {
+        let many: Vec<String> = (0..40).map(|i| format!("ns-{i:02}")).collect();
+        let names: Vec<&str> = many.iter().map(String::as_str).collect();
+        let w = tenancy_world(None, &names);
+        let candidate = request("KVCachePoolBinding", "CREATE", binding("team-b", "llama"));
+        let new = manifest(candidate.object.as_ref().expect("object")).expect("decodes");
+        let judged = related(&w, &new.object)
+            .iter()
+            .filter(|o| matches!(o, Object::Binding(_)))
+            .count();
+        assert!(
+            judged <= NAMED + 3,
+            "{judged} Bindings cloned for 41 on the backend"
+        );
+        let r = validate(&candidate, &Settings::default(), &w);
+        let warnings = r.warnings.unwrap_or_default();
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w
+                    .contains("with namespaces ns-00, ns-01, ns-02, ns-03, ns-04, and others:")),
+            "{warnings:#?}"
+        );
+    }
+
+    #[test]
+    fn a_binding_on_a_backend_dedicated_elsewhere_is_a_422_naming_the_tenancy() {
+        let r = validate(
+            &request("KVCachePoolBinding", "CREATE", binding("team-b", "llama")),
+            &Settings::default(),
+            &tenancy_world(Some("team-a"), &[]),
+        );
+        assert!(!r.allowed);
+        assert_eq!(r.result.code, 422);
+        let details = r.result.details.expect("details");
+        assert_eq!(details.causes[0].field, "spec.poolRef.name");
+        assert_eq!(details.causes[0].reason, "FieldValueForbidden");
+        assert!(
+            details.causes[0]
+                .message
+                .contains("KVCacheBackend m, whose spec.tenancy (mode: Dedicated) admits namespace team-a only"),
+            "{}",
+            details.causes[0].message
+        );
+        let r = validate(
+            &request("KVCachePoolBinding", "CREATE", binding("team-a", "llama")),
+            &Settings::default(),
+            &tenancy_world(Some("team-a"), &[]),
+        );
+        assert!(r.allowed, "its own namespace: {:?}", r.result);
+    }
+
+    #[test]
+    fn a_backend_another_namespace_binds_cannot_be_made_dedicated() {
+        let w = tenancy_world(None, &["team-c"]);
+        let shared = serde_json::to_value(w.backend("m").expect("backend")).expect("json");
+        let mut dedicated = shared.clone();
+        dedicated["spec"]["tenancy"] =
+            serde_json::json!({"mode": "Dedicated", "namespace": "team-a"});
+        let mut req = request("KVCacheBackend", "UPDATE", dedicated);
+        req.old_object = Some(serde_json::from_value(shared).expect("old"));
+        let r = validate(&req, &Settings::default(), &w);
+        assert!(!r.allowed);
+        let details = r.result.details.expect("details");
+        assert_eq!(details.causes[0].field, "spec.tenancy");
+        assert!(
+            details.causes[0].message.contains("(team-c/team)")
+                && !details.causes[0].message.contains("team-a/team"),
+            "{}",
+            details.causes[0].message
         );
     }
 
