@@ -261,6 +261,146 @@ fn a_pool_on_a_single_tenant_backend_is_admitted_with_a_warning_kubectl_prints()
     );
 }
 
+/// `kubectl apply` of `manifest` (with `extra` flags, e.g. `--dry-run=server`): whether it was
+/// admitted, and what kubectl printed to stderr (warnings and refusals).
+fn kubectl_apply(name: &str, manifest: &str, extra: &[&str]) -> (bool, String) {
+    let dir = paths::scratch("webhook-tenancy").expect("dir");
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(&file, manifest).expect("write");
+    let out = kubectl()
+        .arg("apply")
+        .args(extra)
+        .arg("-f")
+        .arg(&file)
+        .output()
+        .expect("kubectl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// docs/isolation.md#tenancy: a Binding that brings a second namespace to a shared backend is
+/// admitted with a warning naming the namespace already there (under `--dry-run=server` too);
+/// the backend lists both in `status.boundNamespaces`; a backend dedicated to one namespace
+/// refuses another's Binding naming its `spec.tenancy`, read live before the operator's cache
+/// holds it; and a backend another namespace binds cannot be made Dedicated.
+#[test]
+fn a_second_namespace_on_a_shared_backend_is_warned_and_a_dedicated_backend_refuses_another() {
+    let _turn = hook().lock().unwrap_or_else(|p| p.into_inner());
+    let binding = |ns: &str, pool: &str| {
+        format!(
+            "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePoolBinding\nmetadata: {{name: {pool}, namespace: {ns}}}\nspec:\n  poolRef: {{name: {pool}}}\n  quota: {{ceiling: 1Gi}}\n  domain: {{name: {ns}, blockSize: 64, dtype: bfloat16}}\n"
+        )
+    };
+    let backend = |name: &str, tenancy: &str| -> KVCacheBackend {
+        yaml(&format!(
+            "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {name}}}\nspec:\n  tenancy: {tenancy}\n  connection:\n    external:\n      endpoints: [{{name: Client, address: '127.0.0.1:1'}}, {{name: Admin, address: '127.0.0.1:2'}}]\n"
+        ))
+    };
+    let pool = |name: &str| -> KVCachePool {
+        yaml(&format!(
+            "apiVersion: worker.gpustack.ai/v1\nkind: KVCachePool\nmetadata: {{name: {name}}}\nspec: {{backends: [{name}], quota: {{total: 1Gi}}}}\n"
+        ))
+    };
+    block_on(async move {
+        let client = client().await?;
+        wait_trusted(&client).await?;
+        for ns in ["tenancy-a", "tenancy-b"] {
+            namespace(&client, ns).await;
+        }
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        backends
+            .create(&PostParams::default(), &backend("tenancy-shared", "{}"))
+            .await?;
+        pools
+            .create(&PostParams::default(), &pool("tenancy-shared"))
+            .await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    // The first namespace on the backend: not a word.
+    let (admitted, stderr) =
+        kubectl_apply("a-shared", &binding("tenancy-a", "tenancy-shared"), &[]);
+    assert!(admitted, "the first Binding: {stderr}");
+    assert!(
+        !stderr.contains("Warning:"),
+        "alone on the backend, no warning: {stderr}"
+    );
+    block_on(async move {
+        let client = client().await?;
+        // The webhook judges against the operator's cache: once its finalizer is on, the
+        // operator has seen tenancy-a's Binding.
+        let a: Api<KVCachePoolBinding> = Api::namespaced(client, "tenancy-a");
+        wait_object(
+            &a,
+            "tenancy-shared",
+            "the operator's finalizer",
+            WAIT,
+            |b| !b.finalizers().is_empty(),
+        )
+        .await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    // The second: admitted, with the warning, on a dry run and for real.
+    let second = binding("tenancy-b", "tenancy-shared");
+    for extra in [&["--dry-run=server"][..], &[]] {
+        let (admitted, stderr) = kubectl_apply("b-shared", &second, extra);
+        assert!(admitted, "{extra:?}: {stderr}");
+        let warning = stderr
+            .lines()
+            .find(|l| l.starts_with("Warning: namespace tenancy-b will share KVCacheBackend tenancy-shared with namespaces tenancy-a: "))
+            .unwrap_or_else(|| panic!("{extra:?}: no warning naming tenancy-a: {stderr}"));
+        assert!(
+            warning.contains("MOONCAKE_TENANT_ID")
+                && warning.contains("read, remove or pre-plant")
+                && warning.contains("spec.tenancy: {mode: Dedicated, namespace: tenancy-b}"),
+            "{warning}"
+        );
+    }
+
+    block_on(async move {
+        let client = client().await?;
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        // The backend's status lists both namespaces.
+        wait_object(&backends, "tenancy-shared", "status.boundNamespaces [tenancy-a, tenancy-b]", WAIT, |b| {
+            b.status.as_ref().is_some_and(|s| s.bound_namespaces == ["tenancy-a", "tenancy-b"])
+        })
+        .await?;
+        // Made Dedicated to tenancy-a while tenancy-b binds it: refused, naming tenancy-b's.
+        let dedicate = serde_json::json!({"spec": {"tenancy": {"mode": "Dedicated", "namespace": "tenancy-a"}}});
+        let message = refusal(backends.patch("tenancy-shared", &PatchParams::default(), &Patch::Merge(&dedicate)).await);
+        assert!(
+            message.contains("spec.tenancy") && message.contains("(tenancy-b/tenancy-shared)"),
+            "{message}"
+        );
+
+        // A backend dedicated to tenancy-a, its pool and at once a Binding of tenancy-b: the
+        // webhook reads what its cache lacks live, and refuses naming the field.
+        backends
+            .create(&PostParams::default(), &backend("tenancy-dedicated", "{mode: Dedicated, namespace: tenancy-a}"))
+            .await?;
+        let pools: Api<KVCachePool> = Api::all(client.clone());
+        pools.create(&PostParams::default(), &pool("tenancy-dedicated")).await?;
+        let b: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "tenancy-b");
+        let message = refusal(b.create(&PostParams::default(), &yaml(&binding("tenancy-b", "tenancy-dedicated"))).await);
+        assert!(
+            message.contains("spec.poolRef.name")
+                && message.contains("KVCacheBackend tenancy-dedicated, whose spec.tenancy (mode: Dedicated) admits namespace tenancy-a only"),
+            "{message}"
+        );
+        // Its own namespace is admitted.
+        let a: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), "tenancy-a");
+        a.create(&PostParams::default(), &yaml(&binding("tenancy-a", "tenancy-dedicated"))).await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 fn with_the_operator_stopped_other_groups_are_still_written_and_a_new_certificate_serves() {
     let mut h = hook().lock().unwrap_or_else(|p| p.into_inner());
