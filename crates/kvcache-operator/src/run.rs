@@ -413,7 +413,7 @@ fn start_webhook(
         writer,
     };
     let keeping = tokio::spawn(keeper.run(ready.clone()));
-    let router = webhook::router(Arc::new(webhook::Webhook { ctx: ctx.clone() }));
+    let router = webhook::router(Arc::new(webhook::Webhook::new(ctx.clone())));
     let (stop, mut stopping) = tokio::sync::watch::channel(false);
     let counts: Arc<dyn crate::serve::Counts> = ctx.metrics.clone();
     let ready = ready.clone();

@@ -9,6 +9,33 @@ use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use super::admission::{LiveRead, World};
 use crate::error::{Error, Unjudgeable, kube as kube_error};
 
+/// Live reads in flight at once, for every request together. A live read is one to four GETs
+/// (Binding, pool, backend, InstanceTypes); every source may send reviews (a forged one names
+/// what it likes), so without a bound each review in flight would be an API server read too.
+/// 16 at once is at most 64 GETs in flight, a sixth of the API server's default 400 read
+/// requests, and far more than the API server's own reviews need: they miss the caches only
+/// for an object created a moment before (docs/design.md#live-reads).
+pub const READS_AT_ONCE: usize = 16;
+
+/// The bound on live reads in flight ([`READS_AT_ONCE`]): a read past it waits for a turn,
+/// within its request's time (`serve::Bounds::request`).
+pub struct Turns(tokio::sync::Semaphore);
+
+impl Default for Turns {
+    fn default() -> Self {
+        Turns(tokio::sync::Semaphore::new(READS_AT_ONCE))
+    }
+}
+
+impl Turns {
+    /// Runs `read` once a turn is free.
+    pub async fn run<F: std::future::Future>(&self, read: F) -> F::Output {
+        // The semaphore is never closed: a permit always comes, or the request times out.
+        let _turn = self.0.acquire().await;
+        read.await
+    }
+}
+
 /// Reads what [`super::admission::live_read`] asked for into `world`.
 pub async fn read(client: &kube::Client, what: &LiveRead, world: &mut World) -> Result<(), Error> {
     match what {
@@ -130,4 +157,42 @@ pub async fn live_backend(
         world.add_backend(Arc::new(be));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn reads_past_the_bound_wait_for_a_turn() {
+        let turns = std::sync::Arc::new(Turns::default());
+        let (now, most) = (
+            std::sync::Arc::new(AtomicUsize::new(0)),
+            std::sync::Arc::new(AtomicUsize::new(0)),
+        );
+        let reads: Vec<_> = (0..READS_AT_ONCE * 3)
+            .map(|_| {
+                let (turns, now, most) = (turns.clone(), now.clone(), most.clone());
+                tokio::spawn(async move {
+                    turns
+                        .run(async {
+                            let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(n, Ordering::SeqCst);
+                            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                            now.fetch_sub(1, Ordering::SeqCst);
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for r in reads {
+            r.await.expect("a read ends");
+        }
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            READS_AT_ONCE,
+            "reads in flight reach the bound and never pass it"
+        );
+    }
 }

@@ -27,9 +27,19 @@ use live::live_world;
 pub struct Webhook {
     /// The operator's shared state (stores, metrics).
     pub ctx: Arc<Context>,
+    /// Turns for live reads, shared by every request ([`live::READS_AT_ONCE`]).
+    live_reads: live::Turns,
 }
 
 impl Webhook {
+    /// The handlers' state over `ctx`.
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Webhook {
+            ctx,
+            live_reads: live::Turns::default(),
+        }
+    }
+
     fn world(&self) -> World {
         self.ctx.world()
     }
@@ -48,7 +58,7 @@ async fn validate_handler(
                 && matches!(r.operation, Operation::Create | Operation::Update) =>
         {
             match r.object.as_ref() {
-                Some(o) => Some(live_world(&hook.ctx.client, o).await),
+                Some(o) => Some(hook.live_reads.run(live_world(&hook.ctx.client, o)).await),
                 None => None,
             }
         }
@@ -81,7 +91,9 @@ async fn with_references(
 ) -> Result<World, crate::error::Error> {
     let mut world = hook.world();
     if let Some(what) = req.and_then(|r| live_read(r, &world)) {
-        live::read(&hook.ctx.client, &what, &mut world).await?;
+        hook.live_reads
+            .run(live::read(&hook.ctx.client, &what, &mut world))
+            .await?;
     }
     Ok(world)
 }
@@ -143,7 +155,10 @@ async fn mutate_pods_handler(
     // Pods), they are read live, so that the Pod is judged on what exists, not on a lagging
     // cache. A failed read refuses the Pod (the webhook fails closed).
     if let Some(what) = review.request.as_ref().and_then(|r| live_read(r, &world))
-        && let Err(e) = live::read(&hook.ctx.client, &what, &mut world).await
+        && let Err(e) = hook
+            .live_reads
+            .run(live::read(&hook.ctx.client, &what, &mut world))
+            .await
     {
         warn!(object = %what, error = %e, "live read for a Pod's Binding failed");
         unreadable = Some(e);
