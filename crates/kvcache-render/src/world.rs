@@ -278,11 +278,16 @@ impl World {
     /// The namespaces with a Binding on `backend` (whose engines may reach its store), sorted.
     /// A Binding being deleted no longer opens its namespace once no ModelDeployment uses it:
     /// its release may wait on data the tenant still holds in the store, which only the
-    /// operator needs to reach (docs/isolation.md).
+    /// operator needs to reach (docs/isolation.md). A backend dedicated to a namespace
+    /// (`spec.tenancy`) opens that one alone, whatever Binding raced past admission.
     pub fn bound_namespaces(&self, backend: &str) -> Vec<String> {
+        let dedicated = self
+            .backend(backend)
+            .and_then(|b| b.spec.tenancy.dedicated_to());
         self.bindings_on(backend)
             .filter(|b| b.metadata.deletion_timestamp.is_none() || !self.users(b).is_empty())
             .filter_map(|b| b.metadata.namespace.clone())
+            .filter(|ns| dedicated.is_none_or(|d| d == ns))
             .collect::<BTreeSet<String>>()
             .into_iter()
             .collect()
@@ -496,6 +501,19 @@ spec: {poolRef: {name: orphan}, quota: {ceiling: 1Mi}, domain: {name: lost, bloc
             ["team-a", "team-b"],
             "team-a's deployment still uses its Binding: open until it goes"
         );
+    }
+
+    #[test]
+    fn a_dedicated_backend_opens_its_namespace_alone_whatever_binding_raced_past_admission() {
+        let mut w = world();
+        let dram = w.backend("dram").cloned().expect("the backend");
+        let mut dedicated = dram.clone();
+        dedicated.spec.tenancy = serde_json::from_value(
+            serde_json::json!({"mode": "Dedicated", "namespace": "team-b"}),
+        )
+        .expect("a tenancy");
+        w.add_backend(std::sync::Arc::new(dedicated));
+        assert_eq!(w.bound_namespaces("dram"), ["team-b"]);
     }
 
     #[test]
