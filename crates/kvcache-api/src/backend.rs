@@ -780,11 +780,48 @@ pub struct KVCacheBackendStatus {
     /// With `electionBackend: Etcd`: the backend's etcd Pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdStatus>,
+    /// Segments the master lists that no member Pod of this backend mounted: the store places
+    /// other tenants' blocks in their memory (`UnknownSegments`, docs/isolation.md#unknown-segments).
+    /// At most [`UNKNOWN_SEGMENTS_LISTED`], in name order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub unknown_segments: Vec<UnknownSegment>,
     /// `LeaderAvailable`, `MembersMounted`, `CapacityObserved`, `PoolWrites`, `Deletable`,
     /// `RolloutComplete`, and `ElectionObserved` / `TierWasEmpty` / `EtcdAvailable` /
     /// `FailoverKeptCache` where they apply.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// How many unknown segments `status.unknownSegments` holds at most, the first in name order
+/// (more are left out: the first are enough to act on).
+pub const UNKNOWN_SEGMENTS_LISTED: usize = 64;
+
+/// A segment on the backend's master that no member Pod of the backend mounted.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UnknownSegment {
+    /// The segment's name as the master lists it (`<address>:<port>`): the transfer endpoint
+    /// the store sends blocks to.
+    pub segment_name: String,
+    /// The address the segment advertises (its name without the port).
+    pub address: String,
+    /// The Pod that has this address (`namespace/name`), when one has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// Its size as mounted (a quantity, `32Mi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
+    /// Where it stands on the master: `OK` (takes new blocks), `DRAINING`, `DRAINED`, ...
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub state: String,
+    /// When the operator first saw it.
+    pub first_seen: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    /// Listed for longer than a replaced member's segment lingers on the master (its client
+    /// TTL): reported in `UnknownSegments`, counted and, unless the operator runs with
+    /// `--unknown-segments=report`, drained.
+    #[serde(default)]
+    pub confirmed: bool,
 }
 
 /// The warm election as the serving master reports it.
@@ -862,6 +899,9 @@ pub mod conditions {
     /// NetworkPolicies keep the store's Pods to the backend's own Pods and its bound namespaces
     /// (`False` while a member group runs on the host network, which no policy covers).
     pub const NETWORK_ISOLATED: &str = "NetworkIsolated";
+    /// The master lists segments no member Pod of the backend mounted (a managed backend's
+    /// serving master only): each named with its address.
+    pub const UNKNOWN_SEGMENTS: &str = "UnknownSegments";
     /// The backend's objects could not be rendered (written only then, always `False`).
     pub const RENDERED: &str = "Rendered";
     /// The cluster settings could not be read (written only then, always `False`): the message

@@ -45,6 +45,9 @@ pub struct Config {
     pub shared_cache_window: Duration,
     /// Who besides a backend's Pods and its bound namespaces reaches its store.
     pub access: kvcache_render::backend::StoreAccess,
+    /// Whether segments of no member Pod are drained (`--unknown-segments=drain`) or only
+    /// reported.
+    pub drain_unknown: bool,
 }
 
 /// The caches of every watched kind, one reflector each, filled before the controllers start.

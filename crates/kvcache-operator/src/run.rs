@@ -131,6 +131,17 @@ pub struct RunArgs {
     /// sets it from the same setting as that policy (docs/isolation.md).
     #[arg(long = "webhook-allowed-source", env = "KVCACHE_WEBHOOK_ALLOWED_SOURCES", value_delimiter = ',', value_parser = parse_net)]
     pub webhook_allowed_sources: Vec<ipnet::IpNet>,
+    /// What the operator does with a segment on a managed backend's master that no member Pod
+    /// of the backend mounted (docs/isolation.md#unknown-segments): `drain` it onto the
+    /// members, so that no new block lands in that process's memory, or only `report` it
+    /// (condition, event, metric). Both report.
+    #[arg(
+        long = "unknown-segments",
+        env = "KVCACHE_UNKNOWN_SEGMENTS",
+        value_enum,
+        default_value = "drain"
+    )]
+    pub unknown_segments: UnknownSegments,
     /// The validating and mutating webhook configurations whose `caBundle` the operator keeps.
     #[arg(
         long,
@@ -138,6 +149,15 @@ pub struct RunArgs {
         default_value = "kvcache-operator"
     )]
     pub webhook_configuration: String,
+}
+
+/// `--unknown-segments`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnknownSegments {
+    /// Drain each onto the backend's members (and report it).
+    Drain,
+    /// Only report it.
+    Report,
 }
 
 fn parse_override(text: &str) -> Result<(String, String), Error> {
@@ -338,6 +358,7 @@ fn config(args: &RunArgs) -> Config {
             admin_from: args.store_admin_from.clone(),
             metrics_from: args.store_metrics_from.clone(),
         },
+        drain_unknown: args.unknown_segments == UnknownSegments::Drain,
     }
 }
 

@@ -530,6 +530,8 @@ pub struct Metrics {
     pub backend_members: Family<MemberLabels, prometheus_client::metrics::gauge::Gauge>,
     /// 1 while a backend's phase is `Degraded`.
     pub backend_degraded: Family<BackendLabels, prometheus_client::metrics::gauge::Gauge>,
+    /// Segments on a managed backend's master that no member Pod of it mounted (confirmed).
+    pub backend_unknown_segments: Family<BackendLabels, prometheus_client::metrics::gauge::Gauge>,
     /// The Binding cache the per-Binding series are read from (set once it exists).
     pub bindings: Arc<std::sync::OnceLock<Store<kvcache_api::KVCachePoolBinding>>>,
     /// The ModelDeployment cache the per-deployment shared-cache series are read from.
@@ -571,6 +573,7 @@ impl Default for Metrics {
         let backend_capacity = Family::default();
         let backend_members = Family::default();
         let backend_degraded = Family::default();
+        let backend_unknown_segments = Family::default();
         registry.register(
             "backend_capacity_bytes",
             "A backend's capacity as its status reports it: the segments its members registered",
@@ -585,6 +588,11 @@ impl Default for Metrics {
             "backend_degraded",
             "1 while a backend's phase is Degraded",
             backend_degraded.clone(),
+        );
+        registry.register(
+            "backend_unknown_segments",
+            "Segments a managed backend's serving master lists that no member Pod of the backend mounted, once listed past the master's client TTL (status.unknownSegments, condition UnknownSegments)",
+            backend_unknown_segments.clone(),
         );
         let collector = BindingCollector::default();
         let bindings = collector.bindings.clone();
@@ -633,6 +641,7 @@ impl Default for Metrics {
             backend_capacity,
             backend_members,
             backend_degraded,
+            backend_unknown_segments,
             bindings,
             models,
             store_readings,
@@ -698,6 +707,18 @@ impl Metrics {
             .set(i64::from(degraded));
     }
 
+    /// Sets how many confirmed unknown segments `backend`'s master lists (`None`: not judged
+    /// this pass, the last figure stays).
+    pub fn unknown_segments(&self, backend: &str, confirmed: Option<usize>) {
+        if let Some(n) = confirmed {
+            self.backend_unknown_segments
+                .get_or_create(&BackendLabels {
+                    backend: backend.to_owned(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
     /// Keeps `series`, the latest reading of `backend`'s master, for re-export; `None` (the
     /// read failed) drops what was kept, so the backend's series go absent.
     pub fn store_series(
@@ -736,6 +757,7 @@ impl Metrics {
         };
         self.backend_capacity.remove(&b);
         self.backend_degraded.remove(&b);
+        self.backend_unknown_segments.remove(&b);
         for state in ["ready", "mounted"] {
             self.backend_members.remove(&MemberLabels {
                 backend: backend.to_owned(),

@@ -36,9 +36,26 @@ fn condition<'a>(s: &'a KVCacheBackendStatus, t: &str) -> Option<(&'a str, &'a s
 /// The events for the transitions a user wants to see: a new generation rendered, a phase
 /// change, capacity observed or changed, and a member missing, a rollout held, a deletion held
 /// or the settings unreadable (each once, when the condition turns False or its reason
-/// changes).
+/// changes), and an `UnknownSegment` warning for each segment of no member Pod once it is
+/// confirmed (once per segment, not every pass).
 pub fn backend_events(before: &KVCacheBackendStatus, after: &KVCacheBackendStatus) -> Vec<Note> {
     let mut out = Vec::new();
+    for u in after.unknown_segments.iter().filter(|u| u.confirmed) {
+        let known = before
+            .unknown_segments
+            .iter()
+            .any(|b| b.confirmed && b.segment_name == u.segment_name);
+        if !known {
+            out.push(Note {
+                kind: Kind::Warning,
+                reason: "UnknownSegment",
+                message: format!(
+                    "segment {} is mounted on this backend's master by no member Pod of it: the store places any tenant's blocks in its memory (condition UnknownSegments says what the operator does)",
+                    crate::status::backend::describe_unknown(u)
+                ),
+            });
+        }
+    }
     if before.observed_generation != after.observed_generation {
         out.push(Note {
             kind: Kind::Normal,
@@ -289,5 +306,44 @@ mod tests {
                 .any(|n| n.reason == "BackendDegraded" && n.kind == Kind::Warning)
         );
         assert_eq!(backend_events(&missing, &missing), []);
+    }
+
+    #[test]
+    fn an_unknown_segment_warns_once_when_confirmed_and_again_only_for_a_new_one() {
+        let seen =
+            |segments: serde_json::Value| status(serde_json::json!({"unknownSegments": segments}));
+        let rogue = |name: &str, confirmed: bool| {
+            serde_json::json!({"segmentName": name, "address": "10.0.2.9", "pod": "team-b/rogue",
+                               "size": "32Mi", "state": "OK", "firstSeen": "2026-12-06T10:00:00Z",
+                               "confirmed": confirmed})
+        };
+        let pending = seen(serde_json::json!([rogue("10.0.2.9:15003", false)]));
+        let confirmed = seen(serde_json::json!([rogue("10.0.2.9:15003", true)]));
+        assert!(
+            backend_events(&Default::default(), &pending).is_empty(),
+            "within its grace"
+        );
+        assert_eq!(
+            backend_events(&pending, &confirmed),
+            [Note {
+                kind: Kind::Warning,
+                reason: "UnknownSegment",
+                message: "segment 10.0.2.9:15003 (32Mi at address 10.0.2.9, Pod team-b/rogue, state OK) is mounted on this backend's master by no member Pod of it: the store places any tenant's blocks in its memory (condition UnknownSegments says what the operator does)".into(),
+            }]
+        );
+        assert!(
+            backend_events(&confirmed, &confirmed).is_empty(),
+            "not every pass"
+        );
+        let two = seen(serde_json::json!([
+            rogue("10.0.2.9:15003", true),
+            rogue("10.0.2.9:15004", true)
+        ]));
+        let notes = backend_events(&confirmed, &two);
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0].message.starts_with("segment 10.0.2.9:15004 "),
+            "{notes:?}"
+        );
     }
 }

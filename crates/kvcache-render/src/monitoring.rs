@@ -72,6 +72,17 @@ pub(crate) fn alerts() -> Vec<Alert> {
             description: "KVCacheBackend {{ $labels.backend }} reports phase Degraded: `kubectl get kvcb {{ $labels.backend }} -o yaml` shows the condition that says why (members not mounted, standbys missing, the leader not ready).",
         },
         Alert {
+            name: "KVCacheUnknownSegment",
+            // Set by the leading replica on every pass that reads a serving master's listing;
+            // a segment counts once listed past the master's client TTL
+            // (kvcache_render::mounts::grace), so a replaced member's does not fire it.
+            expr: "max by (backend) (kvcache_operator_backend_unknown_segments) > 0",
+            for_: "1m",
+            severity: "critical",
+            summary: "A process that is no member of the store mounted a segment on its master",
+            description: "The master of KVCacheBackend {{ $labels.backend }} lists a segment that no member Pod of the backend mounted: the store places any tenant's blocks in that process's memory and serves them to other tenants from there (it can read and alter them). `kubectl get kvcb {{ $labels.backend }} -o jsonpath='{.status.unknownSegments}'` names each segment, its address and the Pod at that address; condition UnknownSegments says whether the operator drained it. Stop the process (a store client set up with global_segment_size above 0), and if its namespace shares the backend with others, consider a backend of its own (spec.tenancy: Dedicated).",
+        },
+        Alert {
             name: "KVCacheTenantRejectsRising",
             expr: "max by (backend) (rate(kvcache_operator_store_master_put_start_failures_total[5m])) > 0",
             for_: "10m",

@@ -48,9 +48,14 @@ fn read<'a>(
         store_pods: &[],
         store: None,
         jobs: BTreeMap::new(),
+        pods_at: &NO_PODS,
+        drain_unknown: true,
         now: Timestamp::UNIX_EPOCH,
     }
 }
+
+/// No Pod looked up at an unknown address.
+static NO_PODS: BTreeMap<String, String> = BTreeMap::new();
 
 #[test]
 fn a_managed_backend_renders_its_objects_and_decides_each_groups_step() {
@@ -171,4 +176,78 @@ fn the_namespaces_bound_to_a_backend_reach_its_status_sorted() {
         written["boundNamespaces"],
         serde_json::json!(["team-a", "team-b"])
     );
+}
+
+#[test]
+fn a_rogue_segment_on_the_serving_master_is_tracked_and_drained_once_past_its_grace() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kvcache_render::store::{Health, Metrics, Segment, StoreReading};
+    let (b, world) = input("walkthrough-backend.yaml");
+    let settings = Settings::default();
+    let member: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "m0", "labels": {
+            "app.kubernetes.io/name": "kv-cache-backend",
+            "app.kubernetes.io/instance": b.metadata.name.clone(),
+            "app.kubernetes.io/component": "member-0"}},
+        "spec": {"nodeName": "n0", "containers": []},
+        "status": {"podIP": "10.0.0.5"}
+    }))
+    .expect("a Pod");
+    let pods = [member];
+    let listing = r#"{"segments":[
+        {"segment_name":"10.0.0.5:15000","size_bytes":67108864,"status":"OK"},
+        {"segment_name":"10.0.2.9:15003","size_bytes":33554432,"status":"OK"}]}"#;
+    let store = StoreReading {
+        health: Health::parse("h", r#"{"service_ready":true}"#),
+        metrics: Ok(Metrics::parse("master_total_capacity_bytes 100663296\n")),
+        segments: Segment::parse_all("s", listing),
+    };
+    assert_eq!(
+        kvcache_render::backend::plan::unknown_addresses(&b, &pods, Some(&store))
+            .into_iter()
+            .collect::<Vec<_>>(),
+        ["10.0.2.9"]
+    );
+    let pods_at = BTreeMap::from([("10.0.2.9".to_owned(), "team-b/rogue".to_owned())]);
+    let at = |now: &str, b: &KVCacheBackend| {
+        plan(&BackendRead {
+            store_pods: &pods,
+            store: Some(store.clone()),
+            pods_at: &pods_at,
+            now: now.parse().expect("a time"),
+            ..read(b, &world, Some(&settings))
+        })
+        .expect("a plan")
+    };
+    let first = at("2026-12-06T10:00:00Z", &b);
+    let seen = first.observation.unknown_segments.clone().expect("judged");
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].pod.as_deref(), Some("team-b/rogue"));
+    assert!(!seen[0].confirmed);
+    assert!(first.quarantine.is_empty(), "not within its grace");
+    assert_eq!(first.recheck, Some(std::time::Duration::from_secs(30)));
+    // The next pass reads the first sighting from the status it wrote.
+    let mut stored = b.clone();
+    stored.status = Some(kvcache_api::backend::KVCacheBackendStatus {
+        unknown_segments: seen,
+        ..Default::default()
+    });
+    let later = at("2026-12-06T10:00:31Z", &stored);
+    assert!(later.observation.unknown_segments.expect("judged")[0].confirmed);
+    assert_eq!(later.quarantine.len(), 1);
+    assert_eq!(later.quarantine[0].segments, ["10.0.2.9:15003"]);
+    assert_eq!(later.quarantine[0].target_segments, ["10.0.0.5:15000"]);
+    assert_eq!(later.recheck, None);
+    // Report only: judged the same, nothing drained.
+    let reported = plan(&BackendRead {
+        store_pods: &pods,
+        store: Some(store.clone()),
+        pods_at: &pods_at,
+        drain_unknown: false,
+        now: "2026-12-06T10:00:31Z".parse().expect("a time"),
+        ..read(&stored, &world, Some(&settings))
+    })
+    .expect("a plan");
+    assert!(reported.quarantine.is_empty());
+    assert!(!reported.observation.drain_unknown);
 }

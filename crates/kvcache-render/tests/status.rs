@@ -98,6 +98,8 @@ fn observation(store: Option<StoreReading>, members: Vec<MemberPod>) -> Observat
         other_members: Vec::new(),
         etcd: None,
         unguarded_groups: None,
+        unknown_segments: None,
+        drain_unknown: true,
     }
 }
 
@@ -1009,4 +1011,60 @@ fn network_isolation_is_stated_once_rendered_and_a_host_network_group_is_named_w
     );
     // A warning the user acts on, not a fault of the store: the phase stays Ready.
     assert_eq!(s.phase, BackendPhase::Ready);
+}
+
+#[test]
+fn unknown_segments_are_named_once_confirmed_and_false_when_none() {
+    use kvcache_api::backend::UnknownSegment;
+    let b = dram();
+    let mut obs = observation(
+        Some(serving(64 * MI, vec![segment("10.0.0.5", "a")])),
+        vec![pod("m-1", "node-1", "10.0.0.5")],
+    );
+    // No serving listing judged this pass.
+    let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
+    let c = cond(&s.conditions, conditions::UNKNOWN_SEGMENTS);
+    assert_eq!((c.status, c.reason), (Status::Unknown, "NotChecked"));
+    let rogue = |confirmed| UnknownSegment {
+        segment_name: "10.0.2.9:15003".into(),
+        address: "10.0.2.9".into(),
+        pod: Some("team-b/rogue".into()),
+        size: Some("32Mi".into()),
+        state: "DRAINED".into(),
+        first_seen: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ),
+        confirmed,
+    };
+    obs.unknown_segments = Some(Vec::new());
+    let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
+    let c = cond(&s.conditions, conditions::UNKNOWN_SEGMENTS);
+    assert_eq!((c.status, c.reason), (Status::False, "None"));
+    // Within its grace: not counted, but said.
+    obs.unknown_segments = Some(vec![rogue(false)]);
+    let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
+    let c = cond(&s.conditions, conditions::UNKNOWN_SEGMENTS);
+    assert_eq!((c.status, c.reason), (Status::False, "None"));
+    assert!(c.message.contains("1 more"), "{}", c.message);
+    obs.unknown_segments = Some(vec![rogue(true)]);
+    let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
+    let c = cond(&s.conditions, conditions::UNKNOWN_SEGMENTS);
+    assert_eq!((c.status, c.reason), (Status::True, "MountedByNoMember"));
+    assert!(
+        c.message
+            .contains("10.0.2.9:15003 (32Mi at address 10.0.2.9, Pod team-b/rogue, state DRAINED)")
+            && c.message.contains("drained onto this backend's members"),
+        "{}",
+        c.message
+    );
+    // The phase is the store's service: an unknown segment does not change it.
+    assert_eq!(s.phase, BackendPhase::Ready);
+    obs.drain_unknown = false;
+    let s = backend_status(&b, &obs, &KVCacheBackendStatus::default());
+    let c = cond(&s.conditions, conditions::UNKNOWN_SEGMENTS);
+    assert!(
+        c.message.contains("--unknown-segments=report"),
+        "{}",
+        c.message
+    );
 }

@@ -318,6 +318,8 @@ struct Reads {
     store_pods: Vec<Pod>,
     store: Option<StoreReading>,
     jobs: BTreeMap<String, Result<DrainJob, ReadError>>,
+    /// The Pods at each address of a segment no member Pod mounted (`namespace/name`).
+    pods_at: BTreeMap<String, String>,
 }
 
 /// Lists the backend's objects of kind `K` by its owner label.
@@ -369,7 +371,50 @@ async fn read_backend(ctx: &Context, b: &KVCacheBackend) -> Result<Reads, Error>
         // series kept from an earlier address.
         ctx.metrics.store_not_read(&name);
     }
+    let addresses = plan::unknown_addresses(b, &reads.store_pods, reads.store.as_ref());
+    reads.pods_at = pods_at(ctx, addresses).await;
     Ok(reads)
+}
+
+/// At most this many unknown addresses are looked up a pass (a list call each).
+const LOOKUPS: usize = 16;
+
+/// The Pods that have each of `addresses` (`status.podIP`, in every namespace), named as a
+/// status names them (`kvcache_render::mounts::pods_named`). A failed lookup leaves the address
+/// unnamed (the segment is still reported) and is logged.
+async fn pods_at(
+    ctx: &Context,
+    addresses: std::collections::BTreeSet<String>,
+) -> BTreeMap<String, String> {
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    let mut out = BTreeMap::new();
+    for address in addresses.into_iter().take(LOOKUPS) {
+        let found = pods
+            .list(&ListParams::default().fields(&format!("status.podIP={address}")))
+            .await;
+        match found {
+            Ok(list) => {
+                let names: Vec<String> = list
+                    .items
+                    .iter()
+                    .filter(|p| {
+                        !matches!(
+                            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                            Some("Succeeded" | "Failed")
+                        )
+                    })
+                    .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+                    .collect();
+                if let Some(named) = kvcache_render::mounts::pods_named(&names) {
+                    out.insert(address, named);
+                }
+            }
+            Err(e) => {
+                warn!(%address, error = %e, "could not look up the Pod at an unknown segment's address");
+            }
+        }
+    }
+    out
 }
 
 /// The backend's apply pass: read, plan (`kvcache_render::backend::plan`, pure), then act:
@@ -394,6 +439,8 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         store_pods: &reads.store_pods,
         store: reads.store.clone(),
         jobs: reads.jobs.clone(),
+        pods_at: &reads.pods_at,
+        drain_unknown: ctx.config.drain_unknown,
         now: k8s_openapi::jiff::Timestamp::now(),
     };
     let plan = plan::plan(&read)?;
@@ -409,8 +456,54 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     let mut obs = plan.observation.clone();
     obs.rollout = roll_members(ctx, b, &read, &plan).await?;
     restart_foreign_members(ctx, b, &plan.foreign).await?;
-    let soon = obs.rollout.iter().any(|s| s.step.polls_store());
-    conclude(ctx, b, &previous, &obs, soon).await
+    quarantine(ctx, b, &plan.quarantine).await;
+    let soon = obs
+        .rollout
+        .iter()
+        .any(|s| s.step.polls_store())
+        .then_some(DRAIN_POLL);
+    conclude(
+        ctx,
+        b,
+        &previous,
+        &obs,
+        soon.into_iter().chain(plan.recheck).min(),
+    )
+    .await
+}
+
+/// Asks the master to drain each segment of no member Pod the plan picked
+/// (`kvcache_render::mounts::quarantine`), with a Warning event on the backend naming it and
+/// the job; a refusal or no answer is logged, and the next pass asks again while the segment
+/// still takes blocks.
+async fn quarantine(ctx: &Context, b: &KVCacheBackend, drains: &[DrainRequest]) {
+    let Some(admin) = ctx.admin_address(b) else {
+        return;
+    };
+    for req in drains {
+        let segment = req.segments.join(", ");
+        match ctx.store.create_drain(&admin, req).await {
+            Ok(job) => {
+                warn!(%segment, %job, "draining a segment no member Pod mounted");
+                let note = Note {
+                    kind: Kind::Warning,
+                    reason: "UnknownSegmentDraining",
+                    message: format!(
+                        "segment {segment}, mounted by no member Pod of this backend, is being drained onto its members (drain job {job}) so that no new block lands there"
+                    ),
+                };
+                super::publish(
+                    ctx,
+                    &b.object_ref(&()),
+                    &super::event_of(&note, "Quarantine", None),
+                )
+                .await;
+            }
+            Err(e) => {
+                warn!(%segment, error = %e, "the master did not drain a segment no member Pod mounted");
+            }
+        }
+    }
 }
 
 /// Reads the store through the backend's admin address, counts the read and keeps the
@@ -437,13 +530,14 @@ async fn read_store(ctx: &Context, backend: &str, admin: &str) -> StoreReading {
 }
 
 /// Computes the status from `obs`, records the backend's metrics, writes the status, and says
-/// when to come back (within [`DRAIN_POLL`] while the rollout polls the store: `soon`).
+/// when to come back (within `soon` when given: [`DRAIN_POLL`] while the rollout polls the
+/// store, or when an unknown segment's grace runs out).
 async fn conclude(
     ctx: &Context,
     b: &KVCacheBackend,
     previous: &KVCacheBackendStatus,
     obs: &Observation,
-    soon: bool,
+    soon: Option<Duration>,
 ) -> Result<Action, Error> {
     let name = b.name_any();
     let computed = backend_status(b, obs, previous);
@@ -465,13 +559,15 @@ async fn conclude(
         computed.members.len(),
         computed.phase == BackendPhase::Degraded,
     );
+    ctx.metrics.unknown_segments(
+        &name,
+        obs.unknown_segments
+            .as_ref()
+            .map(|u| u.iter().filter(|u| u.confirmed).count()),
+    );
     write_status(ctx, b, previous, computed, obs).await?;
     let next = ctx.next_poll(Polled::Backend(name), figures, ctx.config.poll_stable);
-    Ok(Action::requeue(if soon {
-        next.min(DRAIN_POLL)
-    } else {
-        next
-    }))
+    Ok(Action::requeue(soon.map_or(next, |soon| next.min(soon))))
 }
 
 /// Restarts each member of another backend that this backend's master lists (`foreign`, from

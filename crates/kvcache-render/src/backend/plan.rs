@@ -20,12 +20,12 @@ use crate::backend::{
     store_image,
 };
 use crate::error::Error;
-use crate::mounts::{OtherMember, foreign_mounts};
+use crate::mounts::{self, OtherMember, UnknownInput, foreign_mounts};
 use crate::names::label_value;
 use crate::read::{self, MemberPod};
 use crate::rollout::{GroupFacts, GroupStep, RolloutInput, hold_standbys, member_rollout};
 use crate::status::backend::Observation;
-use crate::store::{DrainJob, ReadError, StoreReading};
+use crate::store::{DrainJob, DrainRequest, ReadError, StoreReading};
 use crate::world::World;
 
 /// How long a member's drain may run before the member is replaced without it: longer than the
@@ -65,6 +65,11 @@ pub struct BackendRead<'a> {
     pub store: Option<StoreReading>,
     /// The master's answer about each drain job recorded on a member Pod ([`drain_jobs`]).
     pub jobs: BTreeMap<String, Result<DrainJob, ReadError>>,
+    /// The Pod(s) at each address of [`unknown_addresses`] (`crate::mounts::pods_named`).
+    pub pods_at: &'a BTreeMap<String, String>,
+    /// Whether confirmed unknown segments are drained (`--unknown-segments=drain`, the
+    /// default) or only reported.
+    pub drain_unknown: bool,
     /// The time of this pass.
     pub now: Timestamp,
 }
@@ -83,6 +88,10 @@ pub struct BackendPlan {
     pub observation: Observation,
     /// The members of other backends mounted on this backend's master, to restart.
     pub foreign: Vec<OtherMember>,
+    /// The drains that keep blocks out of unknown segments (`crate::mounts::quarantine`).
+    pub quarantine: Vec<DrainRequest>,
+    /// How soon to read again to confirm an unknown segment seen within its grace.
+    pub recheck: Option<std::time::Duration>,
 }
 
 /// The drain jobs recorded on the backend's member Pods, to ask the master about before the
@@ -93,6 +102,24 @@ pub fn drain_jobs(backend: &str, store_pods: &[Pod]) -> Vec<String> {
         .iter()
         .filter_map(|p| p.drain.as_ref().and_then(|d| d.job.clone()))
         .collect()
+}
+
+/// The addresses of the segments a managed backend's master lists that are no member Pod's
+/// (`crate::mounts::unknown_addresses`): the operator looks up the Pods that have them before
+/// [`plan`]. Empty while the listing was not read.
+pub fn unknown_addresses(
+    backend: &KVCacheBackend,
+    store_pods: &[Pod],
+    store: Option<&StoreReading>,
+) -> std::collections::BTreeSet<String> {
+    let name = backend.metadata.name.as_deref().unwrap_or_default();
+    match store.map(|s| &s.segments) {
+        Some(Ok(segments)) if backend.spec.connection.managed.is_some() => {
+            let (own, others) = members(name, store_pods);
+            mounts::unknown_addresses(segments, &own, &others)
+        }
+        _ => Default::default(),
+    }
 }
 
 /// The backend's own member Pods and the other backends' ones.
@@ -118,6 +145,42 @@ fn members(backend: &str, store_pods: &[Pod]) -> (Vec<MemberPod>, Vec<OtherMembe
         }
     }
     (mine, others)
+}
+
+/// The unknown segments of a managed backend's serving master (docs/isolation.md#unknown-segments),
+/// the drains that keep blocks out of them and when to look again; not judged while no master
+/// serves or its listing could not be read (the stored first sightings are kept).
+fn judge_segments(read: &BackendRead<'_>, obs: &mut Observation, plan: &mut BackendPlan) {
+    let b = read.backend;
+    obs.drain_unknown = read.drain_unknown;
+    let serving = obs
+        .store
+        .as_ref()
+        .is_some_and(|s| matches!(&s.health, Ok(h) if h.service_ready));
+    let Some(Ok(segments)) = obs.store.as_ref().map(|s| &s.segments) else {
+        return;
+    };
+    if b.spec.connection.managed.is_none() || !serving {
+        return;
+    }
+    let previous = b
+        .status
+        .as_ref()
+        .map(|s| s.unknown_segments.as_slice())
+        .unwrap_or_default();
+    let grace = mounts::grace(b);
+    let unknown = mounts::unknown_segments(&UnknownInput {
+        segments,
+        own: &obs.members,
+        others: &obs.other_members,
+        pods_at: read.pods_at,
+        previous,
+        now: read.now,
+        grace,
+    });
+    plan.quarantine = mounts::quarantine(&unknown, segments, &obs.members, read.drain_unknown);
+    plan.recheck = mounts::next_confirmation(&unknown, read.now, grace);
+    obs.unknown_segments = Some(unknown);
 }
 
 /// The member rollout's step per group (docs/design.md#member-rollout), the drains the master
@@ -159,6 +222,8 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
         groups: Vec::new(),
         observation: Observation::empty(None),
         foreign: Vec::new(),
+        quarantine: Vec::new(),
+        recheck: None,
     };
     if let Some(x) = &b.spec.connection.external {
         obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
@@ -261,6 +326,7 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
             .cloned()
             .collect();
     }
+    judge_segments(read, &mut obs, &mut plan);
     plan.observation = obs;
     Ok(plan)
 }

@@ -121,6 +121,23 @@ const CASES: &[Case] = &[
         labels: &[("backend", "mooncake-dram")],
     },
     Case {
+        alert: "KVCacheUnknownSegment",
+        // A rogue segment confirmed at minute 6; another backend has none.
+        series: &[
+            (
+                "kvcache_operator_backend_unknown_segments{backend=\"mooncake-dram\",pod=\"kvcache-operator-0\"}",
+                "0x5 1x20",
+            ),
+            (
+                "kvcache_operator_backend_unknown_segments{backend=\"mooncake-disk\",pod=\"kvcache-operator-0\"}",
+                "0x25",
+            ),
+        ],
+        quiet_at: "6m",
+        fires_at: "10m",
+        labels: &[("backend", "mooncake-dram")],
+    },
+    Case {
         alert: "KVCacheTenantRejectsRising",
         series: &[(
             "kvcache_operator_store_master_put_start_failures_total{backend=\"mooncake-dram\",pod=\"kvcache-operator-0\"}",

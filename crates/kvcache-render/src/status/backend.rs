@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kvcache_api::backend::conditions::*;
 use kvcache_api::backend::{
     BackendPhase, Capacity, ElectionStatus, EtcdStatus, FailoverRecord, KVCacheBackendStatus,
-    Medium, MemberStatus, ObjectRef,
+    Medium, MemberStatus, ObjectRef, UnknownSegment,
 };
 use kvcache_api::condition::{Cond, Status};
 use kvcache_api::{KVCacheBackend, Quantity};
@@ -68,6 +68,12 @@ pub struct Observation {
     /// The member groups on the host network, out of every NetworkPolicy's reach (`None`: the
     /// objects were not rendered in this pass).
     pub unguarded_groups: Option<Vec<String>>,
+    /// The segments of no known Pod the serving master lists (`crate::mounts::unknown_segments`);
+    /// `None`: not judged this pass (no serving master, no listing, or an external store).
+    pub unknown_segments: Option<Vec<UnknownSegment>>,
+    /// Whether confirmed unknown segments are drained (`--unknown-segments=drain`) or only
+    /// reported.
+    pub drain_unknown: bool,
 }
 
 impl Observation {
@@ -92,6 +98,8 @@ impl Observation {
             other_members: Vec::new(),
             etcd: None,
             unguarded_groups: None,
+            unknown_segments: None,
+            drain_unknown: true,
         }
     }
 }
@@ -226,6 +234,7 @@ pub fn backend_status(
     }
     conditions.extend(store_version_observed(obs));
     conditions.extend(network_isolated(obs));
+    conditions.extend(unknown_segments(b, obs));
     let (phase, phase_message) = phase(b, obs, serving, &conditions, shortfall.or(tier_problem));
     conditions.extend(rendered(obs));
     conditions.extend(settings_read(obs));
@@ -904,6 +913,70 @@ fn network_isolated(obs: &Observation) -> Option<Cond> {
     })
 }
 
+/// `UnknownSegments`, for a managed backend (docs/isolation.md#unknown-segments): the segments
+/// the serving master lists that no member Pod of the backend mounted, once listed past their
+/// grace, each named with its address, its Pod and where it stands; `Unknown` while no serving
+/// master's listing was read. Not written for an external store, whose members the operator
+/// does not know.
+fn unknown_segments(b: &KVCacheBackend, obs: &Observation) -> Option<Cond> {
+    const T: &str = UNKNOWN_SEGMENTS;
+    if !managed(b) {
+        return None;
+    }
+    let Some(unknown) = &obs.unknown_segments else {
+        return Some(Cond::unknown(
+            T,
+            "NotChecked",
+            "segments are checked against a serving leader's listing",
+        ));
+    };
+    let confirmed: Vec<&UnknownSegment> = unknown.iter().filter(|u| u.confirmed).collect();
+    let pending = unknown.len() - confirmed.len();
+    if confirmed.is_empty() {
+        let mut why =
+            "every segment the master lists is one of this backend's member Pods'".to_owned();
+        if pending > 0 {
+            why.push_str(&format!(
+                "; {pending} more, listed for less than the master's client TTL, may be a replaced member's and are judged once it has passed"
+            ));
+        }
+        return Some(Cond::no(T, "None", why));
+    }
+    let named: Vec<String> = confirmed.iter().map(|u| describe_unknown(u)).collect();
+    let action = if obs.drain_unknown {
+        "each is drained onto this backend's members, so that no new block lands there (state DRAINING, then DRAINED; a segment left OK has not been drained yet: its blocks had nowhere to go)"
+    } else {
+        "the operator runs with --unknown-segments=report and leaves them taking blocks"
+    };
+    Some(Cond::yes(
+        T,
+        "MountedByNoMember",
+        format!(
+            "the master lists {} segments no member Pod of this backend mounted: {}. The store places any tenant's blocks in such a segment's memory and serves them from there; {action}. Stop the process that mounts it (a store client set up with global_segment_size above 0); a client that must contribute memory belongs on a backend of its own (spec.tenancy: Dedicated)",
+            confirmed.len(),
+            named.join("; ")
+        ),
+    ))
+}
+
+/// One unknown segment as a condition or event names it.
+pub fn describe_unknown(u: &UnknownSegment) -> String {
+    let size = u.size.as_deref().unwrap_or_default();
+    let pod = u.pod.as_deref().map_or_else(
+        || "no Pod has this address".to_owned(),
+        |p| format!("Pod {p}"),
+    );
+    let state = if u.state.is_empty() {
+        String::new()
+    } else {
+        format!(", state {}", u.state)
+    };
+    format!(
+        "{} ({size} at address {}, {pod}{state})",
+        u.segment_name, u.address
+    )
+}
+
 fn rendered(obs: &Observation) -> Option<Cond> {
     let (reason, why) = obs.render_refused.as_ref()?;
     Some(Cond::no(RENDERED, reason, why.clone()))
@@ -993,6 +1066,10 @@ pub fn apply(
             .map(|(running, _)| running.clone()),
         election: computed.election,
         etcd: obs.etcd.clone(),
+        unknown_segments: obs
+            .unknown_segments
+            .clone()
+            .unwrap_or_else(|| stored.unknown_segments.clone()),
         conditions: kvcache_api::condition::merge(
             &stored.conditions,
             &computed.conditions,
