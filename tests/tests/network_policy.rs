@@ -509,7 +509,7 @@ mod tenants {
                 wait_object(&backends, backend, "Ready with capacity, NetworkIsolated=True", WAIT, |b| {
                     phase(b) == Some(BackendPhase::Ready)
                         && b.status.as_ref().is_some_and(|s| s.capacity.is_some())
-                        && has_condition(b, "NetworkIsolated=True/PoliciesApplied")
+                        && has_condition(b, "NetworkIsolated=True/Enforced")
                 })
                 .await?;
             }
@@ -686,6 +686,138 @@ mod identity {
             println!(
                 "Lease-addressed members under kube-router: both verified the leader at {address} before mounting"
             );
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// The operator's own check that something enforces the store's policies
+/// (docs/isolation.md#enforcement-checked): under kube-router its probe Pod, in the operator's
+/// namespace (restricted, which the Pod meets) that no Binding admits, is refused by the
+/// master's RPC port, and a Binding made (new policies) is probed again. Its counterpart on
+/// nodes without an enforcer is `operator_on_nodes`'s
+/// `without_an_enforcer_the_same_probes_see_an_unbound_namespace_reach_the_store`.
+mod probe {
+    use super::*;
+    use kvcache_render::backend::probe::PROBE_LABEL;
+
+    const PROBED: &str = "iso-probed";
+    const TEAM: &str = "iso-probed-team";
+
+    /// The backend's `status.isolationProbe`.
+    fn record(b: &KVCacheBackend) -> Option<kvcache_api::backend::IsolationProbe> {
+        b.status.as_ref().and_then(|s| s.isolation_probe.clone())
+    }
+
+    #[test]
+    fn under_the_enforcer_the_operators_probe_is_refused_and_a_new_binding_is_probed_again() {
+        operator();
+        let cluster = cluster();
+        let kc = cluster.control_plane.kubeconfig.clone();
+        block_on(async move {
+            let client = client_from(&kc).await?;
+            let pp = PatchParams::apply(walkthrough::MANAGER).force();
+            let mut b = serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend",
+                "metadata": {"name": PROBED},
+                "spec": {
+                    "image": kvcache_api::settings::DEFAULT_BACKEND_IMAGE,
+                    "connection": {"managed": {
+                        "members": [{"medium": "DRAM", "capacityPerMember": "64Mi"}]
+                    }}
+                }
+            });
+            walkthrough::fill_store_resources(&mut b, walkthrough::RIG_STORE_CPU);
+            let b: KVCacheBackend = serde_json::from_value(b).expect("a KVCacheBackend");
+            let backends: Api<KVCacheBackend> = Api::all(client.clone());
+            backends.patch(PROBED, &pp, &Patch::Apply(&b)).await?;
+            let started = Instant::now();
+            let b = wait_object(
+                &backends,
+                PROBED,
+                "Ready, NetworkIsolated=True/Enforced",
+                WAIT,
+                |b| {
+                    phase(b) == Some(BackendPhase::Ready)
+                        && has_condition(b, "NetworkIsolated=True/Enforced")
+                },
+            )
+            .await?;
+            let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+            let leader = pods::wait_ready(&store, &backend_pods(PROBED, "leader"), 1, WAIT).await?;
+            let ip = ip_of(&leader[0]).expect("the leader's address").to_owned();
+            let why = b
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "NetworkIsolated"))
+                .map(|c| c.message.clone())
+                .unwrap_or_default();
+            assert!(
+                why.contains(&format!("master's RPC port at {ip}:50051 and was refused")),
+                "names what it dialled: {}",
+                describe(&b)
+            );
+            let first = record(&b).expect("status.isolationProbe");
+            assert_eq!(first.result, kvcache_api::backend::ProbeResult::Enforced);
+            println!(
+                "probe of {PROBED} under kube-router: Enforced after {:.1}s ({})",
+                started.elapsed().as_secs_f64(),
+                first.message
+            );
+            // One Pod for the change, gone once read.
+            let selector = format!("{PROBE_LABEL}={PROBED}");
+            pods::wait_pods(&store, &selector, "the probe Pod deleted", WAIT, |p| {
+                p.is_empty()
+            })
+            .await?;
+
+            // A Binding made: the leader's policy admits its namespace, a new fingerprint, a
+            // new probe, refused again.
+            let pool: KVCachePool = serde_json::from_value(serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool",
+                "metadata": {"name": PROBED},
+                "spec": {"backends": [PROBED], "quota": {"total": "64Mi"}},
+            }))
+            .expect("a pool");
+            Api::<KVCachePool>::all(client.clone())
+                .patch(PROBED, &pp, &Patch::Apply(&pool))
+                .await?;
+            walkthrough::ensure_namespace(&client, TEAM).await?;
+            let binding: KVCachePoolBinding = serde_json::from_value(serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+                "metadata": {"name": TEAM, "namespace": TEAM},
+                "spec": {"poolRef": {"name": PROBED}, "quota": {"ceiling": "32Mi"},
+                         "domain": {"blockSize": 64, "dtype": "bfloat16"}},
+            }))
+            .expect("a Binding");
+            Api::<KVCachePoolBinding>::namespaced(client.clone(), TEAM)
+                .patch(TEAM, &pp, &Patch::Apply(&binding))
+                .await?;
+            let again = wait_object(
+                &backends,
+                PROBED,
+                "probed again for the new policies, Enforced",
+                WAIT,
+                |b| {
+                    has_condition(b, "NetworkIsolated=True/Enforced")
+                        && record(b).is_some_and(|r| r.policies != first.policies)
+                },
+            )
+            .await?;
+            let second = record(&again).expect("status.isolationProbe");
+            assert_ne!(
+                second.pod, first.pod,
+                "a Pod of its own for the new policies"
+            );
+            pods::wait_pods(
+                &store,
+                &selector,
+                "the second probe Pod deleted",
+                WAIT,
+                |p| p.is_empty(),
+            )
+            .await?;
             Ok(())
         })
         .unwrap_or_else(|e| panic!("{e}"));

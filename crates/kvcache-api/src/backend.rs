@@ -786,11 +786,47 @@ pub struct KVCacheBackendStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub unknown_segments: Vec<UnknownSegment>,
+    /// The last check that something enforces the store's NetworkPolicies: a probe Pod in the
+    /// operator's namespace dialling the master's RPC port (`NetworkIsolated`,
+    /// docs/isolation.md#enforcement-checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation_probe: Option<IsolationProbe>,
     /// `LeaderAvailable`, `MembersMounted`, `CapacityObserved`, `PoolWrites`, `Deletable`,
     /// `RolloutComplete`, and `ElectionObserved` / `TierWasEmpty` / `EtcdAvailable` /
     /// `FailoverKeptCache` where they apply.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// One check of the store's NetworkPolicies from outside the backend's trust domain.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IsolationProbe {
+    /// The fingerprint of the backend's NetworkPolicies the probe checked: a change of them
+    /// (a Binding made or gone) is probed again.
+    pub policies: String,
+    /// What was dialled: the serving master's RPC address (`<Pod IP>:50051`).
+    pub target: String,
+    /// The probe Pod that dialled it (`namespace/name`).
+    pub pod: String,
+    /// `Enforced` (refused), `NotEnforced` (connected) or `Inconclusive` (no answer).
+    pub result: ProbeResult,
+    /// What the probe reported, or why it gave no answer.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// When the operator read the result.
+    pub probed_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+}
+
+/// What a probe of the master's RPC port from outside the trust domain found.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ProbeResult {
+    /// The connection was refused or dropped: something enforces the policies.
+    Enforced,
+    /// The probe connected: nothing enforces them.
+    NotEnforced,
+    /// The probe gave no answer (it could not start, or ended another way).
+    Inconclusive,
 }
 
 /// How many unknown segments `status.unknownSegments` holds at most, the first in name order

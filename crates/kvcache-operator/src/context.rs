@@ -48,6 +48,8 @@ pub struct Config {
     /// Whether segments of no member Pod are drained (`--unknown-segments=drain`) or only
     /// reported.
     pub drain_unknown: bool,
+    /// Whether a backend's policies are probed after they change (`--isolation-probe`).
+    pub isolation_probe: bool,
 }
 
 /// The caches of every watched kind, one reflector each, filled before the controllers start.

@@ -142,6 +142,18 @@ pub struct RunArgs {
         default_value = "drain"
     )]
     pub unknown_segments: UnknownSegments,
+    /// After a backend's NetworkPolicies change, check that something enforces them: a
+    /// short-lived Pod in `--namespace`, which no Binding admits, dials the master's RPC port
+    /// (`NetworkIsolated=True/Enforced` when refused, `False/NotEnforced` when it connects;
+    /// docs/isolation.md#enforcement-checked). `false` for a cluster that forbids such Pods:
+    /// the condition then says `Unverified`.
+    #[arg(
+        long = "isolation-probe",
+        env = "KVCACHE_ISOLATION_PROBE",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub isolation_probe: bool,
     /// The validating and mutating webhook configurations whose `caBundle` the operator keeps.
     #[arg(
         long,
@@ -359,6 +371,7 @@ fn config(args: &RunArgs) -> Config {
             metrics_from: args.store_metrics_from.clone(),
         },
         drain_unknown: args.unknown_segments == UnknownSegments::Drain,
+        isolation_probe: args.isolation_probe,
     }
 }
 

@@ -110,15 +110,20 @@ pub fn backend_events(before: &KVCacheBackendStatus, after: &KVCacheBackendStatu
             "SettingsUnreadable",
             Kind::Warning,
         ),
-        (
-            conditions::NETWORK_ISOLATED,
-            "HostNetworkMembers",
-            Kind::Warning,
-        ),
+        // Its own reason: HostNetworkMembers or NotEnforced.
+        (conditions::NETWORK_ISOLATED, "", Kind::Warning),
     ] {
         let was = condition(before, t);
         let now = condition(after, t);
-        if now.is_some_and(|(s, _)| s == Status::False.as_str()) && was != now {
+        if let Some((s, own)) = now
+            && s == Status::False.as_str()
+            && was != now
+        {
+            let reason = match (reason, own) {
+                ("", "NotEnforced") => "NotEnforced",
+                ("", _) => "HostNetworkMembers",
+                (r, _) => r,
+            };
             let message = after
                 .conditions
                 .iter()
@@ -345,5 +350,30 @@ mod tests {
             notes[0].message.starts_with("segment 10.0.2.9:15004 "),
             "{notes:?}"
         );
+    }
+
+    #[test]
+    fn a_probe_that_connected_warns_with_its_own_reason() {
+        let isolated = |status: &str, reason: &str| {
+            self::status(serde_json::json!({
+                "conditions": [{"type": conditions::NETWORK_ISOLATED, "status": status, "reason": reason,
+                                "message": "m", "lastTransitionTime": "2026-12-01T00:00:00Z"}]
+            }))
+        };
+        let reasons = |b: &KVCacheBackendStatus, a: &KVCacheBackendStatus| -> Vec<&'static str> {
+            backend_events(b, a).iter().map(|n| n.reason).collect()
+        };
+        let probing = isolated("Unknown", "Probing");
+        assert_eq!(
+            reasons(&probing, &isolated("False", "NotEnforced")),
+            ["NotEnforced"]
+        );
+        assert_eq!(
+            reasons(&probing, &isolated("False", "HostNetworkMembers")),
+            ["HostNetworkMembers"]
+        );
+        assert!(reasons(&probing, &isolated("True", "Enforced")).is_empty());
+        let not = isolated("False", "NotEnforced");
+        assert!(reasons(&not, &not).is_empty(), "once");
     }
 }

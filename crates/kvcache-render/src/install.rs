@@ -394,9 +394,10 @@ fn namespace_role(namespace: &str) -> Role {
                 &["list", "create", "patch", "delete"],
             ),
             // Member Pods whose template changed are deleted (DaemonSets are OnDelete), a drain
-            // recorded on each first (docs/design.md#member-rollout); reading them is the
-            // ClusterRole's.
-            rule(&[""], &["pods"], &["patch", "delete"]),
+            // recorded on each first (docs/design.md#member-rollout); a backend's isolation
+            // probe Pod is created and deleted once read (docs/isolation.md#enforcement-checked);
+            // reading them is the ClusterRole's.
+            rule(&[""], &["pods"], &["create", "patch", "delete"]),
             // The leader Service's endpoints tell when the serving leader moves.
             rule(
                 &["discovery.k8s.io"],
@@ -1008,11 +1009,13 @@ pub fn helm_chart(
         "storeMetricsFrom": [],
         "controlPlaneCIDRs": [],
         "metricsFrom": [DEFAULT_METRICS_NAMESPACE],
+        "isolationProbe": true,
+        "unknownSegments": "drain",
     });
     files.push((
         "values.yaml".to_owned(),
         format!(
-            "{header}# image: the operator image. Store Pods take the elector from their own image (the kv-cache-elector-image setting), so changing this restarts no store Pod.\n# webhook.enabled: false leaves out the admission webhooks (cross-object rules and Pod injection).\n# serviceMonitor.enabled: a prometheus-operator ServiceMonitor for /metrics.\n# prometheusRule.enabled: the alert rules of deploy/monitoring/ as a prometheus-operator PrometheusRule (docs/troubleshooting.md has each alert's runbook line).\n# storeMetricsFrom: namespaces whose Pods may reach the Mooncake masters' admin port (9003): an explicit grant of the store's admin API (tenant quotas, drain jobs, removals), not needed for metrics, which the operator re-exports on its own /metrics (docs/isolation.md).\n# controlPlaneCIDRs: the address blocks the API server's calls reach the operator's Pods from; set, the webhook port admits those alone (and the metrics port them too, for the API server's Pod proxy); empty, the webhook port admits every source (docs/isolation.md#the-operators-own-pods says what to set per CNI).\n# metricsFrom: namespaces whose Pods (Prometheus) may read the operator's /metrics; the Pod's own node (the probes) always may.\n{}",
+            "{header}# image: the operator image. Store Pods take the elector from their own image (the kv-cache-elector-image setting), so changing this restarts no store Pod.\n# webhook.enabled: false leaves out the admission webhooks (cross-object rules and Pod injection).\n# serviceMonitor.enabled: a prometheus-operator ServiceMonitor for /metrics.\n# prometheusRule.enabled: the alert rules of deploy/monitoring/ as a prometheus-operator PrometheusRule (docs/troubleshooting.md has each alert's runbook line).\n# storeMetricsFrom: namespaces whose Pods may reach the Mooncake masters' admin port (9003): an explicit grant of the store's admin API (tenant quotas, drain jobs, removals), not needed for metrics, which the operator re-exports on its own /metrics (docs/isolation.md).\n# controlPlaneCIDRs: the address blocks the API server's calls reach the operator's Pods from; set, the webhook port admits those alone (and the metrics port them too, for the API server's Pod proxy); empty, the webhook port admits every source (docs/isolation.md#the-operators-own-pods says what to set per CNI).\n# metricsFrom: namespaces whose Pods (Prometheus) may read the operator's /metrics; the Pod's own node (the probes) always may.\n# isolationProbe: false turns off the check that the store's NetworkPolicies are enforced (one short-lived Pod in this namespace per backend per change of its policies); NetworkIsolated then says Unverified (docs/isolation.md#enforcement-checked).\n# unknownSegments: drain (a segment on a master that no member Pod mounted is drained so that no block lands there) or report (only reported) (docs/isolation.md#unknown-segments).\n{}",
             serde_yaml::to_string(&values).map_err(yaml_err("values"))?
         ),
     ));
@@ -1063,6 +1066,14 @@ pub fn helm_chart(
                 lines.push("{{- with .Values.controlPlaneCIDRs }}".to_owned());
                 lines.push(format!(
                     "{indent}- --webhook-allowed-source={{{{ join \",\" . }}}}"
+                ));
+                lines.push("{{- end }}".to_owned());
+                lines.push("{{- if not .Values.isolationProbe }}".to_owned());
+                lines.push(format!("{indent}- --isolation-probe=false"));
+                lines.push("{{- end }}".to_owned());
+                lines.push("{{- if ne .Values.unknownSegments \"drain\" }}".to_owned());
+                lines.push(format!(
+                    "{indent}- --unknown-segments={{{{ .Values.unknownSegments }}}}"
                 ));
                 lines.push("{{- end }}".to_owned());
             } else if line.contains("--webhook-addr=") {

@@ -50,6 +50,8 @@ fn read<'a>(
         jobs: BTreeMap::new(),
         pods_at: &NO_PODS,
         drain_unknown: true,
+        probe_pods: &[],
+        probe: true,
         now: Timestamp::UNIX_EPOCH,
     }
 }

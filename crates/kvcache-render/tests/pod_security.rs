@@ -144,3 +144,31 @@ fn a_fabric_or_a_disk_tier_is_the_named_exception() {
         "the disk tier's host folder, and nothing else: {tier:?}"
     );
 }
+
+#[test]
+fn the_isolation_probe_pod_meets_the_restricted_standard() {
+    use kvcache_render::backend::probe::{ProbeInput, decide};
+    let b: kvcache_api::KVCacheBackend = serde_json::from_value(serde_json::json!({
+        "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend",
+        "metadata": {"name": "mooncake-dram", "uid": "u"},
+        "spec": {"connection": {"managed": {"leader": {},
+            "members": [{"medium": "DRAM", "capacityPerMember": "1Gi"}]}}}
+    }))
+    .expect("a backend");
+    let pod = decide(&ProbeInput {
+        enabled: true,
+        backend: &b,
+        namespace: DEFAULT_NAMESPACE,
+        bound_namespaces: &[],
+        policies: Some("f00dfeedcafe0123"),
+        target: Some("10.244.0.7:50051"),
+        image: Some("kvcacheai/mooncake:v0.3.13.post1"),
+        recorded: None,
+        pods: &[],
+        now: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+    })
+    .create
+    .expect("a probe Pod");
+    let spec = serde_json::to_value(pod.spec).expect("JSON");
+    assert_eq!(violations(&spec), Vec::<String>::new());
+}

@@ -100,6 +100,8 @@ fn observation(store: Option<StoreReading>, members: Vec<MemberPod>) -> Observat
         unguarded_groups: None,
         unknown_segments: None,
         drain_unknown: true,
+        isolation: None,
+        isolation_probe: None,
     }
 }
 
@@ -1067,4 +1069,66 @@ fn unknown_segments_are_named_once_confirmed_and_false_when_none() {
         "{}",
         c.message
     );
+}
+
+#[test]
+fn network_isolated_says_what_the_probe_found_and_names_what_it_dialled() {
+    use kvcache_api::backend::{IsolationProbe, ProbeResult};
+    use kvcache_render::backend::probe::Isolation;
+    let b = dram();
+    let mut obs = observation(
+        Some(serving(64 * MI, vec![segment("10.0.0.5", "a")])),
+        vec![pod("m-1", "node-1", "10.0.0.5")],
+    );
+    obs.unguarded_groups = Some(Vec::new());
+    let probe = |result| IsolationProbe {
+        policies: "f00dfeedcafe0123".into(),
+        target: "10.244.0.7:50051".into(),
+        pod: "gpustack-system/mooncake-dram-probe-f00dfeed".into(),
+        result,
+        message: "refused: Connection refused".into(),
+        probed_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ),
+    };
+    let said = |obs: &Observation| {
+        let s = backend_status(&b, obs, &KVCacheBackendStatus::default());
+        let c = cond(&s.conditions, conditions::NETWORK_ISOLATED).clone();
+        (c.status, c.reason, c.message, s.phase)
+    };
+    obs.isolation = Some(Isolation::Probed(probe(ProbeResult::Enforced)));
+    let (status, reason, message, _) = said(&obs);
+    assert_eq!((status, reason), (Status::True, "Enforced"));
+    assert!(
+        message.contains("probe Pod gpustack-system/mooncake-dram-probe-f00dfeed")
+            && message.contains("at 10.244.0.7:50051 and was refused"),
+        "{message}"
+    );
+    obs.isolation = Some(Isolation::Probed(probe(ProbeResult::NotEnforced)));
+    let (status, reason, message, phase) = said(&obs);
+    assert_eq!((status, reason), (Status::False, "NotEnforced"));
+    assert!(
+        message.contains("at 10.244.0.7:50051 and connected")
+            && message.contains("an-enforcer-is-required"),
+        "{message}"
+    );
+    assert_eq!(
+        phase,
+        BackendPhase::Ready,
+        "a warning, not the store's fault"
+    );
+    obs.isolation = Some(Isolation::Probed(probe(ProbeResult::Inconclusive)));
+    assert_eq!(said(&obs).1, "ProbeFailed");
+    obs.isolation = Some(Isolation::Probing { previous: None });
+    assert_eq!(said(&obs).1, "Probing");
+    obs.isolation = Some(Isolation::Off);
+    let (status, reason, message, _) = said(&obs);
+    assert_eq!((status, reason), (Status::Unknown, "Unverified"));
+    assert!(message.contains("--isolation-probe=false"), "{message}");
+    obs.isolation = Some(Isolation::OwnNamespaceBound);
+    assert_eq!(said(&obs).1, "Unverified");
+    // The host network first: no probe result makes those members covered.
+    obs.isolation = Some(Isolation::Probed(probe(ProbeResult::Enforced)));
+    obs.unguarded_groups = Some(vec!["mooncake-dram-member-1".into()]);
+    assert_eq!(said(&obs).1, "HostNetworkMembers");
 }

@@ -15,7 +15,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -24,6 +24,7 @@ use kube::{Resource, ResourceExt};
 use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_render::backend::plan::{self, BackendPlan, BackendRead};
+use kvcache_render::backend::probe::PROBE_LABEL;
 use kvcache_render::backend::{BackendObjects, OWNER_LABEL, leader_name};
 use kvcache_render::events::{Kind, Note, backend_events};
 use kvcache_render::mounts::OtherMember;
@@ -105,8 +106,13 @@ pub async fn run(
         )
     };
     let store = controller.store();
-    let (pod_store, lease_store, settings_store, slice_store) =
-        (store.clone(), store.clone(), store.clone(), store.clone());
+    let (pod_store, lease_store, settings_store, slice_store, probe_store) = (
+        store.clone(),
+        store.clone(),
+        store.clone(),
+        store.clone(),
+        store.clone(),
+    );
     let binding_ctx = ctx.clone();
     controller
         // The leader and member workloads, by their owner reference. Not `owns`: kube-runtime
@@ -134,6 +140,20 @@ pub async fn run(
             Api::<Pod>::namespaced(client.clone(), &ns),
             watcher::Config::default().labels("app.kubernetes.io/name=kv-cache-backend"),
             move |pod| by_instance_label(&pod_store, pod.labels()),
+        )
+        // The isolation probe's Pods: its end is its result.
+        .watches(
+            Api::<Pod>::namespaced(client.clone(), &ns),
+            watcher::Config::default().labels(PROBE_LABEL),
+            move |pod| {
+                let of = pod.labels().get(PROBE_LABEL).cloned();
+                probe_store
+                    .state()
+                    .iter()
+                    .filter(|b| Some(label_value(&b.name_any())) == of)
+                    .map(|b| ObjectRef::from_obj(&**b))
+                    .collect::<Vec<_>>()
+            },
         )
         .watches(
             Api::<Lease>::namespaced(client.clone(), &ns),
@@ -320,6 +340,8 @@ struct Reads {
     jobs: BTreeMap<String, Result<DrainJob, ReadError>>,
     /// The Pods at each address of a segment no member Pod mounted (`namespace/name`).
     pods_at: BTreeMap<String, String>,
+    /// The backend's isolation probe Pods.
+    probe_pods: Vec<Pod>,
 }
 
 /// Lists the backend's objects of kind `K` by its owner label.
@@ -357,6 +379,11 @@ async fn read_backend(ctx: &Context, b: &KVCacheBackend) -> Result<Reads, Error>
             .list(&ListParams::default().labels("app.kubernetes.io/name=kv-cache-backend"))
             .await
             .map_err(kerr("list", format!("store Pods in {ns}")))?
+            .items;
+        reads.probe_pods = pods
+            .list(&ListParams::default().labels(&format!("{PROBE_LABEL}={}", label_value(&name))))
+            .await
+            .map_err(kerr("list", format!("isolation probe Pods in {ns}")))?
             .items;
     }
     if let Some(admin) = ctx.admin_address(b) {
@@ -441,6 +468,8 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         jobs: reads.jobs.clone(),
         pods_at: &reads.pods_at,
         drain_unknown: ctx.config.drain_unknown,
+        probe_pods: &reads.probe_pods,
+        probe: ctx.config.isolation_probe,
         now: k8s_openapi::jiff::Timestamp::now(),
     };
     let plan = plan::plan(&read)?;
@@ -453,6 +482,8 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         )
         .await?;
     }
+    // After the policies: the probe checks what was just applied.
+    probe(ctx, &plan).await?;
     let mut obs = plan.observation.clone();
     obs.rollout = roll_members(ctx, b, &read, &plan).await?;
     restart_foreign_members(ctx, b, &plan.foreign).await?;
@@ -470,6 +501,25 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         soon.into_iter().chain(plan.recheck).min(),
     )
     .await
+}
+
+/// Carries out the isolation probe's step (`kvcache_render::backend::probe::decide`): deletes
+/// the probe Pods it read or found stale, creates the new one (one that exists already, from a
+/// pass whose answer was lost, is kept).
+async fn probe(ctx: &Context, plan: &BackendPlan) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    for name in &plan.probe_delete {
+        super::delete(&pods, "Pod", name, &DeleteParams::background()).await?;
+    }
+    if let Some(pod) = &plan.probe_create {
+        let name = pod.name_any();
+        match pods.create(&PostParams::default(), pod).await {
+            Ok(_) => info!(pod = %name, "probing that the store's NetworkPolicies are enforced"),
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(kerr("create", format!("Pod {name}"))(e)),
+        }
+    }
+    Ok(())
 }
 
 /// Asks the master to drain each segment of no member Pod the plan picked

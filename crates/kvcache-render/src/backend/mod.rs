@@ -25,6 +25,7 @@ mod etcd;
 mod leader;
 mod member;
 pub mod plan;
+pub mod probe;
 pub use crate::names::etcd_endpoints;
 pub(crate) use member::fabric_device;
 

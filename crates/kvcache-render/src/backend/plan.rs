@@ -16,8 +16,8 @@ use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
 
 use crate::backend::{
-    BackendInputs, BackendObjects, StoreAccess, access, client_endpoint, pod_spec_hash, render,
-    store_image,
+    BackendInputs, BackendObjects, StoreAccess, access, client_endpoint, pod_spec_hash, probe,
+    render, store_image,
 };
 use crate::error::Error;
 use crate::mounts::{self, OtherMember, UnknownInput, foreign_mounts};
@@ -70,6 +70,10 @@ pub struct BackendRead<'a> {
     /// Whether confirmed unknown segments are drained (`--unknown-segments=drain`, the
     /// default) or only reported.
     pub drain_unknown: bool,
+    /// The backend's isolation probe Pods (labelled `probe::PROBE_LABEL`).
+    pub probe_pods: &'a [Pod],
+    /// Whether the operator probes the policies' enforcement (`--isolation-probe`).
+    pub probe: bool,
     /// The time of this pass.
     pub now: Timestamp,
 }
@@ -90,8 +94,13 @@ pub struct BackendPlan {
     pub foreign: Vec<OtherMember>,
     /// The drains that keep blocks out of unknown segments (`crate::mounts::quarantine`).
     pub quarantine: Vec<DrainRequest>,
-    /// How soon to read again to confirm an unknown segment seen within its grace.
+    /// How soon to read again: to confirm an unknown segment seen within its grace, or to read
+    /// a probe's result.
     pub recheck: Option<std::time::Duration>,
+    /// A probe Pod to create (`crate::backend::probe::decide`).
+    pub probe_create: Option<Pod>,
+    /// Probe Pods to delete.
+    pub probe_delete: Vec<String>,
 }
 
 /// The drain jobs recorded on the backend's member Pods, to ask the master about before the
@@ -147,6 +156,55 @@ fn members(backend: &str, store_pods: &[Pod]) -> (Vec<MemberPod>, Vec<OtherMembe
     (mine, others)
 }
 
+/// The probe of the policies' enforcement (`crate::backend::probe`): what to create and delete,
+/// the record to write and what `NetworkIsolated` says.
+fn probe_enforcement(
+    read: &BackendRead<'_>,
+    obs: &mut Observation,
+    plan: &mut BackendPlan,
+    objects: &BackendObjects,
+    image: Option<&str>,
+) {
+    let name = read.backend.metadata.name.as_deref().unwrap_or_default();
+    let policies: Vec<&k8s_openapi::api::networking::v1::NetworkPolicy> = objects
+        .network_policies
+        .iter()
+        .chain(objects.etcd_policy.as_ref())
+        .collect();
+    let fingerprint = probe::policies_fingerprint(&policies);
+    let target = probe::target(name, read.store_pods);
+    let pods: Vec<probe::ProbePod> = read.probe_pods.iter().map(probe::read_probe_pod).collect();
+    let decision = probe::decide(&probe::ProbeInput {
+        enabled: read.probe,
+        backend: read.backend,
+        namespace: read.namespace,
+        bound_namespaces: &obs.bound_namespaces,
+        policies: fingerprint.as_deref(),
+        target: target.as_deref(),
+        image,
+        recorded: read
+            .backend
+            .status
+            .as_ref()
+            .and_then(|s| s.isolation_probe.as_ref()),
+        pods: &pods,
+        now: read.now,
+    });
+    plan.probe_create = decision.create;
+    plan.probe_delete = decision.delete;
+    plan.recheck = min_some(plan.recheck, decision.recheck);
+    obs.isolation = decision.isolation;
+    obs.isolation_probe = decision.record;
+}
+
+/// The sooner of two optional delays.
+fn min_some(
+    a: Option<std::time::Duration>,
+    b: Option<std::time::Duration>,
+) -> Option<std::time::Duration> {
+    a.into_iter().chain(b).min()
+}
+
 /// The unknown segments of a managed backend's serving master (docs/isolation.md#unknown-segments),
 /// the drains that keep blocks out of them and when to look again; not judged while no master
 /// serves or its listing could not be read (the stored first sightings are kept).
@@ -179,7 +237,10 @@ fn judge_segments(read: &BackendRead<'_>, obs: &mut Observation, plan: &mut Back
         grace,
     });
     plan.quarantine = mounts::quarantine(&unknown, segments, &obs.members, read.drain_unknown);
-    plan.recheck = mounts::next_confirmation(&unknown, read.now, grace);
+    plan.recheck = min_some(
+        plan.recheck,
+        mounts::next_confirmation(&unknown, read.now, grace),
+    );
     obs.unknown_segments = Some(unknown);
 }
 
@@ -224,6 +285,8 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
         foreign: Vec::new(),
         quarantine: Vec::new(),
         recheck: None,
+        probe_create: None,
+        probe_delete: Vec::new(),
     };
     if let Some(x) = &b.spec.connection.external {
         obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
@@ -297,6 +360,7 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
                     })
                     .collect();
                 plan.write_policy = doc.is_some() || !managed.leader.multi_tenancy;
+                probe_enforcement(read, &mut obs, &mut plan, &objects, Some(image));
                 plan.objects = Some(objects);
             }
         }
@@ -325,6 +389,10 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
             .into_iter()
             .cloned()
             .collect();
+    }
+    if plan.objects.is_none() {
+        // Nothing rendered: no policies to check, and no probe Pod kept.
+        probe_enforcement(read, &mut obs, &mut plan, &BackendObjects::default(), None);
     }
     judge_segments(read, &mut obs, &mut plan);
     plan.observation = obs;

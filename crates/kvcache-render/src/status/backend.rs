@@ -74,6 +74,12 @@ pub struct Observation {
     /// Whether confirmed unknown segments are drained (`--unknown-segments=drain`) or only
     /// reported.
     pub drain_unknown: bool,
+    /// Whether something enforces the policies, as the isolation probe found
+    /// (`crate::backend::probe`); `None`: not probed (nothing rendered, or an observation made
+    /// without it), and `NetworkIsolated` says only that the policies are applied.
+    pub isolation: Option<crate::backend::probe::Isolation>,
+    /// A new probe record to write to `status.isolationProbe` (`None`: keep the stored one).
+    pub isolation_probe: Option<kvcache_api::backend::IsolationProbe>,
 }
 
 impl Observation {
@@ -100,6 +106,8 @@ impl Observation {
             unguarded_groups: None,
             unknown_segments: None,
             drain_unknown: true,
+            isolation: None,
+            isolation_probe: None,
         }
     }
 }
@@ -889,28 +897,95 @@ fn store_version_observed(obs: &Observation) -> Option<Cond> {
     })
 }
 
-/// `Rendered`, written only when the backend's objects could not be rendered this pass.
 /// `NetworkIsolated` (written once the objects were rendered): the leader and member Pods take
-/// store traffic only from the backend's own Pods and the namespaces bound to it, or which
-/// member groups run on the host network where no NetworkPolicy reaches (docs/isolation.md).
+/// store traffic only from the backend's own Pods and the namespaces bound to it, and whether
+/// something enforces that, as the isolation probe found (docs/isolation.md#enforcement-checked);
+/// or which member groups run on the host network where no NetworkPolicy reaches.
 fn network_isolated(obs: &Observation) -> Option<Cond> {
+    use crate::backend::probe::Isolation;
+    use kvcache_api::backend::ProbeResult;
+    const T: &str = NETWORK_ISOLATED;
     let unguarded = obs.unguarded_groups.as_ref()?;
-    Some(if unguarded.is_empty() {
-        Cond::yes(
-            NETWORK_ISOLATED,
-            "PoliciesApplied",
-            "the leader and member Pods take store traffic only from this backend's Pods and the namespaces bound to it, the admin port only from the operator",
-        )
-    } else {
-        Cond::no(
-            NETWORK_ISOLATED,
+    if !unguarded.is_empty() {
+        return Some(Cond::no(
+            T,
             "HostNetworkMembers",
             format!(
                 "the Pods of member DaemonSet {} run on the host network (the RDMA fabric), which no NetworkPolicy covers: any Pod that reaches their node reaches their ports; keep those nodes for trusted tenants or guard them with the hosts' firewall",
                 unguarded.join(", ")
             ),
+        ));
+    }
+    const APPLIED: &str = "the leader and member Pods take store traffic only from this backend's Pods and the namespaces bound to it, the admin port only from the operator";
+    let probed = |r: &kvcache_api::backend::IsolationProbe| {
+        format!(
+            "probe Pod {}, in a namespace no Binding admits, dialled the master's RPC port at {}",
+            r.pod, r.target
         )
+    };
+    Some(match &obs.isolation {
+        None => Cond::yes(T, "PoliciesApplied", APPLIED),
+        Some(Isolation::Off) => Cond::unknown(
+            T,
+            "Unverified",
+            format!(
+                "{APPLIED} by their NetworkPolicies; whether an enforcer applies them is not checked (the operator runs with --isolation-probe=false)"
+            ),
+        ),
+        Some(Isolation::OwnNamespaceBound) => Cond::unknown(
+            T,
+            "Unverified",
+            format!(
+                "{APPLIED} by their NetworkPolicies; whether an enforcer applies them cannot be checked: the operator's own namespace holds a Binding on this backend, so a probe Pod there is admitted; bind the workloads of another namespace instead"
+            ),
+        ),
+        Some(Isolation::Probing { previous }) => Cond::unknown(
+            T,
+            "Probing",
+            format!(
+                "{APPLIED} by their NetworkPolicies; a probe Pod checks that they are enforced{}",
+                previous.as_ref().map_or_else(String::new, |r| format!(
+                    " (the last probe, of earlier policies or without an answer: {:?}, {})",
+                    r.result, r.message
+                ))
+            ),
+        ),
+        Some(Isolation::Probed(r)) => match r.result {
+            ProbeResult::Enforced => Cond::yes(
+                T,
+                "Enforced",
+                format!(
+                    "{APPLIED}, enforced: {} and was refused ({})",
+                    probed(r),
+                    r.message
+                ),
+            ),
+            ProbeResult::NotEnforced => Cond::no(
+                T,
+                "NotEnforced",
+                format!(
+                    "{} and connected: nothing enforces the store's NetworkPolicies, so any Pod of the cluster reaches the store's ports; run a NetworkPolicy enforcer (a CNI that implements NetworkPolicy; docs/isolation.md#an-enforcer-is-required)",
+                    probed(r)
+                ),
+            ),
+            ProbeResult::Inconclusive => Cond::unknown(
+                T,
+                "ProbeFailed",
+                format!(
+                    "{APPLIED} by their NetworkPolicies; the probe of their enforcement gave no answer ({}: {}); it is tried again within {} minutes",
+                    r.pod,
+                    r.message,
+                    crate::backend::probe::RETRY_INCONCLUSIVE.as_secs() / 60
+                ),
+            ),
+        },
     })
+}
+
+/// `Rendered`, written only when the backend's objects could not be rendered this pass.
+fn rendered(obs: &Observation) -> Option<Cond> {
+    let (reason, why) = obs.render_refused.as_ref()?;
+    Some(Cond::no(RENDERED, reason, why.clone()))
 }
 
 /// `UnknownSegments`, for a managed backend (docs/isolation.md#unknown-segments): the segments
@@ -975,11 +1050,6 @@ pub fn describe_unknown(u: &UnknownSegment) -> String {
         "{} ({size} at address {}, {pod}{state})",
         u.segment_name, u.address
     )
-}
-
-fn rendered(obs: &Observation) -> Option<Cond> {
-    let (reason, why) = obs.render_refused.as_ref()?;
-    Some(Cond::no(RENDERED, reason, why.clone()))
 }
 
 /// `SettingsRead`, written only while the cluster settings cannot be read: it names the key
@@ -1070,6 +1140,10 @@ pub fn apply(
             .unknown_segments
             .clone()
             .unwrap_or_else(|| stored.unknown_segments.clone()),
+        isolation_probe: obs
+            .isolation_probe
+            .clone()
+            .or_else(|| stored.isolation_probe.clone()),
         conditions: kvcache_api::condition::merge(
             &stored.conditions,
             &computed.conditions,
