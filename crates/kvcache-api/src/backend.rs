@@ -285,8 +285,8 @@ pub struct Leader {
     /// is cold after every failover and leader restart), `Etcd` (Mooncake's own election and
     /// metadata operation log on an etcd the operator runs for this backend: a failover or a
     /// restart keeps the cache, for one or three etcd Pods and a few seconds more to serving),
-    /// or `None`. Switching to or from `Etcd` is refused: it replaces every leader and member
-    /// Pod; create a new backend instead.
+    /// or `None`. Switching to or from `Etcd` is refused: it replaces every leader Pod and loses
+    /// the cache; create a new backend instead.
     #[serde(default)]
     pub election_backend: ElectionBackend,
     /// The etcd the operator runs for `electionBackend: Etcd` (ignored otherwise); fixed when
@@ -422,8 +422,8 @@ pub enum ElectionBackend {
     None,
     /// Mooncake's own election (`--enable_ha --ha_backend_type=etcd`) with its metadata
     /// operation log (`--enable_oplog`) on an etcd the operator runs for this backend: a
-    /// failover or a leader restart keeps every key; members and engines find the serving
-    /// master through `etcd://`.
+    /// failover or a leader restart keeps every key. Only the masters use the etcd: members and
+    /// engines dial the leader Service, which follows the serving master.
     Etcd,
 }
 
@@ -746,8 +746,8 @@ pub struct KVCacheBackendStatus {
     /// Why the phase is not `Ready`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase_message: Option<String>,
-    /// Where engines connect: `<backend>-leader.<namespace>.svc:50051`, with `electionBackend:
-    /// Etcd` `etcd://` and the backend's etcd members, or the external `Client`.
+    /// Where engines connect: `<backend>-leader.<namespace>.svc:50051` whatever the election, or
+    /// the external `Client`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     /// For an external store, its two declared addresses, verbatim.

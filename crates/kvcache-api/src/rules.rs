@@ -268,7 +268,7 @@ pub(crate) const ETCD_STORAGE_REFUSED: &str = "leader.etcd (storageClassName, st
 pub(crate) const ETCD_SIZE_REFUSED: &str = "with leader.electionBackend: Etcd, leader.replicas cannot move between 1 and more than 1: the backend's etcd has three members with standbys and one without, and its membership is not changed in place; scale within the same side, or create a new backend";
 
 /// Why `electionBackend` cannot move to or from `Etcd`.
-pub(crate) const ETCD_SWITCH_REFUSED: &str = "leader.electionBackend cannot move to or from Etcd: it replaces every leader and member Pod (members and engines dial etcd:// instead of the leader Service) and the cache is lost either way; create a new backend with the other mode and move the pools to it";
+pub(crate) const ETCD_SWITCH_REFUSED: &str = "leader.electionBackend cannot move to or from Etcd: it replaces every leader Pod, adds or removes the backend's etcd, and the cache is lost either way; create a new backend with the other mode and move the pools to it";
 
 fn regex_alternatives(f: &RefusedFlags) -> String {
     let mut alts: Vec<String> = f.keys.iter().map(|k| (*k).to_string()).collect();
