@@ -1,6 +1,7 @@
 //! A backend's status and life: the capacity its members mounted and the member a Degraded
-//! phase names, a deletion held while a pool uses it, what it no longer renders pruned, and an
-//! operator restarted while it renders one.
+//! phase names, a deletion held while a pool uses it, what it no longer renders pruned, an
+//! operator restarted while it renders one, and segments mounted by a member of another backend
+//! or by no member at all.
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
@@ -151,8 +152,9 @@ fn what_a_backend_no_longer_renders_goes_its_tenant_policy_and_its_members_polic
         let client = client_from(&kc).await?;
         let name = "dram-pruned";
         apply(&client, &backend(name, |_| {})).await?;
-        wait_backend(&client, name, "NetworkIsolated=True/PoliciesApplied", |b| {
-            has_condition(b, "NetworkIsolated=True/PoliciesApplied")
+        // The policies applied and their enforcement probed (these nodes run no enforcer).
+        wait_backend(&client, name, "NetworkIsolated=False/NotEnforced", |b| {
+            has_condition(b, "NetworkIsolated=False/NotEnforced")
         })
         .await?;
         let maps: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
@@ -343,9 +345,128 @@ fn a_member_of_another_backend_mounted_on_this_master_is_named_and_restarted() {
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// A process that is no member mounts a segment on the backend's master (the store's own
+/// REST server with a 32 MiB segment, in a namespace of its own): once listed past the master's
+/// client TTL the backend names it (`UnknownSegments`, `status.unknownSegments` with its
+/// address and Pod), warns once, counts it on `/metrics`, and drains it so that no block lands
+/// there (docs/isolation.md#unknown-segments); deleting the process clears it all.
+#[test]
+fn a_segment_no_member_mounted_is_named_with_its_pod_counted_and_drained() {
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        let name = "dram-rogue";
+        let ns = "kvc-rogue";
+        apply(&client, &backend(name, |_| {})).await?;
+        wait_backend_ready(&client, name, 512 * MIB).await?;
+        // The members alone (a member's segment can be listed a moment before its Pod's
+        // address is: pending, never counted).
+        wait_backend(&client, name, "UnknownSegments=False/None, none listed", |b| {
+            has_condition(b, "UnknownSegments=False/None")
+                && b.status.as_ref().is_some_and(|s| s.unknown_segments.is_empty())
+        })
+        .await?;
+        walkthrough::ensure_namespace(&client, ns).await?;
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "rogue", "labels": {"app": "rogue"}},
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                "name": "rogue", "image": crate::PINNED_IMAGE, "imagePullPolicy": "Never",
+                "command": ["mc_store_rest_server"],
+                "env": [
+                    {"name": "MOONCAKE_TE_META_DATA_SERVER", "value": "P2PHANDSHAKE"},
+                    {"name": "MOONCAKE_MASTER", "value": format!("{name}-leader.{NAMESPACE}.svc:50051")},
+                    {"name": "MOONCAKE_PROTOCOL", "value": "tcp"},
+                    {"name": "MOONCAKE_LOCAL_HOSTNAME", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "MOONCAKE_GLOBAL_SEGMENT_SIZE", "value": "33554432"},
+                    {"name": "MOONCAKE_LOCAL_BUFFER_SIZE", "value": "16777216"}
+                ]
+            }]}
+        }))
+        .expect("a Pod");
+        api.create(&Default::default(), &pod).await?;
+        let rogue = pods::wait_pod(&api, "rogue", "running with an address", WAIT, |p| {
+            pods::ip_of(p).is_some() && pods::is_ready(p)
+        })
+        .await?;
+        let ip = pods::ip_of(&rogue).expect("an address").to_owned();
+        // Named once past its grace (the master's 10 s client TTL and 20 s): the condition
+        // names the segment's address and the Pod there.
+        let b = wait_backend(
+            &client,
+            name,
+            "UnknownSegments=True/MountedByNoMember naming the rogue",
+            |b| {
+                condition(b, "UnknownSegments").is_some_and(|c| {
+                    c.status == "True"
+                        && c.reason == "MountedByNoMember"
+                        && c.message.contains(&format!("at address {ip}, Pod {ns}/rogue"))
+                })
+            },
+        )
+        .await?;
+        let status = b.status.clone().unwrap_or_default();
+        let [seen] = status.unknown_segments.as_slice() else {
+            panic!("one unknown segment: {:?}", status.unknown_segments);
+        };
+        assert!(seen.confirmed && seen.segment_name.starts_with(&format!("{ip}:")), "{seen:?}");
+        assert_eq!(seen.pod.as_deref(), Some("kvc-rogue/rogue"));
+        assert_eq!(seen.size.as_deref(), Some("32Mi"));
+        // The phase is the store's service: still Ready.
+        assert_eq!(phase(&b), Some(BackendPhase::Ready));
+        kvcache_e2e::status::wait_event(&client, name, "UnknownSegment", &ip, WAIT).await?;
+        // Drained onto the members: the master takes no new block into it.
+        wait_backend(&client, name, "the rogue's segment DRAINED", |b| {
+            b.status.as_ref().is_some_and(|s| {
+                s.unknown_segments.iter().any(|u| u.address == ip && u.state == "DRAINED")
+            })
+        })
+        .await?;
+        kvcache_e2e::status::wait_event(&client, name, "UnknownSegmentDraining", &ip, WAIT).await?;
+        let (host, port) = {
+            let op = operator().lock().unwrap_or_else(|p| p.into_inner());
+            (op.host.clone(), op.metrics_port)
+        };
+        let metrics = kvcache_e2e::store::http_get(&format!("http://{host}:{port}/metrics"))?;
+        assert_eq!(
+            kvcache_e2e::store::metric_sum(
+                &metrics,
+                "kvcache_operator_backend_unknown_segments",
+                &[("backend", name)]
+            ),
+            Some(1.0),
+            "{metrics}"
+        );
+        // The process gone (its segment unmounted): nothing unknown, the count back to 0.
+        api.delete("rogue", &DeleteParams::default()).await?;
+        wait_backend(&client, name, "UnknownSegments=False/None again", |b| {
+            has_condition(b, "UnknownSegments=False/None")
+                && b.status.as_ref().is_some_and(|s| s.unknown_segments.is_empty())
+        })
+        .await?;
+        let metrics = kvcache_e2e::store::http_get(&format!("http://{host}:{port}/metrics"))?;
+        assert_eq!(
+            kvcache_e2e::store::metric_sum(
+                &metrics,
+                "kvcache_operator_backend_unknown_segments",
+                &[("backend", name)]
+            ),
+            Some(0.0),
+            "{metrics}"
+        );
+        crate::remove_backend(&client, name).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// The counterpart of `network_policy.rs`'s tenant test on nodes without an enforcer: the
 /// same probes see an unbound namespace connect to the master's RPC and admin ports, so that
-/// test's refusals are the enforcer's doing, not the probe's.
+/// test's refusals are the enforcer's doing, not the probe's; and the operator's own probe
+/// finds the same: `NetworkIsolated=False/NotEnforced` naming the master's RPC address it
+/// dialled, a `NotEnforced` warning, its probe Pod deleted once read
+/// (docs/isolation.md#enforcement-checked).
 #[test]
 fn without_an_enforcer_the_same_probes_see_an_unbound_namespace_reach_the_store() {
     use kvcache_e2e::reach::{self, Reach};
@@ -387,6 +508,33 @@ fn without_an_enforcer_the_same_probes_see_an_unbound_namespace_reach_the_store(
             seen.values().all(|r| *r == Reach::Connected),
             "no enforcer: the policies are inert and the probe connects: {seen:?}"
         );
+        let b = wait_backend(&client, name, "NetworkIsolated=False/NotEnforced", |b| {
+            has_condition(b, "NetworkIsolated=False/NotEnforced")
+        })
+        .await?;
+        let why = condition(&b, "NetworkIsolated").map(|c| c.message.clone()).unwrap_or_default();
+        assert!(
+            why.contains(&format!("master's RPC port at {ip}:50051 and connected")),
+            "names what it dialled: {why}"
+        );
+        let record = b
+            .status
+            .as_ref()
+            .and_then(|s| s.isolation_probe.clone())
+            .expect("status.isolationProbe");
+        assert_eq!(record.target, format!("{ip}:50051"));
+        assert!(record.pod.starts_with(&format!("{NAMESPACE}/{name}-probe-")), "{record:?}");
+        kvcache_e2e::status::wait_event(&client, name, "NotEnforced", &format!("{ip}:50051"), WAIT)
+            .await?;
+        // One Pod for the change, deleted once its result was read.
+        pods::wait_pods(
+            &store,
+            &format!("{}={name}", kvcache_render::backend::probe::PROBE_LABEL),
+            "the probe Pod deleted",
+            WAIT,
+            |p| p.is_empty(),
+        )
+        .await?;
         Ok::<_, Error>(())
     })
     .unwrap_or_else(|e| panic!("{e}"));
