@@ -508,10 +508,9 @@ spec: {poolRef: {name: orphan}, quota: {ceiling: 1Mi}, domain: {name: lost, bloc
         let mut w = world();
         let dram = w.backend("dram").cloned().expect("the backend");
         let mut dedicated = dram.clone();
-        dedicated.spec.tenancy = serde_json::from_value(
-            serde_json::json!({"mode": "Dedicated", "namespace": "team-b"}),
-        )
-        .expect("a tenancy");
+        dedicated.spec.tenancy =
+            serde_json::from_value(serde_json::json!({"mode": "Dedicated", "namespace": "team-b"}))
+                .expect("a tenancy");
         w.add_backend(std::sync::Arc::new(dedicated));
         assert_eq!(w.bound_namespaces("dram"), ["team-b"]);
     }
