@@ -580,7 +580,7 @@ async fn pod_round(
     })
 }
 
-/// The rounds as the README's table.
+/// The rounds as the table of benches/README.md ("admission").
 fn print_rounds(shape: &Shape, rounds: &[(&str, Round)]) {
     let (n, c) = (shape.creates, shape.concurrency);
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;

@@ -259,7 +259,7 @@ pub fn prefix(plan: Plan) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The measured rows as the README's table.
+/// The measured rows as the table of benches/README.md ("prefix").
 fn print_rows(rows: &[Row], rate: f64) {
     println!();
     println!(

@@ -4,7 +4,7 @@
 //! variable in the group's template rolls both members. Measured: the share of the keys read back
 //! with their bytes afterwards, the time from the edit to `RolloutComplete=True` with both
 //! members replaced, Ready and mounted, each drain (`MemberDraining` to `MemberDrained`) and the
-//! fewest members serving at once. Figures in crates/kvcache-operator/README.md.
+//! fewest members serving at once. Method and figures in benches/README.md ("rollout").
 
 use std::time::{Duration, Instant};
 

@@ -425,7 +425,7 @@ struct Figures {
     quiet: BTreeMap<String, u64>,
 }
 
-/// The figures as the README's table.
+/// The figures as the table of benches/README.md ("scale").
 fn print_figures(shape: &Shape, f: &Figures) {
     let total = shape.namespaces * shape.per_namespace;
     println!();

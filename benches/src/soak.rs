@@ -5,8 +5,8 @@
 //! once and samples, until both serve again with every member remounted: how many leader Pods
 //! of one backend report `service_ready` at once (goal: never two), and whether a master lists a
 //! segment of the other backend's member (goal: never; the harness's per-node address books and
-//! the operator's `ForeignMember` check are what keep it so). Figures in
-//! crates/kvcache-operator/README.md.
+//! the operator's `ForeignMember` check are what keep it so). Method and figures in
+//! benches/README.md ("soak").
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

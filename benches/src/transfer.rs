@@ -532,8 +532,8 @@ async fn store_pass(
     Ok(rows)
 }
 
-/// The README's tables: per variant and size, the median MB/s idle and loaded, loaded/idle,
-/// store/raw.
+/// The tables of benches/README.md ("transfer"): per variant and size, the median MB/s idle and
+/// loaded, loaded/idle, store/raw.
 fn print_table(results: &Results, raw: &BTreeMap<&str, f64>) {
     let (raw_idle, raw_loaded) = (raw["idle"], raw["loaded"]);
     println!();
@@ -676,7 +676,8 @@ async fn cpu_cost(
     Ok(out)
 }
 
-/// The README's CPU table: CPU seconds per GB moved, and the cores a member needs at 1 GB/s.
+/// The CPU table of benches/README.md ("transfer"): CPU seconds per GB moved, and the cores a
+/// member needs at 1 GB/s.
 fn print_cpu(rows: &[CpuRow]) {
     println!();
     println!(

@@ -60,7 +60,7 @@ enum Task {
         #[command(subcommand)]
         action: ClusterAction,
     },
-    /// Benchmarks (figures go in the crate READMEs).
+    /// Benchmarks (method and full tables in benches/README.md, current figures in BENCHMARKS.md).
     Bench {
         #[command(subcommand)]
         which: BenchKind,
@@ -159,7 +159,7 @@ enum BenchKind {
     },
     /// A member rollout of a memory group on real nodes with the operator: the share of keys
     /// still read back with their bytes, and the time the rollout takes (figures in
-    /// crates/kvcache-operator/README.md).
+    /// BENCHMARKS.md).
     Rollout {
         /// Rounds (a backend of its own each).
         #[arg(long, default_value_t = 1)]

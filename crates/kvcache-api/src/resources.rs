@@ -1,7 +1,7 @@
 //! CPU and memory of the store's own Pods (`leader.resources`, `members[].resources`) and the
 //! defaults they take: sized so a store Pod keeps serving beside engines that use every core.
-//! The figures behind each default are in `crates/kvcache-operator/README.md` ("Store Pods'
-//! CPU and memory").
+//! Why each default: `crates/kvcache-operator/README.md` ("Store Pods' CPU and memory"); the
+//! figures behind them: `benches/README.md` ("transfer") and `BENCHMARKS.md`.
 
 use std::borrow::Cow;
 use std::fmt;

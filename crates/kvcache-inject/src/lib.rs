@@ -564,8 +564,8 @@ fn float_type(dtype: &str) -> Option<&'static str> {
 /// `spec.domain.dtype`, when the operator owns it). Such a pairing is not a conversion every
 /// engine makes: vLLM 0.32.0 on CPU sizes its cache by `--kv-cache-dtype` and writes blocks in
 /// the model's dtype, past the end of the cache for a wider type (the crash traced in
-/// `crates/kvcache-operator/README.md`, "The prefix benchmark"). `auto` and an absent flag are
-/// not judged: the model's own configuration decides, which the operator cannot read.
+/// `benches/README.md`, "Why the writer crashed at 2,048 tokens busy"). `auto` and an absent
+/// flag are not judged: the model's own configuration decides, which the operator cannot read.
 pub fn compute_dtype_warning(
     row: &EngineRow,
     argv: &[String],

@@ -2,7 +2,7 @@
 //! (the injection) and members (the backend render) alike: each a setting of Mooncake
 //! 0.3.13.post1's TCP transport, read from the environment when a client starts. A container's
 //! or a member group's own value of the same name wins. The figures behind each value are in
-//! `crates/kvcache-operator/README.md` ("TCP transport").
+//! `benches/README.md` ("transfer").
 
 /// One defaulted setting: the variable, its value, and why it is set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,9 +2,9 @@
 //!
 //! Members on the wrong master: a segment whose address is a member Pod of another backend
 //! (and of none of its own). Seen when a failover freed a master's address and a member
-//! redialed it after another backend's master took it (README's note on the harness's address
-//! books); a real CNI can reuse an address as quickly. The backend's status names each one and
-//! the operator restarts it, so that it mounts on its own master again.
+//! redialed it after another backend's master took it (`benches/README.md`, "soak", on the
+//! harness's address books); a real CNI can reuse an address as quickly. The backend's status
+//! names each one and the operator restarts it, so that it mounts on its own master again.
 //!
 //! Segments of no member at all ([`unknown_segments`], docs/isolation.md#unknown-segments): a
 //! client that mounts a segment of its own (`global_segment_size` above 0) becomes a place the
