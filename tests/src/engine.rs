@@ -90,8 +90,8 @@ pub fn instance_type() -> serde_json::Value {
 /// admission refuses `auto` on a new Binding), and the dtype the engines compute in: vLLM
 /// 0.32.0 on CPU sizes its KV cache by `--kv-cache-dtype` but stores blocks in the model's
 /// dtype, so a float32 model with a bfloat16 cache wrote past the cache from block 1,024 on
-/// (a segfault in `reshape_and_cache`, read from a core dump; `crates/kvcache-operator/README.md`,
-/// "The prefix benchmark").
+/// (a segfault in `reshape_and_cache`, read from a core dump; `benches/README.md`, "Why the writer
+/// crashed at 2,048 tokens busy").
 pub const KV_DTYPE: &str = "bfloat16";
 
 /// A Binding for `namespace` on `pool` with the domain `domain` (`None`: the default tenant),
