@@ -1027,8 +1027,11 @@ fn unknown_segments(b: &KVCacheBackend, obs: &Observation) -> Option<Cond> {
         T,
         "MountedByNoMember",
         format!(
-            "the master lists {} segments no member Pod of this backend mounted: {}. The store places any tenant's blocks in such a segment's memory and serves them from there; {action}. Stop the process that mounts it (a store client set up with global_segment_size above 0); a client that must contribute memory belongs on a backend of its own (spec.tenancy: Dedicated)",
-            confirmed.len(),
+            "the master lists {} no member Pod of this backend mounted: {}. The store places any tenant's blocks in such a segment's memory and serves them from there; {action}. Stop the process that mounts it (a store client set up with global_segment_size above 0); a client that must contribute memory belongs on a backend of its own (spec.tenancy: Dedicated)",
+            match confirmed.len() {
+                1 => "a segment".to_owned(),
+                n => format!("{n} segments"),
+            },
             named.join("; ")
         ),
     ))
