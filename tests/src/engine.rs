@@ -316,23 +316,28 @@ pub async fn wait_keys_above(
     }
 }
 
-/// What one engine's own prefills price a computed token at, microseconds: between two of its
-/// readings (`short` and `long`, each what it finished over a stretch: prefills of different
-/// sizes), the difference in time a prefill over the difference in tokens a prefill, so that
-/// the fixed cost of a step cancels out. `None` when the two computed as many tokens a prefill.
-/// The check the demo and `real_engine::prefill_saved` hold the operator's price to.
-pub fn own_price_micros(
-    short: &kvcache_render::shared_cache::Prefills,
-    long: &kvcache_render::shared_cache::Prefills,
-) -> Option<f64> {
-    let each = |p: &kvcache_render::shared_cache::Prefills| {
-        (p.requests > 0).then(|| {
+/// What one engine's own prefills price a computed token at, microseconds: the slope of the
+/// least-squares line through its readings (each what it finished over a stretch, taken as its
+/// requests' mean: tokens a prefill, time a prefill, weighed by its requests), so that the
+/// fixed cost of a step is the line's intercept and not in the price. `None` without two
+/// sizes of prefill. The check the demo and `real_engine::prefill_saved` hold the operator's
+/// price to.
+pub fn own_price_micros(readings: &[kvcache_render::shared_cache::Prefills]) -> Option<f64> {
+    let points: Vec<(f64, f64, f64)> = readings
+        .iter()
+        .filter(|p| p.requests > 0)
+        .map(|p| {
             let n = p.requests as f64;
-            (p.computed_tokens as f64 / n, p.micros as f64 / n)
+            (n, p.computed_tokens as f64 / n, p.micros as f64 / n)
         })
-    };
-    let ((c1, t1), (c2, t2)) = (each(short)?, each(long)?);
-    ((c2 - c1).abs() >= 1.0).then(|| (t2 - t1) / (c2 - c1))
+        .collect();
+    let weight: f64 = points.iter().map(|(n, _, _)| n).sum();
+    let mean =
+        |f: fn(&(f64, f64, f64)) -> f64| points.iter().map(|p| p.0 * f(p)).sum::<f64>() / weight;
+    let (c, t) = (mean(|p| p.1), mean(|p| p.2));
+    let spread: f64 = points.iter().map(|(n, x, _)| n * (x - c) * (x - c)).sum();
+    let together: f64 = points.iter().map(|(n, x, y)| n * (x - c) * (y - t)).sum();
+    (spread >= 1.0).then(|| together / spread)
 }
 
 /// Whether `figure` is within `share` of `reference` (of its size).
@@ -359,10 +364,19 @@ mod tests {
             computed_tokens: 8000,
             micros: 17_960_000,
         };
-        let p = own_price_micros(&short, &long).expect("two sizes");
+        let p = own_price_micros(&[short, long]).expect("two sizes");
         assert!((p - 2200.0).abs() < 1e-6, "{p}");
-        assert_eq!(own_price_micros(&short, &short), None);
-        assert_eq!(own_price_micros(&Prefills::default(), &long), None);
+        assert_eq!(own_price_micros(&[short, short]), None);
+        assert_eq!(own_price_micros(&[Prefills::default(), long]), None);
+        // Three sizes off the line by +10, -20 and +10 ms: the least-squares slope.
+        let at = |c: u64, ms: u64| Prefills {
+            requests: 1,
+            computed_tokens: c,
+            micros: ms * 1000,
+        };
+        let p = own_price_micros(&[at(1000, 1110), at(2000, 2080), at(3000, 3110)])
+            .expect("three sizes");
+        assert!((p - 1000.0).abs() < 1e-6, "{p}");
         assert!(agrees(1.29, 1.0, 0.3) && !agrees(1.31, 1.0, 0.3) && agrees(-1.2, -1.0, 0.3));
     }
 }

@@ -857,7 +857,7 @@ fn the_model(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("no seconds saved in {line:?}"))?;
     let short = a_short.prefills.since(&a_fresh.prefills);
     let long = a_long.prefills.since(&a_short.prefills);
-    let price = kvcache_e2e::engine::own_price_micros(&short, &long).with_context(|| {
+    let price = kvcache_e2e::engine::own_price_micros(&[short, long]).with_context(|| {
         format!("replica A's two prefills computed as many tokens: {short:?}, {long:?}")
     })?;
     let gross = price * loaded as f64 / 1e6;

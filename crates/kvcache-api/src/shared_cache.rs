@@ -54,8 +54,8 @@ pub struct SharedCacheStatus {
     /// price is known yet: the `PrefillPriced` condition says why (docs/shared-cache-hits.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds_saved: Option<String>,
-    /// Give or take: one standard error of `prefillSecondsSaved` from the fit of the price;
-    /// absent with fewer than three readings of prefills to fit.
+    /// Give or take: one standard error of `prefillSecondsSaved`, from the fit of the price
+    /// (the loads' time is measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds_saved_error: Option<String>,
     /// What one more computed prompt token costs the engines in prefill, milliseconds, apart

@@ -358,9 +358,9 @@ pub struct Window {
     pods: BTreeMap<String, VecDeque<(u64, EngineCounters)>>,
     /// Per Pod uid: its name, for the condition.
     names: BTreeMap<String, String>,
-    /// The prefills read, one fit a period of [`PRICE_PERIOD_MS`] (by its index), oldest
-    /// first: every engine's, a Pod's that has gone as well.
-    prefills: VecDeque<(u64, PrefillFit)>,
+    /// The prefills read, a period of [`PRICE_PERIOD_MS`] (by its index) at a time, oldest
+    /// first, one fit an engine (by Pod uid): a Pod's that has gone as well.
+    prefills: VecDeque<(u64, BTreeMap<String, PrefillFit>)>,
     /// Per Pod uid: when it was last read and its prefills then, already in `prefills`.
     counted: BTreeMap<String, (u64, Prefills)>,
 }
@@ -392,7 +392,7 @@ impl Window {
                 Some((_, p)) if !c.prefills.went_down(p) => *p,
                 _ => Prefills::default(),
             };
-            self.add_prefills(now_ms, &c.prefills.since(&base));
+            self.add_prefills(now_ms, &r.uid, &c.prefills.since(&base));
             self.counted.insert(r.uid.clone(), (now_ms, c.prefills));
             let samples = self.pods.entry(r.uid.clone()).or_default();
             if samples.back().is_some_and(|(_, last)| c.went_down(last)) {
@@ -417,30 +417,31 @@ impl Window {
         }
     }
 
-    /// Adds prefills read at `now_ms` to the fit of its period.
-    fn add_prefills(&mut self, now_ms: u64, grown: &Prefills) {
+    /// Adds the prefills of the engine `uid` read at `now_ms` to its fit of the period.
+    fn add_prefills(&mut self, now_ms: u64, uid: &str, grown: &Prefills) {
         if grown.requests == 0 {
             return;
         }
         let period = now_ms / PRICE_PERIOD_MS;
-        match self.prefills.back_mut() {
-            Some((p, fit)) if *p == period => fit.add(grown),
-            _ => {
-                let mut fit = PrefillFit::default();
-                fit.add(grown);
-                self.prefills.push_back((period, fit));
-            }
+        if self.prefills.back().is_none_or(|(p, _)| *p != period) {
+            self.prefills.push_back((period, BTreeMap::new()));
+        }
+        if let Some((_, fits)) = self.prefills.back_mut() {
+            fits.entry(uid.to_owned()).or_default().add(grown);
         }
     }
 
     /// The price of a computed token from the prefills of the last [`PRICE_HISTORY_MS`], or why
     /// there is none yet.
     pub fn price(&self) -> Result<PrefillPrice, Unpriced> {
-        let mut all = PrefillFit::default();
-        for (_, fit) in &self.prefills {
-            all.merge(fit);
+        let mut engines: BTreeMap<&str, PrefillFit> = BTreeMap::new();
+        for (_, fits) in &self.prefills {
+            for (uid, fit) in fits {
+                engines.entry(uid.as_str()).or_default().merge(fit);
+            }
         }
-        all.price()
+        let engines: Vec<PrefillFit> = engines.into_values().collect();
+        price_of(&engines)
     }
 
     /// The deployment's shared-cache figures over the last `window_ms` before `now_ms`: for each
@@ -569,12 +570,20 @@ pub const MIN_PRICED_TOKENS: u64 = 2048;
 /// the readings, below which a prefill's fixed cost cannot be told from a token's price: one
 /// block of the demo's engines.
 pub const MIN_SPREAD_TOKENS: f64 = 32.0;
+/// The fewest readings of prefills beyond each engine's first a price is fitted to (an
+/// engine's first reading fixes its own fixed cost): one fixes the price, a second measures
+/// its error.
+pub const MIN_PRICE_READINGS: u64 = 2;
+/// The largest standard error of a price, as a share of it, that is shown: a fit that noisy
+/// (an engine's first prefills, a node busy with other work) prices nothing yet.
+pub const MAX_PRICE_ERROR: f64 = 0.5;
 
-/// The sums of a least-squares fit of prefill time to the requests and the tokens computed:
-/// each reading of an engine (what it finished since it was last read: `n` requests that
-/// computed `c` tokens in `t` µs) is taken as `t = a·n + b·c` plus noise that grows with the
-/// requests (weighted by `1/n`), where `a` is a prefill's fixed cost and `b` a computed token's
-/// price. Sums add, so periods and engines pool by adding them.
+/// One engine's sums of a least-squares fit of prefill time to the requests and the tokens
+/// computed: each reading of the engine (what it finished since it was last read: `n` requests
+/// that computed `c` tokens in `t` µs) is taken as `t = a·n + b·c` plus noise that grows with
+/// the requests (weighted by `1/n`), where `a` is the engine's fixed cost of a prefill and `b`
+/// a computed token's price, the same for every engine of the deployment ([`price_of`]). Sums
+/// add, so an engine's periods pool by adding them.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PrefillFit {
     /// Readings added (each with at least one request).
@@ -598,11 +607,11 @@ pub struct PrefillFit {
 pub struct PrefillPrice {
     /// One more computed prompt token, microseconds of prefill.
     pub per_token_micros: f64,
-    /// A prefill's fixed cost, microseconds: what a step costs whatever its tokens (zero when
-    /// the fit made it negative, and the price was fitted without it).
+    /// A prefill's fixed cost, microseconds: what a step costs whatever its tokens, averaged
+    /// over the engines by their prefills (none when the fit makes it negative).
     pub per_prefill_micros: f64,
-    /// One standard error of `per_token_micros`; `None` with fewer than three readings.
-    pub per_token_error_micros: Option<f64>,
+    /// One standard error of `per_token_micros`.
+    pub per_token_error_micros: f64,
     /// The prompt tokens the fit's prefills computed.
     pub computed_tokens: u64,
     /// The prefills (requests) fitted.
@@ -619,6 +628,13 @@ pub enum Unpriced {
         /// The tokens the prefills computed.
         computed: u64,
     },
+    /// Fewer than [`MIN_PRICE_READINGS`] readings beyond each engine's first.
+    TooFewReadings {
+        /// The readings of engines' prefills.
+        readings: u64,
+        /// The engines they came from.
+        engines: u64,
+    },
     /// The prefills computed about as many tokens each (a spread under [`MIN_SPREAD_TOKENS`]).
     PrefillsAlike {
         /// The standard deviation of the tokens computed per prefill, tokens.
@@ -627,6 +643,13 @@ pub enum Unpriced {
     /// The prefills did not take longer for more tokens: something else (waiting for the CPU)
     /// set their time.
     NotGrowing,
+    /// The fit's standard error is above [`MAX_PRICE_ERROR`] of the price.
+    Unsettled {
+        /// The price fitted, µs a token.
+        per_token_micros: f64,
+        /// Its standard error, µs.
+        error_micros: f64,
+    },
 }
 
 impl PrefillFit {
@@ -656,15 +679,14 @@ impl PrefillFit {
         self.micros_sq += other.micros_sq;
     }
 
-    /// The price of a computed token and a prefill's fixed cost, once at least
-    /// [`MIN_PRICED_TOKENS`] were computed in prefills whose sizes spread by at least
-    /// [`MIN_SPREAD_TOKENS`]. A negative fixed cost (noise) is taken as none and the price
-    /// fitted again without it.
+    /// This engine's fit alone: [`price_of`] one engine.
     pub fn price(&self) -> Result<PrefillPrice, Unpriced> {
-        let computed = self.tokens.round() as u64;
-        if computed < MIN_PRICED_TOKENS {
-            return Err(Unpriced::TooFewTokens { computed });
-        }
+        price_of(std::slice::from_ref(self))
+    }
+
+    /// The residual sum of squares about the line of slope `b` through this engine's readings
+    /// (its own fixed cost fitted), and that fixed cost.
+    fn residuals(&self, b: f64) -> (f64, f64) {
         let (n, c, cc, t, ct, tt) = (
             self.requests,
             self.tokens,
@@ -673,37 +695,74 @@ impl PrefillFit {
             self.tokens_micros,
             self.micros_sq,
         );
-        let mean = c / n;
-        let spread = (cc / n - mean * mean).max(0.0).sqrt();
-        if spread < MIN_SPREAD_TOKENS {
-            return Err(Unpriced::PrefillsAlike { spread });
-        }
-        // The normal equations: t = a·n + b·c, weighted by 1/n.
-        let det = n * cc - c * c;
-        let (mut a, mut b) = ((t * cc - c * ct) / det, (n * ct - c * t) / det);
-        let mut fitted = 2u64;
-        let mut var_per = n / det;
-        if a < 0.0 {
-            (a, b, fitted, var_per) = (0.0, ct / cc, 1, 1.0 / cc);
-        }
-        if !(b > 0.0 && b.is_finite()) {
-            return Err(Unpriced::NotGrowing);
-        }
-        // The residual sum of squares, from the sums (each reading weighted by 1/n).
+        let a = (t - b * c) / n;
         let rss = tt - 2.0 * a * t - 2.0 * b * ct + a * a * n + 2.0 * a * b * c + b * b * cc;
-        let error = (self.readings >= 3 && self.readings > fitted).then(|| {
-            let variance = rss.max(0.0) / (self.readings - fitted) as f64;
-            (variance * var_per).sqrt()
-        });
-        Ok(PrefillPrice {
-            per_token_micros: b,
-            per_prefill_micros: a,
-            per_token_error_micros: error,
-            computed_tokens: computed,
-            prefills: self.requests.round() as u64,
-            readings: self.readings,
-        })
+        (rss, a)
     }
+}
+
+/// The price of a computed token from the engines' fits: the slope of the lines through each
+/// engine's readings, one slope for all and a fixed cost for each (engines differ in what a
+/// step costs them: a node busier than another, a reader whose steps follow its loads), so that
+/// only an engine's prefills of different sizes say what a token costs. Known once at least
+/// [`MIN_PRICED_TOKENS`] were computed, in [`MIN_PRICE_READINGS`] readings or more beyond each
+/// engine's first, of prefills whose sizes spread within the engines by at least
+/// [`MIN_SPREAD_TOKENS`], and the price's standard error is at most [`MAX_PRICE_ERROR`] of it.
+pub fn price_of(engines: &[PrefillFit]) -> Result<PrefillPrice, Unpriced> {
+    let engines: Vec<&PrefillFit> = engines.iter().filter(|f| f.readings > 0).collect();
+    let tokens: f64 = engines.iter().map(|f| f.tokens).sum();
+    let computed = tokens.round() as u64;
+    if computed < MIN_PRICED_TOKENS {
+        return Err(Unpriced::TooFewTokens { computed });
+    }
+    let readings: u64 = engines.iter().map(|f| f.readings).sum();
+    let count = engines.len() as u64;
+    if readings < count + MIN_PRICE_READINGS {
+        return Err(Unpriced::TooFewReadings {
+            readings,
+            engines: count,
+        });
+    }
+    let requests: f64 = engines.iter().map(|f| f.requests).sum();
+    // Within each engine: the spread of its tokens a prefill, and how its time follows them.
+    let spread_sq: f64 = engines
+        .iter()
+        .map(|f| f.tokens_sq - f.tokens * f.tokens / f.requests)
+        .sum();
+    let together: f64 = engines
+        .iter()
+        .map(|f| f.tokens_micros - f.tokens * f.micros / f.requests)
+        .sum();
+    let spread = (spread_sq.max(0.0) / requests).sqrt();
+    if spread < MIN_SPREAD_TOKENS {
+        return Err(Unpriced::PrefillsAlike { spread });
+    }
+    let b = together / spread_sq;
+    if !(b > 0.0 && b.is_finite()) {
+        return Err(Unpriced::NotGrowing);
+    }
+    let (mut rss, mut fixed) = (0.0, 0.0);
+    for f in &engines {
+        let (r, a) = f.residuals(b);
+        rss += r;
+        fixed += a * f.requests;
+    }
+    let variance = rss.max(0.0) / (readings - count - 1) as f64;
+    let error = (variance / spread_sq).sqrt();
+    if error > MAX_PRICE_ERROR * b {
+        return Err(Unpriced::Unsettled {
+            per_token_micros: b,
+            error_micros: error,
+        });
+    }
+    Ok(PrefillPrice {
+        per_token_micros: b,
+        per_prefill_micros: (fixed / requests).max(0.0),
+        per_token_error_micros: error,
+        computed_tokens: computed,
+        prefills: requests.round() as u64,
+        readings,
+    })
 }
 
 /// The prefill `loaded` tokens spared at `price`, less the `load_micros` their loads took, with
@@ -722,7 +781,7 @@ fn saved(
     let tokens = loaded as f64;
     Some((
         tokens * p.per_token_micros - spent,
-        p.per_token_error_micros.map(|e| tokens * e),
+        Some(tokens * p.per_token_error_micros),
     ))
 }
 
@@ -743,11 +802,9 @@ pub fn price_condition(price: &Result<PrefillPrice, Unpriced>) -> Cond {
             PREFILL_PRICED,
             "Priced",
             format!(
-                "a computed prompt token costs {:.4} ms of prefill{} and a prefill {:.0} ms besides, fitted to {} tokens computed in {} prefills ({} readings of the engines) within the last hour",
+                "a computed prompt token costs {:.4} ms (± {:.4} ms) of prefill and a prefill {:.0} ms besides, fitted to {} tokens computed in {} prefills ({} readings of the engines) within the last hour",
                 p.per_token_micros / 1e3,
-                p.per_token_error_micros
-                    .map(|e| format!(" (± {:.4} ms)", e / 1e3))
-                    .unwrap_or_else(|| " (no error bar below three readings)".to_owned()),
+                p.per_token_error_micros / 1e3,
                 p.per_prefill_micros / 1e3,
                 p.computed_tokens,
                 p.prefills,
@@ -759,6 +816,26 @@ pub fn price_condition(price: &Result<PrefillPrice, Unpriced>) -> Cond {
             "TooFewTokensComputed",
             format!(
                 "the engines computed {computed} prompt tokens within the last hour and a price needs {MIN_PRICED_TOKENS}: status.sharedCache.prefillSecondsSaved stays absent while tokens are loaded from the store"
+            ),
+        ),
+        Err(Unpriced::TooFewReadings { readings, engines }) => Cond::unknown(
+            PREFILL_PRICED,
+            "TooFewReadings",
+            format!(
+                "the prefills of {engines} engine(s) were read {readings} time(s) within the last hour and a price needs {MIN_PRICE_READINGS} readings beyond each engine's first (an engine is read every --engine-metrics-interval when it finished a request): status.sharedCache.prefillSecondsSaved stays absent while tokens are loaded"
+            ),
+        ),
+        Err(Unpriced::Unsettled {
+            per_token_micros,
+            error_micros,
+        }) => Cond::unknown(
+            PREFILL_PRICED,
+            "PriceUnsettled",
+            format!(
+                "the engines' prefills put a computed token at {:.4} ms ± {:.4} ms, more than {:.0} % uncertain (a busy node, an engine's first prefills): status.sharedCache.prefillSecondsSaved stays absent while tokens are loaded, until more prefills settle it",
+                per_token_micros / 1e3,
+                error_micros / 1e3,
+                MAX_PRICE_ERROR * 100.0
             ),
         ),
         Err(Unpriced::PrefillsAlike { spread }) => Cond::unknown(
@@ -1122,32 +1199,74 @@ vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_put",s
         let c = price_condition(&w.price());
         assert_eq!((c.type_, c.reason), (PREFILL_PRICED, "Priced"));
         assert!(
-            c.message.starts_with("a computed prompt token costs 2.2000 ms of prefill (± 0.0")
-                && c.message.contains("and a prefill 180 ms besides, fitted to 4240 tokens computed in 4 prefills (4 readings of the engines)"),
+            c.message.starts_with("a computed prompt token costs 2.2000 ms (± 0.0")
+                && c.message.contains(
+                    "of prefill and a prefill 180 ms besides, fitted to 4240 tokens computed in 4 prefills (4 readings of the engines)"
+                ),
             "{}",
             c.message
         );
     }
 
     #[test]
+    fn a_readers_slow_steps_after_its_loads_are_its_own_fixed_cost_not_a_cheaper_token() {
+        // Measured on the bench model (real_engine::prefill_saved): the writer's prefills lie
+        // on 60 ms + 0.686 ms a token; the reader's steps after its loads compute 32 tokens in
+        // about 0.69 s. Fitted with one fixed cost for both, the reader's steps would pull the
+        // price down by a third; each engine's own fixed cost leaves it the writer's.
+        let mut w = Window::default();
+        let (mut a, mut b) = ((0, 0, 0), (0, 0, 0));
+        for (i, (size, ms, reader_ms)) in [(256, 236, 688), (1024, 762, 690), (2048, 1465, 700)]
+            .into_iter()
+            .enumerate()
+        {
+            a = (a.0 + 1, a.1 + size, a.2 + ms);
+            b = (b.0 + 1, b.1 + 32, b.2 + reader_ms);
+            let t = 15_000 * (i as u64 + 1);
+            w.record(
+                t,
+                60_000,
+                &[
+                    reading("a", Ok(engine(a, 0, 0))),
+                    reading("b", Ok(engine(b, 992 * (i as u64 + 1), 50))),
+                ],
+            );
+        }
+        let p = w.price().expect("priced");
+        assert!((p.per_token_micros - 686.0).abs() < 2.0, "{p:?}");
+        assert_eq!((p.readings, p.prefills), (6, 6));
+        let one_engine = fit(&[
+            (1, 256, 236_000),
+            (1, 1024, 762_000),
+            (1, 2048, 1_465_000),
+            (1, 32, 688_000),
+            (1, 32, 690_000),
+            (1, 32, 700_000),
+        ]);
+        let pooled = one_engine.price().expect("priced");
+        assert!(pooled.per_token_micros < 500.0, "{pooled:?}");
+    }
+
+    #[test]
     fn a_price_needs_the_minimum_of_computed_tokens_in_prefills_of_different_sizes() {
-        // One token short of the minimum: no price, and no seconds saved once tokens are loaded.
-        let short = fit(&[(1, 47, 150_000), (1, 2000, 4_100_000)]);
+        // 100 ms a prefill and 2 ms a token. One token short of the minimum: no price.
+        let short = fit(&[(1, 47, 194_000), (1, 1000, 2_100_000), (1, 1000, 2_100_000)]);
         assert_eq!(
             short.price(),
             Err(Unpriced::TooFewTokens { computed: 2047 })
         );
-        let at = fit(&[(1, 48, 150_000), (1, 2000, 4_100_000)]).price();
-        let p = at.expect("priced at the minimum");
-        assert!(
-            (p.per_token_micros - 3_950_000.0 / 1952.0).abs() < 1e-6,
-            "{p:?}"
-        );
-        assert_eq!(p.per_token_error_micros, None, "two readings: no error bar");
-        let past = fit(&[(1, 48, 150_000), (1, 2000, 4_100_000), (2, 6000, 6_300_000)]);
-        assert!(
-            past.price()
-                .is_ok_and(|p| p.per_token_error_micros.is_some())
+        let at = fit(&[(1, 48, 196_000), (1, 1000, 2_100_000), (1, 1000, 2_100_000)]);
+        let p = at.price().expect("priced at the minimum");
+        assert!((p.per_token_micros - 2000.0).abs() < 1e-6, "{p:?}");
+        assert!((p.per_prefill_micros - 100_000.0).abs() < 1e-3, "{p:?}");
+        // Two readings fix a line and say nothing of its error.
+        let two = fit(&[(1, 48, 196_000), (1, 2000, 4_100_000)]);
+        assert_eq!(
+            two.price(),
+            Err(Unpriced::TooFewReadings {
+                readings: 2,
+                engines: 1
+            })
         );
         // Every prefill as large: the fixed cost and the price cannot be told apart.
         let alike = fit(&[
@@ -1157,8 +1276,20 @@ vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_put",s
         ]);
         assert_eq!(alike.price(), Err(Unpriced::PrefillsAlike { spread: 0.0 }));
         // Longer prefills took less time: nothing to price.
-        let flat = fit(&[(1, 100, 500_000), (1, 3000, 400_000)]);
+        let flat = fit(&[(1, 100, 500_000), (1, 3000, 400_000), (1, 1500, 450_000)]);
         assert_eq!(flat.price(), Err(Unpriced::NotGrowing));
+        // 250 µs ± 1,010 µs: too noisy to show.
+        let noisy = fit(&[
+            (1, 1000, 1_000_000),
+            (1, 2000, 3_000_000),
+            (1, 3000, 1_500_000),
+        ]);
+        assert!(
+            matches!(noisy.price(), Err(Unpriced::Unsettled { per_token_micros, error_micros })
+                if (per_token_micros - 250.0).abs() < 1e-6 && (error_micros - 1010.0).abs() < 1.0),
+            "{:?}",
+            noisy.price()
+        );
         // What the status shows before the minimum: no figure while tokens were loaded, the
         // loads' time alone while none were, and the condition says why.
         let mut w = Window::default();
@@ -1192,6 +1323,19 @@ vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_put",s
         );
         assert_eq!(price_condition(&alike.price()).reason, "PrefillsAlike");
         assert_eq!(price_condition(&flat.price()).reason, "PrefillsNotGrowing");
+        assert_eq!(price_condition(&two.price()).reason, "TooFewReadings");
+        let c = price_condition(&noisy.price());
+        assert_eq!(
+            (
+                c.reason,
+                c.message.starts_with(
+                    "the engines' prefills put a computed token at 0.2500 ms ± 1.0104 ms, more than 50 % uncertain"
+                )
+            ),
+            ("PriceUnsettled", true),
+            "{}",
+            c.message
+        );
     }
 
     #[test]
@@ -1207,28 +1351,38 @@ vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_put",s
         .expect("priced");
         assert!((p.per_token_micros - 1000.0).abs() < 1e-6, "{p:?}");
         assert!((p.per_prefill_micros - 66_666.667).abs() < 1e-2, "{p:?}");
-        let e = p.per_token_error_micros.expect("three readings");
-        assert!((e - 57.735).abs() < 1e-3, "{p:?}");
-        // Readings of several requests weigh as their requests: two readings of one request
-        // each are the same fit as one reading of both.
-        let one = fit(&[(2, 3000, 3_100_000), (1, 3000, 3_100_000)]).price();
-        let two = fit(&[
+        assert!((p.per_token_error_micros - 57.735).abs() < 1e-3, "{p:?}");
+        // A reading of several requests weighs as that many readings of one: the same line.
+        let apart = fit(&[
+            (1, 1000, 1_100_000),
             (1, 1000, 1_100_000),
             (1, 2000, 2_000_000),
             (1, 3000, 3_100_000),
-        ])
-        .price();
-        let (one, two) = (one.expect("priced"), two.expect("priced"));
-        assert!(
-            (one.per_token_micros - two.per_token_micros).abs() < 50.0,
-            "{one:?} {two:?}"
+        ]);
+        let together = fit(&[
+            (2, 2000, 2_200_000),
+            (1, 2000, 2_000_000),
+            (1, 3000, 3_100_000),
+        ]);
+        let (apart, together) = (
+            apart.price().expect("priced"),
+            together.price().expect("priced"),
         );
-        // A negative fixed cost is noise: the price is fitted without one.
-        let p = fit(&[(1, 1000, 900_000), (1, 3000, 3_100_000)])
-            .price()
-            .expect("priced");
+        assert!(
+            (apart.per_token_micros - together.per_token_micros).abs() < 1e-9
+                && (apart.per_prefill_micros - together.per_prefill_micros).abs() < 1e-6,
+            "{apart:?} {together:?}"
+        );
+        // A negative fixed cost is noise: shown as none; the price is the line's slope.
+        let p = fit(&[
+            (1, 1000, 900_000),
+            (1, 2000, 2_000_000),
+            (1, 3000, 3_100_000),
+        ])
+        .price()
+        .expect("priced");
         assert_eq!(p.per_prefill_micros, 0.0);
-        assert!((p.per_token_micros - 1020.0).abs() < 1e-9, "{p:?}");
+        assert!((p.per_token_micros - 1100.0).abs() < 1e-9, "{p:?}");
         // The seconds saved carry the price's error times the tokens loaded.
         let (s, e) = saved(
             1000,
@@ -1262,7 +1416,13 @@ vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_put",s
             60_000,
             &[reading("a", Ok(engine((2, 2100, 2_300), 0, 0)))],
         );
-        assert_eq!(w.price().map(|p| p.computed_tokens), Ok(2100));
+        assert_eq!(
+            w.price(),
+            Err(Unpriced::TooFewReadings {
+                readings: 2,
+                engines: 1
+            })
+        );
         // a's engine restarted: what it did since counts from zero, nothing goes negative.
         w.record(
             45_000,
