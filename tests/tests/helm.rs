@@ -103,6 +103,8 @@ fn each_value_changes_what_it_names() {
         "serviceMonitor.enabled=true",
         "prometheusRule.enabled=true",
         "resources.limits.memory=512Mi",
+        "isolationProbe=false",
+        "unknownSegments=report",
     ]);
     let d = find(&chart, "Deployment").expect("a Deployment");
     assert_eq!(d["spec"]["replicas"], 3);
@@ -118,6 +120,12 @@ fn each_value_changes_what_it_names() {
         .collect();
     assert!(
         !args.iter().any(|a| a.starts_with("--webhook-addr")),
+        "{args:?}"
+    );
+    // The two settings of docs/isolation.md, each a flag only when it departs from the
+    // default.
+    assert!(
+        args.contains(&"--isolation-probe=false") && args.contains(&"--unknown-segments=report"),
         "{args:?}"
     );
     assert!(find(&chart, "ValidatingWebhookConfiguration").is_none());
