@@ -149,8 +149,40 @@ pub async fn listening(api: &Api<Pod>, pod: &Pod, container: Option<&str>) -> Re
 /// minute); `Ok(true)` when the store answered the read (a hit or a miss). A client that did not
 /// run is an error.
 pub async fn store_answers(api: &Api<Pod>, pod: &Pod, master: &str, key: &str) -> Result<bool> {
+    let attempt = StoreAttempt {
+        op: "get",
+        key,
+        tenant: "",
+        segment: 0,
+    };
+    Ok(store_attempt(api, pod, master, &attempt).await?.is_some())
+}
+
+/// One call of the store's client ([`crate::store::CLIENT`]): its operation (`get`, `put`,
+/// `remove`, `mount`), key, tenant id (empty: the store's default) and the segment its setup
+/// mounts (bytes; 0 mounts none).
+#[derive(Clone, Copy, Debug)]
+pub struct StoreAttempt<'a> {
+    pub op: &'a str,
+    pub key: &'a str,
+    pub tenant: &'a str,
+    pub segment: u64,
+}
+
+/// Runs `attempt` with the store's client in `pod` through the master `master`: `Ok(None)` when
+/// its setup cannot reach the master (the store's own setup error, or no answer within a
+/// minute); `Ok(Some(line))` with the client's `RESULT` line when the store answered (a read's
+/// hit or miss, a put's or remove's code, a mount's setup done). A client that did not run is an
+/// error.
+pub async fn store_attempt(
+    api: &Api<Pod>,
+    pod: &Pod,
+    master: &str,
+    attempt: &StoreAttempt<'_>,
+) -> Result<Option<String>> {
     let name = crate::pods::name_of(pod);
     let ip = ip_of(pod).unwrap_or("127.0.0.1");
+    let segment = attempt.segment.to_string();
     // The exit status printed after the client: `timeout` ends a client still waiting for the
     // master with 124.
     let out = exec(
@@ -160,23 +192,29 @@ pub async fn store_answers(api: &Api<Pod>, pod: &Pod, master: &str, key: &str) -
         &[
             "sh",
             "-c",
-            "timeout 60 python3 -c \"$1\" \"$2\" get \"$3\" '' 0 \"$4\"; echo EXIT $?",
+            "timeout 60 python3 -c \"$1\" \"$2\" \"$3\" \"$4\" \"$5\" 4096 \"$6\" \"$7\"; echo EXIT $?",
             "sh",
             crate::store::CLIENT,
             master,
-            key,
+            attempt.op,
+            attempt.key,
+            attempt.tenant,
             ip,
+            &segment,
         ],
     )
     .await?;
     let result = out.stdout.lines().find_map(|l| l.strip_prefix("RESULT "));
     let status = out.stdout.lines().find_map(|l| l.strip_prefix("EXIT "));
     match (result, status) {
-        (Some(r), _) if r.starts_with("setup ") => Ok(false),
-        (Some(_), _) => Ok(true),
-        (None, Some("124")) => Ok(false),
+        (Some(r), _) if r.starts_with("setup ") => Ok(None),
+        (Some(r), _) => Ok(Some(r.to_owned())),
+        (None, Some("124")) => Ok(None),
         _ => Err(Error::Wait {
-            what: format!("a store read of {key} from {name} through {master}"),
+            what: format!(
+                "a store {} of {} from {name} through {master}",
+                attempt.op, attempt.key
+            ),
             reason: format!(
                 "the client did not run to an answer ({}): {}",
                 status.unwrap_or("no status"),

@@ -307,15 +307,18 @@ impl Member {
 
 /// The Python client, one process per call. A get first asks `is_exist` (1 present, 0 absent,
 /// negative: the store's error), so a miss and a failed read are told apart: the client's `get`
-/// returns empty bytes for both.
+/// returns empty bytes for both. argv: master, op (`put`, `get`, `remove`, or `mount`: the setup
+/// alone, which mounts a segment when argv[7] is above 0), key, tenant (empty: the store's
+/// default), size, this host's address, the segment to mount (bytes, 0 when absent).
 pub(crate) const CLIENT: &str = r#"
 import sys
 from mooncake.store import MooncakeDistributedStore
 master, op, key = sys.argv[1], sys.argv[2], sys.argv[3]
 tenant = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None
 host = sys.argv[6] if len(sys.argv) > 6 and sys.argv[6] else "127.0.0.1"
+segment = int(sys.argv[7]) if len(sys.argv) > 7 and sys.argv[7] else 0
 cfg = {"local_hostname": host, "metadata_server": "P2PHANDSHAKE",
-       "global_segment_size": 0, "local_buffer_size": 16 * 1024 * 1024,
+       "global_segment_size": segment, "local_buffer_size": 16 * 1024 * 1024,
        "protocol": "tcp", "rdma_devices": "", "master_server_addr": master}
 if tenant:
     cfg["tenant_id"] = tenant
@@ -327,6 +330,10 @@ if rc != 0:
 if op == "put":
     size = int(sys.argv[5]) if len(sys.argv) > 5 else 4096
     print("RESULT put", store.put(key, bytes([7]) * size))
+elif op == "remove":
+    print("RESULT remove", store.remove(key))
+elif op == "mount":
+    print("RESULT mount", segment)
 else:
     present = store.is_exist(key)
     if present < 0:

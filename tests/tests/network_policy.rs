@@ -4,7 +4,8 @@
 //! while its bound namespace stores through the leader Service, across a leader restart; a
 //! store's master and members' transfer ports take its bound namespaces, its members' REST API
 //! the operator alone, and nothing of it another namespace; a Lease-addressed member gets the
-//! leader elector's identity. One cluster and one operator for the binary.
+//! leader elector's identity; a backend dedicated to one namespace refuses every attack from a
+//! namespace bound to another backend. One cluster and one operator for the binary.
 
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -27,9 +28,15 @@ use kvcache_e2e::{Error, images, paths};
 const WAIT: Duration = Duration::from_secs(120);
 const NAMESPACE: &str = "gpustack-system";
 const BACKEND: &str = "warm-guarded";
-/// A namespace with a Binding on the backend, and one without.
+/// A namespace with a Binding on the backend (which is dedicated to it), and one without.
 const BOUND: &str = "team-bound";
 const OTHER: &str = "team-other";
+/// The domain (tenant id) of [`BOUND`]'s Binding.
+const DOMAIN: &str = "bound-kv";
+
+/// Held while a test needs the warm backend's leader to serve throughout (the dedicated
+/// backend's attacks and their control); the etcd test takes it for its leader restart.
+static WARM_LEADER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn cluster() -> &'static NodeCluster {
     static CLUSTER: OnceLock<Result<NodeCluster, String>> = OnceLock::new();
@@ -82,8 +89,8 @@ fn operator() -> &'static Mutex<Operator> {
     }
 }
 
-/// The warm backend (one leader, one etcd member on a local volume), its pool and the Binding
-/// of [`BOUND`].
+/// The warm backend (one leader, one etcd member on a local volume), dedicated to [`BOUND`],
+/// its pool and the Binding of [`BOUND`] (domain [`DOMAIN`]).
 async fn apply_store(client: &Client) -> Result<(), Error> {
     let pp = PatchParams::apply(walkthrough::MANAGER).force();
     let backend: KVCacheBackend = serde_json::from_value(serde_json::json!({
@@ -91,6 +98,7 @@ async fn apply_store(client: &Client) -> Result<(), Error> {
         "metadata": {"name": BACKEND},
         "spec": {
             "image": kvcache_api::settings::DEFAULT_BACKEND_IMAGE,
+            "tenancy": {"mode": "Dedicated", "namespace": BOUND},
             "connection": {"managed": {
                 "leader": {"electionBackend": "Etcd",
                            "etcd": {"storageClassName": LOCAL_CLASS, "storageSize": "64Mi"},
@@ -122,13 +130,37 @@ async fn apply_store(client: &Client) -> Result<(), Error> {
         "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
         "metadata": {"name": BOUND, "namespace": BOUND},
         "spec": {"poolRef": {"name": BACKEND}, "quota": {"ceiling": "64Mi"},
-                 "domain": {"blockSize": 64, "dtype": "bfloat16"}},
+                 "domain": {"name": DOMAIN, "blockSize": 64, "dtype": "bfloat16"}},
     }))
     .expect("a Binding");
     Api::<KVCachePoolBinding>::namespaced(client.clone(), BOUND)
         .patch(BOUND, &pp, &Patch::Apply(&binding))
         .await?;
     Ok(())
+}
+
+/// The warm backend serves: Ready, its etcd available, its election observed, its capacity read
+/// (the masters elect through the etcd and the members mount through the leader Service: both
+/// admitted by the policies).
+fn warm_serving(b: &KVCacheBackend) -> bool {
+    phase(b) == Some(BackendPhase::Ready)
+        && has_condition(b, "EtcdAvailable=True")
+        && has_condition(b, "ElectionObserved=True")
+        && b.status.as_ref().is_some_and(|s| s.capacity.is_some())
+}
+
+/// Applies the warm backend (its local volumes, [`apply_store`]) and waits until it serves.
+async fn warm_store(client: &Client, cluster: &NodeCluster) -> Result<KVCacheBackend, Error> {
+    local_volumes(client, &cluster.nodes, BACKEND, 1).await?;
+    apply_store(client).await?;
+    wait_object(
+        &Api::<KVCacheBackend>::all(client.clone()),
+        BACKEND,
+        "Ready, EtcdAvailable=True, elected, capacity read",
+        WAIT,
+        warm_serving,
+    )
+    .await
 }
 
 /// Connects to etcd's client port at argv[1] (3 s at most) and prints its `/health` answer.
@@ -210,25 +242,9 @@ fn a_warm_backends_etcd_answers_its_own_pods_alone_and_a_bound_namespace_stores_
     let kc = cluster.control_plane.kubeconfig.clone();
     block_on(async move {
         let client = client_from(&kc).await?;
-        local_volumes(&client, &cluster.nodes, BACKEND, 1).await?;
-        apply_store(&client).await?;
-        // The masters elect through the etcd and the members mount through the leader Service:
-        // Ready with capacity is both admitted by the policies.
+        let b = warm_store(&client, cluster).await?;
         let backends: Api<KVCacheBackend> = Api::all(client.clone());
-        let serving = |b: &KVCacheBackend| {
-            phase(b) == Some(BackendPhase::Ready)
-                && has_condition(b, "EtcdAvailable=True")
-                && has_condition(b, "ElectionObserved=True")
-                && b.status.as_ref().is_some_and(|s| s.capacity.is_some())
-        };
-        let b = wait_object(
-            &backends,
-            BACKEND,
-            "Ready, EtcdAvailable=True, elected, capacity read",
-            WAIT,
-            serving,
-        )
-        .await?;
+        let serving = warm_serving;
         // The entry engines are given: the leader Service, not the etcd.
         let master = format!("{BACKEND}-leader.{NAMESPACE}.svc:50051");
         assert_eq!(
@@ -290,10 +306,10 @@ fn a_warm_backends_etcd_answers_its_own_pods_alone_and_a_bound_namespace_stores_
         // The bound namespace stores through the leader Service.
         let api: Api<Pod> = Api::namespaced(client.clone(), BOUND);
         let key = "warm-guarded-key";
-        let code = pods::store_put(&api, name_of(&bound), &master, key, None, 4096).await?;
+        let code = pods::store_put(&api, name_of(&bound), &master, key, Some(DOMAIN), 4096).await?;
         assert_eq!(code, 0, "the bound namespace's put through {master}");
         assert_eq!(
-            pods::store_get(&api, name_of(&bound), &master, key, None).await?,
+            pods::store_get(&api, name_of(&bound), &master, key, Some(DOMAIN)).await?,
             Lookup::Hit(4096)
         );
 
@@ -307,6 +323,7 @@ fn a_warm_backends_etcd_answers_its_own_pods_alone_and_a_bound_namespace_stores_
                 .and_then(|e| e.view_version)
         };
         let first_view = view(&b);
+        let _restart = WARM_LEADER.lock().await;
         let leader = pods::wait_ready(&store, &backend_pods(BACKEND, "leader"), 1, WAIT).await?;
         let restarted = Instant::now();
         store
@@ -317,7 +334,7 @@ fn a_warm_backends_etcd_answers_its_own_pods_alone_and_a_bound_namespace_stores_
         })
         .await?;
         let read_back = loop {
-            match pods::store_get(&api, name_of(&bound), &master, key, None).await {
+            match pods::store_get(&api, name_of(&bound), &master, key, Some(DOMAIN)).await {
                 Ok(Lookup::Hit(n)) => break n,
                 seen if restarted.elapsed() > WAIT => {
                     return Err(Error::Wait {
@@ -350,18 +367,21 @@ mod tenants {
     use kvcache_render::backend::access::TRANSFER_PORTS;
 
     /// The first member group's REST port (`mc_store_rest_server`'s HTTP API).
-    const REST_PORT: u16 = 8080;
+    pub(super) const REST_PORT: u16 = 8080;
 
     /// `GET /api/exist/<argv[2]>` of the member REST API at argv[1] (`host:port`); prints
     /// `HTTP <status> <body>`.
     const REST_EXIST: &str = "import sys, urllib.request, urllib.error\ntry:\n    r = urllib.request.urlopen(f'http://{sys.argv[1]}/api/exist/{sys.argv[2]}', timeout=5)\n    print('HTTP', r.status, r.read().decode())\nexcept urllib.error.HTTPError as e:\n    print('HTTP', e.code, e.read().decode())";
 
     /// (backend and pool, the namespace bound to it).
-    const A: (&str, &str) = ("iso-a", "iso-team-a");
-    const B: (&str, &str) = ("iso-b", "iso-team-b");
+    pub(super) const A: (&str, &str) = ("iso-a", "iso-team-a");
+    pub(super) const B: (&str, &str) = ("iso-b", "iso-team-b");
     const ATTACKER: &str = "iso-attacker";
 
-    async fn apply_tenant(client: &Client, (backend, ns): (&str, &str)) -> Result<(), Error> {
+    pub(super) async fn apply_tenant(
+        client: &Client,
+        (backend, ns): (&str, &str),
+    ) -> Result<(), Error> {
         let pp = PatchParams::apply(walkthrough::MANAGER).force();
         let mut b = serde_json::json!({
             "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend",
@@ -409,16 +429,16 @@ mod tenants {
 
     /// What a store offers: its master's RPC port (by the Service's name and the Pod's
     /// address), its admin port, its members' transfer ports and their REST API.
-    struct Targets {
-        rpc: Vec<String>,
-        admin: String,
-        transfer: Vec<String>,
-        rest: Vec<String>,
-        master: String,
-        members: Vec<Pod>,
+    pub(super) struct Targets {
+        pub(super) rpc: Vec<String>,
+        pub(super) admin: String,
+        pub(super) transfer: Vec<String>,
+        pub(super) rest: Vec<String>,
+        pub(super) master: String,
+        pub(super) members: Vec<Pod>,
     }
 
-    async fn targets(client: &Client, backend: &str) -> Result<Targets, Error> {
+    pub(super) async fn targets(client: &Client, backend: &str) -> Result<Targets, Error> {
         let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
         let leader = pods::wait_ready(&store, &backend_pods(backend, "leader"), 1, WAIT).await?;
         let ip = ip_of(&leader[0]).expect("the leader's address").to_owned();
@@ -462,7 +482,7 @@ mod tenants {
     }
 
     /// Probes until what `pod` reaches of `targets` is `want` for every one; how long it took.
-    async fn wait_reach(
+    pub(super) async fn wait_reach(
         client: &Client,
         pod: &Pod,
         targets: &[String],
@@ -474,7 +494,7 @@ mod tenants {
     }
 
     /// The targets `pod` reaches of `targets` now, and the answer of each.
-    async fn seen(
+    pub(super) async fn seen(
         client: &Client,
         pod: &Pod,
         targets: &[String],
@@ -488,7 +508,7 @@ mod tenants {
     /// members' transfer ports and the master's RPC port connect from the bound namespace, the
     /// admin port answers the operator (the backend's capacity is read through it), the REST
     /// port the operator's Pod.
-    fn all_closed(seen: &std::collections::BTreeMap<String, Reach>) -> bool {
+    pub(super) fn all_closed(seen: &std::collections::BTreeMap<String, Reach>) -> bool {
         !seen.is_empty() && seen.values().all(|r| !r.open())
     }
 
@@ -821,5 +841,220 @@ mod probe {
             Ok(())
         })
         .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// A backend dedicated to one namespace (the warm backend, `spec.tenancy: {mode: Dedicated,
+/// namespace: team-bound}`) attacked from a namespace bound to another backend (team B's, of
+/// [`tenants`]), as a co-tenant of a shared backend would attack it: a spoofed tenant id's read
+/// and remove, a rogue segment's mount, a raw transfer-engine connection to a member, the
+/// members' REST API, the etcd. Each fails, while the dedicated namespace stores and reads
+/// (docs/isolation.md#tenancy). With the backend's policies left out of the render, every one
+/// got through (seen once: the read got the key's 4096 bytes, the remove reached the master and
+/// was refused only by the key's read lease, -706, the rogue segment mounted, and every port
+/// connected).
+mod dedicated {
+    use super::*;
+    use kvcache_e2e::reach::{self, StoreAttempt};
+
+    /// The attacker: team B's namespace, bound to team B's backend.
+    const ATTACKER: (&str, &str) = tenants::B;
+    /// The key the dedicated namespace writes and the attacker goes after.
+    const KEY: &str = "dedicated-secret";
+    /// The segment the rogue mount offers (bytes).
+    const ROGUE_SEGMENT: u64 = 16 << 20;
+
+    /// The attacks that got through, one line each (empty: every one failed).
+    fn through(attacks: &[(&str, String)]) -> Vec<String> {
+        attacks
+            .iter()
+            .filter(|(_, seen)| !seen.starts_with("failed"))
+            .map(|(attack, seen)| format!("{attack}: {seen}"))
+            .collect()
+    }
+
+    /// What the store's client in the attacker's Pod got through the master.
+    fn answered(attempt: Option<String>) -> String {
+        match attempt {
+            None => "failed: the client could not reach the master".into(),
+            Some(result) => format!("the store answered {result:?}"),
+        }
+    }
+
+    /// What TCP connections to `targets` got.
+    fn connected(seen: &std::collections::BTreeMap<String, reach::Reach>) -> String {
+        if tenants::all_closed(seen) {
+            format!("failed: {seen:?}")
+        } else {
+            format!("connected: {seen:?}")
+        }
+    }
+
+    #[test]
+    fn a_dedicated_backend_refuses_every_attack_from_a_namespace_bound_to_another_backend() {
+        operator();
+        let cluster = cluster();
+        let kc = cluster.control_plane.kubeconfig.clone();
+        block_on(async move { attacked(&client_from(&kc).await?, cluster).await })
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// The attacks on the dedicated backend, its control before and after.
+    async fn attacked(client: &Client, cluster: &NodeCluster) -> Result<(), Error> {
+        tenants::apply_tenant(client, ATTACKER).await?;
+        let victim = warm_store(client, cluster).await?;
+        let started = Instant::now();
+        // The attacker's namespace is bound, to its own backend; the dedicated backend lists
+        // its one namespace.
+        let listed = |b: &KVCacheBackend| {
+            b.status
+                .as_ref()
+                .map(|s| s.bound_namespaces.clone())
+                .unwrap_or_default()
+        };
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        wait_object(
+            &backends,
+            ATTACKER.0,
+            "boundNamespaces listing the attacker's namespace",
+            WAIT,
+            |b| listed(b).iter().any(|ns| ns == ATTACKER.1),
+        )
+        .await?;
+        assert_eq!(listed(&victim), [BOUND], "{}", describe(&victim));
+
+        // The leader serves throughout: no restart between the control and the attacks.
+        let _serving = WARM_LEADER.lock().await;
+        let t = tenants::targets(client, BACKEND).await?;
+        let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let etcd = pods::wait_ready(&store, &backend_pods(BACKEND, "etcd"), 1, WAIT).await?;
+        let etcd_ip = ip_of(&etcd[0]).expect("the etcd Pod's address").to_owned();
+        let own = prober_as(
+            client,
+            BOUND,
+            "victim",
+            serde_json::json!({"app": "victim"}),
+        )
+        .await?;
+        let attacker = prober_as(
+            client,
+            ATTACKER.1,
+            "attacker",
+            serde_json::json!({"app": "attacker"}),
+        )
+        .await?;
+
+        // The control: the dedicated namespace reaches its master and its members' transfer
+        // ports, puts and reads back as its domain (the transfer engine dials the members);
+        // the backend's member reaches the etcd; the members listen on their REST port
+        // (`tenants::targets`), which answers the operator (`tenants`).
+        let store_of: Vec<String> = t.rpc.iter().chain(&t.transfer).cloned().collect();
+        tenants::wait_reach(
+            client,
+            &own,
+            &store_of,
+            true,
+            "the dedicated namespace reaching its store",
+        )
+        .await?;
+        let api_own: Api<Pod> = Api::namespaced(client.clone(), BOUND);
+        let code =
+            pods::store_put(&api_own, name_of(&own), &t.master, KEY, Some(DOMAIN), 4096).await?;
+        assert_eq!(code, 0, "the dedicated namespace's put as {DOMAIN}");
+        assert_eq!(
+            pods::store_get(&api_own, name_of(&own), &t.master, KEY, Some(DOMAIN)).await?,
+            Lookup::Hit(4096),
+            "the dedicated namespace's read as {DOMAIN}"
+        );
+        wait_reach(
+            client,
+            &t.members[0],
+            &etcd_ip,
+            true,
+            "a member of the backend reaching the etcd",
+        )
+        .await?;
+
+        // The attacks, each run to its end before any is judged (a broken policy shows
+        // every one that gets through). The store client's three at once: each waits up to
+        // a minute for a master that does not answer.
+        let api_x: Api<Pod> = Api::namespaced(client.clone(), ATTACKER.1);
+        let spoofed = |op| StoreAttempt {
+            op,
+            key: KEY,
+            tenant: DOMAIN,
+            segment: 0,
+        };
+        let (read, remove) = (spoofed("get"), spoofed("remove"));
+        let rogue = StoreAttempt {
+            op: "mount",
+            key: "",
+            tenant: "",
+            segment: ROGUE_SEGMENT,
+        };
+        let (read, removed, mounted) = tokio::join!(
+            reach::store_attempt(&api_x, &attacker, &t.master, &read),
+            reach::store_attempt(&api_x, &attacker, &t.master, &remove),
+            reach::store_attempt(&api_x, &attacker, &t.master, &rogue),
+        );
+        let etcd_target = vec![format!("{etcd_ip}:2379")];
+        let mut master_ports = t.rpc.clone();
+        master_ports.push(t.admin.clone());
+        let attacks = [
+            (
+                "a read of the dedicated domain's key, the client's tenant id set to it",
+                answered(read?),
+            ),
+            (
+                "a remove of that key, the same tenant id",
+                answered(removed?),
+            ),
+            (
+                "a rogue segment mounted on the master (the client's setup with a 16 MiB global segment)",
+                answered(mounted?),
+            ),
+            (
+                "a raw transfer-engine connection to the members' transfer ports",
+                connected(&tenants::seen(client, &attacker, &t.transfer).await?),
+            ),
+            (
+                "the members' REST API",
+                connected(&tenants::seen(client, &attacker, &t.rest).await?),
+            ),
+            (
+                "the etcd's client port",
+                connected(&tenants::seen(client, &attacker, &etcd_target).await?),
+            ),
+            (
+                "the master's RPC and admin ports",
+                connected(&tenants::seen(client, &attacker, &master_ports).await?),
+            ),
+        ];
+        let got_through = through(&attacks);
+        assert!(
+            got_through.is_empty(),
+            "attacks from {} (bound to {}) on {BACKEND} (dedicated to {BOUND}) got through:\n{}",
+            ATTACKER.1,
+            ATTACKER.0,
+            got_through.join("\n")
+        );
+        // Nothing was removed: the dedicated namespace reads its key back.
+        assert_eq!(
+            pods::store_get(&api_own, name_of(&own), &t.master, KEY, Some(DOMAIN)).await?,
+            Lookup::Hit(4096),
+            "the dedicated namespace's key after the attacks"
+        );
+        println!(
+            "dedicated backend {BACKEND} under kube-router, attacked from {} (bound to {}), {:.1}s:\n{}",
+            ATTACKER.1,
+            ATTACKER.0,
+            started.elapsed().as_secs_f64(),
+            attacks
+                .iter()
+                .map(|(attack, seen)| format!("  {attack}: {seen}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        Ok(())
     }
 }
