@@ -230,7 +230,7 @@ pub fn inject_pod(
             return Err(refuse(
                 "BindingDeleting",
                 format!(
-                    "KVCachePoolBinding {namespace}/{binding_name} is being deleted: writes would fail with TENANT_NOT_REGISTERED once its tenant is released"
+                    "KVCachePoolBinding {namespace}/{binding_name} is being deleted: its namespace no longer reaches the store and its tenant is revoked on the master (docs/isolation.md#revocation); name another Binding of this namespace"
                 ),
             ));
         }

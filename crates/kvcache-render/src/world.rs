@@ -256,12 +256,16 @@ impl World {
             .collect()
     }
 
-    /// The ceilings of every Binding on `backend`, in `namespace/name` order, and the Bindings
-    /// whose ceiling does not parse.
+    /// The ceilings of every Binding on `backend` not being deleted (the master's seed policy:
+    /// a deleted Binding's tenant is revoked, and a restarted master must not register it
+    /// again), in `namespace/name` order, and the Bindings whose ceiling does not parse.
     pub fn ceilings_on(&self, backend: &str) -> (Vec<BindingCeiling>, Vec<Error>) {
         let mut ceilings = Vec::new();
         let mut errors = Vec::new();
-        for b in self.bindings_on(backend) {
+        let live = self
+            .bindings_on(backend)
+            .filter(|b| b.metadata.deletion_timestamp.is_none());
+        for b in live {
             match ceiling_view(b) {
                 Ok(v) => ceilings.push(BindingCeiling {
                     binding: v.binding,
@@ -276,16 +280,17 @@ impl World {
     }
 
     /// The namespaces with a Binding on `backend` (whose engines may reach its store), sorted.
-    /// A Binding being deleted no longer opens its namespace once no ModelDeployment uses it:
-    /// its release may wait on data the tenant still holds in the store, which only the
-    /// operator needs to reach (docs/isolation.md). A backend dedicated to a namespace
-    /// (`spec.tenancy`) opens that one alone, whatever Binding raced past admission.
+    /// A Binding being deleted no longer opens its namespace, whether or not ModelDeployments
+    /// still name it (their replicas lose the store; their status says so): its release may
+    /// wait on them and on data the tenant still holds, which only the operator needs to reach
+    /// (docs/isolation.md#revocation). A backend dedicated to a namespace (`spec.tenancy`)
+    /// opens that one alone, whatever Binding raced past admission.
     pub fn bound_namespaces(&self, backend: &str) -> Vec<String> {
         let dedicated = self
             .backend(backend)
             .and_then(|b| b.spec.tenancy.dedicated_to());
         self.bindings_on(backend)
-            .filter(|b| b.metadata.deletion_timestamp.is_none() || !self.users(b).is_empty())
+            .filter(|b| b.metadata.deletion_timestamp.is_none())
             .filter_map(|b| b.metadata.namespace.clone())
             .filter(|ns| dedicated.is_none_or(|d| d == ns))
             .collect::<BTreeSet<String>>()
@@ -364,7 +369,7 @@ impl World {
         };
         let who = format!("{ns}/{name}");
         if b.metadata.deletion_timestamp.is_some() {
-            return (Resolution::BindingDeleting { binding: who }, None);
+            return (Resolution::BindingDeleted { binding: who }, None);
         }
         let Some(pool) = chain.pool else {
             let why = Unresolved::NoPool {
@@ -470,7 +475,7 @@ spec: {poolRef: {name: orphan}, quota: {ceiling: 1Mi}, domain: {name: lost, bloc
     }
 
     #[test]
-    fn a_deleted_binding_closes_its_namespace_unless_a_deployment_still_uses_it() {
+    fn a_deleted_binding_closes_its_namespace_even_while_a_deployment_still_names_it() {
         let deleting = |w: &mut World, ns: &str| {
             let b = w
                 .bindings
@@ -492,14 +497,35 @@ spec: {poolRef: {name: orphan}, quota: {ceiling: 1Mi}, domain: {name: lost, bloc
             ["team-a"],
             "team-b has no user: closed"
         );
+        let (seeded, _) = w.ceilings_on("dram");
+        assert_eq!(
+            seeded
+                .iter()
+                .map(|c| c.binding.as_str())
+                .collect::<Vec<_>>(),
+            ["team-a/team"],
+            "a restarted master does not register team-b's revoked tenant again"
+        );
         let mut w = world_with(
             "---\napiVersion: worker.gpustack.ai/v1\nkind: ModelDeployment\nmetadata: {name: chat, namespace: team-a}\nspec: {model: {name: m}, engine: {name: vLLM}, kvCache: {poolRef: {name: team}}, roles: [{name: server, replicas: 1, instanceType: cpu}]}\n",
         );
         deleting(&mut w, "team-a");
         assert_eq!(
             w.bound_namespaces("dram"),
-            ["team-a", "team-b"],
-            "team-a's deployment still uses its Binding: open until it goes"
+            ["team-b"],
+            "team-a's deployment still names its Binding: closed all the same"
+        );
+        let (chat, _) = w
+            .models()
+            .next()
+            .map(|md| w.resolve(md))
+            .expect("the deployment");
+        assert_eq!(
+            chat,
+            Resolution::BindingDeleted {
+                binding: "team-a/team".into()
+            },
+            "the deployment is told why"
         );
     }
 

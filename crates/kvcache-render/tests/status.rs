@@ -855,6 +855,30 @@ spec:
     }
 
     #[test]
+    fn a_deleted_binding_it_still_names_degrades_it_saying_the_store_is_lost_and_what_to_do() {
+        let mut obs = attached();
+        obs.resolution = Resolution::BindingDeleted {
+            binding: "team-a/team-a".into(),
+        };
+        let (phase, message, conds) = model_status(&obs);
+        let d = find(&conds, "DomainRegistered");
+        assert_eq!((d.status, d.reason), (Status::False, "BindingDeleted"));
+        for words in [
+            "KVCachePoolBinding team-a/team-a was deleted",
+            "no longer reaches the store",
+            "spec.kvCache.poolRef.name",
+        ] {
+            assert!(d.message.contains(words), "{words:?} in {}", d.message);
+        }
+        // What the store charged before is no attachment now.
+        let c = find(&conds, "CacheAttached");
+        assert_eq!((c.status, c.reason), (Status::False, "BindingDeleted"));
+        assert!(c.message.contains("team-a/team-a"), "{}", c.message);
+        assert_eq!(phase, ModelDeploymentPhase::Degraded);
+        assert_eq!(message.as_deref(), Some(d.message.as_str()));
+    }
+
+    #[test]
     fn without_kv_cache_it_is_not_applicable() {
         let mut obs = attached();
         obs.resolution = Resolution::NotApplicable;

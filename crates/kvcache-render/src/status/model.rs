@@ -19,8 +19,9 @@ pub enum Resolution {
         /// The namespace looked in.
         namespace: String,
     },
-    /// The Binding is being deleted.
-    BindingDeleting {
+    /// The Binding was deleted (it stays, terminating, while its release waits): its namespace
+    /// no longer reaches the store.
+    BindingDeleted {
         /// The Binding, as `namespace/name`.
         binding: String,
     },
@@ -149,13 +150,9 @@ fn domain_registered(resolution: &Resolution) -> Cond {
                 "spec.kvCache.poolRef.name names {binding}, but there is no KVCachePoolBinding {namespace}/{binding}: name a Binding in this namespace (a pool's name, or another namespace's Binding, never attaches)"
             ),
         ),
-        Resolution::BindingDeleting { binding } => Cond::no(
-            DOMAIN_REGISTERED,
-            "BindingDeleting",
-            format!(
-                "KVCachePoolBinding {binding} is being deleted; the replicas keep writing until it goes"
-            ),
-        ),
+        Resolution::BindingDeleted { binding } => {
+            Cond::no(DOMAIN_REGISTERED, BINDING_DELETED, binding_deleted(binding))
+        }
         Resolution::BindingNotReady { binding, why } => Cond::no(
             DOMAIN_REGISTERED,
             "BindingNotReady",
@@ -173,6 +170,18 @@ fn domain_registered(resolution: &Resolution) -> Cond {
     }
 }
 
+/// The reason a ModelDeployment whose Binding was deleted gets, on `DomainRegistered` and
+/// `CacheAttached`, and as its phase's cause.
+pub const BINDING_DELETED: &str = "BindingDeleted";
+
+/// What a ModelDeployment whose Binding (`namespace/name`) was deleted is told: what it lost,
+/// why the Binding is still listed, and what to do.
+fn binding_deleted(binding: &str) -> String {
+    format!(
+        "KVCachePoolBinding {binding} was deleted: its namespace no longer reaches the store and the replicas run without the shared cache (docs/isolation.md#revocation); it stays, terminating, while this deployment names it. Point spec.kvCache.poolRef.name at another Binding of this namespace, remove spec.kvCache, or delete this deployment; or create the Binding again once it is gone (its cache starts empty: the deleted one's went with it)"
+    )
+}
+
 /// `CacheAttached`: whether the store charges the domain, or why the replicas are not attached
 /// (a refusal, an unresolved reference, roles that take over their command, none ready yet).
 fn cache_attached(obs: &ModelObservation) -> Cond {
@@ -182,6 +191,13 @@ fn cache_attached(obs: &ModelObservation) -> Cond {
     match (&obs.resolution, &obs.refusal) {
         (Resolution::NotApplicable, _) => Cond::yes(CACHE_ATTACHED, "NotApplicable", "no kvCache"),
         (_, Some((reason, message))) => Cond::no(CACHE_ATTACHED, reason, message.clone()),
+        (Resolution::BindingDeleted { binding }, _) => Cond::no(
+            CACHE_ATTACHED,
+            BINDING_DELETED,
+            format!(
+                "KVCachePoolBinding {binding} was deleted: the replicas no longer reach the store; see DomainRegistered"
+            ),
+        ),
         _ if !resolved => Cond::unknown(
             CACHE_ATTACHED,
             "NotResolved",
@@ -323,6 +339,8 @@ pub fn phase(obs: &ModelObservation) -> (Phase, Option<String>) {
         (Phase::Deleting, Some("being deleted".to_owned()))
     } else if let Some((_, m)) = &obs.refusal {
         (Phase::Degraded, Some(m.clone()))
+    } else if let Resolution::BindingDeleted { binding } = &obs.resolution {
+        (Phase::Degraded, Some(binding_deleted(binding)))
     } else if !obs.foreign.is_empty() {
         (Phase::Degraded, Some(objects_owned(&obs.foreign).message))
     } else if short.is_empty() && !obs.roles.is_empty() {
