@@ -39,10 +39,9 @@ pub const VERSION: &str = "v1";
 /// publishes what its master binary says its version is; the backend controller reads it.
 pub const STORE_VERSION_ANNOTATION: &str = "kvcache.gpustack.ai/store-version";
 
-/// On a KVCachePoolBinding, `"true"`: when it is deleted while its tenant still holds objects on
-/// the master, the operator removes those objects (the master's `/api/v1/remove_all` for that
-/// tenant) instead of waiting for them to be evicted. The user's explicit way out of
-/// `Releasable=False/LedgerNotReleased`: the domain's cached KV blocks are gone for good.
+/// On a KVCachePoolBinding, `"true"`: its tenant's objects are removed when it is deleted.
+/// Every deleted Binding's are now (its revocation, docs/isolation.md#revocation), so the
+/// annotation changes nothing; it is still accepted on Bindings that carry it.
 pub const DROP_CACHED_DATA_ANNOTATION: &str = "kvcache.gpustack.ai/drop-cached-data";
 
 /// What can go wrong in this crate.

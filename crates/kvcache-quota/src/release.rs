@@ -1,22 +1,32 @@
-//! When a Binding being deleted may go: the decision of its finalizer, one step per answer the
-//! master gives. The operator fetches (its workloads from the cache, the tenant's ledger entry,
-//! the delete's answer) and calls these; what they return is both the Binding's `Releasable`
-//! condition ([`crate::status::Release`]) and whether the finalizer may be removed.
+//! When a Binding being deleted may go, and how its tenant's access ends first: the decision
+//! of its finalizer, one step per answer the master gives. The operator fetches (its workloads
+//! from the cache, the tenant's ledger entry, each request's answer) and calls these; what they
+//! return is both the Binding's `Releasable` condition ([`crate::status::Release`]) and whether
+//! the finalizer may be removed.
 //!
-//! The order (docs/design.md#binding-release): a Binding used by a ModelDeployment is held;
-//! one on a backend without a ledger (multi-tenancy off, an external store, no pool or backend
-//! left) goes at once; a tenant another Binding still claims stays on the master and this
-//! Binding goes; otherwise the tenant's entry is read: a tenant holding bytes is held until it
-//! drains, unless the Binding asks for its cached data to be dropped
-//! (`kvcache_api::DROP_CACHED_DATA_ANNOTATION`): then its objects are removed on the master
-//! first. An empty tenant is deleted on the master, and only a delete the master confirmed (or a
-//! tenant already gone) lets the Binding go. A request whose outcome is unknown holds.
+//! The order (docs/design.md#binding-release): a Binding on a backend without a ledger of its
+//! own (multi-tenancy off, no pool or backend left, a tenant another Binding still claims) is
+//! held while a ModelDeployment names it and goes once none does. Otherwise its tenant is
+//! revoked on the master first, whatever still names the Binding (docs/isolation.md#revocation):
+//! its quota cut to [`REVOKED_QUOTA_BYTES`], which refuses every put of the tenant on every
+//! connection, open ones included, and its objects removed, which ends its reads (the master
+//! does not check the ledger on a read). A NetworkPolicy cannot do either: an enforcer lets a
+//! connection opened before the change go on. Then the Binding is held while a ModelDeployment
+//! names it; then the tenant's entry is deleted, and only a delete the master confirmed (or a
+//! tenant already gone) lets the Binding go. A request whose outcome is unknown holds, and every
+//! pass starts again from the entry, so a put that landed between two steps is removed too.
 
 use std::collections::BTreeSet;
 
 use crate::admin::{AdminError, LedgerFailure, TenantEntry, Unanswered};
 pub use crate::status::Unclaimed;
 use crate::status::{NotReleased, Release, RequestFailed};
+
+/// The quota a revoked tenant is cut to: the least the master takes (the 0.3.13.post1 master
+/// refuses 0, "Tenant quota must be in [1, 2^63 - 1] bytes"). Every put is larger, so every put
+/// of the tenant is refused (`TENANT_QUOTA_EXCEEDED`, -1700), and a refused put evicts the
+/// tenant's objects no read lease holds.
+pub const REVOKED_QUOTA_BYTES: u64 = 1;
 
 /// Whether the Binding's backend keeps a ledger this release must clear.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,30 +46,38 @@ pub enum Step {
     Done(Release),
     /// Read the tenant's entry, then call [`after_entry`].
     ReadEntry,
-    /// Delete the tenant's entry, then call [`after_delete`].
-    DeleteEntry,
+    /// Cut the tenant's quota to [`REVOKED_QUOTA_BYTES`], then call [`after_revoke`].
+    Revoke,
     /// Remove every object the tenant holds, then call [`after_removal`].
     RemoveObjects,
+    /// Delete the tenant's entry, then call [`after_delete`].
+    DeleteEntry,
+}
+
+/// Held while workloads (`namespace/name` of each) name the Binding, else `then`.
+fn unless_used(users: &[String], then: Step) -> Step {
+    if users.is_empty() {
+        then
+    } else {
+        Step::Done(Release::Held(users.to_vec()))
+    }
 }
 
 /// The first step, from the workloads attached to the Binding (`namespace/name` of each) and
-/// its backend's ledger.
+/// its backend's ledger: a tenant of its own is read (and revoked) whatever uses the Binding.
 pub fn first_step(users: &[String], ledger: &Ledger) -> Step {
-    if !users.is_empty() {
-        return Step::Done(Release::Held(users.to_vec()));
-    }
     match ledger {
-        Ledger::None | Ledger::SharedTenant => Step::Done(Release::Released),
+        Ledger::None | Ledger::SharedTenant => unless_used(users, Step::Done(Release::Released)),
         Ledger::Own => Step::ReadEntry,
     }
 }
 
-/// After reading the tenant's entry; `drop_cached_data`: the Binding asks for the tenant's
-/// objects to be removed rather than waited out.
+/// After reading the tenant's entry: revoked first (its quota cut, then its objects removed),
+/// then held while `users` name the Binding, then deleted.
 pub fn after_entry(
     tenant: &str,
     read: Result<Result<TenantEntry, AdminError>, Unanswered>,
-    drop_cached_data: bool,
+    users: &[String],
 ) -> Step {
     let failed = |cause: LedgerFailure| {
         Step::Done(Release::LedgerRequestFailed(RequestFailed::ReadingEntry {
@@ -70,26 +88,42 @@ pub fn after_entry(
     match read {
         Err(e) => failed(e.into()),
         Ok(Err(AdminError::UnavailableInCurrentMode | AdminError::NotFound)) => {
-            Step::Done(Release::Released)
+            unless_used(users, Step::Done(Release::Released))
         }
         Ok(Err(e)) => failed(e.into()),
-        Ok(Ok(entry)) if entry.usage_bytes() > 0 && drop_cached_data => Step::RemoveObjects,
-        Ok(Ok(entry)) if entry.usage_bytes() > 0 => {
-            Step::Done(Release::LedgerNotReleased(NotReleased::HoldsBytes {
-                tenant: tenant.to_owned(),
-                bytes: entry.usage_bytes(),
-            }))
-        }
-        Ok(Ok(_)) => Step::DeleteEntry,
+        Ok(Ok(entry)) if entry.requested_quota_bytes > REVOKED_QUOTA_BYTES => Step::Revoke,
+        Ok(Ok(entry)) if entry.usage_bytes() > 0 => Step::RemoveObjects,
+        Ok(Ok(_)) => unless_used(users, Step::DeleteEntry),
     }
 }
 
-/// After asking the master to remove the tenant's objects: on success its entry is deleted
-/// next.
-pub fn after_removal(tenant: &str, removed: Result<Result<u64, AdminError>, Unanswered>) -> Step {
+/// After cutting the tenant's quota: its objects are removed next (the entry read before the
+/// cut may miss a put that landed since).
+pub fn after_revoke(tenant: &str, revoked: Result<Result<(), AdminError>, Unanswered>) -> Step {
+    let tenant = tenant.to_owned();
+    match revoked {
+        Ok(Ok(())) => Step::RemoveObjects,
+        Ok(Err(refusal)) => Step::Done(Release::LedgerNotReleased(NotReleased::RevokeRefused {
+            tenant,
+            refusal,
+        })),
+        Err(cause) => Step::Done(Release::LedgerRequestFailed(RequestFailed::Revoking {
+            tenant,
+            cause,
+        })),
+    }
+}
+
+/// After asking the master to remove the tenant's objects: the tenant is revoked; held while
+/// `users` name the Binding, else its entry is deleted next.
+pub fn after_removal(
+    tenant: &str,
+    removed: Result<Result<u64, AdminError>, Unanswered>,
+    users: &[String],
+) -> Step {
     let tenant = tenant.to_owned();
     match removed {
-        Ok(Ok(_)) => Step::DeleteEntry,
+        Ok(Ok(_)) => unless_used(users, Step::DeleteEntry),
         Ok(Err(refusal)) => Step::Done(Release::LedgerNotReleased(NotReleased::RemovalRefused {
             tenant,
             refusal,
@@ -153,37 +187,82 @@ mod tests {
     use super::*;
     use crate::admin::NoAnswer;
 
-    fn entry(charged: u64) -> TenantEntry {
+    /// An entry charging `charged` bytes, its quota `requested`.
+    fn entry_of(requested: u64, charged: u64) -> TenantEntry {
         serde_json::from_value(serde_json::json!({
-            "tenant_id": "team-a", "requested_quota_bytes": 1, "effective_quota_bytes": 1,
-            "charged_bytes": charged, "admission_closed": false, "over_quota": false,
-            "has_explicit_policy": true
+            "tenant_id": "team-a", "requested_quota_bytes": requested,
+            "effective_quota_bytes": requested, "charged_bytes": charged,
+            "admission_closed": false, "over_quota": false, "has_explicit_policy": true
         }))
         .expect("an entry")
     }
 
+    /// An entry already revoked, charging `charged` bytes.
+    fn entry(charged: u64) -> TenantEntry {
+        entry_of(REVOKED_QUOTA_BYTES, charged)
+    }
+
+    fn users() -> Vec<String> {
+        vec!["team-a/qwen-chat".to_owned()]
+    }
+
     #[test]
-    fn a_binding_in_use_is_held_whatever_the_ledger() {
-        let users = vec!["team-a/qwen-chat".to_owned()];
-        for ledger in [Ledger::None, Ledger::SharedTenant, Ledger::Own] {
+    fn without_a_ledger_of_its_own_a_binding_is_held_while_named_and_goes_then() {
+        for ledger in [Ledger::None, Ledger::SharedTenant] {
             assert_eq!(
-                first_step(&users, &ledger),
-                Step::Done(Release::Held(users.clone()))
+                first_step(&users(), &ledger),
+                Step::Done(Release::Held(users()))
+            );
+            assert_eq!(first_step(&[], &ledger), Step::Done(Release::Released));
+        }
+    }
+
+    #[test]
+    fn a_tenant_of_its_own_is_revoked_first_whatever_names_the_binding() {
+        for named in [users(), Vec::new()] {
+            assert_eq!(first_step(&named, &Ledger::Own), Step::ReadEntry);
+            // Its quota cut, even with nothing stored (a put may come any moment).
+            for charged in [0, 4096] {
+                assert_eq!(
+                    after_entry("team-a", Ok(Ok(entry_of(64 << 20, charged))), &named),
+                    Step::Revoke
+                );
+            }
+            // Then its objects removed, the cut acknowledged or seen on the entry.
+            assert_eq!(after_revoke("team-a", Ok(Ok(()))), Step::RemoveObjects);
+            assert_eq!(
+                after_entry("team-a", Ok(Ok(entry(4096))), &named),
+                Step::RemoveObjects
             );
         }
     }
 
     #[test]
-    fn without_a_ledger_of_its_own_a_binding_goes_at_once() {
+    fn a_revoked_tenant_is_held_while_named_then_its_entry_is_deleted() {
         assert_eq!(
-            first_step(&[], &Ledger::None),
-            Step::Done(Release::Released)
+            after_removal("team-a", Ok(Ok(5)), &users()),
+            Step::Done(Release::Held(users()))
         );
         assert_eq!(
-            first_step(&[], &Ledger::SharedTenant),
-            Step::Done(Release::Released)
+            after_entry("team-a", Ok(Ok(entry(0))), &users()),
+            Step::Done(Release::Held(users()))
         );
-        assert_eq!(first_step(&[], &Ledger::Own), Step::ReadEntry);
+        assert_eq!(after_removal("team-a", Ok(Ok(5)), &[]), Step::DeleteEntry);
+        assert_eq!(
+            after_entry("team-a", Ok(Ok(entry(0))), &[]),
+            Step::DeleteEntry
+        );
+        // No entry, or no ledger: nothing to revoke.
+        for gone in [AdminError::NotFound, AdminError::UnavailableInCurrentMode] {
+            assert_eq!(
+                after_entry("team-a", Ok(Err(gone.clone())), &[]),
+                Step::Done(Release::Released)
+            );
+            assert_eq!(
+                after_entry("team-a", Ok(Err(gone)), &users()),
+                Step::Done(Release::Held(users()))
+            );
+        }
     }
 
     /// The ledger request `method` to the master `m` got no answer, for `cause`.
@@ -200,62 +279,6 @@ mod tests {
     }
 
     #[test]
-    fn a_tenant_holding_bytes_is_held_and_an_empty_one_is_deleted() {
-        assert_eq!(
-            after_entry("team-a", Ok(Ok(entry(4096))), false),
-            Step::Done(Release::LedgerNotReleased(NotReleased::HoldsBytes {
-                tenant: "team-a".into(),
-                bytes: 4096
-            }))
-        );
-        assert_eq!(
-            after_entry("team-a", Ok(Ok(entry(0))), false),
-            Step::DeleteEntry
-        );
-        assert_eq!(
-            after_entry("team-a", Ok(Err(AdminError::NotFound)), false),
-            Step::Done(Release::Released)
-        );
-        assert_eq!(
-            after_entry(
-                "team-a",
-                Ok(Err(AdminError::UnavailableInCurrentMode)),
-                false
-            ),
-            Step::Done(Release::Released)
-        );
-    }
-
-    #[test]
-    fn a_binding_that_drops_its_cached_data_removes_the_objects_then_the_entry() {
-        assert_eq!(
-            after_entry("team-a", Ok(Ok(entry(4096))), true),
-            Step::RemoveObjects
-        );
-        assert_eq!(
-            after_entry("team-a", Ok(Ok(entry(0))), true),
-            Step::DeleteEntry
-        );
-        assert_eq!(after_removal("team-a", Ok(Ok(5))), Step::DeleteEntry);
-        assert_eq!(
-            after_removal("team-a", Ok(Err(AdminError::UnavailableInCurrentStatus))),
-            Step::Done(Release::LedgerNotReleased(NotReleased::RemovalRefused {
-                tenant: "team-a".into(),
-                refusal: AdminError::UnavailableInCurrentStatus
-            }))
-        );
-        assert_eq!(
-            after_removal("team-a", Err(unanswered("POST", timed_out()))),
-            Step::Done(Release::LedgerRequestFailed(
-                RequestFailed::RemovingObjects {
-                    tenant: "team-a".into(),
-                    cause: unanswered("POST", timed_out())
-                }
-            ))
-        );
-    }
-
-    #[test]
     fn an_unanswered_or_refused_request_holds_and_says_which_step_failed() {
         let reading = |cause: LedgerFailure| {
             Step::Done(Release::LedgerRequestFailed(RequestFailed::ReadingEntry {
@@ -264,7 +287,7 @@ mod tests {
             }))
         };
         assert_eq!(
-            after_entry("team-a", Err(unanswered("GET", NoAnswer::Refused)), true),
+            after_entry("team-a", Err(unanswered("GET", NoAnswer::Refused)), &[]),
             reading(LedgerFailure::Unanswered(unanswered(
                 "GET",
                 NoAnswer::Refused
@@ -274,10 +297,44 @@ mod tests {
             after_entry(
                 "team-a",
                 Ok(Err(AdminError::UnavailableInCurrentStatus)),
-                true
+                &[]
             ),
             reading(LedgerFailure::Refused(
                 AdminError::UnavailableInCurrentStatus
+            ))
+        );
+        assert_eq!(
+            after_revoke("team-a", Ok(Err(AdminError::UnavailableInCurrentStatus))),
+            Step::Done(Release::LedgerNotReleased(NotReleased::RevokeRefused {
+                tenant: "team-a".into(),
+                refusal: AdminError::UnavailableInCurrentStatus
+            }))
+        );
+        assert_eq!(
+            after_revoke("team-a", Err(unanswered("PUT", timed_out()))),
+            Step::Done(Release::LedgerRequestFailed(RequestFailed::Revoking {
+                tenant: "team-a".into(),
+                cause: unanswered("PUT", timed_out())
+            }))
+        );
+        assert_eq!(
+            after_removal(
+                "team-a",
+                Ok(Err(AdminError::UnavailableInCurrentStatus)),
+                &[]
+            ),
+            Step::Done(Release::LedgerNotReleased(NotReleased::RemovalRefused {
+                tenant: "team-a".into(),
+                refusal: AdminError::UnavailableInCurrentStatus
+            }))
+        );
+        assert_eq!(
+            after_removal("team-a", Err(unanswered("POST", timed_out())), &users()),
+            Step::Done(Release::LedgerRequestFailed(
+                RequestFailed::RemovingObjects {
+                    tenant: "team-a".into(),
+                    cause: unanswered("POST", timed_out())
+                }
             ))
         );
         assert_eq!(
@@ -319,12 +376,21 @@ mod tests {
         let failed = "False/LedgerRequestFailed: the ledger request for team-a/chat failed and its outcome is unknown, so it is held: ";
         let cases = [
             (
-                Release::LedgerNotReleased(NotReleased::HoldsBytes {
+                Release::LedgerNotReleased(NotReleased::RevokeRefused {
                     tenant: "chat".into(),
-                    bytes: 4096,
+                    refusal: AdminError::UnavailableInCurrentStatus,
                 }),
                 format!(
-                    "{not_released}tenant chat still holds 4Ki on the master until it is evicted; to drop it now (the domain's cached KV blocks are lost), annotate the Binding kvcache.gpustack.ai/drop-cached-data=true"
+                    "{not_released}the master refused to revoke tenant chat (its quota cut to 1 byte): the master cannot answer in its current state (UNAVAILABLE_IN_CURRENT_STATUS); it is starting or not the leader yet, retrying"
+                ),
+            ),
+            (
+                Release::LedgerRequestFailed(RequestFailed::Revoking {
+                    tenant: "chat".into(),
+                    cause: unanswered("PUT", timed_out()),
+                }),
+                format!(
+                    "{failed}revoking tenant chat: no answer to PUT http://m:9003/api/v1/tenant_quotas?tenant_id=chat: timed out after 1500 ms"
                 ),
             ),
             (

@@ -63,7 +63,8 @@ pub enum Release {
     NotDeleting,
     /// Still referenced: by Bindings (for a pool) or workloads (for a Binding).
     Held(Vec<String>),
-    /// The master keeps the tenant: it holds data, or refused to let it go; retried.
+    /// The master refused a step of the release (the tenant's revocation, the removal of its
+    /// objects, the deletion of its entry); retried.
     LedgerNotReleased(NotReleased),
     /// A ledger request failed and its outcome is unknown; retried.
     LedgerRequestFailed(RequestFailed),
@@ -74,17 +75,13 @@ pub enum Release {
 /// Why the master keeps a tenant (`Releasable=False/LedgerNotReleased`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum NotReleased {
-    /// The tenant still holds bytes and its Binding does not ask for them to be dropped.
-    #[error(
-        "tenant {tenant} still holds {} on the master until it is evicted; to drop it now (the domain's cached KV blocks are lost), annotate the Binding {}=true",
-        kvcache_api::Quantity::from_bytes(*bytes).as_str(),
-        kvcache_api::DROP_CACHED_DATA_ANNOTATION
-    )]
-    HoldsBytes {
+    /// The master refused to cut the tenant's quota (its revocation).
+    #[error("the master refused to revoke tenant {tenant} (its quota cut to 1 byte): {refusal}")]
+    RevokeRefused {
         /// The tenant id on the master's ledger: the Binding's domain name.
         tenant: String,
-        /// The bytes the ledger charges it.
-        bytes: u64,
+        /// The master's answer.
+        refusal: AdminError,
     },
     /// The master refused to remove the tenant's objects.
     #[error("the master refused to remove the objects of tenant {tenant}: {refusal}")]
@@ -121,6 +118,14 @@ pub enum RequestFailed {
         tenant: String,
         /// The master's refusal or the missing answer.
         cause: LedgerFailure,
+    },
+    /// Cutting the tenant's quota (its revocation): unanswered.
+    #[error("revoking tenant {tenant}: {cause}")]
+    Revoking {
+        /// The tenant id on the master's ledger: the Binding's domain name.
+        tenant: String,
+        /// Why no answer came.
+        cause: Unanswered,
     },
     /// Removing the tenant's objects: unanswered.
     #[error("removing the objects of tenant {tenant}: {cause}")]
@@ -470,7 +475,7 @@ fn tenants_claimed(backend: &BackendView, ledger: &Outcome, unclaimed: &[Unclaim
             p::TENANTS_CLAIMED,
             "UnclaimedTenants",
             format!(
-                "the master of {backend_name} keeps tenants this pool registered that no Binding claims (their Binding went while no operator released it): {}. Their ceilings still take a share of the capacity the master recuts; an empty one is removed by the next pass. To drop the data of one, create a Binding on this pool whose domain.name is that tenant and delete it with the annotation {}=true",
+                "the master of {backend_name} keeps tenants this pool registered that no Binding claims (their Binding went while no operator released it): {}. Their ceilings still take a share of the capacity the master recuts; an empty one is removed by the next pass. To drop the data of one, create a Binding on this pool whose domain.name is that tenant and delete it: its release revokes the tenant and removes its objects",
                 unclaimed
                     .iter()
                     .map(|u| match u.objects {
@@ -479,7 +484,6 @@ fn tenants_claimed(backend: &BackendView, ledger: &Outcome, unclaimed: &[Unclaim
                     })
                     .collect::<Vec<_>>()
                     .join(", "),
-                kvcache_api::DROP_CACHED_DATA_ANNOTATION
             ),
         ),
         Outcome::NoLedger => Cond::yes(
@@ -523,15 +527,19 @@ fn release_cond(type_: &'static str, release: &Release, what: &str, holder_kind:
         Release::NotDeleting => {
             Cond::yes(type_, "NotDeleting", format!("{what} is not being deleted"))
         }
-        Release::Held(by) => Cond::no(
+        Release::Held(by) if holder_kind == "KVCachePoolBinding" => Cond::no(
             type_,
-            if holder_kind == "KVCachePoolBinding" {
-                "HeldByBindings"
-            } else {
-                "HeldByWorkloads"
-            },
+            "HeldByBindings",
             format!(
                 "{what} is held by {holder_kind} {}: delete those first; running workloads keep running",
+                by.join(", ")
+            ),
+        ),
+        Release::Held(by) => Cond::no(
+            type_,
+            "HeldByWorkloads",
+            format!(
+                "{what} is held by {holder_kind} {}, which still names it: its namespace no longer reaches the store and those run without the shared cache (docs/isolation.md#revocation); point their spec.kvCache.poolRef at another Binding or delete them, and the release goes on",
                 by.join(", ")
             ),
         ),

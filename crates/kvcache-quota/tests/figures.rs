@@ -492,7 +492,7 @@ fn a_tenant_no_binding_claims_is_named_on_the_pool_and_the_pool_keeps_serving() 
     assert!(c.message.contains("stuck holds 3Mi"), "{}", c.message);
     assert!(
         c.message
-            .contains("kvcache.gpustack.ai/drop-cached-data=true"),
+            .contains("delete it: its release revokes the tenant and removes its objects"),
         "{}",
         c.message
     );

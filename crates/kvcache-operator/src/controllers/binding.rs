@@ -1,7 +1,7 @@
 //! The KVCachePoolBinding controller, its status's one writer: what its pool's last pass
 //! concluded from the master's ledger (`pool.rs` hands it over through the context), the
-//! workloads attached to it (`usedBy`), and its finalizer, which releases the tenant on the
-//! master once nothing uses or holds it. What the status says is
+//! workloads attached to it (`usedBy`), and its finalizer, which revokes the tenant on the
+//! master at once and releases it once nothing uses or holds it. What the status says is
 //! `kvcache_render::status::binding` (pure).
 
 use std::sync::Arc;
@@ -164,8 +164,10 @@ fn ledger_of(ctx: &Context, b: &KVCachePoolBinding) -> (Ledger, Option<String>) 
 }
 
 /// The finalizer's pass: decides with `kvcache_quota::release` whether the Binding may go,
-/// asking the master what it needs to, writes the decision to `Releasable` and the phase, and
-/// holds (an error, retried every 30 s) until it is released.
+/// revoking its tenant on the master first (its quota cut, its objects removed: what ends an
+/// open connection's puts and reads, docs/isolation.md#revocation), asking the master what it
+/// needs to, writes the decision to `Releasable` and the phase, and holds (an error, retried
+/// every 30 s) until it is released.
 async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action, Error> {
     let who = id(b);
     let world = ctx.world();
@@ -177,17 +179,26 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
     let mut step = release::first_step(&users, &ledger);
     let admin = admin.unwrap_or_default();
     if step == Step::ReadEntry {
-        let drop_cached_data = b
-            .annotations()
-            .get(kvcache_api::DROP_CACHED_DATA_ANNOTATION)
-            .is_some_and(|v| v.trim() == "true");
         step = release::after_entry(
             &tenant,
             ctx.store
                 .ledger(&admin, &Request::Get(tenant.clone()), admin::decode_entry)
                 .await,
-            drop_cached_data,
+            &users,
         );
+    }
+    if step == Step::Revoke {
+        let revoke = Request::Upsert {
+            tenant: tenant.clone(),
+            bytes: release::REVOKED_QUOTA_BYTES,
+        };
+        step = release::after_revoke(
+            &tenant,
+            ctx.store.ledger(&admin, &revoke, admin::decode_ack).await,
+        );
+        if step == Step::RemoveObjects {
+            revoked_event(ctx, b, &tenant).await;
+        }
     }
     if step == Step::RemoveObjects {
         let removed = ctx
@@ -198,19 +209,23 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
                 admin::decode_removed,
             )
             .await;
-        if let Ok(Ok(count)) = &removed {
+        if let Ok(Ok(count)) = &removed
+            && *count > 0
+        {
             dropped_event(ctx, b, &tenant, *count).await;
         }
-        step = release::after_removal(&tenant, removed);
+        step = release::after_removal(&tenant, removed, &users);
     }
     let release = match step {
         Step::Done(r) => r,
-        Step::ReadEntry | Step::DeleteEntry | Step::RemoveObjects => release::after_delete(
-            &tenant,
-            ctx.store
-                .ledger(&admin, &Request::Delete(tenant.clone()), admin::decode_ack)
-                .await,
-        ),
+        Step::ReadEntry | Step::Revoke | Step::RemoveObjects | Step::DeleteEntry => {
+            release::after_delete(
+                &tenant,
+                ctx.store
+                    .ledger(&admin, &Request::Delete(tenant.clone()), admin::decode_ack)
+                    .await,
+            )
+        }
     };
     write_status(
         ctx,
@@ -232,14 +247,32 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
     }
 }
 
-/// Records that the tenant's objects were removed on the Binding's request.
+/// Records that the tenant was revoked on the master: its puts refused from now on, on every
+/// connection.
+async fn revoked_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str) {
+    let note = Note {
+        kind: Kind::Normal,
+        reason: "TenantRevoked",
+        message: format!(
+            "tenant {tenant} revoked on the master with the Binding's deletion: its quota cut to {} byte, so its puts are refused on every connection, open ones included; its objects are removed next",
+            release::REVOKED_QUOTA_BYTES
+        ),
+    };
+    super::publish(
+        ctx,
+        &b.object_ref(&()),
+        &super::event_of(&note, "Release", None),
+    )
+    .await;
+}
+
+/// Records that the tenant's objects were removed with the Binding's deletion.
 async fn dropped_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str, count: u64) {
     let note = Note {
         kind: Kind::Normal,
         reason: "CachedDataDropped",
         message: format!(
-            "removed {count} objects of tenant {tenant} from the store, as {}=true asks",
-            kvcache_api::DROP_CACHED_DATA_ANNOTATION
+            "removed {count} objects of tenant {tenant} from the store with the Binding's deletion: no connection, open or new, reads them any more"
         ),
     };
     super::publish(
