@@ -1,9 +1,11 @@
-//! `cargo xtask bench isolation`: how soon a Binding created opens its namespace to the store
-//! and a Binding deleted closes it (docs/isolation.md), on two real nodes under the harness's
-//! NetworkPolicy enforcer (kube-router's firewall) with the operator as from a Pod. Each round
-//! applies a Binding, then probes the master's RPC port from a Pod of the namespace every 100 ms
-//! until it connects; then deletes the Binding and probes until the connection is dropped. The
-//! close includes the Binding's release (the master drops its tenant first).
+//! `cargo xtask bench isolation`: how soon a Binding created opens its namespace to the store,
+//! a Binding deleted closes it, and how soon a store client its namespace opened before the
+//! deletion can neither write nor read (docs/isolation.md#revocation), on two real nodes under
+//! the harness's NetworkPolicy enforcer (kube-router's firewall) with the operator as from a Pod.
+//! Each round applies a Binding, then probes the master's RPC port from a Pod of the namespace
+//! every 100 ms until it connects; then starts a Pod holding a store client open (putting and
+//! reading every 200 ms, `kvcache_e2e::holder`), deletes the Binding, probes until a new
+//! connection is refused, and reads the held client's rounds until it neither writes nor reads.
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_e2e::cluster::{block_on, client_from, wait_object};
+use kvcache_e2e::holder::{self, Holder};
 use kvcache_e2e::pods::{self, ip_of, name_of};
 use kvcache_e2e::reach::{self, Reach};
 use kvcache_e2e::status::phase;
@@ -19,36 +22,56 @@ use kvcache_e2e::{images, walkthrough};
 const NS: &str = "gpustack-system";
 const BACKEND: &str = "bench-isolated";
 const TEAM: &str = "team-isolated";
+/// The Binding's domain: the tenant the held client writes as.
+const DOMAIN: &str = "team-isolated";
 const WAIT: Duration = Duration::from_secs(180);
 
 /// Runs `rounds` open-and-close rounds and prints the figures.
 pub fn isolation(rounds: usize) -> anyhow::Result<()> {
     let rig = crate::operator::with_operator_enforced("bench-isolation", NS)?;
     let kc = rig.nodes.control_plane.kubeconfig.clone();
-    let (opened, closed) = block_on(async move {
+    let figures = block_on(async move {
         let client = client_from(&kc).await?;
         let (prober, target) = prepare(&client).await?;
         let api: Api<Pod> = Api::namespaced(client.clone(), TEAM);
-        let (mut opened, mut closed) = (Vec::new(), Vec::new());
+        let master = format!("{BACKEND}-leader.{NS}.svc:50051");
+        let (mut opened, mut closed, mut revoked) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {
             bind(&client).await?;
             opened.push(until(&api, &prober, &target, Reach::Connected, "open").await?);
+            let name = format!("holder-{round}");
+            let mut held = Holder::start(&api, &name, images::STORE.name, &master, DOMAIN).await?;
+            held.serving(3, WAIT).await?;
+            let deleted = holder::now();
             Api::<KVCachePoolBinding>::namespaced(client.clone(), TEAM)
                 .delete(TEAM, &DeleteParams::default())
                 .await?;
             closed.push(until(&api, &prober, &target, Reach::Refused, "closed").await?);
+            let cut =
+                held.cut(deleted, 5, WAIT)
+                    .await?
+                    .ok_or_else(|| kvcache_e2e::Error::Wait {
+                        what: format!("{TEAM}'s open client refused writes and reads"),
+                        reason: format!("it still wrote or read {WAIT:?} after the deletion"),
+                    })?;
+            revoked.push(cut.writes.max(cut.reads));
             // The next round's Binding is a new one: wait for this one's release.
             gone(&client).await?;
+            api.delete(&name, &DeleteParams::default()).await?;
             println!(
-                "round {}: opened after {:.2} s, closed after {:.2} s",
+                "round {}: opened after {:.2} s, closed after {:.2} s, the open client's writes refused after {:.2} s and its reads after {:.2} s (puts answered {:?})",
                 round + 1,
                 opened[round],
-                closed[round]
+                closed[round],
+                cut.writes,
+                cut.reads,
+                cut.refusals
             );
         }
-        Ok::<_, kvcache_e2e::Error>((opened, closed))
+        Ok::<_, kvcache_e2e::Error>((opened, closed, revoked))
     })?;
     drop(rig);
+    let (opened, closed, revoked) = figures;
     println!("| figure | median | max | rounds |");
     println!("|---|---|---|---|");
     for (what, v) in [
@@ -57,6 +80,10 @@ pub fn isolation(rounds: usize) -> anyhow::Result<()> {
             opened,
         ),
         ("a Binding deleted to its namespace cut off", closed),
+        (
+            "a Binding deleted to a client its namespace held open writing and reading nothing",
+            revoked,
+        ),
     ] {
         let n = v.len();
         let max = v.iter().copied().fold(0.0, f64::max);
@@ -137,7 +164,7 @@ async fn bind(client: &kube::Client) -> Result<(), kvcache_e2e::Error> {
         "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
         "metadata": {"name": TEAM, "namespace": TEAM},
         "spec": {"poolRef": {"name": BACKEND}, "quota": {"ceiling": "32Mi"},
-                 "domain": {"blockSize": 64, "dtype": "bfloat16"}},
+                 "domain": {"name": DOMAIN, "blockSize": 64, "dtype": "bfloat16"}},
     }))
     .map_err(invalid)?;
     Api::<KVCachePoolBinding>::namespaced(client.clone(), TEAM)

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod engine;
 pub mod failover;
 pub mod flood;
+pub mod holder;
 pub mod images;
 pub mod nodes;
 pub mod operator;

@@ -1058,3 +1058,177 @@ mod dedicated {
         Ok(())
     }
 }
+
+/// Revocation (docs/isolation.md#revocation): a Pod of a namespace whose Binding is deleted
+/// holds a store client it opened before, as an engine does, and goes on putting and reading on
+/// it; a ModelDeployment of the namespace still names the Binding. The enforcer refuses the
+/// Pod's new connections at once but lets the open ones go on (seen: the client kept writing
+/// and reading for 90 s after the deletion, before the operator revoked the tenant); the
+/// tenant's revocation on the master ends both on the open client within [`REVOKED_WITHIN`],
+/// the ModelDeployment holds neither the namespace open nor, once it stops naming the Binding,
+/// its release, and its status says why.
+mod revocation {
+    use super::*;
+    use kvcache_api::ModelDeployment;
+    use kvcache_e2e::holder::{self, Holder};
+
+    /// The namespace whose Binding is deleted, bound to team B's backend (shared with team B).
+    const REVOKED: &str = "iso-revoked";
+    const REVOKED_DOMAIN: &str = "revoked-kv";
+    /// What docs/isolation.md#revocation states: the open client neither writes nor reads
+    /// this long after the Binding's deletion.
+    const REVOKED_WITHIN: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_deleted_binding_ends_an_open_clients_writes_and_reads_and_a_deployment_naming_it_is_told()
+    {
+        operator();
+        let cluster = cluster();
+        let kc = cluster.control_plane.kubeconfig.clone();
+        block_on(async move { revoked(&client_from(&kc).await?).await })
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    async fn revoked(client: &Client) -> Result<(), Error> {
+        let (backend, _) = tenants::B;
+        tenants::apply_tenant(client, tenants::B).await?;
+        walkthrough::ensure_namespace(client, REVOKED).await?;
+        let pp = PatchParams::apply(walkthrough::MANAGER).force();
+        let binding: KVCachePoolBinding = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+            "metadata": {"name": REVOKED, "namespace": REVOKED},
+            "spec": {"poolRef": {"name": backend}, "quota": {"ceiling": "32Mi"},
+                     "domain": {"name": REVOKED_DOMAIN, "blockSize": 64, "dtype": "bfloat16"}},
+        }))
+        .expect("a Binding");
+        let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), REVOKED);
+        bindings
+            .patch(REVOKED, &pp, &Patch::Apply(&binding))
+            .await?;
+        // A deployment naming the Binding (no replica: what counts is that it names it).
+        let md: ModelDeployment = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "ModelDeployment",
+            "metadata": {"name": "chat", "namespace": REVOKED},
+            "spec": {"model": {"name": "m"}, "engine": {"name": "vLLM", "version": images::VLLM_VERSION},
+                     "kvCache": {"poolRef": {"name": REVOKED}},
+                     "roles": [{"name": "server", "replicas": 0, "instanceType": "cpu"}]},
+        }))
+        .expect("a ModelDeployment");
+        let models: Api<ModelDeployment> = Api::namespaced(client.clone(), REVOKED);
+        models.patch("chat", &pp, &Patch::Apply(&md)).await?;
+        wait_object(
+            &bindings,
+            REVOKED,
+            "QuotaGranted=True, used by chat",
+            WAIT,
+            |b| {
+                has_condition(b, "QuotaGranted=True")
+                    && b.status.as_ref().is_some_and(|s| !s.used_by.is_empty())
+            },
+        )
+        .await?;
+        let backends: Api<KVCacheBackend> = Api::all(client.clone());
+        wait_object(
+            &backends,
+            backend,
+            "Ready, admitting the namespace",
+            WAIT,
+            |b| {
+                phase(b) == Some(BackendPhase::Ready)
+                    && b.status
+                        .as_ref()
+                        .is_some_and(|s| s.bound_namespaces.iter().any(|n| n == REVOKED))
+            },
+        )
+        .await?;
+        let t = tenants::targets(client, backend).await?;
+
+        // The held client, serving.
+        let api: Api<Pod> = Api::namespaced(client.clone(), REVOKED);
+        let mut held = Holder::start(
+            &api,
+            "holder",
+            images::STORE.name,
+            &t.master,
+            REVOKED_DOMAIN,
+        )
+        .await?;
+        held.serving(3, WAIT).await?;
+        let pod = api.get("holder").await?;
+
+        let deleted = holder::now();
+        let uid = bindings
+            .get(REVOKED)
+            .await?
+            .metadata
+            .uid
+            .unwrap_or_default();
+        bindings.delete(REVOKED, &DeleteParams::default()).await?;
+        // New connections: refused, although chat still names the Binding.
+        let store_of: Vec<String> = t.rpc.iter().chain(&t.transfer).cloned().collect();
+        let closed = tenants::wait_reach(
+            client,
+            &pod,
+            &store_of,
+            false,
+            "the revoked namespace's new connections refused",
+        )
+        .await?;
+        // The open client: neither writes nor reads.
+        let cut = held.cut(deleted, 5, REVOKED_WITHIN).await?;
+        let Some(cut) = cut else {
+            panic!(
+                "{REVOKED}'s open client still writes or reads {REVOKED_WITHIN:?} after its Binding's deletion: the last rounds {:?}",
+                &held.rounds[held.rounds.len().saturating_sub(8)..]
+            );
+        };
+        assert!(
+            cut.writes <= REVOKED_WITHIN.as_secs_f64() && cut.reads <= REVOKED_WITHIN.as_secs_f64(),
+            "{REVOKED}'s open client stopped writing {:.1} s and reading {:.1} s after the deletion, later than {REVOKED_WITHIN:?}",
+            cut.writes,
+            cut.reads
+        );
+        // The deployment is told why, and holds the release (not the namespace) while it names
+        // the Binding.
+        let told = kvcache_e2e::status::wait_condition(
+            &models,
+            "chat",
+            "DomainRegistered=False/BindingDeleted",
+            WAIT,
+        )
+        .await?;
+        let why = kvcache_e2e::status::condition(&told, "DomainRegistered")
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        assert!(
+            why.contains(&format!(
+                "KVCachePoolBinding {REVOKED}/{REVOKED} was deleted"
+            )),
+            "{why}"
+        );
+        kvcache_e2e::status::wait_condition(
+            &bindings,
+            REVOKED,
+            "Releasable=False/HeldByWorkloads",
+            WAIT,
+        )
+        .await?;
+        kvcache_e2e::status::wait_event(client, REVOKED, "TenantRevoked", REVOKED_DOMAIN, WAIT)
+            .await?;
+        models.delete("chat", &DeleteParams::default()).await?;
+        kvcache_e2e::cluster::wait_deleted(
+            &bindings,
+            REVOKED,
+            &uid,
+            "the Binding released once chat is gone",
+            WAIT,
+        )
+        .await?;
+        api.delete("holder", &DeleteParams::default()).await?;
+        println!(
+            "revocation on {backend} under kube-router: new connections refused after {closed:.1?}; the open client's writes refused from {:.2} s and its reads from {:.2} s after the deletion (refusals {:?}; {} rounds read after it); chat told {}",
+            cut.writes, cut.reads, cut.refusals, cut.rounds, why
+        );
+        Ok(())
+    }
+}
