@@ -717,7 +717,7 @@ fn with_the_operator_scaled_to_zero_a_stuck_binding_and_its_namespace_can_still_
 }
 
 #[test]
-fn a_deleted_binding_whose_tenant_holds_data_waits_until_asked_to_drop_it_and_other_tenants_keep_theirs()
+fn a_deleted_binding_whose_tenant_holds_data_revokes_it_and_drops_the_data_and_other_tenants_keep_theirs()
  {
     let _turn = installed().lock().unwrap_or_else(|p| p.into_inner());
     let cluster = cluster();
@@ -754,26 +754,14 @@ fn a_deleted_binding_whose_tenant_holds_data_waits_until_asked_to_drop_it_and_ot
         let code = pods::store_put(&store, &member, &master, "kept", Some("default"), 4096).await?;
         assert_eq!(code, 0, "put kept as default");
 
+        // Deleted: its tenant revoked (no put of it from then on, on any connection) and its
+        // objects removed, without being asked (docs/design.md#binding-release), then released.
         let bindings: Api<KVCachePoolBinding> = Api::namespaced(client.clone(), ns);
+        let uid = bindings.get(ns).await?.metadata.uid.unwrap_or_default();
         bindings.delete(ns, &DeleteParams::default()).await?;
-        let held =
-            wait_condition(&bindings, ns, "Releasable=False/LedgerNotReleased", WAIT).await?;
-        let message = kvcache_e2e::status::condition(&held, "Releasable")
-            .map(|c| c.message.clone())
-            .unwrap_or_default();
-        assert!(
-            message.contains(kvcache_api::DROP_CACHED_DATA_ANNOTATION),
-            "the condition names the way out: {message}"
-        );
-        kvcache_e2e::walkthrough::drop_cached_data(&bindings, ns).await?;
-        let deadline = Instant::now() + WAIT;
-        while bindings.get_opt(ns).await?.is_some() {
-            assert!(
-                Instant::now() < deadline,
-                "Binding {ns}/{ns} still there {WAIT:?} after asking to drop its cached data"
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        kvcache_e2e::cluster::wait_deleted(&bindings, ns, &uid, "the Binding released", WAIT)
+            .await?;
+        wait_event(&client, ns, "TenantRevoked", domain, WAIT).await?;
         wait_event(&client, ns, "CachedDataDropped", "removed 4 objects", WAIT).await?;
         for i in 0..4 {
             let got =
