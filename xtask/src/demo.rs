@@ -840,21 +840,41 @@ fn the_model(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
         },
     )?;
     d.show(&["-n", "team-a", "get", "kvcachepoolbinding"])?;
-    let line = d.show(&[
+    d.show(&[
         "-n",
         "team-a",
         "get",
         "kvcachepoolbinding",
         "team-a",
         "-o",
-        "jsonpath=the cache saved team-a {.status.sharedCache.prefillSecondsSaved} s (± {.status.sharedCache.prefillSecondsSavedError}) of prefill in the last {.status.sharedCache.window} (hit ratio {.status.sharedCache.hitRatio}, {.status.sharedCache.tokensFromStore} tokens from the store)",
+        "jsonpath={.status.sharedCache}",
     ])?;
     println!();
-    let saved: f64 = line
-        .split_whitespace()
-        .nth(4)
+    let view: kvcache_api::model::SharedCacheStatus = serde_json::from_str(&d.quiet(&[
+        "-n",
+        "team-a",
+        "get",
+        "kvcachepoolbinding",
+        "team-a",
+        "-o",
+        "jsonpath={.status.sharedCache}",
+    ])?)
+    .context("team-a's Binding's status.sharedCache")?;
+    let saved: f64 = view
+        .prefill_seconds_saved
+        .as_deref()
         .and_then(|v| v.parse().ok())
-        .with_context(|| format!("no seconds saved in {line:?}"))?;
+        .with_context(|| format!("no seconds saved in {view:?}"))?;
+    println!(
+        "the cache saved team-a {saved:.2} s{} of prefill in the last {} (hit ratio {}, {} tokens from the store)",
+        view.prefill_seconds_saved_error
+            .as_deref()
+            .map(|e| format!(" (± {e} s)"))
+            .unwrap_or_default(),
+        view.window,
+        view.hit_ratio.as_deref().unwrap_or("-"),
+        view.tokens_from_store
+    );
     let short = a_short.prefills.since(&a_fresh.prefills);
     let long = a_long.prefills.since(&a_short.prefills);
     let price = kvcache_e2e::engine::own_price_micros(&[short, long]).with_context(|| {

@@ -55,7 +55,8 @@ pub struct SharedCacheStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds_saved: Option<String>,
     /// Give or take: one standard error of `prefillSecondsSaved`, from the fit of the price
-    /// (the loads' time is measured).
+    /// (the loads' time is measured); absent while the price rests on one reading of an
+    /// engine's prefills beyond its first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_seconds_saved_error: Option<String>,
     /// What one more computed prompt token costs the engines in prefill, milliseconds, apart

@@ -571,9 +571,9 @@ pub const MIN_PRICED_TOKENS: u64 = 2048;
 /// block of the demo's engines.
 pub const MIN_SPREAD_TOKENS: f64 = 32.0;
 /// The fewest readings of prefills beyond each engine's first a price is fitted to (an
-/// engine's first reading fixes its own fixed cost): one fixes the price, a second measures
-/// its error.
-pub const MIN_PRICE_READINGS: u64 = 2;
+/// engine's first reading fixes its own fixed cost): one fixes the price; its error is known
+/// from a second on.
+pub const MIN_PRICE_READINGS: u64 = 1;
 /// The largest standard error of a price, as a share of it, that is shown: a fit that noisy
 /// (an engine's first prefills, a node busy with other work) prices nothing yet.
 pub const MAX_PRICE_ERROR: f64 = 0.5;
@@ -610,8 +610,9 @@ pub struct PrefillPrice {
     /// A prefill's fixed cost, microseconds: what a step costs whatever its tokens, averaged
     /// over the engines by their prefills (none when the fit makes it negative).
     pub per_prefill_micros: f64,
-    /// One standard error of `per_token_micros`.
-    pub per_token_error_micros: f64,
+    /// One standard error of `per_token_micros`; `None` until a second reading beyond each
+    /// engine's first measures it.
+    pub per_token_error_micros: Option<f64>,
     /// The prompt tokens the fit's prefills computed.
     pub computed_tokens: u64,
     /// The prefills (requests) fitted.
@@ -747,9 +748,11 @@ pub fn price_of(engines: &[PrefillFit]) -> Result<PrefillPrice, Unpriced> {
         rss += r;
         fixed += a * f.requests;
     }
-    let variance = rss.max(0.0) / (readings - count - 1) as f64;
-    let error = (variance / spread_sq).sqrt();
-    if error > MAX_PRICE_ERROR * b {
+    let spare = readings - count - MIN_PRICE_READINGS;
+    let error = (spare > 0).then(|| (rss.max(0.0) / spare as f64 / spread_sq).sqrt());
+    if let Some(error) = error
+        && error > MAX_PRICE_ERROR * b
+    {
         return Err(Unpriced::Unsettled {
             per_token_micros: b,
             error_micros: error,
@@ -781,7 +784,7 @@ fn saved(
     let tokens = loaded as f64;
     Some((
         tokens * p.per_token_micros - spent,
-        Some(tokens * p.per_token_error_micros),
+        p.per_token_error_micros.map(|e| tokens * e),
     ))
 }
 
@@ -802,9 +805,12 @@ pub fn price_condition(price: &Result<PrefillPrice, Unpriced>) -> Cond {
             PREFILL_PRICED,
             "Priced",
             format!(
-                "a computed prompt token costs {:.4} ms (± {:.4} ms) of prefill and a prefill {:.0} ms besides, fitted to {} tokens computed in {} prefills ({} readings of the engines) within the last hour",
+                "a computed prompt token costs {:.4} ms ({}) of prefill and a prefill {:.0} ms besides, fitted to {} tokens computed in {} prefills ({} readings of the engines) within the last hour",
                 p.per_token_micros / 1e3,
-                p.per_token_error_micros / 1e3,
+                p.per_token_error_micros.map_or_else(
+                    || "no error bar until a second reading beyond each engine's first".to_owned(),
+                    |e| format!("± {:.4} ms", e / 1e3)
+                ),
                 p.per_prefill_micros / 1e3,
                 p.computed_tokens,
                 p.prefills,
@@ -822,7 +828,7 @@ pub fn price_condition(price: &Result<PrefillPrice, Unpriced>) -> Cond {
             PREFILL_PRICED,
             "TooFewReadings",
             format!(
-                "the prefills of {engines} engine(s) were read {readings} time(s) within the last hour and a price needs {MIN_PRICE_READINGS} readings beyond each engine's first (an engine is read every --engine-metrics-interval when it finished a request): status.sharedCache.prefillSecondsSaved stays absent while tokens are loaded"
+                "the prefills of {engines} engine(s) were read {readings} time(s) within the last hour and a price needs {MIN_PRICE_READINGS} reading(s) beyond each engine's first (an engine is read every --engine-metrics-interval): status.sharedCache.prefillSecondsSaved stays absent while tokens are loaded"
             ),
         ),
         Err(Unpriced::Unsettled {
@@ -1259,15 +1265,20 @@ vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_put",s
         let p = at.price().expect("priced at the minimum");
         assert!((p.per_token_micros - 2000.0).abs() < 1e-6, "{p:?}");
         assert!((p.per_prefill_micros - 100_000.0).abs() < 1e-3, "{p:?}");
-        // Two readings fix a line and say nothing of its error.
-        let two = fit(&[(1, 48, 196_000), (1, 2000, 4_100_000)]);
+        // One reading of an engine fixes only its fixed cost; two fix a line, and say nothing
+        // of its error.
+        let one = fit(&[(2, 2048, 2_000_000)]);
         assert_eq!(
-            two.price(),
+            one.price(),
             Err(Unpriced::TooFewReadings {
-                readings: 2,
+                readings: 1,
                 engines: 1
             })
         );
+        let two = fit(&[(1, 48, 196_000), (1, 2000, 4_100_000)]);
+        let p = two.price().expect("priced by two readings");
+        assert!((p.per_token_micros - 2000.0).abs() < 1e-6, "{p:?}");
+        assert_eq!(p.per_token_error_micros, None);
         // Every prefill as large: the fixed cost and the price cannot be told apart.
         let alike = fit(&[
             (1, 1024, 1_000_000),
@@ -1323,7 +1334,12 @@ vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_put",s
         );
         assert_eq!(price_condition(&alike.price()).reason, "PrefillsAlike");
         assert_eq!(price_condition(&flat.price()).reason, "PrefillsNotGrowing");
-        assert_eq!(price_condition(&two.price()).reason, "TooFewReadings");
+        assert_eq!(price_condition(&one.price()).reason, "TooFewReadings");
+        assert!(
+            price_condition(&two.price())
+                .message
+                .contains("(no error bar until a second reading beyond each engine's first)")
+        );
         let c = price_condition(&noisy.price());
         assert_eq!(
             (
@@ -1351,7 +1367,10 @@ vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_put",s
         .expect("priced");
         assert!((p.per_token_micros - 1000.0).abs() < 1e-6, "{p:?}");
         assert!((p.per_prefill_micros - 66_666.667).abs() < 1e-2, "{p:?}");
-        assert!((p.per_token_error_micros - 57.735).abs() < 1e-3, "{p:?}");
+        assert!(
+            (p.per_token_error_micros.unwrap_or_default() - 57.735).abs() < 1e-3,
+            "{p:?}"
+        );
         // A reading of several requests weighs as that many readings of one: the same line.
         let apart = fit(&[
             (1, 1000, 1_100_000),
@@ -1417,11 +1436,8 @@ vllm:mooncake_store_operation_time_seconds_sum{engine="0",operation="save_put",s
             &[reading("a", Ok(engine((2, 2100, 2_300), 0, 0)))],
         );
         assert_eq!(
-            w.price(),
-            Err(Unpriced::TooFewReadings {
-                readings: 2,
-                engines: 1
-            })
+            w.price().map(|p| (p.computed_tokens, p.readings)),
+            Ok((2100, 2))
         );
         // a's engine restarted: what it did since counts from zero, nothing goes negative.
         w.record(
