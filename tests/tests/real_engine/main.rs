@@ -5,10 +5,12 @@
 //! as from a Pod on the nodes (every controller); the engines are ModelDeployment replicas
 //! whose store settings the operator injected. One two-node cluster per test binary, its nodes
 //! sized for engines; the tests take turns (each engine is about 3.7 GiB resident). The
-//! tenant's view (quota pressure, loads falling back) is in `tenant_view.rs`, the monitoring
-//! against a real Prometheus in `monitoring.rs`.
+//! tenant's view (quota pressure, loads falling back) is in `tenant_view.rs`, its figures held
+//! to the engines' own counters (the prefill seconds saved among them) in `prefill_saved.rs`,
+//! the monitoring against a real Prometheus in `monitoring.rs`.
 
 mod monitoring;
+mod prefill_saved;
 mod tenant_view;
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
