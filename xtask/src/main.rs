@@ -165,8 +165,9 @@ enum BenchKind {
         #[arg(long, default_value_t = 1)]
         runs: usize,
     },
-    /// How soon a Binding created opens its namespace to the store's Pods and a Binding
-    /// deleted closes it, under a real NetworkPolicy enforcer (docs/isolation.md).
+    /// How soon a Binding created opens its namespace to the store's Pods, a Binding deleted
+    /// closes it, and a store client its namespace held open neither writes nor reads, under a
+    /// real NetworkPolicy enforcer (docs/isolation.md).
     Isolation {
         /// Open-and-close rounds.
         #[arg(long, default_value_t = 5)]
