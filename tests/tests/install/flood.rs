@@ -25,7 +25,7 @@ use kvcache_api::{KVCachePoolBinding, ModelDeployment};
 use kvcache_e2e::cluster::{block_on, wait_deleted, wait_object};
 use kvcache_e2e::flood::{IN_POD, Tally, forged_review, peak_memory};
 use kvcache_e2e::pods::{self, exec, host_pids, ip_of, name_of};
-use kvcache_e2e::{Error, images, paths, reach, walkthrough};
+use kvcache_e2e::{Error, images, reach, walkthrough};
 
 use super::support::*;
 
@@ -48,23 +48,11 @@ const TIMED: usize = 5;
 /// `--control-plane-cidrs`).
 fn default_installation() -> &'static Path {
     static FILE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let file = FILE.get_or_init(|| {
-        let text = kvcache_render::install::operator_yaml_with_access(
-            kvcache_render::resolve::DEFAULT_NAMESPACE,
-            kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE,
-            &kvcache_render::install::Access::default(),
-        )
-        .map_err(|e| e.to_string())?;
-        let path = paths::scratch("install-default-manifest")
-            .map_err(|e| e.to_string())?
-            .join("operator.yaml");
-        std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
-        Ok(path)
-    });
-    match file {
-        Ok(p) => p,
-        Err(e) => panic!("the default installation could not be rendered: {e}"),
-    }
+    rendered(
+        &FILE,
+        "install-default-manifest",
+        kvcache_render::install::Access::default,
+    )
 }
 
 /// Applies `manifest` and waits until both replicas run its template (`named`: the one naming

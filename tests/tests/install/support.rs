@@ -60,18 +60,29 @@ pub(crate) fn run_kubectl(args: &[&str]) -> String {
 /// runs on the host and reaches the Pods from the node bridge's host address.
 pub(crate) fn installation() -> &'static Path {
     static FILE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let file = FILE.get_or_init(|| {
-        let access = kvcache_render::install::Access {
+    rendered(&FILE, "install-manifest", || {
+        kvcache_render::install::Access {
             control_plane: vec![format!("{}/32", control_plane_address())],
             ..Default::default()
-        };
+        }
+    })
+}
+
+/// The installation with `access`, rendered once into `file` (a scratch folder named
+/// `prefix`): what `cargo xtask manifests` writes for it.
+pub(crate) fn rendered(
+    file: &'static OnceLock<Result<PathBuf, String>>,
+    prefix: &str,
+    access: impl FnOnce() -> kvcache_render::install::Access,
+) -> &'static Path {
+    let file = file.get_or_init(|| {
         let text = kvcache_render::install::operator_yaml_with_access(
             kvcache_render::resolve::DEFAULT_NAMESPACE,
             kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE,
-            &access,
+            &access(),
         )
         .map_err(|e| e.to_string())?;
-        let path = paths::scratch("install-manifest")
+        let path = paths::scratch(prefix)
             .map_err(|e| e.to_string())?
             .join("operator.yaml");
         std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
@@ -79,7 +90,7 @@ pub(crate) fn installation() -> &'static Path {
     });
     match file {
         Ok(p) => p,
-        Err(e) => panic!("the installation could not be rendered: {e}"),
+        Err(e) => panic!("the installation ({prefix}) could not be rendered: {e}"),
     }
 }
 
