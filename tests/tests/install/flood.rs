@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
-use kvcache_e2e::cluster::{block_on, wait_deleted, wait_object};
+use kvcache_e2e::cluster::{block_on, wait_deleted};
 use kvcache_e2e::flood::{IN_POD, Tally, forged_review, peak_memory};
 use kvcache_e2e::pods::{self, exec, host_pids, ip_of, name_of};
 use kvcache_e2e::{Error, images, reach, walkthrough};
@@ -59,29 +59,18 @@ fn default_installation() -> &'static Path {
 /// the control plane, whose container is given `--webhook-allowed-source`); the new Pods.
 async fn roll_onto(client: &Client, manifest: &Path, named: bool) -> Result<Vec<Pod>, Error> {
     run_kubectl(&["apply", "-f", &manifest.display().to_string()]);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
     let what = if named {
         "both replicas on the installation naming the control plane"
     } else {
         "both replicas on the default installation (no allowed source)"
     };
-    wait_object(&deployments, "kvcache-operator", what, WAIT, move |d| {
-        let allowed = d
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.as_ref())
-            .is_some_and(|p| {
-                p.containers
-                    .iter()
-                    .flat_map(|c| c.args.iter().flatten())
-                    .any(|a| a.starts_with("--webhook-allowed-source"))
-            });
-        let s = d.status.clone().unwrap_or_default();
+    wait_rolled(client, what, move |p| {
+        let allowed = p
+            .containers
+            .iter()
+            .flat_map(|c| c.args.iter().flatten())
+            .any(|a| a.starts_with("--webhook-allowed-source"));
         allowed == named
-            && s.observed_generation == d.metadata.generation
-            && s.updated_replicas == Some(2)
-            && s.ready_replicas == Some(2)
-            && s.replicas == Some(2)
     })
     .await?;
     wait_replicas(client, 2).await

@@ -427,27 +427,13 @@ pub(crate) async fn roll_operator_to(client: &Client, image: &str) -> Result<Str
         )
         .await?;
     let wanted = image.to_owned();
-    wait_object(
-        &deployments,
-        "kvcache-operator",
+    wait_rolled(
+        client,
         &format!("both replicas on {image}, no other Pod"),
-        WAIT,
-        move |d| {
-            let on_image = d
-                .spec
-                .as_ref()
-                .and_then(|s| s.template.spec.as_ref())
-                .is_some_and(|p| {
-                    p.containers
-                        .iter()
-                        .any(|c| c.image.as_deref() == Some(wanted.as_str()))
-                });
-            let s = d.status.clone().unwrap_or_default();
-            on_image
-                && s.observed_generation == d.metadata.generation
-                && s.updated_replicas == Some(2)
-                && s.ready_replicas == Some(2)
-                && s.replicas == Some(2)
+        move |p| {
+            p.containers
+                .iter()
+                .any(|c| c.image.as_deref() == Some(wanted.as_str()))
         },
     )
     .await?;
@@ -459,6 +445,29 @@ pub(crate) async fn roll_operator_to(client: &Client, image: &str) -> Result<Str
         "the Lease holder {now} is one of the rolled Pods"
     );
     Ok(pod_of(&now).to_owned())
+}
+
+/// Waits until the operator Deployment's template holds `template` and its rollout is done:
+/// both replicas on it and Ready, no other Pod; fails naming `what`.
+pub(crate) async fn wait_rolled(
+    client: &Client,
+    what: &str,
+    template: impl Fn(&k8s_openapi::api::core::v1::PodSpec) -> bool + Send + 'static,
+) -> Result<(), Error> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    wait_object(&deployments, "kvcache-operator", what, WAIT, move |d| {
+        let s = d.status.clone().unwrap_or_default();
+        d.spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .is_some_and(&template)
+            && s.observed_generation == d.metadata.generation
+            && s.updated_replicas == Some(2)
+            && s.ready_replicas == Some(2)
+            && s.replicas == Some(2)
+    })
+    .await?;
+    Ok(())
 }
 
 pub(crate) async fn scale_operator(client: &Client, n: i32) -> Result<(), Error> {
