@@ -70,6 +70,7 @@ pub struct Changes {
     pub pools: Subscription<KVCachePool>,
     pub bindings: Subscription<KVCachePoolBinding>,
     pub models: Subscription<ModelDeployment>,
+    pub instance_types: Subscription<InstanceType>,
 }
 
 impl Caches {
@@ -81,6 +82,8 @@ impl Caches {
         let (bindings, binding_changes) = reflect_shared(Api::all(client.clone()), all());
         let (backends, backend_changes) = reflect_shared(Api::all(client.clone()), all());
         let (models, model_changes) = reflect_shared(Api::all(client.clone()), all());
+        let (instance_types, instance_type_changes) =
+            reflect_shared(Api::all(client.clone()), all());
         let caches = Caches {
             settings: reflect(
                 Api::namespaced(client.clone(), namespace),
@@ -92,7 +95,7 @@ impl Caches {
             pools,
             bindings,
             backends,
-            instance_types: reflect(Api::all(client.clone()), all()),
+            instance_types,
             models,
         };
         for (what, filled) in [
@@ -118,6 +121,7 @@ impl Caches {
             pools: pool_changes,
             bindings: binding_changes,
             models: model_changes,
+            instance_types: instance_type_changes,
         };
         (caches, changes)
     }

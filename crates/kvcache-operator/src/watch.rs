@@ -111,12 +111,17 @@ impl<K: Watched> Subscription<K> {
         }
     }
 
-    /// What [`spec_changes`] passes on, read from this shared cache instead of a watch of its
-    /// own: each object is handed over only once the cache holds the change, so a controller
-    /// that reads the cache in the pass it triggers (the backend's NetworkPolicies follow the
-    /// Bindings, read from the World) never sees the state before it. Deletions included.
+    /// What [`spec_changes`] passes on (with [`Pass::SpecChanges`]), or every change (with
+    /// [`Pass::Every`]), read from this shared cache instead of a watch of its own: each object
+    /// is handed over only once the cache holds the change, so a controller that reads the cache
+    /// in the pass it triggers (the backend's NetworkPolicies follow the Bindings, a
+    /// ModelDeployment's roles their InstanceTypes, both read from the World) never sees the
+    /// state before it. A watch of its own raced the cache: CI saw an InstanceType created, the
+    /// deployment naming it reconciled before the cache held it, and `InstanceTypeNotFound`
+    /// kept until the resync. Deletions included.
     pub fn relation_changes(
         &self,
+        pass: Pass,
     ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
         let (tx, rx) = futures::channel::mpsc::unbounded();
         {
@@ -130,10 +135,10 @@ impl<K: Watched> Subscription<K> {
         let mut seen: HashMap<String, SpecKey> = HashMap::new();
         rx.flat_map(move |relation| {
             let out: Vec<Result<K, watcher::Error>> = match relation {
-                Relation::Applied(o) => changed(&mut seen, &o).into_iter().map(Ok).collect(),
+                Relation::Applied(o) => passes(pass, &mut seen, &o).into_iter().map(Ok).collect(),
                 Relation::Listed(all) => all
                     .iter()
-                    .filter_map(|o| changed(&mut seen, o))
+                    .filter_map(|o| passes(pass, &mut seen, o))
                     .map(Ok)
                     .collect(),
                 Relation::Deleted(o) => {
@@ -205,6 +210,23 @@ impl<K: Watched> Subscription<K> {
             _ => None,
         };
         relations.retain(|tx| relation().is_none_or(|r| tx.unbounded_send(r).is_ok()));
+    }
+}
+
+/// Which changes of a related kind a relation watch passes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Those of [`spec_changes`]: status-only writes pass by.
+    SpecChanges,
+    /// Every change, status included (a ModelDeployment shows its Binding's usage).
+    Every,
+}
+
+/// Whether a relation watch of `pass` hands `o` over (recording its [`SpecKey`]).
+fn passes<K: Watched>(pass: Pass, seen: &mut HashMap<String, SpecKey>, o: &Arc<K>) -> Option<K> {
+    match pass {
+        Pass::SpecChanges => changed(seen, o),
+        Pass::Every => Some(K::clone(o)),
     }
 }
 
@@ -492,7 +514,7 @@ mod tests {
         tx.unbounded_send(Ok(Event::Apply(first.clone())))
             .expect("the driver reads");
         wait_until(&cache, |names| names == ["cm-a"]).await;
-        let relations = changes.relation_changes();
+        let relations = changes.relation_changes(Pass::SpecChanges);
         futures::pin_mut!(relations);
         // What the cache held when the watch began.
         assert_eq!(
@@ -518,6 +540,38 @@ mod tests {
             next_relation(&mut relations, &cache).await,
             ("cm-a".to_owned(), false)
         );
+        drop(tx);
+        driven.await.expect("the driver ends with its events");
+    }
+
+    #[tokio::test]
+    async fn a_relation_watch_of_every_change_hears_a_status_write_once_the_cache_holds_it() {
+        use kube::runtime::watcher::Event;
+        let (cache, writer) = reflector::store();
+        let changes = Subscription::new(cache.clone());
+        let (tx, events) = futures::channel::mpsc::unbounded();
+        let driven = tokio::spawn(drive(reflector::reflector(writer, events), changes.clone()));
+        let relations = changes.relation_changes(Pass::Every);
+        futures::pin_mut!(relations);
+        let mut first = config_map("cm-a");
+        first.metadata.uid = Some("a".into());
+        first.metadata.generation = Some(1);
+        tx.unbounded_send(Ok(Event::Apply(first.clone())))
+            .expect("the driver reads");
+        assert_eq!(
+            next_relation(&mut relations, &cache).await,
+            ("cm-a".to_owned(), true)
+        );
+        // The same generation again (a status write): heard, and the cache already holds it.
+        first.metadata.resource_version = Some("2".into());
+        tx.unbounded_send(Ok(Event::Apply(first.clone())))
+            .expect("the driver reads");
+        let (name, held) = next_relation(&mut relations, &cache).await;
+        assert_eq!((name.as_str(), held), ("cm-a", true));
+        let held_version = cache
+            .get(&ObjectRef::from_obj(&first))
+            .and_then(|o| o.metadata.resource_version.clone());
+        assert_eq!(held_version.as_deref(), Some("2"));
         drop(tx);
         driven.await.expect("the driver ends with its events");
     }

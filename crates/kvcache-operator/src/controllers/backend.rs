@@ -38,6 +38,7 @@ use tracing::{info, instrument, warn};
 use super::applied::{AppliedSet, OwnedKind, Sweep};
 use crate::context::{Context, Figures, Polled};
 use crate::error::{Error, kube as kerr};
+use crate::watch::Pass;
 
 /// Held while the backend's workloads are torn down.
 pub const FINALIZER: &str = "kvcache.gpustack.ai/teardown";
@@ -191,7 +192,7 @@ pub async fn run(
             },
         )
         // A pool names its backend (status.usedBy, deletion hold, the tenant policy).
-        .watches_stream(pools.relation_changes(), |pool| {
+        .watches_stream(pools.relation_changes(Pass::SpecChanges), |pool| {
             pool.spec
                 .backend()
                 .map(ObjectRef::new)
@@ -200,12 +201,15 @@ pub async fn run(
         })
         // A Binding's ceiling or domain changes its backend's tenant policy seed; one made or
         // gone opens or closes its namespace in the store's NetworkPolicies.
-        .watches_stream(bindings.relation_changes(), move |binding| {
-            binding_ctx
-                .pools
-                .get(&ObjectRef::new(&binding.spec.pool_ref.name))
-                .and_then(|p| p.spec.backend().map(ObjectRef::new))
-        })
+        .watches_stream(
+            bindings.relation_changes(Pass::SpecChanges),
+            move |binding| {
+                binding_ctx
+                    .pools
+                    .get(&ObjectRef::new(&binding.spec.pool_ref.name))
+                    .and_then(|p| p.spec.backend().map(ObjectRef::new))
+            },
+        )
         .shutdown_on_signal()
         .run(
             super::traced(CONTROLLER, reconcile),

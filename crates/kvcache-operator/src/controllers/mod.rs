@@ -47,6 +47,7 @@ pub async fn run(
         pools,
         bindings,
         models,
+        instance_types,
     } = changes;
     // Each loop says when it ends (the liveness probe fails on one that ends alone).
     let backend = watched(
@@ -64,12 +65,12 @@ pub async fn run(
             ),
             watched(
                 "the KVCachePoolBinding controller",
-                binding::run(ctx.clone(), bindings),
+                binding::run(ctx.clone(), bindings.clone()),
                 ended.clone()
             ),
             watched(
                 "the ModelDeployment controller",
-                model::run(ctx.clone(), models),
+                model::run(ctx.clone(), models, bindings, instance_types),
                 ended
             ),
         );

@@ -34,6 +34,7 @@ use tracing::instrument;
 use super::applied::{AppliedSet, OwnedKind, Sweep};
 use crate::context::{Context, MANAGER, lock};
 use crate::error::{Error, kube as kerr};
+use crate::watch::{Pass, Subscription};
 
 const CONTROLLER: &str = "modeldeployment";
 
@@ -42,7 +43,12 @@ fn id(md: &ModelDeployment) -> String {
 }
 
 /// Runs the controller until shutdown.
-pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<ModelDeployment>) {
+pub async fn run(
+    ctx: Arc<Context>,
+    changes: Subscription<ModelDeployment>,
+    bindings: Subscription<KVCachePoolBinding>,
+    instance_types: Subscription<InstanceType>,
+) {
     let client = ctx.client.clone();
     let controller = crate::watch::shared_controller(&changes, ctx.models.clone());
     let store = controller.store();
@@ -58,28 +64,25 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<ModelDep
             .default_backoff()
             .touched_objects(),
         )
-        // A Binding (and through it the pool and backend) changes what the roles attach to.
-        .watches(
-            Api::<KVCachePoolBinding>::all(client.clone()),
-            watcher::Config::default(),
-            move |b| {
-                let ns = b.namespace();
-                let name = b.name_any();
-                by_binding
-                    .state()
-                    .iter()
-                    .filter(|md| {
-                        md.namespace() == ns
-                            && md.spec.kv_cache.as_ref().map(|k| k.pool_ref.name.as_str())
-                                == Some(name.as_str())
-                    })
-                    .map(|md| ObjectRef::from_obj(&**md))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .watches(
-            Api::<InstanceType>::all(client.clone()),
-            watcher::Config::default(),
+        // A Binding (and through it the pool and backend) changes what the roles attach to;
+        // its status, what the tenant is charged. Both this and the next are told once the
+        // World's cache, which the reconcile reads, holds the change.
+        .watches_stream(bindings.relation_changes(Pass::Every), move |b| {
+            let ns = b.namespace();
+            let name = b.name_any();
+            by_binding
+                .state()
+                .iter()
+                .filter(|md| {
+                    md.namespace() == ns
+                        && md.spec.kv_cache.as_ref().map(|k| k.pool_ref.name.as_str())
+                            == Some(name.as_str())
+                })
+                .map(|md| ObjectRef::from_obj(&**md))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(
+            instance_types.relation_changes(Pass::SpecChanges),
             move |it| {
                 let name = it.name_any();
                 by_it
