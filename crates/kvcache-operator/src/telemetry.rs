@@ -273,7 +273,7 @@ impl prometheus_client::collector::Collector for BindingCollector {
             ),
             (
                 "binding_prefill_seconds_saved",
-                "Prefill seconds the store saved a Binding's deployments over the window, at each engine's own price a token",
+                "Prefill seconds the store saved a Binding's deployments over the window, at the price a computed token took in their engines' prefills (absent until that price is settled: PrefillPriced)",
                 |c| {
                     c.prefill_seconds_saved
                         .as_deref()

@@ -180,8 +180,11 @@ pub const ENGINE_SERIES: &[&str] = &[
     "kvcache_operator_model_shared_cache_loads",
     "kvcache_operator_model_shared_cache_failed_loads",
     "kvcache_operator_binding_shared_cache_hit_ratio",
-    "kvcache_operator_binding_prefill_seconds_saved",
 ];
+
+/// Series the operator exports once, beyond counting engines, a price a computed token takes
+/// is settled (`PrefillPriced=True`; `tests/tests/real_engine/prefill_saved.rs` checks them).
+pub const PRICED_SERIES: &[&str] = &["kvcache_operator_binding_prefill_seconds_saved"];
 
 /// A dashboard panel: title, unit, the expressions and their legends.
 struct Panel {

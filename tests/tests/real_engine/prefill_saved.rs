@@ -406,6 +406,19 @@ fn the_seconds_saved_and_every_figure_agree_with_the_engines_own_counters() {
             loaded(&before, &after),
         );
         wait_binding(&client, &want).await?;
+        // Priced: the operator exports the Binding's seconds saved (absent before a price).
+        operator()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .wait_metrics("every priced series exported", WAIT, |t| {
+                kvcache_render::monitoring::PRICED_SERIES
+                    .iter()
+                    .all(|name| {
+                        t.lines().any(|l| {
+                            !l.starts_with('#') && l.split(['{', ' ']).next() == Some(*name)
+                        })
+                    })
+            })?;
 
         // 2. Many: A writes more prompts, B takes each from the store. Then A's Pod goes: its
         // saves leave the window with it, B's loads stay.

@@ -62,12 +62,23 @@ fn cut_from_members(dns: &str) -> NetworkPolicy {
     .expect("a NetworkPolicy")
 }
 
-/// Probes the members' ports from `pod` until each connects (`open`) or none does.
+/// Probes the members' transfer ports (what an engine dials: the REST port takes the operator
+/// alone, docs/isolation.md) from `pod` until each connects (`open`) or none does.
 async fn wait_members(client: &Client, pod: &Pod, open: bool) -> Result<(), Error> {
     let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let (low, high) = kvcache_render::backend::access::TRANSFER_PORTS;
     let mut targets = Vec::new();
     for m in pods::wait_ready(&store, &backend_pods(BACKEND, "member-0"), 2, WAIT).await? {
-        targets.extend(reach::listening(&store, &m, None).await?);
+        targets.extend(
+            reach::listening(&store, &m, None)
+                .await?
+                .into_iter()
+                .filter(|t| {
+                    t.rsplit_once(':')
+                        .and_then(|(_, p)| p.parse::<i32>().ok())
+                        .is_some_and(|p| (low..=high).contains(&p))
+                }),
+        );
     }
     let api: Api<Pod> = Api::namespaced(client.clone(), TEAM_A);
     let what = format!(
