@@ -23,7 +23,7 @@ use kvcache_e2e::status::{describe, has_condition, phase};
 use kvcache_e2e::store::Lookup;
 use kvcache_e2e::volumes::{LOCAL_CLASS, local_volumes};
 use kvcache_e2e::walkthrough::{self, backend_pods};
-use kvcache_e2e::{Error, images, paths};
+use kvcache_e2e::{Error, images, paths, reach};
 
 const WAIT: Duration = Duration::from_secs(120);
 const NAMESPACE: &str = "gpustack-system";
@@ -1231,4 +1231,186 @@ mod revocation {
         );
         Ok(())
     }
+}
+
+/// Waits until every `port` of `to` is reached (`open`) or refused from `from`.
+async fn wait_ports(
+    client: &Client,
+    from: &Pod,
+    to: &Pod,
+    ports: &[String],
+    open: bool,
+) -> Result<(), Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &from.namespace().unwrap_or_default());
+    let ip = ip_of(to).unwrap_or_default();
+    let targets: Vec<String> = ports.iter().map(|p| format!("{ip}:{p}")).collect();
+    let what = format!(
+        "{} of {} {} {ports:?} of {} of {}",
+        name_of(from),
+        from.namespace().unwrap_or_default(),
+        if open { "connecting to" } else { "refused at" },
+        name_of(to),
+        to.namespace().unwrap_or_default()
+    );
+    reach::wait_reach(&api, name_of(from), &targets, open, WAIT, &what)
+        .await
+        .map(drop)
+}
+
+/// The ports something listens on in `pod` but `declared`: its transfer engine's, for an
+/// engine attached to the store (none would make the test below prove nothing).
+async fn undeclared_listeners(
+    client: &Client,
+    pod: &Pod,
+    declared: &str,
+) -> Result<Vec<String>, Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let ports: Vec<String> = reach::listening(&api, pod, None)
+        .await?
+        .iter()
+        .filter_map(|t| t.rsplit_once(':').map(|(_, p)| p.to_owned()))
+        .filter(|p| p != declared)
+        .collect();
+    assert!(
+        !ports.is_empty(),
+        "{} listens on nothing but {declared}: its transfer engine's port is what the policy must close",
+        name_of(pod)
+    );
+    Ok(ports)
+}
+
+#[test]
+fn an_engines_transfer_port_takes_its_own_deployment_alone_and_its_declared_port_everyone() {
+    use kvcache_api::ModelDeployment;
+    use kvcache_api::model::InstanceType;
+    use kvcache_render::engine_access::ENGINE_POLICY_LABEL;
+    let webhook = operator()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .webhook
+        .clone()
+        .expect("the operator serves its webhook");
+    let cluster = cluster();
+    let kc = cluster.control_plane.kubeconfig.clone();
+    block_on(async move {
+        let client = client_from(&kc).await?;
+        // The engines store at start: the leader serves throughout.
+        let _serving = WARM_LEADER.lock().await;
+        warm_store(&client, cluster).await?;
+        let pp = PatchParams::apply(walkthrough::MANAGER).force();
+        let it: InstanceType = serde_json::from_value(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "InstanceType",
+            "metadata": {"name": "engine-policy"},
+            "spec": {"nodeSelector": {"gpustack.ai/instance-type": "gpu-a10-24g"},
+                     "accelerator": {"resourceName": "nvidia.com/gpu", "manufacturer": "nvidia"},
+                     "resources": {"cpu": walkthrough::DEMO_ROLE_CPU, "memory": walkthrough::DEMO_ROLE_MEMORY}}
+        }))
+        .expect("an InstanceType");
+        Api::<InstanceType>::all(client.clone())
+            .patch("engine-policy", &pp, &Patch::Apply(&it))
+            .await?;
+        let model = |policy: &str| {
+            serde_json::from_value::<ModelDeployment>(serde_json::json!({
+                "apiVersion": "worker.gpustack.ai/v1", "kind": "ModelDeployment",
+                "metadata": {"name": "chat", "namespace": BOUND},
+                "spec": {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+                         "engine": {"name": "vLLM", "version": "0.29.0"},
+                         "kvCache": {"poolRef": {"name": BOUND}},
+                         "networkPolicy": policy,
+                         "roles": [{"name": "server", "replicas": 2, "instanceType": "engine-policy",
+                                    "resources": {"accelerator": 1}}]}
+            }))
+            .expect("a ModelDeployment")
+        };
+        let models: Api<ModelDeployment> = Api::namespaced(client.clone(), BOUND);
+        models
+            .patch("chat", &pp, &Patch::Apply(&model("DeclaredPorts")))
+            .await?;
+        let team: Api<Pod> = Api::namespaced(client.clone(), BOUND);
+        let engines =
+            pods::wait_ready(&team, &walkthrough::role_pods("chat", "server"), 2, WAIT).await?;
+        let (a, b) = (&engines[0], &engines[1]);
+        let serving = kvcache_render::model::SERVING_PORT;
+        let http = vec![serving.to_string()];
+        let transfer = undeclared_listeners(&client, a, &http[0]).await?;
+        let outsider =
+            prober_as(&client, OTHER, "outsider", serde_json::json!({"app": "outsider"})).await?;
+
+        // From another namespace: the declared port answers, the transfer engine's do not.
+        wait_ports(&client, &outsider, a, &http, true).await?;
+        wait_ports(&client, &outsider, a, &transfer, false).await?;
+        // From the deployment's other replica: every port.
+        wait_ports(&client, b, a, &transfer, true).await?;
+
+        // A Pod opted in by label asks for the same through its annotation: its own policy,
+        // owned by it, closing all but its declared port.
+        kvcache_e2e::operator::register_webhooks(&client, NAMESPACE, &webhook, false).await?;
+        let labelled: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "labelled", "namespace": BOUND,
+                         "labels": {"app": "labelled", "kvcache.gpustack.ai/inject": "true"},
+                         "annotations": {"kvcache.gpustack.ai/binding": BOUND,
+                                         "kvcache.gpustack.ai/engine": "vLLM",
+                                         "kvcache.gpustack.ai/network-policy": "DeclaredPorts"}},
+            "spec": {"terminationGracePeriodSeconds": 1,
+                     "containers": [{
+                "name": "engine", "image": "docker.io/gpustack/runner:cpu-vllm0.29.0",
+                "imagePullPolicy": "Never",
+                "command": ["vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct"],
+                "ports": [{"containerPort": serving, "name": "http"}],
+                "resources": {"requests": {"cpu": walkthrough::DEMO_ROLE_CPU, "memory": walkthrough::DEMO_ROLE_MEMORY},
+                              "limits": {"memory": walkthrough::DEMO_ROLE_MEMORY}},
+                "readinessProbe": {"httpGet": {"path": "/health", "port": serving}}
+            }]}
+        }))
+        .expect("a Pod");
+        team.create(&PostParams::default(), &labelled).await?;
+        let labelled = pods::wait_pod(&team, "labelled", "Ready", WAIT, pods::is_ready).await?;
+        let token = labelled
+            .labels()
+            .get(ENGINE_POLICY_LABEL)
+            .cloned()
+            .expect("the webhook labelled the Pod for its policy");
+        let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+            Api::namespaced(client.clone(), BOUND);
+        let policy = wait_object(
+            &policies,
+            &format!("engine-{token}"),
+            "the labelled Pod's policy",
+            WAIT,
+            |_| true,
+        )
+        .await?;
+        assert_eq!(
+            policy
+                .metadata
+                .owner_references
+                .as_ref()
+                .and_then(|o| o.first())
+                .map(|o| o.uid.as_str()),
+            labelled.metadata.uid.as_deref(),
+            "owned by the Pod"
+        );
+        let its_transfer = undeclared_listeners(&client, &labelled, &http[0]).await?;
+        wait_ports(&client, &outsider, &labelled, &http, true).await?;
+        wait_ports(&client, &outsider, &labelled, &its_transfer, false).await?;
+        team.delete("labelled", &DeleteParams::default()).await?;
+
+        // Turned off: the policy goes, and the transfer port answers anyone (what the policy
+        // closed above; an enforcer that admitted everything would have failed there).
+        models
+            .patch("chat", &pp, &Patch::Apply(&model("Unmanaged")))
+            .await?;
+        wait_ports(&client, &outsider, a, &transfer, true).await?;
+
+        walkthrough::remove_model(&client, BOUND, "chat", WAIT).await?;
+        Api::<Pod>::namespaced(client.clone(), OTHER)
+            .delete(name_of(&outsider), &DeleteParams::default())
+            .await?;
+        Api::<InstanceType>::all(client.clone())
+            .delete("engine-policy", &DeleteParams::default())
+            .await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
 }

@@ -64,6 +64,35 @@ pub struct ModelDeploymentSpec {
     #[schemars(length(min = 1, max = 10))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     pub roles: Vec<Role>,
+    /// Who may reach the roles' Pods. `DeclaredPorts` (default): a NetworkPolicy per role admits
+    /// the ports its container declares (`http` and `roles[].ports`) from any source, every port
+    /// from this deployment's own Pods, and nothing else (the engine's transfer engine takes no
+    /// connection from the store: docs/isolation.md#engine-pods). `Unmanaged`: no policy, for
+    /// clusters whose own policies cover these Pods.
+    #[serde(default)]
+    pub network_policy: EngineNetworkPolicy,
+}
+
+/// Whether the operator closes a deployment's Pods to all but their declared ports
+/// (`spec.networkPolicy`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum EngineNetworkPolicy {
+    /// A NetworkPolicy per role: the declared ports from anywhere, every port from the
+    /// deployment's own Pods.
+    #[default]
+    DeclaredPorts,
+    /// No NetworkPolicy: the cluster's own policies decide.
+    Unmanaged,
+}
+
+impl EngineNetworkPolicy {
+    /// The value as `spec.networkPolicy` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineNetworkPolicy::DeclaredPorts => "DeclaredPorts",
+            EngineNetworkPolicy::Unmanaged => "Unmanaged",
+        }
+    }
 }
 
 /// What a ModelDeployment serves (`spec.model`); frozen once created.

@@ -329,6 +329,14 @@ fn cluster_role() -> ClusterRole {
                 &["services"],
                 &["get", "list", "create", "patch", "delete"],
             ),
+            // Who may reach a store (docs/isolation.md), in its own namespace, and a
+            // ModelDeployment's engines, in theirs (docs/isolation.md#engine-pods): read, applied
+            // and swept, never watched.
+            rule(
+                &["networking.k8s.io"],
+                &["networkpolicies"],
+                &["get", "list", "create", "patch", "delete"],
+            ),
             // Its engines' Pods (their metrics and readiness) and the store's, listed and
             // watched.
             rule(&[""], &["pods"], &["list", "watch"]),
@@ -381,13 +389,8 @@ fn namespace_role(namespace: &str) -> Role {
                 &["configmaps"],
                 &["list", "watch", "create", "patch", "delete"],
             ),
-            // Who may reach a store (docs/isolation.md), and the elector's account: applied
-            // and swept.
-            rule(
-                &["networking.k8s.io"],
-                &["networkpolicies"],
-                &["list", "create", "patch", "delete"],
-            ),
+            // The elector's account: applied and swept (the store's NetworkPolicies are the
+            // ClusterRole's).
             rule(
                 &[""],
                 &["serviceaccounts"],

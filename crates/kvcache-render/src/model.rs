@@ -8,18 +8,22 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, HTTPGetAction, PodSpec, PodTemplateSpec, Probe,
     ResourceRequirements, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvcache_api::backend::Protocol;
 use kvcache_api::manifest::ObjectRef;
-use kvcache_api::model::{EngineName, InstanceType, ModelDeployment, Role, RoleKind};
+use kvcache_api::model::{
+    EngineName, EngineNetworkPolicy, InstanceType, ModelDeployment, Role, RoleKind,
+};
 use kvcache_api::quantity::parse_millicores;
 use kvcache_inject::{
     CLIENT_CONFIG_ANNOTATION, INJECTED_ANNOTATION, LOCAL_BUFFER_BYTES, Ledger, Request, Source,
 };
 
 use crate::backend::pull_policy;
+use crate::engine_access;
 use crate::error::Error;
 use crate::names;
 
@@ -70,6 +74,8 @@ pub struct ModelObjects {
     pub deployments: Vec<Deployment>,
     /// For the serving role.
     pub services: Vec<Service>,
+    /// One per role unless `spec.networkPolicy` is `Unmanaged` (crate::engine_access).
+    pub network_policies: Vec<NetworkPolicy>,
 }
 
 /// The runner image for an engine version on an accelerator
@@ -107,6 +113,42 @@ fn labels(md: &str, role: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// The ports a role's container declares: the engine's `http` (where it serves: the role's own
+/// `--port` when its arguments set one, else [`SERVING_PORT`]), then `roles[].ports`. The
+/// readiness probe, the Service and the role's NetworkPolicy follow `http`.
+fn declared_ports(md: &ModelDeployment, role: &Role) -> Result<Vec<ContainerPort>, Error> {
+    let parser =
+        kvcache_inject::engines::row(md.spec.engine.name, None).map_err(injection_error(
+            md.metadata.namespace.as_deref().unwrap_or("default"),
+            md.metadata.name.as_deref().unwrap_or_default(),
+            role,
+        ))?;
+    let serving = if role.command.is_empty() {
+        kvcache_inject::argv::value_of(&role.extra_args, "--port", parser)
+            .and_then(|v| v.parse::<i32>().ok())
+            .filter(|p| (1..=65535).contains(p))
+            .unwrap_or(SERVING_PORT)
+    } else {
+        SERVING_PORT
+    };
+    Ok(std::iter::once(ContainerPort {
+        name: Some("http".into()),
+        container_port: serving,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    })
+    .chain(role.ports.iter().cloned())
+    .collect())
+}
+
+/// The labels that select a role's Pods (those of [`labels`] but `managed-by`).
+fn pod_selector(md: &str, role: &str) -> BTreeMap<String, String> {
+    labels(md, role)
+        .into_iter()
+        .filter(|(k, _)| k != "app.kubernetes.io/managed-by")
+        .collect()
+}
+
 /// Renders a deployment's objects.
 pub fn render(inputs: &ModelInputs<'_>) -> Result<ModelObjects, Error> {
     let md = inputs.deployment;
@@ -130,6 +172,25 @@ pub fn render(inputs: &ModelInputs<'_>) -> Result<ModelObjects, Error> {
     for role in &md.spec.roles {
         out.deployments
             .push(role_deployment(inputs, &name, &ns, owner.clone(), role)?);
+        if md.spec.network_policy == EngineNetworkPolicy::DeclaredPorts {
+            let declared = declared_ports(md, role)?;
+            out.network_policies
+                .push(engine_access::engine_policy(&engine_access::EnginePods {
+                    name: &names::object(&name, &role.name),
+                    namespace: &ns,
+                    labels: labels(&name, &role.name),
+                    owner: owner.clone(),
+                    selector: pod_selector(&name, &role.name),
+                    own: BTreeMap::from([
+                        ("app.kubernetes.io/name".into(), "model-deployment".into()),
+                        (
+                            "app.kubernetes.io/instance".into(),
+                            names::label_value(&name),
+                        ),
+                    ]),
+                    declared: &declared,
+                }));
+        }
     }
     if let Some(serving) = md.spec.roles.iter().find(|r| r.kind == RoleKind::Server) {
         out.services.push(Service {
@@ -141,12 +202,7 @@ pub fn render(inputs: &ModelInputs<'_>) -> Result<ModelObjects, Error> {
                 ..Default::default()
             },
             spec: Some(ServiceSpec {
-                selector: Some(
-                    labels(&name, &serving.name)
-                        .into_iter()
-                        .filter(|(k, _)| k != "app.kubernetes.io/managed-by")
-                        .collect(),
-                ),
+                selector: Some(pod_selector(&name, &serving.name)),
                 ports: Some(vec![ServicePort {
                     name: Some("http".into()),
                     port: SERVING_PORT,
@@ -255,6 +311,7 @@ fn sizing(it: &InstanceType, role: &Role) -> Result<Sizing, Error> {
 /// health probe, shared memory.
 fn engine_container(
     role: &Role,
+    ports: Vec<ContainerPort>,
     image: &str,
     command: Vec<String>,
     args: Vec<String>,
@@ -266,16 +323,7 @@ fn engine_container(
         command: Some(command),
         args: Some(args),
         env: (!role.env.is_empty()).then(|| role.env.clone()),
-        ports: Some(
-            std::iter::once(ContainerPort {
-                name: Some("http".into()),
-                container_port: SERVING_PORT,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            })
-            .chain(role.ports.iter().cloned())
-            .collect(),
-        ),
+        ports: Some(ports),
         readiness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/health".into()),
@@ -387,7 +435,7 @@ fn role_deployment(
         .unwrap_or_else(|| runner_image(md.spec.engine.name, &version, manufacturer));
     let (command, args) = launch(md, role, ns, name)?;
     let mut size = sizing(it, role)?;
-    let mut container = engine_container(role, &image, command, args);
+    let mut container = engine_container(role, declared_ports(md, role)?, &image, command, args);
     let mut volumes = vec![Volume {
         name: "shm".into(),
         empty_dir: Some(EmptyDirVolumeSource {

@@ -127,6 +127,9 @@ pub fn leave_foreign(
     objects
         .services
         .retain(|s| !taken("Service", s.metadata.name.as_ref()));
+    objects
+        .network_policies
+        .retain(|p| !taken("NetworkPolicy", p.metadata.name.as_ref()));
     foreign
 }
 

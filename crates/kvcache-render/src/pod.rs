@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
-use kvcache_api::model::EngineName;
+use kvcache_api::model::{EngineName, EngineNetworkPolicy};
 use kvcache_api::pool::KVCachePool;
 use kvcache_api::pool::pool_conditions::QUOTA_LEDGER_AVAILABLE;
 use kvcache_inject::{
@@ -19,6 +19,7 @@ use kvcache_inject::{
     parse_role,
 };
 
+use crate::engine_access::{ENGINE_POLICY_LABEL, NETWORK_POLICY_ANNOTATION, policy_token};
 use crate::resolve::{Environment, attachment_on};
 use crate::world::Chain;
 
@@ -66,14 +67,36 @@ pub struct Injected {
 
 /// The annotation keys a Pod may carry under our prefix, the binding and the engine aside from
 /// what the webhook writes itself.
-const ACCEPTED: [&str; 6] = [
+const ACCEPTED: [&str; 7] = [
     BINDING_ANNOTATION,
     ENGINE_ANNOTATION,
     MANUFACTURER_ANNOTATION,
     ROLE_ANNOTATION,
     CONTAINER_ANNOTATION,
     FORWARDED_ANNOTATION,
+    NETWORK_POLICY_ANNOTATION,
 ];
+
+/// The Pod's [`NETWORK_POLICY_ANNOTATION`] (`InvalidNetworkPolicy`): `Unmanaged` when absent
+/// (a workload opted in by label keeps the policies it has; closing ports it never declared
+/// could cut what serves it), spelled as a ModelDeployment's `spec.networkPolicy`.
+fn network_policy(
+    annotations: &BTreeMap<String, String>,
+) -> Result<EngineNetworkPolicy, PodRefusal> {
+    match annotations
+        .get(NETWORK_POLICY_ANNOTATION)
+        .map(String::as_str)
+    {
+        None | Some("Unmanaged") => Ok(EngineNetworkPolicy::Unmanaged),
+        Some("DeclaredPorts") => Ok(EngineNetworkPolicy::DeclaredPorts),
+        Some(other) => Err(refuse(
+            "InvalidNetworkPolicy",
+            format!(
+                "{NETWORK_POLICY_ANNOTATION} {other:?} is not DeclaredPorts or Unmanaged (the spelling is exact): DeclaredPorts closes the Pod but for the ports its containers declare (docs/isolation.md#engine-pods)"
+            ),
+        )),
+    }
+}
 
 /// The annotation contract (`UnknownAnnotation`, `RecordSubmitted`, `DomainAnnotation`;
 /// docs/design.md#injection-contract).
@@ -193,15 +216,18 @@ pub fn binding_named(
         .filter(|b| !b.is_empty())
 }
 
-/// Decides for one opted-in Pod in `namespace`.
+/// Decides for one opted-in Pod in `namespace`; `request` is the admission request's uid, the
+/// Pod's own engine policy's name when it asks for one ([`NETWORK_POLICY_ANNOTATION`]).
 pub fn inject_pod(
     pod: &Pod,
     namespace: &str,
+    request: &str,
     refs: Chain<'_>,
     env: &Environment<'_>,
 ) -> Result<Injected, PodRefusal> {
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     annotation_keys(&annotations)?;
+    let policy = network_policy(&annotations)?;
     let binding_name = annotations
         .get(BINDING_ANNOTATION)
         .map(String::as_str)
@@ -303,6 +329,12 @@ pub fn inject_pod(
         a.insert(CLIENT_CONFIG_ANNOTATION.to_owned(), doc.clone());
     }
     a.insert(INJECTED_ANNOTATION.to_owned(), injection.record_json());
+    if policy == EngineNetworkPolicy::DeclaredPorts {
+        out.metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(ENGINE_POLICY_LABEL.to_owned(), policy_token(request));
+    }
     Ok(Injected {
         pod: out,
         warnings: injection.warnings,

@@ -141,6 +141,7 @@ pub fn render_all(
             Ok(o) => {
                 to_docs(&mut docs, &mut errors, &o.deployments);
                 to_docs(&mut docs, &mut errors, &o.services);
+                to_docs(&mut docs, &mut errors, &o.network_policies);
             }
             Err(e) => errors.push(e),
         }

@@ -1,6 +1,8 @@
 //! The Pod injection decision (docs/design.md#injection-refusals): every refusal the webhook
 //! makes itself, and an injected Pod, without an API server.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Pod;
 use kvcache_api::Settings;
 use kvcache_api::backend::KVCacheBackend;
@@ -84,7 +86,7 @@ fn decide(p: &Pod, found: Found) -> Result<Pod, (String, String)> {
         pool: pl.as_ref(),
         backend: be.as_ref(),
     };
-    inject_pod(p, "team-a", r, &env)
+    inject_pod(p, "team-a", "5f1c-2d", r, &env)
         .map(|i| i.pod)
         .map_err(|e| (e.reason.to_owned(), e.message))
 }
@@ -428,4 +430,78 @@ fn the_freeze_refuses_the_label_and_the_records_and_lets_other_metadata_pass() {
             "{k}"
         );
     }
+}
+
+#[test]
+fn a_pod_asking_for_declared_ports_gets_its_own_policy_label_and_a_policy_owned_by_it() {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use kvcache_render::engine_access::{ENGINE_POLICY_LABEL, pod_policy};
+    // Without the annotation: no label, no policy (a workload opted in by label keeps its own).
+    let plain = decide(&pod(|_| {}), Found::default()).expect("injected");
+    assert!(
+        !plain
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key(ENGINE_POLICY_LABEL)
+    );
+    let asked = pod(|v| {
+        v["metadata"]["annotations"]["kvcache.gpustack.ai/network-policy"] = "DeclaredPorts".into();
+        v["metadata"]["labels"]["app"] = "chat".into();
+        v["metadata"]["labels"]["pod-template-hash"] = "5d4f".into();
+        v["spec"]["containers"][0]["ports"] =
+            serde_json::json!([{"containerPort": 8000, "name": "http"}]);
+    });
+    let mut out = decide(&asked, Found::default()).expect("injected");
+    let labels = out.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels[ENGINE_POLICY_LABEL], "5f1c2d", "the request's uid");
+    // The Pod as the API server stores it: named, with a uid.
+    out.metadata.uid = Some("pod-uid".into());
+    let policy = pod_policy(&out).expect("a policy");
+    assert_eq!(policy.metadata.name.as_deref(), Some("engine-5f1c2d"));
+    assert_eq!(policy.metadata.namespace.as_deref(), Some("team-a"));
+    let owner = &policy.metadata.owner_references.clone().expect("an owner")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("Pod", "pod-uid")
+    );
+    let spec = policy.spec.expect("a spec");
+    assert_eq!(
+        spec.pod_selector
+            .and_then(|s| s.match_labels)
+            .expect("a selector"),
+        BTreeMap::from([(ENGINE_POLICY_LABEL.to_owned(), "5f1c2d".to_owned())])
+    );
+    let ingress = spec.ingress.expect("rules");
+    let open: Vec<_> = ingress[0]
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.port.clone())
+        .collect();
+    assert_eq!(open, vec![Some(IntOrString::Int(8000))]);
+    assert_eq!(ingress[0].from, None);
+    let own = ingress[1].from.as_ref().expect("peers")[0]
+        .pod_selector
+        .as_ref()
+        .and_then(|s| s.match_labels.clone())
+        .expect("the workload's Pods");
+    assert_eq!(
+        own,
+        BTreeMap::from([
+            ("app".to_owned(), "chat".to_owned()),
+            ("kvcache.gpustack.ai/inject".to_owned(), "true".to_owned()),
+        ]),
+        "the Pod's labels but its own token and revision"
+    );
+    // Another spelling is refused, naming the annotation.
+    let wrong = pod(|v| {
+        v["metadata"]["annotations"]["kvcache.gpustack.ai/network-policy"] = "declared".into();
+    });
+    let (reason, message) = decide(&wrong, Found::default()).expect_err("refused");
+    assert_eq!(reason, "InvalidNetworkPolicy");
+    assert!(
+        message.contains("kvcache.gpustack.ai/network-policy"),
+        "{message}"
+    );
 }

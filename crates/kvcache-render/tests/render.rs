@@ -64,3 +64,91 @@ fn a_groups_extra_env_replaces_the_rendered_rpc_timeout_and_is_listed_once() {
     assert_eq!(timeouts("member-0"), vec!["2000".to_owned()]);
     assert_eq!(timeouts("member-1"), vec!["5000".to_owned()]);
 }
+
+/// The rendered documents of `kind` in `docs`, parsed.
+fn of_kind<K: serde::de::DeserializeOwned>(docs: &[serde_yaml::Value], kind: &str) -> Vec<K> {
+    docs.iter()
+        .filter(|d| d["kind"] == kind)
+        .map(|d| serde_yaml::from_value(d.clone()).expect("a rendered object parses"))
+        .collect()
+}
+
+#[test]
+fn each_role_is_closed_but_for_the_ports_its_container_declares_unless_unmanaged() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let path = std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/inputs/model-own-port.yaml"
+    ));
+    let docs = render_file(path);
+    let deployments: Vec<Deployment> = of_kind(&docs, "Deployment");
+    let policies: Vec<NetworkPolicy> = of_kind(&docs, "NetworkPolicy");
+    assert_eq!(policies.len(), deployments.len(), "one policy per role");
+    for d in &deployments {
+        let template = d.spec.as_ref().expect("a spec").template.clone();
+        let pod_labels = template
+            .metadata
+            .and_then(|m| m.labels)
+            .expect("Pod labels");
+        let policy = policies
+            .iter()
+            .find(|p| p.metadata.name == d.metadata.name)
+            .expect("the role's policy, named as its Deployment");
+        let spec = policy.spec.clone().expect("a spec");
+        let selects = spec
+            .pod_selector
+            .and_then(|s| s.match_labels)
+            .expect("a selector");
+        assert!(
+            selects.iter().all(|(k, v)| pod_labels.get(k) == Some(v)),
+            "the policy selects the role's Pods: {selects:?} of {pod_labels:?}"
+        );
+        let declared: Vec<(i32, String)> = template
+            .spec
+            .expect("a Pod spec")
+            .containers
+            .iter()
+            .flat_map(|c| c.ports.clone().unwrap_or_default())
+            .map(|p| (p.container_port, p.protocol.unwrap_or_else(|| "TCP".into())))
+            .collect();
+        // The role serves where its own `--port=9000` says: the port declared and opened.
+        assert_eq!(declared, vec![(9000, "TCP".to_owned())]);
+        let ingress = spec.ingress.expect("ingress rules");
+        let open: Vec<(i32, String)> = ingress
+            .iter()
+            .filter(|r| r.from.is_none())
+            .flat_map(|r| r.ports.clone().unwrap_or_default())
+            .map(|p| match p.port {
+                Some(IntOrString::Int(n)) => (n, p.protocol.unwrap_or_default()),
+                other => panic!("a numbered port, not {other:?}"),
+            })
+            .collect();
+        assert_eq!(open, declared, "from any source, only the declared ports");
+        assert!(
+            ingress
+                .iter()
+                .all(|r| r.from.is_none() == r.ports.is_some()),
+            "no rule opens every port to every source: {ingress:?}"
+        );
+    }
+
+    // `Unmanaged`: no policy at all.
+    let text = std::fs::read_to_string(path)
+        .expect("input")
+        .replace("  roles:\n", "  networkPolicy: Unmanaged\n  roles:\n");
+    let objects: Vec<_> = manifest::parse("unmanaged.yaml", &text)
+        .expect("input parses")
+        .into_iter()
+        .map(|m| m.object)
+        .collect();
+    let settings = Settings::default();
+    let env = Environment {
+        namespace: DEFAULT_NAMESPACE,
+        settings: &settings,
+    };
+    let docs = render_all(&objects, &env).expect("renders");
+    assert!(of_kind::<NetworkPolicy>(&docs, "NetworkPolicy").is_empty());
+    assert_eq!(of_kind::<Deployment>(&docs, "Deployment").len(), 1);
+}

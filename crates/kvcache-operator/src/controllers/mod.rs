@@ -4,6 +4,7 @@
 mod applied;
 mod backend;
 mod binding;
+mod engine_pod;
 mod model;
 mod pool;
 pub mod status;
@@ -71,6 +72,11 @@ pub async fn run(
             watched(
                 "the ModelDeployment controller",
                 model::run(ctx.clone(), models, bindings, instance_types),
+                ended.clone()
+            ),
+            watched(
+                "the engine Pod policy controller",
+                engine_pod::run(ctx.clone()),
                 ended
             ),
         );

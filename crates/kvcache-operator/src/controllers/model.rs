@@ -12,6 +12,7 @@ use std::time::Instant;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams};
 use kube::runtime::WatchStreamExt;
@@ -220,36 +221,36 @@ async fn existing_objects(
             controller: controller.map(|o| format!("{} {}", o.kind, o.name)),
         }
     }
-    let mut found = Vec::new();
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
-    for name in objects
-        .deployments
-        .iter()
-        .filter_map(|d| d.metadata.name.as_ref())
+    /// Each of `objects` that exists already, as `existing` puts it.
+    async fn found<K>(
+        ctx: &Context,
+        ns: &str,
+        kind: &'static str,
+        objects: &[K],
+    ) -> Result<Vec<model_plan::Existing>, Error>
+    where
+        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
     {
-        if let Some(d) = deployments
-            .get_opt(name)
-            .await
-            .map_err(kerr("get", format!("Deployment {ns}/{name}")))?
-        {
-            found.push(existing("Deployment", &d));
+        let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+        let mut out = Vec::new();
+        for name in objects.iter().filter_map(|o| o.meta().name.as_ref()) {
+            if let Some(o) = api
+                .get_opt(name)
+                .await
+                .map_err(kerr("get", format!("{kind} {ns}/{name}")))?
+            {
+                out.push(existing(kind, &o));
+            }
         }
+        Ok(out)
     }
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    for name in objects
-        .services
-        .iter()
-        .filter_map(|s| s.metadata.name.as_ref())
-    {
-        if let Some(s) = services
-            .get_opt(name)
-            .await
-            .map_err(kerr("get", format!("Service {ns}/{name}")))?
-        {
-            found.push(existing("Service", &s));
-        }
-    }
-    Ok(found)
+    let mut found_all = found(ctx, ns, "Deployment", &objects.deployments).await?;
+    found_all.extend(found(ctx, ns, "Service", &objects.services).await?);
+    found_all.extend(found(ctx, ns, "NetworkPolicy", &objects.network_policies).await?);
+    Ok(found_all)
 }
 
 /// A warning on the deployment naming each object it left alone.
@@ -300,8 +301,15 @@ async fn apply_roles(
     for s in &objects.services {
         set.apply(s).await?;
     }
+    for p in &objects.network_policies {
+        set.apply(p).await?;
+    }
     set.sweep(
-        &[OwnedKind::of::<Deployment>(), OwnedKind::of::<Service>()],
+        &[
+            OwnedKind::of::<Deployment>(),
+            OwnedKind::of::<Service>(),
+            OwnedKind::of::<NetworkPolicy>(),
+        ],
         Sweep::Prune,
     )
     .await?;

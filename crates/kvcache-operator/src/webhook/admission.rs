@@ -303,7 +303,7 @@ pub fn mutate_pod(
         settings,
     };
     let chain = world.chain(&pod_ns, binding_name);
-    match kvcache_render::pod::inject_pod(&pod, &pod_ns, chain, &env) {
+    match kvcache_render::pod::inject_pod(&pod, &pod_ns, &req.uid, chain, &env) {
         Ok(injected) => {
             let before = serde_json::to_value(&pod);
             let after = serde_json::to_value(&injected.pod);
