@@ -1345,6 +1345,7 @@ fn an_engines_transfer_port_takes_its_own_deployment_alone_and_its_declared_port
         // A Pod opted in by label asks for the same through its annotation: its own policy,
         // owned by it, closing all but its declared port.
         kvcache_e2e::operator::register_webhooks(&client, NAMESPACE, &webhook, false).await?;
+        kvcache_e2e::operator::wait_webhooks_trusted(&client, NAMESPACE).await?;
         let labelled: Pod = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "labelled", "namespace": BOUND,
