@@ -89,6 +89,13 @@ pub async fn wait_reach(
     within: std::time::Duration,
     what: &str,
 ) -> Result<std::time::Duration> {
+    if targets.is_empty() {
+        // Every one of nothing is both open and closed: a wait over none proves nothing.
+        return Err(Error::Wait {
+            what: what.to_owned(),
+            reason: "no target to probe".into(),
+        });
+    }
     let started = std::time::Instant::now();
     loop {
         let seen = probe(api, pod, targets).await?;

@@ -1395,7 +1395,16 @@ fn an_engines_transfer_port_takes_its_own_deployment_alone_and_its_declared_port
         let its_transfer = undeclared_listeners(&client, &labelled, &http[0]).await?;
         wait_ports(&client, &outsider, &labelled, &http, true).await?;
         wait_ports(&client, &outsider, &labelled, &its_transfer, false).await?;
+        // Gone with its Pod (the garbage collector follows the owner).
         team.delete("labelled", &DeleteParams::default()).await?;
+        kvcache_e2e::cluster::wait_deleted(
+            &policies,
+            &format!("engine-{token}"),
+            policy.metadata.uid.as_deref().unwrap_or_default(),
+            "the labelled Pod's policy collected with the Pod",
+            WAIT,
+        )
+        .await?;
 
         // Turned off: the policy goes, and the transfer port answers anyone (what the policy
         // closed above; an enforcer that admitted everything would have failed there).

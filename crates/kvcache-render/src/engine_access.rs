@@ -51,10 +51,22 @@ pub fn policy_token(request: &str) -> String {
 
 /// The policy of a Pod the webhook labelled [`ENGINE_POLICY_LABEL`]: the ports its containers
 /// declare from any source, every port from the Pods bearing its labels (but those of
-/// [`PER_POD_LABELS`]), owned by the Pod (collected with it). `None` for a Pod without the
-/// label, a usable name or a uid.
+/// [`PER_POD_LABELS`]), owned by the Pod (collected with it). `None` for a Pod the webhook did
+/// not label so (it is opted in by label, carries the webhook's record and asked with
+/// [`NETWORK_POLICY_ANNOTATION`]: the webhook refuses the label and the record submitted, and
+/// freezes both), or without a uid, a name or a namespace.
 pub fn pod_policy(pod: &Pod) -> Option<NetworkPolicy> {
     let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let opted_in = labels.get(crate::pod::INJECT_LABEL).map(String::as_str) == Some("true")
+        && annotations.contains_key(kvcache_inject::INJECTED_ANNOTATION)
+        && annotations
+            .get(NETWORK_POLICY_ANNOTATION)
+            .map(String::as_str)
+            == Some("DeclaredPorts");
+    if !opted_in {
+        return None;
+    }
     let token = labels.get(ENGINE_POLICY_LABEL).filter(|t| !t.is_empty())?;
     let uid = pod.metadata.uid.clone()?;
     let pod_name = pod.metadata.name.clone()?;
@@ -90,6 +102,19 @@ pub fn pod_policy(pod: &Pod) -> Option<NetworkPolicy> {
         own,
         declared: &declared,
     }))
+}
+
+/// Whether `existing`, the object of a Pod policy's name, is controlled by another than the
+/// Pod `pod_uid`: then it is left alone (a label can only be the webhook's, but a policy of that
+/// name made by hand is not the operator's to take).
+pub fn held_by_another(existing: &NetworkPolicy, pod_uid: &str) -> bool {
+    existing
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .is_none_or(|o| o.uid != pod_uid)
 }
 
 /// What one engine policy covers.

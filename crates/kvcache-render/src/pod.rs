@@ -228,6 +228,28 @@ pub fn inject_pod(
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     annotation_keys(&annotations)?;
     let policy = network_policy(&annotations)?;
+    if pod
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(ENGINE_POLICY_LABEL))
+    {
+        return Err(refuse(
+            "RecordSubmitted",
+            format!(
+                "metadata.labels[{ENGINE_POLICY_LABEL}] is written by the injection webhook and cannot be submitted (it names a Pod's own NetworkPolicy): remove it from the Pod template and set {NETWORK_POLICY_ANNOTATION}: DeclaredPorts instead"
+            ),
+        ));
+    }
+    let token = policy_token(request);
+    if policy == EngineNetworkPolicy::DeclaredPorts && token.is_empty() {
+        return Err(refuse(
+            "InvalidNetworkPolicy",
+            format!(
+                "the admission request carries no uid to name the Pod's own NetworkPolicy by, so {NETWORK_POLICY_ANNOTATION}: DeclaredPorts cannot be honoured; retry the creation"
+            ),
+        ));
+    }
     let binding_name = annotations
         .get(BINDING_ANNOTATION)
         .map(String::as_str)
@@ -333,7 +355,7 @@ pub fn inject_pod(
         out.metadata
             .labels
             .get_or_insert_with(BTreeMap::new)
-            .insert(ENGINE_POLICY_LABEL.to_owned(), policy_token(request));
+            .insert(ENGINE_POLICY_LABEL.to_owned(), token);
     }
     Ok(Injected {
         pod: out,
@@ -362,6 +384,23 @@ pub fn frozen_edit(old: &Pod, new: &Pod) -> Option<String> {
     if label(old) != label(new) {
         return Some(format!(
             "metadata.labels[{INJECT_LABEL}] cannot change on an existing Pod: injection happens at creation; change the Pod template and let the workload roll"
+        ));
+    }
+    let policy_label = |p: &Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ENGINE_POLICY_LABEL))
+            .cloned()
+    };
+    if policy_label(old) != policy_label(new) {
+        return Some(format!(
+            "metadata.labels[{ENGINE_POLICY_LABEL}] names the Pod's own NetworkPolicy and cannot be edited or removed (docs/isolation.md#engine-pods)"
+        ));
+    }
+    if annotation(old, NETWORK_POLICY_ANNOTATION) != annotation(new, NETWORK_POLICY_ANNOTATION) {
+        return Some(format!(
+            "metadata.annotations[{NETWORK_POLICY_ANNOTATION}] is read at creation and cannot change on an existing Pod; change the Pod template and let the workload roll"
         ));
     }
     for k in [INJECTED_ANNOTATION, CLIENT_CONFIG_ANNOTATION] {

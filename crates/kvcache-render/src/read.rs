@@ -182,6 +182,19 @@ pub struct EnginePod {
     pub uid: String,
     /// Its address (the engine's `/metrics` is read there).
     pub ip: String,
+    /// The port its container names `http`, where the engine serves (a role's own `--port`),
+    /// else [`crate::model::SERVING_PORT`].
+    pub port: i32,
+}
+
+/// The port `pod`'s containers name `http`, else [`crate::model::SERVING_PORT`].
+fn http_port(pod: &Pod) -> i32 {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some("http"))
+        .map_or(crate::model::SERVING_PORT, |p| p.container_port)
 }
 
 /// The engine Pods of a ModelDeployment that one scrape reads.
@@ -249,6 +262,7 @@ pub fn engine_pods(
                     .pod_ip
                     .clone()
                     .filter(|ip| !ip.is_empty())?,
+                port: http_port(p),
             })
         })
         .collect();
@@ -426,10 +440,24 @@ mod tests {
     #[test]
     fn an_engine_pod_is_read_only_through_the_deployments_own_replica_sets() {
         let (managed, deployments, sets) = chain();
+        // An old ReplicaSet's Pod, mid-rollout: still the deployment's engine; its role serves
+        // on its own `--port` (its `http` port), where it is read.
+        let mut own_port = engine_pod("chat-engine-2-a", Some("rs1b"));
+        own_port.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            containers: vec![k8s_openapi::api::core::v1::Container {
+                name: "engine".into(),
+                ports: Some(vec![k8s_openapi::api::core::v1::ContainerPort {
+                    name: Some("http".into()),
+                    container_port: 9000,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
         let pods = vec![
             engine_pod("chat-engine-1-a", Some("rs1")),
-            // An old ReplicaSet's Pod, mid-rollout: still the deployment's engine.
-            engine_pod("chat-engine-2-a", Some("rs1b")),
+            own_port,
             // Labelled as an engine of `chat`, controlled by nothing: anyone's Pod.
             engine_pod("forged", None),
             // Labelled so and controlled by a ReplicaSet that is not the deployment's.
@@ -450,9 +478,11 @@ mod tests {
             EnginePod {
                 name: "chat-engine-1-a".into(),
                 uid: "uid-chat-engine-1-a".into(),
-                ip: "10.0.0.9".into()
+                ip: "10.0.0.9".into(),
+                port: crate::model::SERVING_PORT,
             }
         );
+        assert_eq!(chosen.pods[1].port, 9000);
         // The other deployment reads its own and never `md`'s.
         let theirs = engine_pods("other", &managed, &deployments, &sets, &pods);
         assert_eq!(names(&theirs), ["other-engine-1-a"]);

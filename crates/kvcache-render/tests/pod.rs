@@ -494,6 +494,61 @@ fn a_pod_asking_for_declared_ports_gets_its_own_policy_label_and_a_policy_owned_
         ]),
         "the Pod's labels but its own token and revision"
     );
+    // A Pod that is not the webhook's doing gets nothing: the label without the webhook's
+    // record (a Pod the webhook never saw), or without the annotation.
+    let mut spoofed = out.clone();
+    spoofed
+        .metadata
+        .annotations
+        .as_mut()
+        .expect("annotations")
+        .remove("kvcache.gpustack.ai/injected");
+    assert!(pod_policy(&spoofed).is_none(), "no record, no policy");
+    let mut unasked = out.clone();
+    unasked
+        .metadata
+        .annotations
+        .as_mut()
+        .expect("annotations")
+        .remove("kvcache.gpustack.ai/network-policy");
+    assert!(pod_policy(&unasked).is_none(), "not asked, no policy");
+    // A policy of that name someone else controls is left alone; the Pod's own is its.
+    let mut theirs = pod_policy(&out).expect("a policy");
+    assert!(!kvcache_render::engine_access::held_by_another(
+        &theirs, "pod-uid"
+    ));
+    theirs.metadata.owner_references = None;
+    assert!(kvcache_render::engine_access::held_by_another(
+        &theirs, "pod-uid"
+    ));
+    // The label cannot be submitted, nor changed or removed afterwards.
+    let submitted = pod(|v| {
+        v["metadata"]["labels"][ENGINE_POLICY_LABEL] = "5f1c2d".into();
+    });
+    let (reason, message) = decide(&submitted, Found::default()).expect_err("refused");
+    assert_eq!(reason, "RecordSubmitted");
+    assert!(message.contains(ENGINE_POLICY_LABEL), "{message}");
+    let mut edited = out.clone();
+    edited
+        .metadata
+        .labels
+        .as_mut()
+        .expect("labels")
+        .insert(ENGINE_POLICY_LABEL.to_owned(), "another".into());
+    let why = frozen_edit(&out, &edited).expect("the label is frozen");
+    assert!(why.contains(ENGINE_POLICY_LABEL), "{why}");
+    let mut removed = out.clone();
+    removed
+        .metadata
+        .annotations
+        .as_mut()
+        .expect("annotations")
+        .remove("kvcache.gpustack.ai/network-policy");
+    assert!(
+        frozen_edit(&out, &removed).is_some(),
+        "the annotation is frozen"
+    );
+
     // Another spelling is refused, naming the annotation.
     let wrong = pod(|v| {
         v["metadata"]["annotations"]["kvcache.gpustack.ai/network-policy"] = "declared".into();

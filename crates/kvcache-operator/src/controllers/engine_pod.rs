@@ -13,11 +13,11 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::watcher;
-use kvcache_render::engine_access::{ENGINE_POLICY_LABEL, pod_policy};
-use tracing::instrument;
+use kvcache_render::engine_access::{ENGINE_POLICY_LABEL, held_by_another, pod_policy};
+use tracing::{instrument, warn};
 
 use crate::context::Context;
-use crate::error::Error;
+use crate::error::{Error, kube as kerr};
 
 const CONTROLLER: &str = "enginepod";
 
@@ -44,11 +44,25 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     if pod.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    if let Some(policy) = pod_policy(&pod) {
-        let api: Api<NetworkPolicy> =
-            Api::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
-        super::apply(&api, &policy).await?;
+    let Some(policy) = pod_policy(&pod) else {
+        return Ok(Action::await_change());
+    };
+    let ns = pod.namespace().unwrap_or_default();
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+    // Applied once: the Pod's spec, and so the policy, does not change while it runs.
+    match api
+        .get_opt(&name)
+        .await
+        .map_err(kerr("get", format!("NetworkPolicy {ns}/{name}")))?
+    {
+        Some(existing) if held_by_another(&existing, &pod.uid().unwrap_or_default()) => {
+            warn!(policy = %name, "a NetworkPolicy of this Pod's policy name is another's: left alone");
+        }
+        Some(_) => {}
+        None => {
+            super::apply(&api, &policy).await?;
+        }
     }
-    // The policy follows the Pod's spec, which does not change once it runs.
     Ok(Action::await_change())
 }

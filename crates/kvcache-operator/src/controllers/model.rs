@@ -23,7 +23,7 @@ use kube::{Resource, ResourceExt};
 use kvcache_api::model::{InstanceType, SharedCacheStatus};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
 use kvcache_render::events::{Kind, Note};
-use kvcache_render::model::{ModelObjects, SERVING_PORT};
+use kvcache_render::model::ModelObjects;
 use kvcache_render::model_plan;
 use kvcache_render::read::{EnginePod, EngineSelection};
 use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
@@ -295,14 +295,15 @@ async fn apply_roles(
         &md.uid().unwrap_or_default(),
         selector(md),
     );
+    // The policies first: a role's Pods never run before what closes them.
+    for p in &objects.network_policies {
+        set.apply(p).await?;
+    }
     for d in &objects.deployments {
         set.apply(d).await?;
     }
     for s in &objects.services {
         set.apply(s).await?;
-    }
-    for p in &objects.network_policies {
-        set.apply(p).await?;
     }
     set.sweep(
         &[
@@ -411,19 +412,26 @@ async fn observe_engines(
         EngineSelection::default()
     };
     let readings: Vec<EngineReading> = futures::stream::iter(chosen.pods)
-        .map(|EnginePod { name, uid, ip }| async move {
-            let url = format!("http://{ip}:{SERVING_PORT}/metrics");
-            let counters = ctx
-                .store
-                .engine_metrics(&url)
-                .await
-                .and_then(|text| parse_engine_metrics(md.spec.engine.name, &url, &text));
-            EngineReading {
-                pod: name,
-                uid,
-                counters,
-            }
-        })
+        .map(
+            |EnginePod {
+                 name,
+                 uid,
+                 ip,
+                 port,
+             }| async move {
+                let url = format!("http://{ip}:{port}/metrics");
+                let counters = ctx
+                    .store
+                    .engine_metrics(&url)
+                    .await
+                    .and_then(|text| parse_engine_metrics(md.spec.engine.name, &url, &text));
+                EngineReading {
+                    pod: name,
+                    uid,
+                    counters,
+                }
+            },
+        )
         .buffer_unordered(ENGINE_SCRAPES_AT_ONCE)
         .collect()
         .await;
