@@ -367,13 +367,7 @@ pub fn inject_pod(
 /// editing or removing the trigger label or either record annotation is refused; everything else
 /// passes.
 pub fn frozen_edit(old: &Pod, new: &Pod) -> Option<String> {
-    let label = |p: &Pod| {
-        p.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(INJECT_LABEL))
-            .cloned()
-    };
+    let label = |p: &Pod, k: &str| p.metadata.labels.as_ref().and_then(|l| l.get(k)).cloned();
     let annotation = |p: &Pod, k: &str| {
         p.metadata
             .annotations
@@ -381,19 +375,12 @@ pub fn frozen_edit(old: &Pod, new: &Pod) -> Option<String> {
             .and_then(|a| a.get(k))
             .cloned()
     };
-    if label(old) != label(new) {
+    if label(old, INJECT_LABEL) != label(new, INJECT_LABEL) {
         return Some(format!(
             "metadata.labels[{INJECT_LABEL}] cannot change on an existing Pod: injection happens at creation; change the Pod template and let the workload roll"
         ));
     }
-    let policy_label = |p: &Pod| {
-        p.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(ENGINE_POLICY_LABEL))
-            .cloned()
-    };
-    if policy_label(old) != policy_label(new) {
+    if label(old, ENGINE_POLICY_LABEL) != label(new, ENGINE_POLICY_LABEL) {
         return Some(format!(
             "metadata.labels[{ENGINE_POLICY_LABEL}] names the Pod's own NetworkPolicy and cannot be edited or removed (docs/isolation.md#engine-pods)"
         ));

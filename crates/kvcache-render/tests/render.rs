@@ -8,7 +8,12 @@ use kvcache_render::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
 /// YAML documents.
 fn render_file(path: &std::path::Path) -> Vec<serde_yaml::Value> {
     let text = std::fs::read_to_string(path).expect("input");
-    let objects: Vec<_> = manifest::parse(&path.display().to_string(), &text)
+    render_text(&path.display().to_string(), &text)
+}
+
+/// The objects the operator would create from the manifest `text` (read from `name`).
+fn render_text(name: &str, text: &str) -> Vec<serde_yaml::Value> {
+    let objects: Vec<_> = manifest::parse(name, text)
         .expect("input parses")
         .into_iter()
         .map(|m| m.object)
@@ -20,8 +25,7 @@ fn render_file(path: &std::path::Path) -> Vec<serde_yaml::Value> {
     };
     render_all(&objects, &env).unwrap_or_else(|e| {
         panic!(
-            "{}: {:?}",
-            path.display(),
+            "{name}: {:?}",
             e.iter().map(ToString::to_string).collect::<Vec<_>>()
         )
     })
@@ -138,17 +142,7 @@ fn each_role_is_closed_but_for_the_ports_its_container_declares_unless_unmanaged
     let text = std::fs::read_to_string(path)
         .expect("input")
         .replace("  roles:\n", "  networkPolicy: Unmanaged\n  roles:\n");
-    let objects: Vec<_> = manifest::parse("unmanaged.yaml", &text)
-        .expect("input parses")
-        .into_iter()
-        .map(|m| m.object)
-        .collect();
-    let settings = Settings::default();
-    let env = Environment {
-        namespace: DEFAULT_NAMESPACE,
-        settings: &settings,
-    };
-    let docs = render_all(&objects, &env).expect("renders");
+    let docs = render_text("unmanaged.yaml", &text);
     assert!(of_kind::<NetworkPolicy>(&docs, "NetworkPolicy").is_empty());
     assert_eq!(of_kind::<Deployment>(&docs, "Deployment").len(), 1);
 }
