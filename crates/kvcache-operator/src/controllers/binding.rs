@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -50,7 +49,7 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
         Some(woken) => controller.reconcile_on(woken),
         None => controller,
     };
-    controller
+    let controller = controller
         // A ModelDeployment attaching or leaving changes its Binding's usedBy.
         .watches_stream(
             crate::watch::spec_changes(Api::<kvcache_api::ModelDeployment>::all(client.clone())),
@@ -61,15 +60,8 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
                     .as_ref()
                     .map(|k| ObjectRef::new(&k.pool_ref.name).within(&ns))
             },
-        )
-        .shutdown_on_signal()
-        .run(
-            super::traced(BINDING, reconcile_binding),
-            super::error_policy(RELEASE_RETRY),
-            ctx,
-        )
-        .for_each(|_| futures::future::ready(()))
-        .await;
+        );
+    super::drive(controller, BINDING, reconcile_binding, RELEASE_RETRY, ctx).await;
 }
 
 #[instrument(skip(b, ctx), fields(binding = %id(&b)))]

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
@@ -24,18 +23,11 @@ const CONTROLLER: &str = "enginepod";
 /// Runs the controller until shutdown.
 pub async fn run(ctx: Arc<Context>) {
     // Only the labelled Pods, their policies' owners: nothing else of a Pod is read.
-    crate::watch::controller(
+    let controller = crate::watch::controller(
         Api::<Pod>::all(ctx.client.clone()),
         watcher::Config::default().labels(ENGINE_POLICY_LABEL),
-    )
-    .shutdown_on_signal()
-    .run(
-        super::traced(CONTROLLER, reconcile),
-        super::error_policy(crate::error::RETRY),
-        ctx,
-    )
-    .for_each(|_| futures::future::ready(()))
-    .await;
+    );
+    super::drive(controller, CONTROLLER, reconcile, crate::error::RETRY, ctx).await;
 }
 
 #[instrument(skip(pod, ctx), fields(pod = %super::id(&*pod)))]

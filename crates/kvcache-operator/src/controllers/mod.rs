@@ -85,6 +85,34 @@ pub async fn run(
     }
 }
 
+/// Runs `controller` until shutdown: each reconcile through [`traced`] under the name
+/// `name`, failures retried by [`error_policy`] (`held`: when a held deletion is looked at
+/// again); outcomes are the metrics' and the logs', nothing more is done with them here.
+async fn drive<K, F, Fut>(
+    controller: kube::runtime::Controller<K>,
+    name: &'static str,
+    reconcile: F,
+    held: Duration,
+    ctx: Arc<Context>,
+) where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    F: Fn(Arc<K>, Arc<Context>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    use futures::StreamExt;
+    controller
+        .shutdown_on_signal()
+        .run(traced(name, reconcile), error_policy(held), ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
 /// Runs `controller`, then says that `what` ended.
 async fn watched(
     what: &'static str,

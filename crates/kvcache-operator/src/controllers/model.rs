@@ -54,7 +54,7 @@ pub async fn run(
     let controller = crate::watch::shared_controller(&changes, ctx.models.clone());
     let store = controller.store();
     let (by_binding, by_it) = (store.clone(), store);
-    controller
+    let controller = controller
         // The roles' Deployments: their metadata is enough to map them to their owner (the
         // reconcile lists them live).
         .owns_stream(
@@ -93,15 +93,8 @@ pub async fn run(
                     .map(|md| ObjectRef::from_obj(&**md))
                     .collect::<Vec<_>>()
             },
-        )
-        .shutdown_on_signal()
-        .run(
-            super::traced(CONTROLLER, reconcile),
-            super::error_policy(crate::error::RETRY),
-            ctx,
-        )
-        .for_each(|_| futures::future::ready(()))
-        .await;
+        );
+    super::drive(controller, CONTROLLER, reconcile, crate::error::RETRY, ctx).await;
 }
 
 #[instrument(skip(md, ctx), fields(deployment = %id(&md)))]

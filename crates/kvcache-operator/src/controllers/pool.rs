@@ -10,7 +10,6 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
@@ -46,7 +45,7 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
     let client = ctx.client.clone();
     let controller = crate::watch::shared_controller(&changes, ctx.pools.clone());
     let by_backend = controller.store();
-    controller
+    let controller = controller
         // A Binding's ceiling, domain or existence changes its pool's ledger (the statuses
         // this pass writes do not).
         .watches_stream(
@@ -66,15 +65,8 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
                     .map(|p| ObjectRef::from_obj(&**p))
                     .collect::<Vec<_>>()
             },
-        )
-        .shutdown_on_signal()
-        .run(
-            super::traced(POOL, reconcile_pool),
-            super::error_policy(crate::error::RETRY),
-            ctx,
-        )
-        .for_each(|_| futures::future::ready(()))
-        .await;
+        );
+    super::drive(controller, POOL, reconcile_pool, crate::error::RETRY, ctx).await;
 }
 
 /// Reads the ledger and pushes the ceilings it does not hold yet
