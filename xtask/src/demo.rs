@@ -840,7 +840,7 @@ fn the_model(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
         },
     )?;
     d.show(&["-n", "team-a", "get", "kvcachepoolbinding"])?;
-    d.show(&[
+    let shown = d.show(&[
         "-n",
         "team-a",
         "get",
@@ -850,16 +850,9 @@ fn the_model(d: &mut Demo, files: &Path) -> anyhow::Result<()> {
         "jsonpath={.status.sharedCache}",
     ])?;
     println!();
-    let view: kvcache_api::model::SharedCacheStatus = serde_json::from_str(&d.quiet(&[
-        "-n",
-        "team-a",
-        "get",
-        "kvcachepoolbinding",
-        "team-a",
-        "-o",
-        "jsonpath={.status.sharedCache}",
-    ])?)
-    .context("team-a's Binding's status.sharedCache")?;
+    // What the reader was just shown, not a second read that could differ from it.
+    let view: kvcache_api::model::SharedCacheStatus =
+        serde_json::from_str(&shown).context("team-a's Binding's status.sharedCache")?;
     let saved: f64 = view
         .prefill_seconds_saved
         .as_deref()

@@ -378,6 +378,26 @@ mod tests {
         names
     }
 
+    /// The watch events a test sends.
+    type Events = futures::channel::mpsc::UnboundedSender<
+        Result<watcher::Event<k8s_openapi::api::core::v1::ConfigMap>, watcher::Error>,
+    >;
+
+    /// A shared cache of ConfigMaps and its changes, driven by what the test sends on the
+    /// returned sender; the driver ends once the sender is dropped.
+    fn driven_cache() -> (
+        Store<k8s_openapi::api::core::v1::ConfigMap>,
+        Subscription<k8s_openapi::api::core::v1::ConfigMap>,
+        Events,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (cache, writer) = reflector::store();
+        let changes = Subscription::new(cache.clone());
+        let (tx, events) = futures::channel::mpsc::unbounded();
+        let driven = tokio::spawn(drive(reflector::reflector(writer, events), changes.clone()));
+        (cache, changes, tx, driven)
+    }
+
     /// Waits (5 s at most) until the names the cache holds, sorted, satisfy `done`.
     async fn wait_until(
         cache: &Store<k8s_openapi::api::core::v1::ConfigMap>,
@@ -406,13 +426,10 @@ mod tests {
     #[tokio::test]
     async fn an_object_deleted_before_its_change_is_read_does_not_stall_the_next_one() {
         use kube::runtime::watcher::Event;
-        let (cache, writer) = reflector::store();
-        let changes = Subscription::new(cache.clone());
+        let (cache, changes, tx, driven) = driven_cache();
         let mut rx = changes.subscribe();
         // What the CI run saw: a ModelDeployment changed, then deleted before the controller
         // read the change, then a new one created.
-        let (tx, events) = futures::channel::mpsc::unbounded();
-        let driven = tokio::spawn(drive(reflector::reflector(writer, events), changes.clone()));
         for e in [
             Event::Apply(config_map("qwen-chat")),
             Event::Delete(config_map("qwen-chat")),
@@ -454,10 +471,7 @@ mod tests {
     #[tokio::test]
     async fn a_late_subscriber_gets_what_the_cache_holds_and_an_absent_one_holds_nothing_back() {
         use kube::runtime::watcher::Event;
-        let (cache, writer) = reflector::store();
-        let changes = Subscription::new(cache.clone());
-        let (tx, events) = futures::channel::mpsc::unbounded();
-        let driven = tokio::spawn(drive(reflector::reflector(writer, events), changes.clone()));
+        let (cache, changes, tx, driven) = driven_cache();
         // No subscriber (a standby): far more changes than any buffer, all applied.
         for i in 0..1000 {
             tx.unbounded_send(Ok(Event::Apply(config_map(&format!("cm-{i}")))))
@@ -504,10 +518,7 @@ mod tests {
     #[tokio::test]
     async fn a_relation_watch_hears_of_a_change_only_once_the_cache_holds_it_deletions_included() {
         use kube::runtime::watcher::Event;
-        let (cache, writer) = reflector::store();
-        let changes = Subscription::new(cache.clone());
-        let (tx, events) = futures::channel::mpsc::unbounded();
-        let driven = tokio::spawn(drive(reflector::reflector(writer, events), changes.clone()));
+        let (cache, changes, tx, driven) = driven_cache();
         let mut first = config_map("cm-a");
         first.metadata.uid = Some("a".into());
         first.metadata.generation = Some(1);
@@ -547,10 +558,7 @@ mod tests {
     #[tokio::test]
     async fn a_relation_watch_of_every_change_hears_a_status_write_once_the_cache_holds_it() {
         use kube::runtime::watcher::Event;
-        let (cache, writer) = reflector::store();
-        let changes = Subscription::new(cache.clone());
-        let (tx, events) = futures::channel::mpsc::unbounded();
-        let driven = tokio::spawn(drive(reflector::reflector(writer, events), changes.clone()));
+        let (cache, changes, tx, driven) = driven_cache();
         let relations = changes.relation_changes(Pass::Every);
         futures::pin_mut!(relations);
         let mut first = config_map("cm-a");

@@ -496,21 +496,18 @@ fn a_pod_asking_for_declared_ports_gets_its_own_policy_label_and_a_policy_owned_
     );
     // A Pod that is not the webhook's doing gets nothing: the label without the webhook's
     // record (a Pod the webhook never saw), or without the annotation.
-    let mut spoofed = out.clone();
-    spoofed
-        .metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .remove("kvcache.gpustack.ai/injected");
+    let without = |key: &str| {
+        let mut p = out.clone();
+        p.metadata
+            .annotations
+            .as_mut()
+            .expect("annotations")
+            .remove(key);
+        p
+    };
+    let spoofed = without("kvcache.gpustack.ai/injected");
     assert!(pod_policy(&spoofed).is_none(), "no record, no policy");
-    let mut unasked = out.clone();
-    unasked
-        .metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .remove("kvcache.gpustack.ai/network-policy");
+    let unasked = without("kvcache.gpustack.ai/network-policy");
     assert!(pod_policy(&unasked).is_none(), "not asked, no policy");
     // A policy of that name someone else controls is left alone; the Pod's own is its.
     let mut theirs = pod_policy(&out).expect("a policy");
@@ -537,15 +534,8 @@ fn a_pod_asking_for_declared_ports_gets_its_own_policy_label_and_a_policy_owned_
         .insert(ENGINE_POLICY_LABEL.to_owned(), "another".into());
     let why = frozen_edit(&out, &edited).expect("the label is frozen");
     assert!(why.contains(ENGINE_POLICY_LABEL), "{why}");
-    let mut removed = out.clone();
-    removed
-        .metadata
-        .annotations
-        .as_mut()
-        .expect("annotations")
-        .remove("kvcache.gpustack.ai/network-policy");
     assert!(
-        frozen_edit(&out, &removed).is_some(),
+        frozen_edit(&out, &unasked).is_some(),
         "the annotation is frozen"
     );
 

@@ -160,11 +160,22 @@ async fn deploy(
             &Patch::Apply(&md),
         )
         .await?;
+    ready_engines(client, namespace, name, replicas).await
+}
+
+/// Waits for `replicas` Ready engine Pods of the ModelDeployment `namespace/name`, none
+/// terminating.
+async fn ready_engines(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    replicas: i32,
+) -> Result<Vec<Pod>, Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     pods::wait_pods(
         &api,
         &role_pods(name, "server"),
-        &format!("{replicas} Ready engine Pods, none terminating"),
+        &format!("{replicas} Ready engine Pods of {name}, none terminating"),
         WAIT,
         |p| {
             p.len() == usize::try_from(replicas).unwrap_or(0)

@@ -25,7 +25,9 @@ use kvcache_e2e::walkthrough::{self, role_pods};
 use kvcache_e2e::{Error, engine};
 use kvcache_render::shared_cache::{self, EngineCounters, StoreOperations};
 
-use crate::{BACKEND, CHAT, NAMESPACE, TEAM_A, WAIT, cluster, operator, turn, undeploy};
+use crate::{
+    BACKEND, CHAT, NAMESPACE, TEAM_A, WAIT, cluster, operator, ready_engines, turn, undeploy,
+};
 
 /// The deployment of the bench model.
 const PRICED: &str = "priced";
@@ -59,24 +61,7 @@ async fn deploy(client: &Client, replicas: i32) -> Result<Vec<Pod>, Error> {
             &Patch::Apply(&md),
         )
         .await?;
-    ready_pods(client, replicas).await
-}
-
-/// Waits for `replicas` Ready engine Pods of the deployment, none terminating.
-async fn ready_pods(client: &Client, replicas: i32) -> Result<Vec<Pod>, Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), TEAM_A);
-    pods::wait_pods(
-        &api,
-        &role_pods(PRICED, "server"),
-        &format!("{replicas} Ready engine Pods of {PRICED}, none terminating"),
-        WAIT,
-        |p| {
-            p.len() == usize::try_from(replicas).unwrap_or(0)
-                && p.iter()
-                    .all(|p| pods::is_ready(p) && p.metadata.deletion_timestamp.is_none())
-        },
-    )
-    .await
+    ready_engines(client, TEAM_A, PRICED, replicas).await
 }
 
 /// What one request of `prompt` to the engine in `pod` added to its counters, once they count
@@ -462,7 +447,7 @@ fn the_seconds_saved_and_every_figure_agree_with_the_engines_own_counters() {
 
         // 3. B's engine restarted in its Pod (its counters start again); A's replacement writes
         // a prompt and B takes it from the store.
-        let replicas = ready_pods(&client, 2).await?;
+        let replicas = ready_engines(&client, TEAM_A, PRICED, 2).await?;
         let a = replicas
             .iter()
             .find(|p| p.uid() != a.uid() && name_of(p) != name_of(&b))
