@@ -139,6 +139,59 @@ fn refuse(target: &Target, verdict: &Verdict, logged: &mut Option<(Target, Verdi
     *logged = Some((target.clone(), verdict.clone()));
 }
 
+/// On the turns [`recheck_due`] names, asks the elector at the mounted master who it is, and
+/// stops the member (remembering the refusal in `refused`) when that master now answers as
+/// another backend's leader.
+async fn recheck(
+    agent: &ureq::Agent,
+    config: &MemberConfig,
+    wanted: Option<&Target>,
+    current: &mut Option<(Target, StoreProcess)>,
+    ticked: bool,
+    refused: &mut Option<(Target, Verdict)>,
+) {
+    if recheck_due(wanted, current.as_ref().map(|(t, _)| t), ticked)
+        && let Some((target, _)) = current.as_ref()
+    {
+        let verdict = verify(agent, config, target).await;
+        if let Some(who) = stopped_by(&verdict)
+            && let Some((target, child)) = current.take()
+        {
+            warn!(
+                master = %target.address,
+                answered_lease = %format!("{}/{}", who.namespace, who.lease),
+                "stopping the member: the master at its address now belongs to another backend"
+            );
+            // That master is alive: the member unmounts from it rather than leave a dead
+            // segment in its metadata.
+            child.stop(config.stop_grace).await;
+            *refused = Some((target, verdict));
+        }
+    }
+}
+
+/// The client that asks electors `/identity` (1 s to connect and to answer; any status is an
+/// answer).
+fn identity_agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(1)))
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// Starts the member command with its master address (`target`) in `config.master_env`.
+fn start_member(config: &MemberConfig, target: &Target) -> Result<StoreProcess, Error> {
+    StoreProcess::start(
+        &config.command,
+        &[(config.master_env.clone(), target.address.clone())],
+    )
+    .map_err(|source| Error::Spawn {
+        program: config.command.first().cloned().unwrap_or_default(),
+        source,
+    })
+}
+
 /// Runs a member elector until SIGTERM.
 pub async fn run(config: MemberConfig) -> Result<(), Error> {
     if config.command.is_empty() {
@@ -161,11 +214,7 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
     let mut last_error: Option<String> = None;
     let mut refused: Option<(Target, Verdict)> = None;
     // One client for every `/identity` question (one a retry period while mounted).
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(1)))
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let agent = identity_agent();
     let result = loop {
         let ticked = tokio::select! {
             _ = term.recv() => break Ok(()),
@@ -201,24 +250,15 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
             current = None;
         }
         // A member stays only on its own backend's master.
-        if recheck_due(wanted.as_ref(), current.as_ref().map(|(t, _)| t), ticked)
-            && let Some((target, _)) = current.as_ref()
-        {
-            let verdict = verify(&agent, &config, target).await;
-            if let Some(who) = stopped_by(&verdict)
-                && let Some((target, child)) = current.take()
-            {
-                warn!(
-                    master = %target.address,
-                    answered_lease = %format!("{}/{}", who.namespace, who.lease),
-                    "stopping the member: the master at its address now belongs to another backend"
-                );
-                // That master is alive: the member unmounts from it rather than leave a dead
-                // segment in its metadata.
-                child.stop(config.stop_grace).await;
-                refused = Some((target, verdict));
-            }
-        }
+        recheck(
+            &agent,
+            &config,
+            wanted.as_ref(),
+            &mut current,
+            ticked,
+            &mut refused,
+        )
+        .await;
         let Some(target) = mount_toward(wanted.as_ref(), current.as_ref().map(|(t, _)| t)).cloned()
         else {
             continue;
@@ -235,14 +275,7 @@ pub async fn run(config: MemberConfig) -> Result<(), Error> {
             info!(from = %old.address, to = %target.address, "the leader moved; restarting the member toward it");
             child.kill().await;
         }
-        let child = StoreProcess::start(
-            &config.command,
-            &[(config.master_env.clone(), target.address.clone())],
-        )
-        .map_err(|source| Error::Spawn {
-            program: config.command.first().cloned().unwrap_or_default(),
-            source,
-        })?;
+        let child = start_member(&config, &target)?;
         let verified = verdict == Verdict::Ours;
         info!(master = %target.address, holder = %target.holder, verified, pid = ?child.pid(), "member started");
         current = Some((target, child));
