@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 use super::{Admission, Verdict};
 use crate::backend::member_memory_floor;
 use crate::backend::{
-    Connection, ElectionBackend, EndpointName, External, ExtraEnv, LocalDisk, Managed, Medium,
-    MemberGroup, Tenancy, TenancyMode,
+    Connection, ElectionBackend, EndpointName, External, ExtraEnv, Leader, LocalDisk, Managed,
+    Medium, MemberGroup, Tenancy, TenancyMode,
 };
 use crate::names::{self, is_host_port, tier_path_problem};
 use crate::quantity::{format_bytes, parse_bytes, parse_millicores};
@@ -157,8 +157,9 @@ fn backend_image(b: &KVCacheBackend, settings: &Settings, v: &mut Verdict) {
     }
 }
 
-fn managed_static(b: &KVCacheBackend, m: &Managed, v: &mut Verdict) {
-    let leader = &m.leader;
+/// The leader's own fields: its replicas and election, its etcd's claim, its flags, its
+/// environment and its resources.
+fn leader_static(leader: &Leader, v: &mut Verdict) {
     let lf = format!("{MANAGED}.leader");
     if !(1..=5).contains(&leader.replicas) {
         v.refuse(
@@ -210,6 +211,10 @@ fn managed_static(b: &KVCacheBackend, m: &Managed, v: &mut Verdict) {
         };
         store_resources(&format!("{lf}.resources"), r, defaults, None, v);
     }
+}
+
+fn managed_static(b: &KVCacheBackend, m: &Managed, v: &mut Verdict) {
+    leader_static(&m.leader, v);
     if m.priority_class_name
         .as_deref()
         .is_some_and(|p| !names::is_dns_subdomain(p))
@@ -430,6 +435,21 @@ fn member_static(b: &KVCacheBackend, i: usize, g: &MemberGroup, v: &mut Verdict)
             }
         }
     }
+    host_paths_static(&gf, g, v);
+    if g.local_disks.len() > 1 {
+        v.refuse(
+            format!("{gf}.localDisks"),
+            "holds at most one entry: a group has one disk tier",
+        );
+    }
+    for (j, d) in g.local_disks.iter().enumerate() {
+        tier_static(&format!("{gf}.localDisks[{j}]"), d, v);
+    }
+}
+
+/// A member group's `hostPaths`: each mounted once, not over `/dev/infiniband`, not over the
+/// group's own disk tier. `gf` names the group.
+fn host_paths_static(gf: &str, g: &MemberGroup, v: &mut Verdict) {
     let mut mounts = BTreeSet::new();
     for (j, h) in g.host_paths.iter().enumerate() {
         let hf = format!("{gf}.hostPaths[{j}].mountPath");
@@ -451,15 +471,6 @@ fn member_static(b: &KVCacheBackend, i: usize, g: &MemberGroup, v: &mut Verdict)
                 "must not be the group's own localDisks[].path: the tier is mounted there already",
             );
         }
-    }
-    if g.local_disks.len() > 1 {
-        v.refuse(
-            format!("{gf}.localDisks"),
-            "holds at most one entry: a group has one disk tier",
-        );
-    }
-    for (j, d) in g.local_disks.iter().enumerate() {
-        tier_static(&format!("{gf}.localDisks[{j}]"), d, v);
     }
 }
 
