@@ -6,25 +6,7 @@ use kvcache_api::condition::Status;
 
 use kvcache_api::backend::conditions;
 
-/// An event's type, as Kubernetes spells it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// A transition a user wants to know of.
-    Normal,
-    /// A transition that needs attention.
-    Warning,
-}
-
-/// One event to record.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Note {
-    /// Normal or Warning.
-    pub kind: Kind,
-    /// The CamelCase reason `kubectl get events` shows.
-    pub reason: &'static str,
-    /// What happened, naming the object.
-    pub message: String,
-}
+pub use crate::note::{Kind, Note};
 
 fn condition<'a>(s: &'a KVCacheBackendStatus, t: &str) -> Option<(&'a str, &'a str)> {
     s.conditions
@@ -202,6 +184,103 @@ pub fn binding_events(
     }
 }
 
+/// A warning on a ModelDeployment naming each rendered object it left alone, because an object
+/// of that name is not its own (`crate::model_plan::leave_foreign`); none when it left none.
+pub fn name_taken(foreign: &[crate::status::model::ForeignObject]) -> Option<Note> {
+    (!foreign.is_empty()).then(|| Note {
+        kind: Kind::Warning,
+        reason: "NameTaken",
+        message: foreign
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} {} exists and is not this deployment's: left as it is",
+                    f.kind, f.name
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    })
+}
+
+/// A warning on a backend: the master drains `segment`, which no member Pod of the backend
+/// mounted, onto its members (drain job `job`).
+pub fn unknown_segment_draining(segment: &str, job: &str) -> Note {
+    Note {
+        kind: Kind::Warning,
+        reason: "UnknownSegmentDraining",
+        message: format!(
+            "segment {segment}, mounted by no member Pod of this backend, is being drained onto its members (drain job {job}) so that no new block lands there"
+        ),
+    }
+}
+
+/// A warning on a backend: member Pod `pod` (at `ip`) of backend `backend` was mounted on this
+/// backend's master and was deleted to mount on its own.
+pub fn foreign_member_restarted(pod: &str, backend: &str, ip: &str) -> Note {
+    Note {
+        kind: Kind::Warning,
+        reason: "ForeignMemberRestarted",
+        message: format!(
+            "member Pod {pod} of backend {backend} ({ip}) was mounted on this backend's master; it was deleted to mount on its own"
+        ),
+    }
+}
+
+/// A warning on a workload a backend's teardown abandoned: `kind name` did not go within its
+/// Pods' termination grace plus `slack`.
+pub fn teardown_abandoned(
+    kind: &str,
+    name: &str,
+    grace: std::time::Duration,
+    slack: std::time::Duration,
+) -> Note {
+    Note {
+        kind: Kind::Warning,
+        reason: "TeardownAbandoned",
+        message: format!(
+            "{kind} {name} did not go within its Pods' termination grace ({}s) plus {}s; the backend is released anyway and its Pods are left to the garbage collector",
+            grace.as_secs(),
+            slack.as_secs()
+        ),
+    }
+}
+
+/// On a Binding being deleted: its tenant was revoked on the master.
+pub fn tenant_revoked(tenant: &str) -> Note {
+    Note {
+        kind: Kind::Normal,
+        reason: "TenantRevoked",
+        message: format!(
+            "tenant {tenant} revoked on the master with the Binding's deletion: its quota cut to {} byte, so its puts are refused on every connection, open ones included; its objects are removed next",
+            kvcache_quota::release::REVOKED_QUOTA_BYTES
+        ),
+    }
+}
+
+/// On a Binding being deleted: its tenant's `count` objects were removed from the store.
+pub fn cached_data_dropped(tenant: &str, count: u64) -> Note {
+    Note {
+        kind: Kind::Normal,
+        reason: "CachedDataDropped",
+        message: format!(
+            "removed {count} objects of tenant {tenant} from the store with the Binding's deletion: no connection, open or new, reads them any more"
+        ),
+    }
+}
+
+/// On a pool: the tenant it registered on `backend`, claimed by no Binding and holding
+/// nothing, was removed from the ledger.
+pub fn unclaimed_tenant_removed(backend: &str, tenant: &str) -> Note {
+    Note {
+        kind: Kind::Normal,
+        reason: "UnclaimedTenantRemoved",
+        message: format!(
+            "removed tenant {tenant} from the ledger of KVCacheBackend {backend}: this pool registered it, no Binding claims it any more (its Binding went while no operator released it) and it held nothing, but its ceiling still took a share of the capacity"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,5 +454,67 @@ mod tests {
         assert!(reasons(&probing, &isolated("True", "Enforced")).is_empty());
         let not = isolated("False", "NotEnforced");
         assert!(reasons(&not, &not).is_empty(), "once");
+    }
+
+    #[test]
+    fn a_name_taken_warning_names_every_object_left_alone_and_none_without_one() {
+        use crate::status::model::ForeignObject;
+        assert_eq!(super::name_taken(&[]), None);
+        let note = super::name_taken(&[
+            ForeignObject {
+                kind: "Deployment",
+                name: "m-r".into(),
+                controller: None,
+            },
+            ForeignObject {
+                kind: "Service",
+                name: "m".into(),
+                controller: Some("Deployment x".into()),
+            },
+        ])
+        .expect("a warning");
+        assert_eq!((note.kind, note.reason), (Kind::Warning, "NameTaken"));
+        assert_eq!(
+            note.message,
+            "Deployment m-r exists and is not this deployment's: left as it is; Service m exists and is not this deployment's: left as it is"
+        );
+    }
+
+    #[test]
+    fn the_operators_action_events_name_what_they_acted_on() {
+        let n = super::unknown_segment_draining("10.0.0.9:15000", "j-1");
+        assert_eq!(
+            (n.kind, n.reason),
+            (Kind::Warning, "UnknownSegmentDraining")
+        );
+        assert!(
+            n.message.starts_with("segment 10.0.0.9:15000,") && n.message.contains("drain job j-1")
+        );
+        let n = super::foreign_member_restarted("p", "other", "10.0.0.1");
+        assert_eq!(n.reason, "ForeignMemberRestarted");
+        assert!(
+            n.message
+                .starts_with("member Pod p of backend other (10.0.0.1)")
+        );
+        let n = super::teardown_abandoned(
+            "Deployment",
+            "b-leader",
+            std::time::Duration::from_secs(30),
+            std::time::Duration::from_secs(120),
+        );
+        assert_eq!(n.reason, "TeardownAbandoned");
+        assert!(n.message.starts_with(
+            "Deployment b-leader did not go within its Pods' termination grace (30s) plus 120s;"
+        ));
+        let n = super::tenant_revoked("team-a");
+        assert_eq!((n.kind, n.reason), (Kind::Normal, "TenantRevoked"));
+        assert!(n.message.contains("quota cut to 1 byte"));
+        let n = super::cached_data_dropped("team-a", 7);
+        assert!(n.message.starts_with("removed 7 objects of tenant team-a"));
+        let n = super::unclaimed_tenant_removed("b", "t");
+        assert!(
+            n.message
+                .starts_with("removed tenant t from the ledger of KVCacheBackend b:")
+        );
     }
 }

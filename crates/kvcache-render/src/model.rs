@@ -23,6 +23,7 @@ use kvcache_inject::{
 };
 
 use crate::backend::pull_policy;
+use crate::desired::{DesiredSet, ObjectKind};
 use crate::engine_access;
 use crate::error::Error;
 use crate::names;
@@ -76,6 +77,25 @@ pub struct ModelObjects {
     pub services: Vec<Service>,
     /// One per role unless `spec.networkPolicy` is `Unmanaged` (crate::engine_access).
     pub network_policies: Vec<NetworkPolicy>,
+}
+
+/// Every kind a ModelDeployment's role objects come in, the order its sweep lists them in.
+pub const MODEL_KINDS: &[ObjectKind] = &[
+    ObjectKind::of::<Deployment>(),
+    ObjectKind::of::<Service>(),
+    ObjectKind::of::<NetworkPolicy>(),
+];
+
+impl ModelObjects {
+    /// The objects in the order a pass writes them ([`DesiredSet`]): the policies first, so a
+    /// role's Pods never run before what closes them.
+    pub fn desired(&self) -> DesiredSet {
+        let mut set = DesiredSet::new(MODEL_KINDS);
+        set.apply_all(&self.network_policies);
+        set.apply_all(&self.deployments);
+        set.apply_all(&self.services);
+        set
+    }
 }
 
 /// The runner image for an engine version on an accelerator

@@ -1,35 +1,72 @@
 //! One pass of the ModelDeployment controller, decided: how its `kvCache.poolRef` resolves in
-//! the [`World`], and the role objects to apply, or why none are (what runs then stays as it
-//! is: docs/design.md#rollout-held-by-cache). The operator reads, calls [`plan`], applies and
-//! writes the status.
+//! the [`World`], the role objects to apply, or why none are (what runs then stays as it is:
+//! docs/design.md#rollout-held-by-cache), the status and the events. The operator reads once
+//! ([`ModelRead`]), calls [`plan`] once, then writes what it says ([`ModelPlan`]).
 
 use std::collections::BTreeMap;
 
-use kvcache_api::model::InstanceType;
-use kvcache_api::{ModelDeployment, Settings};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kvcache_api::condition::Cond;
+use kvcache_api::model::{InstanceType, ModelDeploymentStatus, SharedCacheStatus};
+use kvcache_api::{KVCachePoolBinding, ModelDeployment, Settings};
 
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use crate::desired::{DesiredSet, ObjectKind};
+use crate::error::Error;
+use crate::events::{self, Note};
 use crate::model::{ModelInputs, ModelObjects, render};
 use crate::resolve::{Environment, attachment_on};
-use crate::status::model::{ForeignObject, Resolution};
+use crate::shared_cache::{self, Engines};
+use crate::status::model::{
+    ForeignObject, ModelObservation, Resolution, RoleObservation, model_deployment_status,
+};
 use crate::world::World;
 
 /// What a pass does with a ModelDeployment's roles.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct RolesPlan {
     /// How its `kvCache.poolRef` resolved.
     pub resolution: Resolution,
     /// The role objects to apply (what the set no longer holds is swept); `None`: nothing is
     /// applied this pass.
     pub objects: Option<ModelObjects>,
-    /// Why the roles could not be attached or rendered: a condition reason and the message.
-    pub refusal: Option<(&'static str, String)>,
+    /// Why the roles could not be attached or rendered.
+    pub refusal: Option<Refusal>,
     /// No cache connection resolved, so nothing was rendered.
     pub held: bool,
 }
 
+/// Why a deployment's roles were not rendered.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The cluster settings were refused and none were read before; why they were.
+    SettingsUnreadable(String),
+    /// The attachment or the render failed.
+    Failed(Error),
+}
+
+impl Refusal {
+    /// The condition reason and message `CacheAttached` shows.
+    pub fn condition(&self) -> (&'static str, String) {
+        match self {
+            Refusal::SettingsUnreadable(why) => (
+                "SettingsUnreadable",
+                format!(
+                    "{why}; no settings were read since the operator started, so the roles are left as they are until it is fixed"
+                ),
+            ),
+            Refusal::Failed(e) => (e.reason(), e.to_string()),
+        }
+    }
+}
+
 /// Decides the roles' objects of `md` from `world`, the cluster settings in force (`None`:
-/// refused and none read before, `refused` saying why) and the InstanceTypes.
-pub fn plan(
+/// refused and none read before, `refused` saying why) and the InstanceTypes: what the
+/// controller's [`plan`] and the offline `kvcache-operator render` apply.
+pub fn roles(
     md: &ModelDeployment,
     world: &World,
     settings: Option<&Settings>,
@@ -45,13 +82,7 @@ pub fn plan(
         held: false,
     };
     let Some(settings) = settings else {
-        let why = refused.unwrap_or_default();
-        plan.refusal = Some((
-            "SettingsUnreadable",
-            format!(
-                "{why}; no settings were read since the operator started, so the roles are left as they are until it is fixed"
-            ),
-        ));
+        plan.refusal = Some(Refusal::SettingsUnreadable(refused.unwrap_or_default()));
         return plan;
     };
     let env = Environment {
@@ -64,7 +95,7 @@ pub fn plan(
             match attachment_on(name, b, backend, &env) {
                 Ok(a) => Some(a),
                 Err(e) => {
-                    plan.refusal = Some((e.reason(), e.to_string()));
+                    plan.refusal = Some(Refusal::Failed(e));
                     None
                 }
             }
@@ -81,7 +112,7 @@ pub fn plan(
         attachment: attachment.as_ref(),
     }) {
         Ok(objects) => plan.objects = Some(objects),
-        Err(e) => plan.refusal = Some((e.reason(), e.to_string())),
+        Err(e) => plan.refusal = Some(Refusal::Failed(e)),
     }
     plan
 }
@@ -107,9 +138,16 @@ pub fn leave_foreign(
     existing: &[Existing],
     owner_uid: &str,
 ) -> Vec<ForeignObject> {
+    let rendered = objects.desired();
     let foreign: Vec<ForeignObject> = existing
         .iter()
         .filter(|e| e.controller_uid.as_deref() != Some(owner_uid))
+        .filter(|e| {
+            rendered
+                .objects
+                .iter()
+                .any(|o| o.kind.kind == e.kind && o.name == e.name)
+        })
         .map(|e| ForeignObject {
             kind: e.kind,
             name: e.name.clone(),
@@ -131,6 +169,180 @@ pub fn leave_foreign(
         .network_policies
         .retain(|p| !taken("NetworkPolicy", p.metadata.name.as_ref()));
     foreign
+}
+
+/// The names of the objects `md`'s roles may render, by kind: what a pass reads before it
+/// plans, to leave alone what is someone else's ([`leave_foreign`]).
+pub fn object_names(md: &ModelDeployment) -> Vec<(ObjectKind, String)> {
+    let name = md.metadata.name.as_deref().unwrap_or_default();
+    let mut out = Vec::new();
+    for role in &md.spec.roles {
+        let object = crate::names::object(name, &role.name);
+        out.push((ObjectKind::of::<Deployment>(), object.clone()));
+        out.push((ObjectKind::of::<NetworkPolicy>(), object));
+    }
+    out.push((ObjectKind::of::<Service>(), crate::names::object(name, "")));
+    out
+}
+
+/// What the engines of a deployment are and how many are ready, from its resolution and its
+/// role Deployments: whether a pass reads their `/metrics` (`crate::shared_cache::engines`).
+pub fn engines(md: &ModelDeployment, world: &World, owned: &[Deployment]) -> Engines {
+    let (resolution, _) = world.resolve(md);
+    shared_cache::engines(
+        md.spec.engine.name,
+        &resolution,
+        &role_observations(md, owned),
+    )
+}
+
+/// Each role as its Deployment (among `owned`, the deployment's own) reports it.
+pub fn role_observations(md: &ModelDeployment, owned: &[Deployment]) -> Vec<RoleObservation> {
+    md.spec
+        .roles
+        .iter()
+        .map(|r| {
+            let d = owned.iter().find(|d| {
+                d.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(crate::names::COMPONENT_LABEL))
+                    == Some(&crate::names::label_value(&r.name))
+            });
+            let counts = d.map(crate::read::replicas).unwrap_or_default();
+            RoleObservation {
+                name: r.name.clone(),
+                desired: r.replicas,
+                ready: counts.ready,
+                updated: counts.updated,
+                total: counts.total,
+                observed: counts.observed,
+                unmanaged: !r.command.is_empty(),
+            }
+        })
+        .collect()
+}
+
+/// What the deployment's engines showed this pass: `status.sharedCache` and the conditions
+/// read from their counters (`crate::shared_cache`).
+#[derive(Clone, Debug, Default)]
+pub struct EngineFigures {
+    /// `status.sharedCache`, once an engine was read.
+    pub shared_cache: Option<SharedCacheStatus>,
+    /// `SharedCacheObserved`, and for engines that count `SharedCacheHealthy` and
+    /// `PrefillPriced`.
+    pub conditions: Vec<Cond>,
+}
+
+/// What one pass read for a ModelDeployment (every read done before anything is decided).
+#[derive(Clone, Debug)]
+pub struct ModelRead<'a> {
+    /// The deployment.
+    pub deployment: &'a ModelDeployment,
+    /// Its Binding, pool and backend, the InstanceTypes.
+    pub world: &'a World,
+    /// The cluster settings in force; `None` when a read was refused and none was read before.
+    pub settings: Option<&'a Settings>,
+    /// Why the newest settings read was refused, when it was.
+    pub settings_refused: Option<String>,
+    /// The operator's namespace, where managed backends' store objects live.
+    pub namespace: &'a str,
+    /// The objects of the deployment's namespace bearing the names of [`object_names`].
+    pub existing: &'a [Existing],
+    /// The role Deployments the deployment owns.
+    pub owned: &'a [Deployment],
+    /// What its engines showed.
+    pub engines: EngineFigures,
+    /// The time of this pass.
+    pub now: Time,
+}
+
+/// What one pass does for a ModelDeployment.
+#[derive(Clone, Debug)]
+pub struct ModelPlan {
+    /// The role objects to write, in order (what the set no longer holds is swept); `None`:
+    /// nothing is written this pass.
+    pub desired: Option<DesiredSet>,
+    /// The status to write.
+    pub status: ModelDeploymentStatus,
+    /// The events to record, in order.
+    pub events: Vec<Note>,
+}
+
+/// Decides one pass for the deployment from what was read.
+pub fn plan(read: &ModelRead<'_>) -> ModelPlan {
+    let md = read.deployment;
+    let ns = md.metadata.namespace.as_deref().unwrap_or_default();
+    let instance_types = read.world.instance_type_map();
+    let roles = roles(
+        md,
+        read.world,
+        read.settings,
+        read.settings_refused.clone(),
+        read.namespace,
+        &instance_types,
+    );
+    let mut foreign = Vec::new();
+    let desired = roles.objects.map(|mut objects| {
+        // Never over what is someone else's (docs/design.md#model-objects-owned).
+        foreign = leave_foreign(
+            &mut objects,
+            read.existing,
+            md.metadata.uid.as_deref().unwrap_or_default(),
+        );
+        objects.desired()
+    });
+    let binding = match &roles.resolution {
+        Resolution::Resolved { .. } => md
+            .spec
+            .kv_cache
+            .as_ref()
+            .and_then(|k| read.world.binding(ns, &k.pool_ref.name)),
+        _ => None,
+    };
+    let obs = ModelObservation {
+        tenant_charged: binding.and_then(tenant_charged),
+        refusal: roles.refusal.as_ref().map(Refusal::condition),
+        roles: role_observations(md, read.owned),
+        held: roles.held,
+        deleting: md.metadata.deletion_timestamp.is_some(),
+        missing_instance_types: md
+            .spec
+            .roles
+            .iter()
+            .filter(|r| !instance_types.contains_key(&r.instance_type))
+            .map(|r| (r.name.clone(), r.instance_type.clone()))
+            .collect(),
+        foreign,
+        resolution: roles.resolution,
+    };
+    let status = model_deployment_status(
+        md,
+        &obs,
+        binding.map(|b| &b.spec.domain),
+        read.engines.shared_cache.clone(),
+        read.engines.conditions.clone(),
+        &read.now,
+    );
+    let before = md.status.clone().unwrap_or_default();
+    let events = events::name_taken(&obs.foreign)
+        .into_iter()
+        .chain(events::model_events(&before, &status))
+        .collect();
+    ModelPlan {
+        desired,
+        status,
+        events,
+    }
+}
+
+/// What the store charges the Binding's domain, as the pool's last reading of the master's
+/// ledger put it on the Binding (`status.usage`): observed, never inferred from rendered flags.
+fn tenant_charged(b: &KVCachePoolBinding) -> Option<u64> {
+    b.status
+        .as_ref()
+        .and_then(|s| s.usage.as_ref())
+        .and_then(|q| kvcache_api::quantity::parse_bytes(&q.0).ok())
 }
 
 #[cfg(test)]
@@ -159,7 +371,7 @@ mod tests {
     /// The plan of `md` in `w` under the default settings.
     fn settled(md: &ModelDeployment, w: &World) -> RolesPlan {
         let settings = Settings::default();
-        plan(
+        roles(
             md,
             w,
             Some(&settings),
@@ -199,7 +411,7 @@ mod tests {
     fn without_settings_nothing_is_rendered_and_the_refusal_says_why() {
         let w = world(&["walkthrough-model-without-cache.yaml"]);
         let md = model(&w);
-        let p = plan(
+        let p = roles(
             &md,
             &w,
             None,
@@ -208,7 +420,7 @@ mod tests {
             &w.instance_type_map(),
         );
         assert!(p.objects.is_none());
-        let (reason, message) = p.refusal.expect("a refusal");
+        let (reason, message) = p.refusal.expect("a refusal").condition();
         assert_eq!(reason, "SettingsUnreadable");
         assert!(message.starts_with("a refused key;"), "{message}");
     }
@@ -250,6 +462,9 @@ mod tests {
         );
         assert!(objects.services.is_empty(), "the Service is not applied");
         assert_eq!(objects.deployments.len(), before, "its own Deployment is");
+        // Only what the roles render counts: an existing object of a name no role renders
+        // any more is not named.
+        let mut objects = settled(&md, &w).objects.expect("role objects");
         let foreign = leave_foreign(&mut objects, &existing, "another-uid");
         assert_eq!(foreign.len(), 2);
         assert!(

@@ -72,6 +72,43 @@ pub fn label_value(value: &str) -> String {
     }
 }
 
+/// The label naming what an object is part of (`kv-cache-backend`, `model-deployment`).
+pub const NAME_LABEL: &str = "app.kubernetes.io/name";
+/// The label naming the owner (the backend's or the deployment's name, as a label value).
+pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+/// The label naming the part of the owner (`leader`, `member-<i>`, a role).
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+/// [`NAME_LABEL`] of every store object.
+pub const BACKEND_NAME: &str = "kv-cache-backend";
+/// [`NAME_LABEL`] of every object of a ModelDeployment's roles.
+pub const MODEL_NAME: &str = "model-deployment";
+
+/// The selector of every store object of every backend.
+pub fn store_objects() -> String {
+    format!("{NAME_LABEL}={BACKEND_NAME}")
+}
+
+/// The selector of every role object of every ModelDeployment.
+pub fn model_objects() -> String {
+    format!("{NAME_LABEL}={MODEL_NAME}")
+}
+
+/// The selector of the role objects of the ModelDeployment `deployment`.
+pub fn model_objects_of(deployment: &str) -> String {
+    format!(
+        "{NAME_LABEL}={MODEL_NAME},{INSTANCE_LABEL}={}",
+        label_value(deployment)
+    )
+}
+
+/// The backend a store object belongs to, read from its labels (`None`: not a store object).
+pub fn backend_of_labels(labels: &BTreeMap<String, String>) -> Option<&str> {
+    if labels.get(NAME_LABEL).map(String::as_str) != Some(BACKEND_NAME) {
+        return None;
+    }
+    labels.get(INSTANCE_LABEL).map(String::as_str)
+}
+
 /// The labels every object of one backend carries; `component` is `leader` or `member-<i>`.
 pub(crate) fn backend_labels(backend: &str, component: &str) -> BTreeMap<String, String> {
     BTreeMap::from([

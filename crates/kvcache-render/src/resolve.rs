@@ -4,16 +4,21 @@
 
 use kvcache_api::admission::tenant_of;
 use kvcache_api::backend::Protocol;
-use kvcache_api::manifest::{Object, ObjectRef};
+use kvcache_api::manifest::Object;
 use kvcache_api::{KVCacheBackend, KVCachePoolBinding, ModelDeployment, Settings};
 use kvcache_inject::Ledger;
 use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
-use serde::Serialize;
 
-use crate::backend::{self, BackendInputs, StoreAccess};
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::backend::plan::{self, BackendRead};
+use crate::backend::{self, StoreAccess};
 use crate::error::Error;
-use crate::model::{self, Attachment, ModelInputs};
+use crate::model::Attachment;
+use crate::model_plan::{self, Refusal};
 use crate::world::World;
 
 /// Where and with what the operator runs.
@@ -34,31 +39,24 @@ pub const DEFAULT_OPERATOR_IMAGE: &str = "gpustack/kvcache-operator:0.1.0";
 
 pub use crate::backend::store_image;
 
-fn to_docs<
-    T: Serialize
-        + k8s_openapi::Resource
-        + k8s_openapi::Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
->(
+/// Each object of `desired` as a YAML document, in its order.
+fn to_docs(
     docs: &mut Vec<serde_yaml::Value>,
     errors: &mut Vec<Error>,
-    objects: &[T],
+    desired: &crate::desired::DesiredSet,
 ) {
-    for o in objects {
-        match serde_yaml::to_value(o) {
+    for o in &desired.objects {
+        match o.yaml() {
             Ok(v) => docs.push(v),
-            Err(e) => errors.push(Error::Yaml {
-                object: format!(
-                    "{} {}",
-                    T::KIND,
-                    o.metadata().name.as_deref().unwrap_or_default()
-                ),
-                message: e.to_string(),
-            }),
+            Err(e) => errors.push(e),
         }
     }
 }
 
-/// Renders every object the operator would create for `objects`; errors name what does not resolve.
+/// Renders every object the operator would create for `objects` on a cluster where none runs
+/// yet, through the controllers' own plans (`crate::backend::plan::plan`,
+/// `crate::model_plan::roles`), in the order a pass writes them; errors name what does not
+/// resolve.
 pub fn render_all(
     objects: &[Object],
     env: &Environment<'_>,
@@ -67,83 +65,33 @@ pub fn render_all(
     let mut docs = Vec::new();
     let mut errors = Vec::new();
     for b in world.backends() {
-        let name = b.metadata.name.clone().unwrap_or_default();
-        if b.spec.connection.managed.is_none() {
-            continue;
-        }
-        let Some(image) = store_image(b, env.settings) else {
-            errors.push(Error::NoStoreImage {
-                backend: name.clone(),
-            });
-            continue;
-        };
-        let (ceilings, problems) = world.ceilings_on(&name);
-        errors.extend(problems);
-        let doc = match policy::render(&name, &ceilings) {
-            Ok(d) => d,
-            Err(e) => {
-                errors.push(e.into());
-                continue;
-            }
-        };
-        let bound = world.bound_namespaces(&name);
-        match backend::render(&BackendInputs {
-            backend: b,
-            store_image: image,
-            namespace: env.namespace,
-            elector_image: env.settings.elector_image(),
-            etcd_image: env.settings.etcd_image(),
-            bound_namespaces: &bound,
-            policy: Some(&doc),
-            // What an operator in a Pod applies (no `--store-admin-from` or
-            // `--store-metrics-from`).
-            access: &StoreAccess::IN_CLUSTER,
-        }) {
-            Ok(o) => {
-                to_docs(&mut docs, &mut errors, &o.service_accounts);
-                to_docs(&mut docs, &mut errors, &o.roles);
-                to_docs(&mut docs, &mut errors, &o.role_bindings);
-                to_docs(&mut docs, &mut errors, o.lease.as_slice());
-                to_docs(&mut docs, &mut errors, o.config_map.as_slice());
-                to_docs(&mut docs, &mut errors, o.deployment.as_slice());
-                to_docs(&mut docs, &mut errors, o.service.as_slice());
-                to_docs(&mut docs, &mut errors, &o.network_policies);
-                to_docs(&mut docs, &mut errors, &o.daemon_sets);
-                to_docs(&mut docs, &mut errors, o.etcd_service.as_slice());
-                to_docs(&mut docs, &mut errors, o.etcd.as_slice());
-                to_docs(&mut docs, &mut errors, o.etcd_policy.as_slice());
-            }
-            Err(e) => errors.push(e),
+        match backend_objects(&world, b, env) {
+            Ok(Some(desired)) => to_docs(&mut docs, &mut errors, &desired),
+            Ok(None) => {}
+            Err(e) => errors.extend(e),
         }
     }
     let instance_types = world.instance_type_map();
     for md in world.models() {
-        let ns = md
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let attachment = match &md.spec.kv_cache {
-            None => None,
-            Some(kv) => match attachment(&world, md, &ns, &kv.pool_ref.name, env) {
-                Ok(a) => Some(a),
-                Err(e) => {
+        let ns = md.metadata.namespace.as_deref().unwrap_or("default");
+        let plan = model_plan::roles(
+            md,
+            &world,
+            Some(env.settings),
+            None,
+            env.namespace,
+            &instance_types,
+        );
+        match (plan.objects, plan.refusal, &md.spec.kv_cache) {
+            (Some(o), _, _) => to_docs(&mut docs, &mut errors, &o.desired()),
+            (None, Some(Refusal::Failed(e)), _) => errors.push(e),
+            // Held: the first missing link.
+            (None, _, Some(kv)) => {
+                if let Err(e) = attachment(&world, md, ns, &kv.pool_ref.name, env) {
                     errors.push(e);
-                    continue;
                 }
-            },
-        };
-        match model::render(&ModelInputs {
-            deployment: md,
-            instance_types: &instance_types,
-            attachment: attachment.as_ref(),
-        }) {
-            Ok(o) => {
-                to_docs(&mut docs, &mut errors, &o.deployments);
-                to_docs(&mut docs, &mut errors, &o.services);
-                to_docs(&mut docs, &mut errors, &o.network_policies);
             }
-            Err(e) => errors.push(e),
+            (None, _, None) => {}
         }
     }
     if errors.is_empty() {
@@ -151,6 +99,57 @@ pub fn render_all(
     } else {
         Err(errors)
     }
+}
+
+/// What a managed backend's pass writes on a cluster where nothing of it runs yet (`None` for
+/// an external backend), or what keeps it from rendering: a Binding it cannot read, a refused
+/// tenant policy, no store image.
+fn backend_objects(
+    world: &World,
+    b: &KVCacheBackend,
+    env: &Environment<'_>,
+) -> Result<Option<crate::desired::DesiredSet>, Vec<Error>> {
+    let name = b.metadata.name.clone().unwrap_or_default();
+    if b.spec.connection.managed.is_none() {
+        return Ok(None);
+    }
+    let (ceilings, mut problems) = world.ceilings_on(&name);
+    if let Err(e) = policy::render(&name, &ceilings) {
+        problems.push(e.into());
+    }
+    if store_image(b, env.settings).is_none() {
+        problems.push(Error::NoStoreImage {
+            backend: name.clone(),
+        });
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    let nothing = BTreeMap::new();
+    let plan = plan::plan(&BackendRead {
+        backend: b,
+        namespace: env.namespace,
+        // What an operator in a Pod applies (no `--store-admin-from` or
+        // `--store-metrics-from`).
+        access: &StoreAccess::IN_CLUSTER,
+        settings: Some(env.settings),
+        settings_refused: None,
+        world,
+        deployments: &[],
+        daemon_sets: &[],
+        stateful_sets: &[],
+        lease: None,
+        store_pods: &[],
+        store: None,
+        jobs: BTreeMap::new(),
+        pods_at: &nothing,
+        drain_unknown: true,
+        probe_pods: &[],
+        probe: false,
+        now: Timestamp::UNIX_EPOCH,
+    })
+    .map_err(|e| vec![e])?;
+    Ok(plan.desired())
 }
 
 /// The attachment a ModelDeployment's `kvCache.poolRef` gives, or the first missing link.
@@ -161,29 +160,10 @@ fn attachment(
     binding: &str,
     env: &Environment<'_>,
 ) -> Result<Attachment, Error> {
-    let chain = world.chain(ns, binding);
-    let b = chain.binding.ok_or_else(|| Error::Missing {
-        referrer: Box::new(ObjectRef::new("ModelDeployment", &md.metadata)),
-        field: "spec.kvCache.poolRef.name",
-        kind: "KVCachePoolBinding",
-        name: format!("{ns}/{binding}"),
-        hint: "; name a KVCachePoolBinding in the ModelDeployment's own namespace",
-    })?;
-    let pool = chain.pool.ok_or_else(|| Error::Missing {
-        referrer: Box::new(ObjectRef::new("KVCachePoolBinding", &b.metadata)),
-        field: "spec.poolRef.name",
-        kind: "KVCachePool",
-        name: b.spec.pool_ref.name.clone(),
-        hint: "",
-    })?;
-    let backend = chain.backend.ok_or_else(|| Error::Missing {
-        referrer: Box::new(ObjectRef::new("KVCachePool", &pool.metadata)),
-        field: "spec.backends[0]",
-        kind: "KVCacheBackend",
-        name: pool.spec.backend().unwrap_or_default().to_owned(),
-        hint: "",
-    })?;
-    attachment_on(binding, b, backend, env)
+    let links = world
+        .reach(ns, binding)
+        .map_err(|link| crate::world::missing_error(link, md))?;
+    attachment_on(binding, links.binding, links.backend, env)
 }
 
 /// The cache attachment a Binding gives, on its pool's backend: endpoint, tenant, dtype,

@@ -20,6 +20,7 @@ use kvcache_e2e::{Error, walkthrough};
 
 mod access;
 mod flood;
+mod render_drift;
 mod support;
 mod webhook_guard;
 use support::*;

@@ -7,38 +7,24 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::info;
 
+use kvcache_render::desired::{Desired, DesiredSet, ObjectKind, Write};
+
 use crate::error::{Error, kube as kerr};
 
-/// A kind whose objects an owner renders, listed by the sweep.
-#[derive(Clone, Debug)]
-pub struct OwnedKind {
-    resource: ApiResource,
-    /// A workload: a teardown deletes it in the foreground and waits for its Pods, within their
-    /// termination grace plus a slack.
-    workload: bool,
-}
-
-impl OwnedKind {
-    /// A kind whose objects go at once.
-    pub fn of<K: Resource<DynamicType = ()>>() -> Self {
-        OwnedKind {
-            resource: ApiResource::erase::<K>(&()),
-            workload: false,
-        }
-    }
-
-    /// A workload kind (Deployment, DaemonSet, StatefulSet): a teardown waits for its Pods.
-    pub fn workload<K: Resource<DynamicType = ()>>() -> Self {
-        OwnedKind {
-            workload: true,
-            ..Self::of::<K>()
-        }
+/// The API resource of a kind an owner renders.
+pub fn resource(kind: &ObjectKind) -> ApiResource {
+    ApiResource {
+        group: kind.group.to_owned(),
+        version: kind.version.to_owned(),
+        api_version: kind.api_version.to_owned(),
+        kind: kind.kind.to_owned(),
+        plural: kind.plural.to_owned(),
     }
 }
 
@@ -85,7 +71,7 @@ pub enum SweepAction {
 /// `kept` (names of that kind).
 pub fn sweep_action(
     object: &DynamicObject,
-    kind: &OwnedKind,
+    kind: &ObjectKind,
     owner_uid: &str,
     kept: &BTreeSet<String>,
     how: Sweep,
@@ -166,10 +152,6 @@ pub struct AppliedSet {
     untouched: BTreeSet<String>,
 }
 
-fn kind_of<K: Resource<DynamicType = ()>>() -> String {
-    K::kind(&()).into_owned()
-}
-
 impl AppliedSet {
     /// An empty set for the owner with uid `owner_uid`, whose objects in `namespace` carry
     /// `selector`.
@@ -184,51 +166,58 @@ impl AppliedSet {
         }
     }
 
-    /// Applies `obj` (server-side, under the operator's field manager, forced) and records it.
-    pub async fn apply<K: Owned>(&mut self, obj: &K) -> Result<K, Error> {
-        let live =
-            super::apply(&Api::namespaced(self.client.clone(), &self.namespace), obj).await?;
-        self.keep::<K>(&obj.name_any());
-        Ok(live)
-    }
-
-    /// Creates `obj` when no object of its name exists and records it either way: fields other
-    /// writers own after creation (a Lease's holder) are never applied over.
-    pub async fn create_once<K: Owned>(&mut self, obj: &K) -> Result<(), Error> {
-        let api: Api<K> = Api::namespaced(self.client.clone(), &self.namespace);
-        let name = obj.name_any();
-        let live = api
-            .get_opt(&name)
-            .await
-            .map_err(kerr("get", format!("{} {name}", kind_of::<K>())))?;
-        if live.is_none() {
-            super::apply(&api, obj).await?;
+    /// Writes every object of `set` in its order, records it, and leaves the kinds it leaves.
+    pub async fn write(&mut self, set: &DesiredSet) -> Result<(), Error> {
+        for kind in &set.left {
+            self.untouched.insert(kind.kind.to_owned());
         }
-        self.keep::<K>(&name);
+        for object in &set.objects {
+            self.write_one(object).await?;
+        }
         Ok(())
     }
 
-    /// Records an object of kind `K` as rendered without applying it.
-    pub fn keep<K: Resource<DynamicType = ()>>(&mut self, name: &str) {
-        self.kept.insert((kind_of::<K>(), name.to_owned()));
-    }
-
-    /// Leaves every object of kind `K` as it is this pass (neither applied nor swept).
-    pub fn leave_kind<K: Resource<DynamicType = ()>>(&mut self) {
-        self.untouched.insert(kind_of::<K>());
+    /// Writes one object as its [`Write`] says and records it.
+    async fn write_one(&mut self, object: &Desired) -> Result<(), Error> {
+        let resource = resource(&object.kind);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.namespace, &resource);
+        let body = object.json()?;
+        let what = object.to_string();
+        let exists = match object.write {
+            Write::Apply => false,
+            Write::CreateOnce => api
+                .get_opt(&object.name)
+                .await
+                .map_err(kerr("get", what.clone()))?
+                .is_some(),
+        };
+        if !exists {
+            api.patch(
+                &object.name,
+                &PatchParams::apply(crate::context::MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(kerr("apply", what))?;
+        }
+        self.kept
+            .insert((object.kind.kind.to_owned(), object.name.clone()));
+        Ok(())
     }
 
     /// Lists the owner's objects of each kind in `kinds` and deletes those not recorded, as
     /// [`sweep_action`] decides.
-    pub async fn sweep(&self, kinds: &[OwnedKind], how: Sweep) -> Result<Swept, Error> {
+    pub async fn sweep(&self, kinds: &[ObjectKind], how: Sweep) -> Result<Swept, Error> {
         let mut swept = Swept::default();
         for kind in kinds {
-            let name = kind.resource.kind.clone();
+            let name = kind.kind.to_owned();
+            let resource = resource(kind);
             if self.untouched.contains(&name) {
                 continue;
             }
             let api: Api<DynamicObject> =
-                Api::namespaced_with(self.client.clone(), &self.namespace, &kind.resource);
+                Api::namespaced_with(self.client.clone(), &self.namespace, &resource);
             let listed = api
                 .list(&ListParams::default().labels(&self.selector))
                 .await
@@ -247,7 +236,7 @@ impl AppliedSet {
                     SweepAction::Abandon { grace } => {
                         swept
                             .abandoned
-                            .push((o.object_ref(&kind.resource), name.clone(), grace));
+                            .push((o.object_ref(&resource), name.clone(), grace));
                     }
                     SweepAction::Delete { foreground, wait } => {
                         if how == Sweep::Prune {
@@ -291,7 +280,7 @@ mod tests {
 
     #[test]
     fn a_prune_deletes_only_the_owners_objects_the_pass_did_not_record() {
-        let kind = OwnedKind::workload::<Deployment>();
+        let kind = ObjectKind::workload::<Deployment>();
         let kept = BTreeSet::from(["leader".to_owned()]);
         let act = |o: &DynamicObject| sweep_action(o, &kind, "u", &kept, Sweep::Prune);
         assert_eq!(act(&object("leader", "u", false, None)), SweepAction::Keep);
@@ -316,7 +305,7 @@ mod tests {
             elapsed: Duration::from_secs(elapsed),
             slack: Duration::from_secs(120),
         };
-        let workload = OwnedKind::workload::<Deployment>();
+        let workload = ObjectKind::workload::<Deployment>();
         assert_eq!(
             sweep_action(
                 &object("leader", "u", false, Some(60)),
@@ -349,7 +338,7 @@ mod tests {
             SweepAction::Abandon { .. }
         ));
         // A Service is deleted and not waited for.
-        let service = OwnedKind::of::<Service>();
+        let service = ObjectKind::of::<Service>();
         assert_eq!(
             sweep_action(&o, &service, "u", &kept, teardown(1000)),
             SweepAction::Delete {

@@ -10,10 +10,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -25,17 +23,18 @@ use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_render::backend::plan::{self, BackendPlan, BackendRead};
 use kvcache_render::backend::probe::PROBE_LABEL;
-use kvcache_render::backend::{BackendObjects, OWNER_LABEL, leader_name};
-use kvcache_render::events::{Kind, Note, backend_events};
+use kvcache_render::backend::{BACKEND_TEARDOWN, OWNER_LABEL, leader_name};
+use kvcache_render::desired::DesiredSet;
+use kvcache_render::events::{self, backend_events};
 use kvcache_render::mounts::OtherMember;
-use kvcache_render::names::label_value;
+use kvcache_render::names::{self, label_value};
 use kvcache_render::read::{DRAIN_JOB_ANNOTATION, DRAIN_STARTED_ANNOTATION};
 use kvcache_render::rollout::{GroupStep, Step, step_event};
 use kvcache_render::status::backend::{Computed, Observation, backend_status};
 use kvcache_render::store::{DrainJob, DrainRequest, ReadError, StoreReading};
 use tracing::{info, instrument, warn};
 
-use super::applied::{AppliedSet, OwnedKind, Sweep};
+use super::applied::{AppliedSet, Sweep};
 use crate::context::{Context, Figures, Polled};
 use crate::error::{Error, kube as kerr};
 use crate::watch::Pass;
@@ -57,16 +56,13 @@ fn by_instance_label(
     store: &Store<KVCacheBackend>,
     labels: &BTreeMap<String, String>,
 ) -> Vec<ObjectRef<KVCacheBackend>> {
-    if labels.get("app.kubernetes.io/name").map(String::as_str) != Some("kv-cache-backend") {
-        return Vec::new();
-    }
-    let Some(instance) = labels.get("app.kubernetes.io/instance") else {
+    let Some(instance) = names::backend_of_labels(labels) else {
         return Vec::new();
     };
     store
         .state()
         .iter()
-        .filter(|b| label_value(&b.name_any()) == *instance)
+        .filter(|b| label_value(&b.name_any()) == instance)
         .map(|b| ObjectRef::from_obj(&**b))
         .collect()
 }
@@ -139,7 +135,7 @@ pub async fn run(
         // Member and leader Pods: a change reads the store at once.
         .watches(
             Api::<Pod>::namespaced(client.clone(), &ns),
-            watcher::Config::default().labels("app.kubernetes.io/name=kv-cache-backend"),
+            watcher::Config::default().labels(&names::store_objects()),
             move |pod| by_instance_label(&pod_store, pod.labels()),
         )
         // The isolation probe's Pods: its end is its result.
@@ -158,7 +154,7 @@ pub async fn run(
         )
         .watches(
             Api::<Lease>::namespaced(client.clone(), &ns),
-            watcher::Config::default().labels("app.kubernetes.io/name=kv-cache-backend"),
+            watcher::Config::default().labels(&names::store_objects()),
             move |lease| by_instance_label(&lease_store, lease.labels()),
         )
         // The leader Service's endpoints move when the serving leader changes.
@@ -237,34 +233,6 @@ async fn reconcile(b: Arc<KVCacheBackend>, ctx: Arc<Context>) -> Result<Action, 
     .map_err(crate::error::from_finalizer)
 }
 
-/// The kinds a managed backend's objects come in, in the order a pass applies them.
-fn backend_kinds() -> [OwnedKind; 10] {
-    [
-        OwnedKind::of::<ServiceAccount>(),
-        OwnedKind::of::<Role>(),
-        OwnedKind::of::<RoleBinding>(),
-        OwnedKind::of::<Lease>(),
-        OwnedKind::of::<ConfigMap>(),
-        OwnedKind::workload::<Deployment>(),
-        OwnedKind::of::<Service>(),
-        OwnedKind::of::<NetworkPolicy>(),
-        OwnedKind::workload::<StatefulSet>(),
-        OwnedKind::workload::<DaemonSet>(),
-    ]
-}
-
-/// What a teardown deletes and awaits, in order (the rest goes with its owner reference).
-fn teardown_kinds() -> [OwnedKind; 4] {
-    [
-        OwnedKind::workload::<Deployment>(),
-        OwnedKind::workload::<DaemonSet>(),
-        // A warm backend's etcd last of the workloads (its claims go with it, by the
-        // StatefulSet's retention policy).
-        OwnedKind::workload::<StatefulSet>(),
-        OwnedKind::of::<Service>(),
-    ]
-}
-
 /// The applied set of the backend with uid `uid`: its objects carry [`OWNER_LABEL`].
 fn applied_set(ctx: &Context, uid: &str) -> AppliedSet {
     AppliedSet::new(
@@ -275,60 +243,12 @@ fn applied_set(ctx: &Context, uid: &str) -> AppliedSet {
     )
 }
 
-/// Applies every rendered object through the backend's applied set and sweeps the rest.
-async fn apply_objects(
-    ctx: &Context,
-    uid: &str,
-    objects: &BackendObjects,
-    write_policy: bool,
-) -> Result<(), Error> {
+/// Writes the pass's objects through the backend's applied set, in the plan's order, and
+/// sweeps the rest of its kinds.
+async fn write_objects(ctx: &Context, uid: &str, desired: &DesiredSet) -> Result<(), Error> {
     let mut set = applied_set(ctx, uid);
-    for o in &objects.service_accounts {
-        set.apply(o).await?;
-    }
-    for o in &objects.roles {
-        set.apply(o).await?;
-    }
-    for o in &objects.role_bindings {
-        set.apply(o).await?;
-    }
-    // The Lease is created once; its holder fields belong to the elector.
-    if let Some(l) = &objects.lease {
-        set.create_once(l).await?;
-    }
-    // A refused tenant policy keeps the document already written.
-    match &objects.config_map {
-        Some(m) if write_policy => {
-            set.apply(m).await?;
-        }
-        _ if write_policy => {}
-        _ => set.leave_kind::<ConfigMap>(),
-    }
-    // The store's policies before its Pods: a leader or member is never reachable unguarded.
-    for p in &objects.network_policies {
-        set.apply(p).await?;
-    }
-    if let Some(d) = &objects.deployment {
-        set.apply(d).await?;
-    }
-    if let Some(s) = &objects.service {
-        set.apply(s).await?;
-    }
-    // The etcd (its policy first: it is never reachable unguarded) before the members that dial
-    // it.
-    if let Some(p) = &objects.etcd_policy {
-        set.apply(p).await?;
-    }
-    if let Some(s) = &objects.etcd_service {
-        set.apply(s).await?;
-    }
-    if let Some(s) = &objects.etcd {
-        set.apply(s).await?;
-    }
-    for d in &objects.daemon_sets {
-        set.apply(d).await?;
-    }
-    set.sweep(&backend_kinds(), Sweep::Prune).await?;
+    set.write(desired).await?;
+    set.sweep(desired.kinds, Sweep::Prune).await?;
     Ok(())
 }
 
@@ -380,7 +300,7 @@ async fn read_backend(ctx: &Context, b: &KVCacheBackend) -> Result<Reads, Error>
         // mounted on the wrong master.
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
         reads.store_pods = pods
-            .list(&ListParams::default().labels("app.kubernetes.io/name=kv-cache-backend"))
+            .list(&ListParams::default().labels(&names::store_objects()))
             .await
             .map_err(kerr("list", format!("store Pods in {ns}")))?
             .items;
@@ -477,14 +397,8 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         now: k8s_openapi::jiff::Timestamp::now(),
     };
     let plan = plan::plan(&read)?;
-    if let Some(objects) = &plan.objects {
-        apply_objects(
-            ctx,
-            &b.uid().unwrap_or_default(),
-            objects,
-            plan.write_policy,
-        )
-        .await?;
+    if let Some(desired) = plan.desired() {
+        write_objects(ctx, &b.uid().unwrap_or_default(), &desired).await?;
     }
     // After the policies: the probe checks what was just applied.
     probe(ctx, &plan).await?;
@@ -539,13 +453,7 @@ async fn quarantine(ctx: &Context, b: &KVCacheBackend, drains: &[DrainRequest]) 
         match ctx.store.create_drain(&admin, req).await {
             Ok(job) => {
                 warn!(%segment, %job, "draining a segment no member Pod mounted");
-                let note = Note {
-                    kind: Kind::Warning,
-                    reason: "UnknownSegmentDraining",
-                    message: format!(
-                        "segment {segment}, mounted by no member Pod of this backend, is being drained onto its members (drain job {job}) so that no new block lands there"
-                    ),
-                };
+                let note = events::unknown_segment_draining(&segment, &job);
                 super::publish(
                     ctx,
                     &b.object_ref(&()),
@@ -638,14 +546,7 @@ async fn restart_foreign_members(
         pods.delete(&m.pod.name, &DeleteParams::default())
             .await
             .map_err(kerr("delete", format!("Pod {}", m.pod.name)))?;
-        let note = Note {
-            kind: Kind::Warning,
-            reason: "ForeignMemberRestarted",
-            message: format!(
-                "member Pod {} of backend {} ({}) was mounted on this backend's master; it was deleted to mount on its own",
-                m.pod.name, m.backend, m.pod.ip
-            ),
-        };
+        let note = events::foreign_member_restarted(&m.pod.name, &m.backend, &m.pod.ip);
         let pod = member_ref(ctx, &m.pod.name);
         super::publish(
             ctx,
@@ -861,7 +762,7 @@ async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     // The same sweep as a pass's, over an empty set.
     let swept = applied_set(ctx, &uid)
         .sweep(
-            &teardown_kinds(),
+            BACKEND_TEARDOWN,
             Sweep::Teardown {
                 elapsed,
                 slack: TEARDOWN_SLACK,
@@ -870,15 +771,7 @@ async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         .await?;
     for (object, kind, grace) in swept.abandoned {
         let name = object.name.clone().unwrap_or_default();
-        let note = Note {
-            kind: Kind::Warning,
-            reason: "TeardownAbandoned",
-            message: format!(
-                "{kind} {name} did not go within its Pods' termination grace ({}s) plus {}s; the backend is released anyway and its Pods are left to the garbage collector",
-                grace.as_secs(),
-                TEARDOWN_SLACK.as_secs()
-            ),
-        };
+        let note = events::teardown_abandoned(&kind, &name, grace, TEARDOWN_SLACK);
         super::publish(ctx, &object, &super::event_of(&note, "Teardown", None)).await;
     }
     if !swept.waiting.is_empty() {

@@ -11,28 +11,24 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Pod, Service};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use kvcache_api::model::{InstanceType, SharedCacheStatus};
+use kvcache_api::model::InstanceType;
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
-use kvcache_render::events::{Kind, Note};
-use kvcache_render::model::ModelObjects;
-use kvcache_render::model_plan;
+use kvcache_render::desired::DesiredSet;
+use kvcache_render::model_plan::{self, EngineFigures, ModelRead};
+use kvcache_render::names;
 use kvcache_render::read::{EnginePod, EngineSelection};
 use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
-use kvcache_render::status::model::{
-    ModelObservation, Resolution, RoleObservation, model_deployment_status,
-};
 use tracing::instrument;
 
-use super::applied::{AppliedSet, OwnedKind, Sweep};
+use super::applied::{AppliedSet, Sweep};
 use crate::context::{Context, MANAGER, lock};
 use crate::error::{Error, kube as kerr};
 use crate::watch::{Pass, Subscription};
@@ -60,7 +56,7 @@ pub async fn run(
         .owns_stream(
             watcher(
                 Api::<kube::core::PartialObjectMeta<Deployment>>::all(client.clone()),
-                watcher::Config::default().labels("app.kubernetes.io/name=model-deployment"),
+                watcher::Config::default().labels(&names::model_objects()),
             )
             .default_backoff()
             .touched_objects(),
@@ -100,82 +96,37 @@ pub async fn run(
 #[instrument(skip(md, ctx), fields(deployment = %id(&md)))]
 async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = md.namespace().unwrap_or_default();
-    // Read (the caches, the settings), plan (pure), act.
+    // Read (the caches, the settings, the cluster, the engines), plan (pure), act.
     let world = ctx.world();
-    let instance_types = world.instance_type_map();
     let chosen = ctx.settings();
-    let plan = model_plan::plan(
-        &md,
-        &world,
-        chosen.settings.as_ref(),
-        chosen.refused.as_ref().map(ToString::to_string),
-        &ctx.config.namespace,
-        &instance_types,
-    );
-    let mut foreign = Vec::new();
-    if let Some(mut objects) = plan.objects.clone() {
-        // Never over what is someone else's: an object of a rendered name that this deployment
-        // does not control is left alone and named (docs/design.md#model-objects-owned).
-        let existing = existing_objects(&ctx, &ns, &objects).await?;
-        foreign = model_plan::leave_foreign(&mut objects, &existing, &md.uid().unwrap_or_default());
-        apply_roles(&ctx, &md, &objects).await?;
-        if !foreign.is_empty() {
-            name_taken_event(&ctx, &md, &foreign).await;
-        }
+    let reads = read_deployment(&ctx, &md, &ns, &world).await?;
+    let plan = model_plan::plan(&ModelRead {
+        deployment: &md,
+        world: &world,
+        settings: chosen.settings.as_ref(),
+        settings_refused: chosen.refused.as_ref().map(ToString::to_string),
+        namespace: &ctx.config.namespace,
+        existing: &reads.existing,
+        owned: &reads.owned,
+        engines: reads.figures,
+        now: Time(k8s_openapi::jiff::Timestamp::now()),
+    });
+    if let Some(desired) = &plan.desired {
+        write_roles(&ctx, &md, desired).await?;
     }
-    let resolution = plan.resolution.clone();
-    let domain = match &resolution {
-        Resolution::Resolved { .. } => md
-            .spec
-            .kv_cache
-            .as_ref()
-            .and_then(|k| world.binding(&ns, &k.pool_ref.name))
-            .map(|b| &b.spec.domain),
-        _ => None,
-    };
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let owned = owned_deployments(&deployments, &md).await?;
-    let roles = role_observations(&md, &owned);
-    let obs = ModelObservation {
-        resolution: resolution.clone(),
-        refusal: plan.refusal.clone(),
-        roles: roles.clone(),
-        tenant_charged: tenant_charged(&world, &md, &resolution),
-        held: plan.held,
-        deleting: md.meta().deletion_timestamp.is_some(),
-        missing_instance_types: md
-            .spec
-            .roles
-            .iter()
-            .filter(|r| !instance_types.contains_key(&r.instance_type))
-            .map(|r| (r.name.clone(), r.instance_type.clone()))
-            .collect(),
-        foreign,
-    };
-    let engines = shared_cache::engines(md.spec.engine.name, &resolution, &roles);
-    let (shared_cache, observed) = observe_engines(&ctx, &md, &ns, engines, &owned).await?;
-    let status = model_deployment_status(
-        &md,
-        &obs,
-        domain,
-        shared_cache,
-        observed,
-        &Time(k8s_openapi::jiff::Timestamp::now()),
-    );
     super::status::apply(
         &Api::<ModelDeployment>::namespaced(ctx.client.clone(), &ns),
         "ModelDeployment",
         md.meta(),
         MANAGER,
-        &status,
+        &plan.status,
     )
     .await?;
-    let before = md.status.clone().unwrap_or_default();
-    for note in kvcache_render::events::model_events(&before, &status) {
+    for note in &plan.events {
         super::publish(
             &ctx,
             &md.object_ref(&()),
-            &super::event_of(&note, "Reconcile", None),
+            &super::event_of(note, "Reconcile", None),
         )
         .await;
     }
@@ -183,7 +134,7 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
     // its Deployments, its Binding and through it the store's figures, InstanceTypes)
     // re-triggers a reconcile by itself. A short interval here was the scale benchmark's
     // bottleneck: 2,000 deployments each re-read every 15 s kept the queue full.
-    Ok(Action::requeue(match engines {
+    Ok(Action::requeue(match reads.engines {
         // The engines' counters move without any watched object changing.
         Engines::Counted { ready } if ready > 0 => ctx
             .config
@@ -193,93 +144,73 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
     }))
 }
 
-/// The objects of the namespace `ns` bearing the names of the rendered `objects`, each with its
+/// What a pass reads for a deployment before anything is decided (see [`ModelRead`]).
+struct Reads {
+    existing: Vec<model_plan::Existing>,
+    owned: Vec<Deployment>,
+    engines: Engines,
+    figures: EngineFigures,
+}
+
+/// The pass's reads: the objects bearing the names its roles render, its role Deployments, and
+/// its engines' counters (recorded in its window).
+async fn read_deployment(
+    ctx: &Context,
+    md: &ModelDeployment,
+    ns: &str,
+    world: &kvcache_render::world::World,
+) -> Result<Reads, Error> {
+    let existing = existing_objects(ctx, ns, md).await?;
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    let owned = owned_deployments(&deployments, md).await?;
+    let engines = model_plan::engines(md, world, &owned);
+    let figures = observe_engines(ctx, md, ns, engines, &owned).await?;
+    Ok(Reads {
+        existing,
+        owned,
+        engines,
+        figures,
+    })
+}
+
+/// The objects of the namespace `ns` bearing the names the roles of `md` render, each with its
 /// controller.
 async fn existing_objects(
     ctx: &Context,
     ns: &str,
-    objects: &ModelObjects,
+    md: &ModelDeployment,
 ) -> Result<Vec<model_plan::Existing>, Error> {
-    fn existing<K: Resource>(kind: &'static str, object: &K) -> model_plan::Existing {
-        let controller = object
-            .meta()
-            .owner_references
+    let mut out = Vec::new();
+    for (kind, name) in model_plan::object_names(md) {
+        let resource = super::applied::resource(&kind);
+        let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &resource);
+        let Some(o) = api
+            .get_opt(&name)
+            .await
+            .map_err(kerr("get", format!("{} {ns}/{name}", kind.kind)))?
+        else {
+            continue;
+        };
+        let controller = o
+            .owner_references()
             .iter()
-            .flatten()
             .find(|o| o.controller == Some(true));
-        model_plan::Existing {
-            kind,
-            name: object.meta().name.clone().unwrap_or_default(),
+        out.push(model_plan::Existing {
+            kind: kind.kind,
+            name,
             controller_uid: controller.map(|o| o.uid.clone()),
             controller: controller.map(|o| format!("{} {}", o.kind, o.name)),
-        }
+        });
     }
-    /// Each of `objects` that exists already, as `existing` puts it.
-    async fn found<K>(
-        ctx: &Context,
-        ns: &str,
-        kind: &'static str,
-        objects: &[K],
-    ) -> Result<Vec<model_plan::Existing>, Error>
-    where
-        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-    {
-        let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-        let mut out = Vec::new();
-        for name in objects.iter().filter_map(|o| o.meta().name.as_ref()) {
-            if let Some(o) = api
-                .get_opt(name)
-                .await
-                .map_err(kerr("get", format!("{kind} {ns}/{name}")))?
-            {
-                out.push(existing(kind, &o));
-            }
-        }
-        Ok(out)
-    }
-    let mut found_all = found(ctx, ns, "Deployment", &objects.deployments).await?;
-    found_all.extend(found(ctx, ns, "Service", &objects.services).await?);
-    found_all.extend(found(ctx, ns, "NetworkPolicy", &objects.network_policies).await?);
-    Ok(found_all)
+    Ok(out)
 }
 
-/// A warning on the deployment naming each object it left alone.
-async fn name_taken_event(
+/// Writes the planned role objects through the deployment's applied set; a role the render no
+/// longer returns loses its objects in the sweep.
+async fn write_roles(
     ctx: &Context,
     md: &ModelDeployment,
-    foreign: &[kvcache_render::status::model::ForeignObject],
-) {
-    let note = Note {
-        kind: Kind::Warning,
-        reason: "NameTaken",
-        message: foreign
-            .iter()
-            .map(|f| {
-                format!(
-                    "{} {} exists and is not this deployment's: left as it is",
-                    f.kind, f.name
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; "),
-    };
-    super::publish(
-        ctx,
-        &md.object_ref(&()),
-        &super::event_of(&note, "Reconcile", None),
-    )
-    .await;
-}
-
-/// Applies the planned role objects through the deployment's applied set; a role the render no
-/// longer returns loses its Deployment and Service in the sweep.
-async fn apply_roles(
-    ctx: &Context,
-    md: &ModelDeployment,
-    objects: &ModelObjects,
+    desired: &DesiredSet,
 ) -> Result<(), Error> {
     let ns = md.namespace().unwrap_or_default();
     let mut set = AppliedSet::new(
@@ -288,85 +219,14 @@ async fn apply_roles(
         &md.uid().unwrap_or_default(),
         selector(md),
     );
-    // The policies first: a role's Pods never run before what closes them.
-    for p in &objects.network_policies {
-        set.apply(p).await?;
-    }
-    for d in &objects.deployments {
-        set.apply(d).await?;
-    }
-    for s in &objects.services {
-        set.apply(s).await?;
-    }
-    set.sweep(
-        &[
-            OwnedKind::of::<Deployment>(),
-            OwnedKind::of::<Service>(),
-            OwnedKind::of::<NetworkPolicy>(),
-        ],
-        Sweep::Prune,
-    )
-    .await?;
+    set.write(desired).await?;
+    set.sweep(desired.kinds, Sweep::Prune).await?;
     Ok(())
 }
 
 /// The labels every object of the deployment's roles carries.
 fn selector(md: &ModelDeployment) -> String {
-    format!(
-        "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={}",
-        kvcache_render::names::label_value(&md.name_any())
-    )
-}
-
-/// Each role as its Deployment (among `owned`) reports it.
-fn role_observations(md: &ModelDeployment, owned: &[Deployment]) -> Vec<RoleObservation> {
-    md.spec
-        .roles
-        .iter()
-        .map(|r| {
-            let d = owned.iter().find(|d| {
-                d.labels()
-                    .get("app.kubernetes.io/component")
-                    .map(String::as_str)
-                    == Some(kvcache_render::names::label_value(&r.name).as_str())
-            });
-            let counts = d.map(kvcache_render::read::replicas).unwrap_or_default();
-            RoleObservation {
-                name: r.name.clone(),
-                desired: r.replicas,
-                ready: counts.ready,
-                updated: counts.updated,
-                total: counts.total,
-                observed: counts.observed,
-                unmanaged: !r.command.is_empty(),
-            }
-        })
-        .collect()
-}
-
-/// What the store charges the domain, as the pool's last reading of the master's ledger put it
-/// on the Binding (`status.usage`): observed, never inferred from rendered flags. A change of
-/// the Binding's status re-triggers the reconcile (the watch on Bindings), so no deployment
-/// polls the store itself.
-fn tenant_charged(
-    world: &kvcache_render::world::World,
-    md: &ModelDeployment,
-    resolution: &Resolution,
-) -> Option<u64> {
-    let Resolution::Resolved { .. } = resolution else {
-        return None;
-    };
-    let ns = md.namespace().unwrap_or_default();
-    md.spec
-        .kv_cache
-        .as_ref()
-        .and_then(|k| world.binding(&ns, &k.pool_ref.name))
-        .and_then(|b| {
-            b.status
-                .as_ref()
-                .and_then(|s| s.usage.as_ref())
-                .and_then(|q| kvcache_api::quantity::parse_bytes(&q.0).ok())
-        })
+    names::model_objects_of(&md.name_any())
 }
 
 /// Milliseconds on this process's monotonic clock (the windows' time axis).
@@ -393,11 +253,14 @@ async fn observe_engines(
     ns: &str,
     engines: Engines,
     owned: &[Deployment],
-) -> Result<(Option<SharedCacheStatus>, Vec<kvcache_api::condition::Cond>), Error> {
+) -> Result<EngineFigures, Error> {
     let key = id(md);
     let Engines::Counted { ready } = engines else {
         lock(&ctx.engine_windows).remove(&key);
-        return Ok((None, vec![shared_cache::condition(engines, &[])]));
+        return Ok(EngineFigures {
+            shared_cache: None,
+            conditions: vec![shared_cache::condition(engines, &[])],
+        });
     };
     let chosen = if ready > 0 {
         engine_pods(ctx, md, ns, owned).await?
@@ -453,10 +316,10 @@ async fn observe_engines(
         },
         &readings,
     );
-    Ok((
-        (!readings.is_empty()).then_some(summary),
-        vec![condition, health, priced],
-    ))
+    Ok(EngineFigures {
+        shared_cache: (!readings.is_empty()).then_some(summary),
+        conditions: vec![condition, health, priced],
+    })
 }
 
 /// A window as a user reads it: `5m`, `90s`.

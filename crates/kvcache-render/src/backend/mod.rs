@@ -36,6 +36,7 @@ use member::member_daemon_set;
 
 use sha2::{Digest, Sha256};
 
+use crate::desired::{DesiredSet, ObjectKind, Write};
 use crate::error::Error;
 use crate::names::{self, backend_labels, backend_selector};
 
@@ -146,6 +147,62 @@ pub struct BackendObjects {
     /// Who may reach the leader and the members: `<backend>-leader`, and `<backend>-members`
     /// unless every member group is on the host network ([`access`]).
     pub network_policies: Vec<NetworkPolicy>,
+}
+
+/// Every kind a managed backend's objects come in, the order its sweep lists them in.
+pub const BACKEND_KINDS: &[ObjectKind] = &[
+    ObjectKind::of::<ServiceAccount>(),
+    ObjectKind::of::<Role>(),
+    ObjectKind::of::<RoleBinding>(),
+    ObjectKind::of::<Lease>(),
+    ObjectKind::of::<ConfigMap>(),
+    ObjectKind::workload::<Deployment>(),
+    ObjectKind::of::<Service>(),
+    ObjectKind::of::<NetworkPolicy>(),
+    ObjectKind::workload::<StatefulSet>(),
+    ObjectKind::workload::<DaemonSet>(),
+];
+
+/// What a backend's teardown deletes and awaits, in order (the rest goes with its owner
+/// reference): the leader, the members, then a warm backend's etcd last of the workloads (its
+/// claims go with it, by the StatefulSet's retention policy), then the Services.
+pub const BACKEND_TEARDOWN: &[ObjectKind] = &[
+    ObjectKind::workload::<Deployment>(),
+    ObjectKind::workload::<DaemonSet>(),
+    ObjectKind::workload::<StatefulSet>(),
+    ObjectKind::of::<Service>(),
+];
+
+impl BackendObjects {
+    /// The objects in the order a pass writes them ([`DesiredSet`]); `write_policy: false`
+    /// leaves the tenant policy seed already written as it is (a refused policy is never
+    /// written, nor a partial one).
+    pub fn desired(&self, write_policy: bool) -> DesiredSet {
+        let mut set = DesiredSet::new(BACKEND_KINDS);
+        set.apply_all(&self.service_accounts);
+        set.apply_all(&self.roles);
+        set.apply_all(&self.role_bindings);
+        // The Lease is created once; its holder fields belong to the elector.
+        if let Some(l) = &self.lease {
+            set.push(l, Write::CreateOnce);
+        }
+        match &self.config_map {
+            Some(m) if write_policy => set.push(m, Write::Apply),
+            _ if write_policy => {}
+            _ => set.leave::<ConfigMap>(),
+        }
+        // The store's policies before its Pods: a leader or member is never reachable
+        // unguarded.
+        set.apply_all(&self.network_policies);
+        set.apply_all(&self.deployment);
+        set.apply_all(&self.service);
+        // The etcd (its policy first) before the members that dial it.
+        set.apply_all(&self.etcd_policy);
+        set.apply_all(&self.etcd_service);
+        set.apply_all(&self.etcd);
+        set.apply_all(&self.daemon_sets);
+        set
+    }
 }
 
 /// The fingerprint a member DaemonSet's Pod template carries (empty when it has none).

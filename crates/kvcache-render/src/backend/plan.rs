@@ -103,6 +103,14 @@ pub struct BackendPlan {
     pub probe_delete: Vec<String>,
 }
 
+impl BackendPlan {
+    /// What the pass writes, in order, and the kinds its sweep lists; `None`: what runs stays
+    /// as it is.
+    pub fn desired(&self) -> Option<crate::desired::DesiredSet> {
+        self.objects.as_ref().map(|o| o.desired(self.write_policy))
+    }
+}
+
 /// The drain jobs recorded on the backend's member Pods, to ask the master about before the
 /// rollout is decided.
 pub fn drain_jobs(backend: &str, store_pods: &[Pod]) -> Vec<String> {
