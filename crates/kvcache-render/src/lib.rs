@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod desired;
 pub mod engine_access;
 mod error;
 pub mod events;
