@@ -21,6 +21,7 @@ pub mod model_plan;
 pub mod monitoring;
 pub mod mounts;
 pub mod names;
+mod note;
 pub mod pod;
 pub mod pool_plan;
 pub mod read;

@@ -28,8 +28,16 @@ pub struct Alert {
     pub description: &'static str,
 }
 
-/// What operators of a Mooncake store get paged for.
+/// What operators of a Mooncake store get paged for: the backends' and their stores' alerts,
+/// then the tenants' and the operator's own.
 pub(crate) fn alerts() -> Vec<Alert> {
+    let mut all = backend_alerts();
+    all.extend(tenant_and_operator_alerts());
+    all
+}
+
+/// A backend's store stalled, unread, empty, degraded, mounted by a stranger, or refusing puts.
+fn backend_alerts() -> Vec<Alert> {
     vec![
         Alert {
             name: "KVCacheStoreLeaderStalled",
@@ -90,6 +98,13 @@ pub(crate) fn alerts() -> Vec<Alert> {
             summary: "A Mooncake master keeps refusing puts",
             description: "The master of KVCacheBackend {{ $labels.backend }} refuses puts (a tenant at its grant, or no space): engines write less than they try. Compare each Binding's grant and usage (kvcache_operator_binding_granted_bytes, kvcache_operator_binding_used_bytes) and kvcache_operator_store_mooncake_tenant_quota_admission_closed.",
         },
+    ]
+}
+
+/// A tenant at its grant or its loads failing, and the operator failing, its certificate
+/// expiring or no replica leading.
+fn tenant_and_operator_alerts() -> Vec<Alert> {
+    vec![
         Alert {
             name: "KVCacheTenantAtGrant",
             // The Binding's own QuotaPressure (kvcache_quota::status::quota_pressure), as a number.
@@ -101,7 +116,8 @@ pub(crate) fn alerts() -> Vec<Alert> {
         },
         Alert {
             name: "KVCacheLoadsFallingBack",
-            // The same share as SharedCacheHealthy (kvcache_render::shared_cache::FALLBACK_SHARE).
+            // The same share as SharedCacheHealthy (FALLBACK_SHARE in
+            // crates/kvcache-render/src/shared_cache/window.rs).
             expr: "kvcache_operator_model_shared_cache_failed_loads > 0.1 * kvcache_operator_model_shared_cache_loads and kvcache_operator_model_shared_cache_loads > 0",
             for_: "10m",
             severity: "warning",

@@ -180,10 +180,9 @@ struct TierParts {
     grace_seconds: i64,
 }
 
-/// The tier's offload settings (the master's offload flags are derived from the same
-/// declaration), its hostPath, the preStop hook that deregisters it, and the init container that
-/// reports what the folder held at start.
-fn disk_tier(g: &Group<'_>, managed: &Managed, tier: &LocalDisk) -> Result<TierParts, Error> {
+/// The store's offload settings for a disk tier, from its declaration (the master's offload
+/// flags are derived from the same one).
+fn tier_env(g: &Group<'_>, tier: &LocalDisk) -> Result<Vec<EnvVar>, Error> {
     let bucket = BUCKET_BYTES.min(g.segment.max(1));
     let mut env = vec![
         env_value("MOONCAKE_OFFLOAD_ENABLED", "true"),
@@ -240,6 +239,14 @@ fn disk_tier(g: &Group<'_>, managed: &Managed, tier: &LocalDisk) -> Result<TierP
             ));
         }
     }
+    Ok(env)
+}
+
+/// The tier's offload settings (the master's offload flags are derived from the same
+/// declaration), its hostPath, the preStop hook that deregisters it, and the init container that
+/// reports what the folder held at start.
+fn disk_tier(g: &Group<'_>, managed: &Managed, tier: &LocalDisk) -> Result<TierParts, Error> {
+    let env = tier_env(g, tier)?;
     let seconds = i64::from(
         managed
             .scale_in
@@ -454,39 +461,14 @@ pub(super) fn member_daemon_set(
     mounts.push(tmp_mount);
     let container = member_container(&g, command, env, mounts, request, lifecycle);
     let labels = backend_labels(name, &component);
-    let fabric = g.fabric();
     let mut template = PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels.clone()),
             ..Default::default()
         }),
-        spec: Some(PodSpec {
-            node_selector: (!group.node_selector.is_empty()).then(|| group.node_selector.clone()),
-            service_account_name: Some(account(
-                g.lease_members
-                    .then(|| names::object(name, "member"))
-                    .as_deref(),
-            )),
-            automount_service_account_token: Some(g.lease_members),
-            host_network: fabric.then_some(true),
-            dns_policy: Some(
-                if fabric {
-                    "ClusterFirstWithHostNet"
-                } else {
-                    "ClusterFirst"
-                }
-                .into(),
-            ),
-            runtime_class_name: group.runtime_class_name.clone(),
-            security_context: Some(super::restricted_pod()),
-            priority_class_name: managed.priority_class_name.clone(),
-            image_pull_secrets: pull_secrets(inputs.backend),
-            termination_grace_period_seconds: Some(grace),
-            init_containers: (!init.is_empty()).then_some(init),
-            containers: vec![container],
-            volumes: (!volumes.is_empty()).then_some(volumes),
-            ..Default::default()
-        }),
+        spec: Some(member_pod_spec(
+            &g, managed, init, container, volumes, grace,
+        )),
     };
     let hash = fingerprint(&template);
     if let Some(m) = template.metadata.as_mut() {
@@ -513,6 +495,48 @@ pub(super) fn member_daemon_set(
         }),
         ..Default::default()
     })
+}
+
+/// The member Pod: on the host network for a fabric group, the elector's account when members
+/// find their master by the Lease, the restricted Pod settings, and a grace period that lets a
+/// disk tier deregister.
+fn member_pod_spec(
+    g: &Group<'_>,
+    managed: &Managed,
+    init: Vec<Container>,
+    container: Container,
+    volumes: Vec<Volume>,
+    grace: i64,
+) -> PodSpec {
+    let (name, group) = (g.backend, g.group);
+    let fabric = g.fabric();
+    PodSpec {
+        node_selector: (!group.node_selector.is_empty()).then(|| group.node_selector.clone()),
+        service_account_name: Some(account(
+            g.lease_members
+                .then(|| names::object(name, "member"))
+                .as_deref(),
+        )),
+        automount_service_account_token: Some(g.lease_members),
+        host_network: fabric.then_some(true),
+        dns_policy: Some(
+            if fabric {
+                "ClusterFirstWithHostNet"
+            } else {
+                "ClusterFirst"
+            }
+            .into(),
+        ),
+        runtime_class_name: group.runtime_class_name.clone(),
+        security_context: Some(super::restricted_pod()),
+        priority_class_name: managed.priority_class_name.clone(),
+        image_pull_secrets: pull_secrets(g.inputs.backend),
+        termination_grace_period_seconds: Some(grace),
+        init_containers: (!init.is_empty()).then_some(init),
+        containers: vec![container],
+        volumes: (!volumes.is_empty()).then_some(volumes),
+        ..Default::default()
+    }
 }
 
 /// A member container's requests and limits: the group's `resources` over the defaults (1 CPU,

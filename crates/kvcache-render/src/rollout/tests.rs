@@ -1,6 +1,14 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
 use super::*;
-use crate::read::DrainRecord;
-use crate::store::{Health, Metrics};
+use crate::note::Kind;
+use crate::read::{DrainRecord, MemberPod};
+use crate::store::{
+    DrainJob, Health, JobStatus, Metrics, ReadError, Segment, SegmentStatus, StoreReading,
+};
 
 const MI: u64 = 1 << 20;
 const NOW: &str = "2026-12-02T12:10:00Z";
