@@ -22,6 +22,7 @@
 //! Times are measured inside the engine's Pod (no exec or API server in them), medians over the
 //! prompts. These are CPU figures of small models: the ratios are the point.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -376,10 +377,68 @@ async fn measure(
     prompts: usize,
     rows: &mut Vec<Row>,
 ) -> Result<(), kvcache_e2e::Error> {
+    let engines = deploy(client, m, engine_env).await?;
+    // One request each first: the first request of an engine pays for warming up.
+    let mut seed = 10_000;
+    for (name, _) in ENGINES {
+        engines.time(name, engine::prompt(seed, 64), 1).await?;
+        seed += 1;
+    }
+    for &condition in conditions {
+        let stop = Arc::new(AtomicBool::new(false));
+        let load = if condition == "busy" {
+            busy_writer(&engines, &stop)
+        } else {
+            Vec::new()
+        };
+        for &tokens in lengths {
+            let row = one_length(client, &engines, (condition, tokens), prompts, &mut seed).await?;
+            rows.push(row);
+        }
+        stop.store(true, Ordering::Relaxed);
+        for task in load {
+            let _ = task.await;
+        }
+    }
+    // The engines' own account of every load and save, kept beside the figures.
+    engine_rig::keep_logs(client, logs).await;
+    for (name, _) in ENGINES {
+        walkthrough::remove_model(client, TEAM, name, WAIT).await?;
+    }
+    Ok(())
+}
+
+/// The three deployments of one model, and the Pod each runs.
+struct Engines {
+    api: Api<Pod>,
+    /// Each deployment's Pod, by the deployment's name.
+    pod: BTreeMap<&'static str, String>,
+    model: &'static str,
+}
+
+impl Engines {
+    /// A completion of `max_tokens` new tokens of `prompt` by the engine `who`, timed.
+    async fn time(
+        &self,
+        who: &'static str,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+    ) -> Result<engine::Completion, kvcache_e2e::Error> {
+        engine::complete(&self.api, &self.pod[who], self.model, &prompt, max_tokens).await
+    }
+}
+
+/// The three deployments of `m` (the attached ones with `engine_env` added), until each runs a
+/// Ready Pod and the store is Ready.
+async fn deploy(
+    client: &kube::Client,
+    m: &Model,
+    engine_env: &[(String, String)],
+) -> Result<Engines, kvcache_e2e::Error> {
     let model = m.path;
     let models: Api<ModelDeployment> = Api::namespaced(client.clone(), TEAM);
     let api: Api<Pod> = Api::namespaced(client.clone(), TEAM);
-    let mut pod = std::collections::BTreeMap::new();
+    let mut pod = BTreeMap::new();
     for (name, attached) in ENGINES {
         let mut md = engine::model_deployment(TEAM, name, model, attached.then_some(TEAM), 1);
         if let Some(args) = md["spec"]["roles"][0]["extraArgs"].as_array_mut()
@@ -409,120 +468,138 @@ async fn measure(
     }
     engine_rig::wait_store_ready(client).await?;
     println!("{model}: writer, reader and plain engines Ready");
-    let time = |who: &'static str, prompt: Vec<u32>, max_tokens: u32| {
-        let api = api.clone();
-        let p = pod[who].clone();
-        async move { engine::complete(&api, &p, model, &prompt, max_tokens).await }
+    Ok(Engines { api, pod, model })
+}
+
+/// The busy node: two streams of 512-token prompts to the writer until `stop`.
+fn busy_writer(engines: &Engines, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<()>> {
+    let model = engines.model;
+    let mut load = Vec::new();
+    for stream in 0..2u32 {
+        let (api, p, stop) = (
+            engines.api.clone(),
+            engines.pod["writer"].clone(),
+            stop.clone(),
+        );
+        let mut s = 1_000_000 + 100_000 * stream;
+        load.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                s += 1;
+                let prompt = engine::prompt(s, 512);
+                let _ = engine::complete(&api, &p, model, &prompt, 1).await;
+            }
+        }));
+    }
+    load
+}
+
+/// `prompts` fresh prompts of `tokens` tokens timed three ways under `condition` (their token
+/// ids from `seed` on), and one decode step of the plain engine: the row.
+async fn one_length(
+    client: &kube::Client,
+    engines: &Engines,
+    (condition, tokens): (&'static str, usize),
+    prompts: usize,
+    seed: &mut u32,
+) -> Result<Row, kvcache_e2e::Error> {
+    let model = engines.model;
+    let (mut none, mut cold, mut hit) = (vec![], vec![], vec![]);
+    let (mut bytes, mut secs, mut fallbacks) = (vec![], vec![], 0);
+    for _ in 0..prompts {
+        *seed += 1;
+        none.push(
+            engines
+                .time("plain", engine::prompt(*seed, tokens), 1)
+                .await?
+                .seconds,
+        );
+        *seed += 1;
+        cold.push(
+            engines
+                .time("reader", engine::prompt(*seed, tokens), 1)
+                .await?
+                .seconds,
+        );
+        *seed += 1;
+        match timed_hit(client, engines, (condition, tokens), *seed).await? {
+            Some((t, loaded_bytes, load_seconds)) => {
+                hit.push(t);
+                bytes.push(loaded_bytes);
+                secs.push(load_seconds);
+            }
+            None => fallbacks += 1,
+        }
+    }
+    // One decode step of the engine without the cache: 32 tokens against 1.
+    *seed += 1;
+    let p = engine::prompt(*seed, tokens);
+    let one = engines.time("plain", p.clone(), 1).await?.seconds;
+    let many = engines.time("plain", p, 32).await?.seconds;
+    let row = Row {
+        model,
+        condition,
+        tokens,
+        hits: hit.len(),
+        fallbacks,
+        ttft: [median(none), median(cold), median(hit)],
+        load_bytes: median(bytes),
+        load_seconds: median(secs),
+        decode_step: ((many - one) / 31.0).max(0.0),
     };
-    // One request each first: the first request of an engine pays for warming up.
-    let mut seed = 10_000;
-    for (name, _) in ENGINES {
-        time(name, engine::prompt(seed, 64), 1).await?;
-        seed += 1;
+    println!(
+        "{model} {condition} {tokens} tokens: TTFT none {:.0} ms, cold {:.0} ms, hit {:.0} ms ({} hits, {} fallbacks)",
+        row.ttft[0] * 1e3,
+        row.ttft[1] * 1e3,
+        row.ttft[2] * 1e3,
+        row.hits,
+        row.fallbacks
+    );
+    Ok(row)
+}
+
+/// A hit: the writer computes a fresh prompt (token ids of `seed`), then the reader is timed on
+/// it. With the reader's counters, the time, the load's bytes and its seconds; `None` when the
+/// load fell back to computing.
+async fn timed_hit(
+    client: &kube::Client,
+    engines: &Engines,
+    (condition, tokens): (&'static str, usize),
+    seed: u32,
+) -> Result<Option<(f64, f64, f64)>, kvcache_e2e::Error> {
+    let model = engines.model;
+    let p = engine::prompt(seed, tokens);
+    let keys = engine::master_keys(client, NS, BACKEND).await?;
+    engines.time("writer", p.clone(), 1).await?;
+    engine::wait_keys_above(client, NS, BACKEND, keys, "the writer's blocks").await?;
+    let before = reader(client, &engines.pod["reader"]).await?;
+    let t = engines.time("reader", p, 1).await?.seconds;
+    let after = reader_after(client, &engines.pod["reader"], before, tokens).await?;
+    let loaded = after.from_store - before.from_store;
+    let whole = loaded
+        >= (tokens - tokens % engine::BLOCK_SIZE as usize) as f64 - f64::from(engine::BLOCK_SIZE)
+        && after.load_failed_keys == before.load_failed_keys
+        && after.load_errors == before.load_errors;
+    if whole {
+        println!(
+            "{model} {condition} {tokens}: a hit in {t:.2} s, its load {:.3} s for {:.1} MiB; vLLM's split: queued {:.3} s, scheduled to first token {:.3} s",
+            after.load_seconds - before.load_seconds,
+            (after.load_bytes - before.load_bytes) / f64::from(1 << 20),
+            after.queue_seconds - before.queue_seconds,
+            after.prefill_seconds - before.prefill_seconds
+        );
+        Ok(Some((
+            t,
+            after.load_bytes - before.load_bytes,
+            after.load_seconds - before.load_seconds,
+        )))
+    } else {
+        println!(
+            "{model} {condition} {tokens}: a hit fell back ({loaded} tokens from the store, {} failed keys, {} failed loads, {t:.2} s)",
+            after.load_failed_keys - before.load_failed_keys,
+            after.load_errors - before.load_errors
+        );
+        Ok(None)
     }
-    for &condition in conditions {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut load = Vec::new();
-        if condition == "busy" {
-            for stream in 0..2u32 {
-                let (api, p, stop) = (api.clone(), pod["writer"].clone(), stop.clone());
-                let mut s = 1_000_000 + 100_000 * stream;
-                load.push(tokio::spawn(async move {
-                    while !stop.load(Ordering::Relaxed) {
-                        s += 1;
-                        let prompt = engine::prompt(s, 512);
-                        let _ = engine::complete(&api, &p, model, &prompt, 1).await;
-                    }
-                }));
-            }
-        }
-        for &tokens in lengths {
-            let (mut none, mut cold, mut hit) = (vec![], vec![], vec![]);
-            let (mut bytes, mut secs, mut fallbacks) = (vec![], vec![], 0);
-            for _ in 0..prompts {
-                seed += 1;
-                none.push(
-                    time("plain", engine::prompt(seed, tokens), 1)
-                        .await?
-                        .seconds,
-                );
-                seed += 1;
-                cold.push(
-                    time("reader", engine::prompt(seed, tokens), 1)
-                        .await?
-                        .seconds,
-                );
-                seed += 1;
-                let p = engine::prompt(seed, tokens);
-                let keys = engine::master_keys(client, NS, BACKEND).await?;
-                time("writer", p.clone(), 1).await?;
-                engine::wait_keys_above(client, NS, BACKEND, keys, "the writer's blocks").await?;
-                let before = reader(client, &pod["reader"]).await?;
-                let t = time("reader", p, 1).await?.seconds;
-                let after = reader_after(client, &pod["reader"], before, tokens).await?;
-                let loaded = after.from_store - before.from_store;
-                let whole = loaded
-                    >= (tokens - tokens % engine::BLOCK_SIZE as usize) as f64
-                        - f64::from(engine::BLOCK_SIZE)
-                    && after.load_failed_keys == before.load_failed_keys
-                    && after.load_errors == before.load_errors;
-                if whole {
-                    println!(
-                        "{model} {condition} {tokens}: a hit in {t:.2} s, its load {:.3} s for {:.1} MiB; vLLM's split: queued {:.3} s, scheduled to first token {:.3} s",
-                        after.load_seconds - before.load_seconds,
-                        (after.load_bytes - before.load_bytes) / f64::from(1 << 20),
-                        after.queue_seconds - before.queue_seconds,
-                        after.prefill_seconds - before.prefill_seconds
-                    );
-                    hit.push(t);
-                    bytes.push(after.load_bytes - before.load_bytes);
-                    secs.push(after.load_seconds - before.load_seconds);
-                } else {
-                    fallbacks += 1;
-                    println!(
-                        "{model} {condition} {tokens}: a hit fell back ({loaded} tokens from the store, {} failed keys, {} failed loads, {t:.2} s)",
-                        after.load_failed_keys - before.load_failed_keys,
-                        after.load_errors - before.load_errors
-                    );
-                }
-            }
-            // One decode step of the engine without the cache: 32 tokens against 1.
-            seed += 1;
-            let p = engine::prompt(seed, tokens);
-            let one = time("plain", p.clone(), 1).await?.seconds;
-            let many = time("plain", p, 32).await?.seconds;
-            let row = Row {
-                model,
-                condition,
-                tokens,
-                hits: hit.len(),
-                fallbacks,
-                ttft: [median(none), median(cold), median(hit)],
-                load_bytes: median(bytes),
-                load_seconds: median(secs),
-                decode_step: ((many - one) / 31.0).max(0.0),
-            };
-            println!(
-                "{model} {condition} {tokens} tokens: TTFT none {:.0} ms, cold {:.0} ms, hit {:.0} ms ({} hits, {} fallbacks)",
-                row.ttft[0] * 1e3,
-                row.ttft[1] * 1e3,
-                row.ttft[2] * 1e3,
-                row.hits,
-                row.fallbacks
-            );
-            rows.push(row);
-        }
-        stop.store(true, Ordering::Relaxed);
-        for task in load {
-            let _ = task.await;
-        }
-    }
-    // The engines' own account of every load and save, kept beside the figures.
-    engine_rig::keep_logs(client, logs).await;
-    for (name, _) in ENGINES {
-        walkthrough::remove_model(client, TEAM, name, WAIT).await?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

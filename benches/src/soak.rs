@@ -227,14 +227,28 @@ pub fn soak(failovers: usize) -> anyhow::Result<()> {
         }
         Ok::<_, Error>((rounds, two_serving, foreign, restarted, samples))
     })?;
-    let mut sorted = rounds.clone();
+    print_soak(&rounds, two_serving, &foreign, restarted, samples);
+    drop(bench);
+    Ok(())
+}
+
+/// The soak's table (benches/README.md, "soak"), after the foreign mounts seen: `rounds`' times
+/// to both serving and remounted, and the counts of the run.
+fn print_soak(
+    rounds: &[Duration],
+    two_serving: usize,
+    foreign: &[String],
+    restarted: usize,
+    samples: usize,
+) {
+    let mut sorted = rounds.to_vec();
     sorted.sort();
     let pick = |q: f64| {
         sorted
             .get(((sorted.len() as f64 - 1.0) * q).round() as usize)
             .map_or(0.0, |d| d.as_secs_f64())
     };
-    for f in &foreign {
+    for f in foreign {
         println!("foreign: {f}");
     }
     println!();
@@ -249,6 +263,4 @@ pub fn soak(failovers: usize) -> anyhow::Result<()> {
         pick(0.5),
         pick(1.0)
     );
-    drop(bench);
-    Ok(())
 }
