@@ -120,12 +120,9 @@ pub(crate) fn runner_image(
 
 fn labels(md: &str, role: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
-        ("app.kubernetes.io/name".into(), "model-deployment".into()),
-        ("app.kubernetes.io/instance".into(), names::label_value(md)),
-        (
-            "app.kubernetes.io/component".into(),
-            names::label_value(role),
-        ),
+        (names::NAME_LABEL.into(), names::MODEL_NAME.into()),
+        (names::INSTANCE_LABEL.into(), names::label_value(md)),
+        (names::COMPONENT_LABEL.into(), names::label_value(role)),
         (
             "app.kubernetes.io/managed-by".into(),
             "kvcache-operator".into(),
@@ -202,11 +199,8 @@ pub fn render(inputs: &ModelInputs<'_>) -> Result<ModelObjects, Error> {
                     owner: owner.clone(),
                     selector: pod_selector(&name, &role.name),
                     own: BTreeMap::from([
-                        ("app.kubernetes.io/name".into(), "model-deployment".into()),
-                        (
-                            "app.kubernetes.io/instance".into(),
-                            names::label_value(&name),
-                        ),
+                        (names::NAME_LABEL.into(), names::MODEL_NAME.into()),
+                        (names::INSTANCE_LABEL.into(), names::label_value(&name)),
                     ]),
                     declared: &declared,
                 }));

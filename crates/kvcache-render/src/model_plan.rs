@@ -485,4 +485,74 @@ mod tests {
         assert_eq!(objects.deployments.len(), md.spec.roles.len());
         assert!(!p.held && p.refusal.is_none());
     }
+
+    /// A pass of `md` in `w` with `existing` objects of its names and no role Deployment yet.
+    fn pass(md: &ModelDeployment, w: &World, existing: &[Existing]) -> ModelPlan {
+        let settings = Settings::default();
+        plan(&ModelRead {
+            deployment: md,
+            world: w,
+            settings: Some(&settings),
+            settings_refused: None,
+            namespace: "gpustack-system",
+            existing,
+            owned: &[],
+            engines: EngineFigures::default(),
+            now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        })
+    }
+
+    #[test]
+    fn one_pass_writes_the_policies_first_and_warns_of_a_name_it_left_alone() {
+        let w = world(&["walkthrough-model-without-cache.yaml"]);
+        let mut md = model(&w);
+        md.metadata.uid = Some("md-uid".into());
+        let p = pass(&md, &w, &[]);
+        let desired = p.desired.expect("role objects");
+        let kinds: Vec<&str> = desired.objects.iter().map(|o| o.kind.kind).collect();
+        let first_other = kinds
+            .iter()
+            .position(|k| *k != "NetworkPolicy")
+            .expect("a Deployment");
+        assert!(
+            kinds[first_other..].iter().all(|k| *k != "NetworkPolicy"),
+            "every policy before the Pods it closes: {kinds:?}"
+        );
+        assert_eq!(desired.kinds, crate::model::MODEL_KINDS);
+        assert!(p.events.iter().all(|n| n.reason != "NameTaken"));
+
+        let service = crate::names::object(md.metadata.name.as_deref().unwrap_or_default(), "");
+        let taken = [Existing {
+            kind: "Service",
+            name: service.clone(),
+            controller_uid: Some("someone".into()),
+            controller: Some("Deployment x".into()),
+        }];
+        let p = pass(&md, &w, &taken);
+        let desired = p.desired.expect("role objects");
+        assert!(
+            desired
+                .objects
+                .iter()
+                .all(|o| !(o.kind.kind == "Service" && o.name == service)),
+            "the Service of another is not written"
+        );
+        let note = p
+            .events
+            .iter()
+            .find(|n| n.reason == "NameTaken")
+            .expect("a NameTaken warning");
+        assert!(
+            note.message
+                .starts_with(&format!("Service {service} exists"))
+        );
+        assert!(
+            p.status
+                .conditions
+                .iter()
+                .any(|c| c.reason == "NameTaken" || c.message.contains(&service)),
+            "the status names it: {:?}",
+            p.status.conditions
+        );
+    }
 }

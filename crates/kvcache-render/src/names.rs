@@ -112,9 +112,9 @@ pub fn backend_of_labels(labels: &BTreeMap<String, String>) -> Option<&str> {
 /// The labels every object of one backend carries; `component` is `leader` or `member-<i>`.
 pub(crate) fn backend_labels(backend: &str, component: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
-        ("app.kubernetes.io/name".into(), "kv-cache-backend".into()),
-        ("app.kubernetes.io/instance".into(), label_value(backend)),
-        ("app.kubernetes.io/component".into(), component.into()),
+        (NAME_LABEL.into(), BACKEND_NAME.into()),
+        (INSTANCE_LABEL.into(), label_value(backend)),
+        (COMPONENT_LABEL.into(), component.into()),
         (
             "app.kubernetes.io/part-of".into(),
             "kvcache-operator".into(),
@@ -220,5 +220,25 @@ mod tests {
         assert!(is_dns1035_label(&object("1cache", "leader")));
         assert_eq!(label_value("mooncake-dram"), "mooncake-dram");
         assert!(label_value(&"x".repeat(70)).len() <= 63);
+    }
+
+    #[test]
+    fn the_label_contracts_find_what_the_render_labels() {
+        let labels = backend_labels("mooncake-dram", "leader");
+        assert_eq!(backend_of_labels(&labels), Some("mooncake-dram"));
+        let selector = store_objects();
+        let (k, v) = selector.split_once('=').expect("one label");
+        assert_eq!(labels.get(k).map(String::as_str), Some(v));
+        let mut other = labels.clone();
+        other.insert(NAME_LABEL.into(), MODEL_NAME.into());
+        assert_eq!(backend_of_labels(&other), None, "not a store object");
+        assert_eq!(
+            model_objects_of("Big.Model"),
+            format!(
+                "app.kubernetes.io/name=model-deployment,app.kubernetes.io/instance={}",
+                label_value("Big.Model")
+            )
+        );
+        assert_eq!(model_objects(), "app.kubernetes.io/name=model-deployment");
     }
 }
