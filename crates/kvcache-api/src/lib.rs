@@ -17,6 +17,7 @@ pub mod model;
 pub mod names;
 pub mod pool;
 pub mod quantity;
+pub mod relation;
 pub mod resources;
 pub mod rules;
 pub mod settings;

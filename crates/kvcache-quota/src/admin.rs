@@ -4,7 +4,8 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::Error;
+use crate::ceiling::BindingCeiling;
+use crate::error::Error;
 
 /// The route on the master's admin port (9003 for a managed leader).
 pub(crate) const ROUTE: &str = "/api/v1/tenant_quotas";
@@ -278,8 +279,8 @@ pub fn decode_removed(status: u16, body: &str) -> Result<u64, AdminError> {
 /// transfer` (CHANGELOG.md, "Fixed").
 pub fn ceilings_to_write<'a>(
     listed: Option<&[TenantEntry]>,
-    views: &'a [crate::status::BindingView],
-) -> Vec<&'a crate::status::BindingView> {
+    views: &'a [BindingCeiling],
+) -> Vec<&'a BindingCeiling> {
     let mut seen = std::collections::BTreeSet::new();
     views
         .iter()
@@ -403,10 +404,9 @@ impl From<AdminError> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::BindingView;
 
-    fn view(binding: &str, tenant: &str, ceiling_bytes: u64) -> BindingView {
-        BindingView {
+    fn view(binding: &str, tenant: &str, ceiling_bytes: u64) -> BindingCeiling {
+        BindingCeiling {
             binding: binding.into(),
             tenant: tenant.into(),
             ceiling_bytes,

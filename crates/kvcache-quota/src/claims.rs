@@ -3,7 +3,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use kvcache_api::backend::KVCacheBackend;
 use kvcache_api::manifest::{Object, ObjectRef};
+use kvcache_api::pool::pool_conditions::QUOTA_LEDGER_AVAILABLE;
+use kvcache_api::pool::{KVCachePool, KVCachePoolBinding};
+use kvcache_api::relation::Relation;
 
 /// One Binding's claim on a tenant of a backend.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -174,66 +178,118 @@ impl Finding {
     }
 }
 
-/// Domain claims per backend, the pool warning for a single-tenant backend, a second domain
-/// on a backend without a ledger (docs/design.md#domain-claims, #pool-admission,
-/// #second-domain) and who shares a backend (`crate::tenancy`, docs/isolation.md#tenancy), over
-/// objects given together.
-/// Bindings are judged in the order given: a later claim on a held name is the duplicate.
-pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
-    let mut out = Vec::new();
-    let backends: BTreeMap<String, &kvcache_api::KVCacheBackend> = objects
-        .iter()
-        .filter_map(|o| match o {
-            Object::Backend(b) => Some((b.metadata.name.clone().unwrap_or_default(), &**b)),
-            _ => None,
+/// The cross-object findings on `candidate` (docs/design.md#domain-claims, #pool-admission,
+/// #second-domain; who shares a backend: `crate::tenancy`, docs/isolation.md#tenancy), judged
+/// as if it came after the objects of `relation` (a copy of it among them is ignored): domain
+/// claims per backend and a second domain on a backend without a ledger for a Binding, the
+/// warning for a single-tenant backend for a pool. The Bindings of `relation` on the same
+/// backend are judged first, in the order they came in: a later claim on a held name is the
+/// duplicate, and a refused one holds nothing.
+pub fn cross_object(relation: &Relation, candidate: &Object) -> Vec<Finding> {
+    match candidate {
+        Object::Pool(p) => pool_findings(relation, p),
+        Object::Binding(b) => binding_findings(relation, b),
+        _ => Vec::new(),
+    }
+}
+
+/// A pool over a backend declaring `multiTenancy: false`: [`pool_warning`].
+fn pool_findings(relation: &Relation, p: &KVCachePool) -> Vec<Finding> {
+    let name = p.metadata.name.clone().unwrap_or_default();
+    relation
+        .backend_of(p)
+        .and_then(|b| pool_warning(&name, b))
+        .map(|w| Finding {
+            object: ObjectRef::new("KVCachePool", &p.metadata),
+            field: "spec.backends",
+            kind: FindingKind::Warning,
+            message: w,
         })
-        .collect();
-    let mut pool_backend = BTreeMap::new();
-    // What the pools observed of each backend's ledger (objects from the cluster carry status;
-    // manifests do not): `QuotaLedgerAvailable` True, or False/`MultiTenancyDisabled`.
-    let mut observed: BTreeMap<String, bool> = BTreeMap::new();
-    for o in objects {
-        if let Object::Pool(p) = o {
-            let seen = p
-                .status
-                .iter()
-                .flat_map(|s| s.conditions.iter())
-                .find(|c| c.type_ == kvcache_api::pool::pool_conditions::QUOTA_LEDGER_AVAILABLE)
-                .and_then(|c| match (c.status.as_str(), c.reason.as_str()) {
-                    ("True", _) => Some(true),
-                    ("False", "MultiTenancyDisabled") => Some(false),
-                    _ => None,
-                });
-            if let (Some(seen), Some(backend)) = (seen, p.spec.backend()) {
-                observed.insert(backend.to_owned(), seen);
-            }
-            let name = p.metadata.name.clone().unwrap_or_default();
-            let backend = p.spec.backend().unwrap_or_default().to_owned();
-            if let Some(w) = backends.get(&backend).and_then(|b| pool_warning(&name, b)) {
-                out.push(Finding {
-                    object: o.object_ref(),
-                    field: "spec.backends",
-                    kind: FindingKind::Warning,
-                    message: w,
-                });
-            }
-            pool_backend.insert(name, backend);
+        .into_iter()
+        .collect()
+}
+
+/// A Binding's findings, after every other Binding of `relation` on its pool's backend.
+fn binding_findings(relation: &Relation, candidate: &KVCachePoolBinding) -> Vec<Finding> {
+    let Some(backend) = relation.backend_name_of(candidate) else {
+        return Vec::new();
+    };
+    let me = ObjectRef::new("KVCachePoolBinding", &candidate.metadata);
+    let mut judged = OnBackend::new(relation, backend);
+    for b in relation.bindings_as_given() {
+        if relation.backend_name_of(b) == Some(backend)
+            && ObjectRef::new("KVCachePoolBinding", &b.metadata) != me
+        {
+            judged.judge(b);
         }
     }
-    // The first holder of each (backend, tenant), and up to two distinct tenants per backend
-    // in the order they came (enough for `second_domain`: whether another tenant is there, and
-    // which one came first): each Binding is judged in O(log n), not against every claim.
-    let mut held: BTreeMap<(String, String), Claim> = BTreeMap::new();
-    let mut tenants_on: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    // The namespaces already holding a Binding on each backend (docs/isolation.md#tenancy).
-    let mut namespaces_on: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for o in objects {
-        let Object::Binding(b) = o else { continue };
-        let Some(backend) = pool_backend.get(&b.spec.pool_ref.name) else {
-            continue;
+    judged.judge(candidate)
+}
+
+/// What the Bindings judged so far on one backend hold: each tenant's first holder, up to two
+/// distinct tenants in the order they came (enough for [`second_domain`]: whether another
+/// tenant is there, and which came first) and the namespaces already on it
+/// (docs/isolation.md#tenancy).
+struct OnBackend<'a> {
+    /// The backend's name.
+    backend: &'a str,
+    /// The backend, when it exists.
+    known: Option<&'a KVCacheBackend>,
+    /// Whether its master keeps a ledger: declared off wins; otherwise what a pool observed;
+    /// otherwise what is declared, or unknown.
+    ledger: Option<bool>,
+    held: BTreeMap<String, Claim>,
+    tenants: Vec<String>,
+    namespaces: BTreeSet<String>,
+}
+
+impl<'a> OnBackend<'a> {
+    fn new(relation: &'a Relation, backend: &'a str) -> Self {
+        let known = relation.backend(backend);
+        // What the pools observed of the ledger (objects from the cluster carry status;
+        // manifests do not): `QuotaLedgerAvailable` True, or False/`MultiTenancyDisabled`.
+        let observed = relation
+            .pools_on(backend)
+            .filter_map(|p| {
+                p.status
+                    .iter()
+                    .flat_map(|s| s.conditions.iter())
+                    .find(|c| c.type_ == QUOTA_LEDGER_AVAILABLE)
+                    .and_then(|c| match (c.status.as_str(), c.reason.as_str()) {
+                        ("True", _) => Some(true),
+                        ("False", "MultiTenancyDisabled") => Some(false),
+                        _ => None,
+                    })
+            })
+            .last();
+        let ledger = match known
+            .and_then(|be| be.spec.connection.managed.as_ref())
+            .map(|m| m.leader.multi_tenancy)
+        {
+            Some(false) => Some(false),
+            declared => observed.or(declared),
+        };
+        OnBackend {
+            backend,
+            known,
+            ledger,
+            held: BTreeMap::new(),
+            tenants: Vec::new(),
+            namespaces: BTreeSet::new(),
+        }
+    }
+
+    /// Judges `b` after the Bindings judged before it: its findings; unless one refuses it, it
+    /// then holds its claim.
+    fn judge(&mut self, b: &KVCachePoolBinding) -> Vec<Finding> {
+        let finding = |field, kind, message| Finding {
+            object: ObjectRef::new("KVCachePoolBinding", &b.metadata),
+            field,
+            kind,
+            message,
         };
         let claim = Claim {
-            backend: backend.clone(),
+            backend: self.backend.to_owned(),
             tenant: kvcache_api::admission::tenant_of(b).to_owned(),
             binding: format!(
                 "{}/{}",
@@ -243,88 +299,43 @@ pub fn cross_object(objects: &[Object]) -> Vec<Finding> {
             pool: b.spec.pool_ref.name.clone(),
             releasing: b.metadata.deletion_timestamp.is_some(),
         };
-        let holder = held
-            .get(&(claim.backend.clone(), claim.tenant.clone()))
-            .map(std::slice::from_ref)
-            .unwrap_or_default();
-        if let Err(dup) = check(holder, &claim) {
-            out.push(Finding {
-                object: o.object_ref(),
-                field: "spec.domain.name",
-                kind: FindingKind::Duplicate,
-                message: dup.to_string(),
-            });
-            continue;
+        let holder = self.held.get(&claim.tenant).map(std::slice::from_ref);
+        if let Err(dup) = check(holder.unwrap_or_default(), &claim) {
+            let message = dup.to_string();
+            return vec![finding("spec.domain.name", FindingKind::Duplicate, message)];
         }
+        let mut out = Vec::new();
         let namespace = b.metadata.namespace.as_deref().unwrap_or("default");
-        let empty = BTreeSet::new();
-        match crate::tenancy::binding(
-            backend,
-            backends.get(backend).copied(),
-            &claim.pool,
-            namespace,
-            namespaces_on.get(backend).unwrap_or(&empty),
-        ) {
-            Ok(Some(w)) => out.push(Finding {
-                object: o.object_ref(),
-                field: "spec.poolRef.name",
-                kind: FindingKind::Warning,
-                message: w,
-            }),
+        let on = &self.namespaces;
+        match crate::tenancy::binding(self.backend, self.known, &claim.pool, namespace, on) {
+            Ok(Some(w)) => out.push(finding("spec.poolRef.name", FindingKind::Warning, w)),
             Ok(None) => {}
             Err(e) => {
-                out.push(Finding {
-                    object: o.object_ref(),
-                    field: "spec.poolRef.name",
-                    kind: FindingKind::Forbidden,
-                    message: e.to_string(),
-                });
-                continue;
+                let message = e.to_string();
+                out.push(finding(
+                    "spec.poolRef.name",
+                    FindingKind::Forbidden,
+                    message,
+                ));
+                return out;
             }
         }
-        // Declared off wins; otherwise what a pool observed; otherwise unknown.
-        let ledger = match backends
-            .get(backend)
-            .and_then(|be| be.spec.connection.managed.as_ref())
-            .map(|m| m.leader.multi_tenancy)
-        {
-            Some(false) => Some(false),
-            declared => observed.get(backend).copied().or(declared),
-        };
-        let tenants = tenants_on
-            .get(backend)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        match second_domain(backend, ledger, tenants, &claim.tenant) {
-            Ok(Some(w)) => out.push(Finding {
-                object: o.object_ref(),
-                field: "spec.domain.name",
-                kind: FindingKind::Warning,
-                message: w,
-            }),
+        match second_domain(self.backend, self.ledger, &self.tenants, &claim.tenant) {
+            Ok(Some(w)) => out.push(finding("spec.domain.name", FindingKind::Warning, w)),
             Ok(None) => {}
             Err(e) => {
-                out.push(Finding {
-                    object: o.object_ref(),
-                    field: "spec.domain.name",
-                    kind: FindingKind::Forbidden,
-                    message: e.to_string(),
-                });
-                continue;
+                let message = e.to_string();
+                out.push(finding("spec.domain.name", FindingKind::Forbidden, message));
+                return out;
             }
         }
-        let seen = tenants_on.entry(claim.backend.clone()).or_default();
-        if seen.len() < 2 && !seen.contains(&claim.tenant) {
-            seen.push(claim.tenant.clone());
+        if self.tenants.len() < 2 && !self.tenants.contains(&claim.tenant) {
+            self.tenants.push(claim.tenant.clone());
         }
-        namespaces_on
-            .entry(claim.backend.clone())
-            .or_default()
-            .insert(namespace.to_owned());
-        held.entry((claim.backend.clone(), claim.tenant.clone()))
-            .or_insert(claim);
+        self.namespaces.insert(namespace.to_owned());
+        self.held.entry(claim.tenant.clone()).or_insert(claim);
+        out
     }
-    out
 }
 
 #[cfg(test)]
@@ -347,6 +358,28 @@ mod tests {
             .expect("parses")
             .remove(0)
             .object
+    }
+
+    /// Each Binding of `objects` judged in turn against every backend and pool of `objects` and
+    /// the Bindings before it: the findings of all.
+    fn in_turn(objects: &[Object]) -> Vec<Finding> {
+        use std::sync::Arc;
+        let mut relation = Relation::default();
+        for o in objects {
+            match o {
+                Object::Backend(b) => relation.add_backend(Arc::new((**b).clone())),
+                Object::Pool(p) => relation.add_pool(Arc::new((**p).clone())),
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        for o in objects {
+            if let Object::Binding(b) = o {
+                out.extend(cross_object(&relation, o));
+                relation.add_binding(Arc::new((**b).clone()));
+            }
+        }
+        out
     }
 
     #[test]
@@ -376,7 +409,7 @@ mod tests {
             }))
         };
         let second = |ledger| {
-            cross_object(&[
+            in_turn(&[
                 backend.clone(),
                 pool(ledger),
                 binding("a", "qwen"),
@@ -400,6 +433,50 @@ mod tests {
             second(Some(("False", "LedgerUnreachable"))),
             Some(FindingKind::Warning)
         );
+    }
+
+    #[test]
+    fn a_pool_on_a_single_tenant_backend_is_warned_and_a_stored_copy_is_not_its_own_rival() {
+        use std::sync::Arc;
+        let backend = object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend", "metadata": {"name": "m"},
+            "spec": {"connection": {"managed": {"leader": {"multiTenancy": false},
+                     "members": [{"medium": "DRAM", "capacityPerMember": "1Gi"}]}}}
+        }));
+        let pool = object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePool", "metadata": {"name": "p"},
+            "spec": {"backends": ["m"], "quota": {"total": "1Gi"}}
+        }));
+        let binding = object(serde_json::json!({
+            "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCachePoolBinding",
+            "metadata": {"name": "b", "namespace": "a"},
+            "spec": {"poolRef": {"name": "p"}, "quota": {"ceiling": "1Gi"},
+                     "domain": {"name": "qwen", "blockSize": 64, "dtype": "bfloat16"}}
+        }));
+        let mut relation = Relation::default();
+        if let (Object::Backend(b), Object::Pool(p), Object::Binding(x)) =
+            (&backend, &pool, &binding)
+        {
+            relation.add_backend(Arc::new((**b).clone()));
+            relation.add_pool(Arc::new((**p).clone()));
+            relation.add_binding(Arc::new((**x).clone()));
+        }
+        let warned = cross_object(&relation, &pool);
+        assert_eq!(
+            warned.iter().map(|f| (f.field, f.kind)).collect::<Vec<_>>(),
+            [("spec.backends", FindingKind::Warning)]
+        );
+        assert!(
+            warned[0]
+                .message
+                .starts_with("KVCachePool p: KVCacheBackend m declares")
+        );
+        assert_eq!(
+            cross_object(&relation, &binding),
+            [],
+            "its stored copy is ignored"
+        );
+        assert_eq!(cross_object(&relation, &backend), []);
     }
 
     #[test]
@@ -462,7 +539,7 @@ mod tests {
             ]
         };
         for deleting in [false, true] {
-            let findings = cross_object(&objects(deleting));
+            let findings = in_turn(&objects(deleting));
             let refusal = findings
                 .iter()
                 .find(|f| f.object.namespace.as_deref() == Some("team-b"))
@@ -505,7 +582,7 @@ mod tests {
                              "domain": {"name": domain, "blockSize": 64, "dtype": "bfloat16"}}
                 })));
             }
-            cross_object(&all)
+            in_turn(&all)
                 .into_iter()
                 .filter(|f| f.field == "spec.poolRef.name")
                 .map(|f| (f.object.to_string(), f.kind, f.message))

@@ -5,7 +5,9 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod ceiling;
 pub mod claims;
+mod error;
 pub mod grant;
 pub mod policy;
 pub mod release;
@@ -13,28 +15,8 @@ pub mod status;
 pub mod tenancy;
 
 pub use admin::{AdminError, Outcome, TenantEntry};
+pub use ceiling::BindingCeiling;
 pub use claims::{Claim, DuplicateDomain};
+pub use error::Error;
 pub use grant::recut;
 pub use policy::{PolicyDocument, TenantQuota};
-
-/// What can go wrong in this crate.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum Error {
-    /// The policy document would be refused by the store; nothing is rendered.
-    #[error("the tenant policy for backend {backend} was not rendered: {}", problems.join("; "))]
-    PolicyRefused {
-        /// Name of the KVCacheBackend whose tenant policy was not rendered.
-        backend: String,
-        /// Every problem, each naming the Binding.
-        problems: Vec<String>,
-    },
-    /// The store's admin API answered something this crate cannot use: unreadable, or a
-    /// refusal of the ledger's (converted from [`AdminError`]).
-    #[error("the store's admin API answered something unreadable ({context}): {message}")]
-    Unreadable {
-        /// What was asked.
-        context: String,
-        /// What the decoder could not read, or the ledger's refusal.
-        message: String,
-    },
-}

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use kvcache_api::admission::{MAX_QUOTA_BYTES, domain_name_problem};
 use serde::{Deserialize, Serialize};
 
-use crate::Error;
+pub use crate::ceiling::BindingCeiling;
+use crate::error::Error;
 
 /// Where the master reads the document, in its writable volume.
 pub const POLICY_PATH: &str = "/var/lib/mooncake/tenant-quota-policy.yaml";
@@ -62,17 +63,6 @@ impl PolicyDocument {
             message: e.to_string(),
         })
     }
-}
-
-/// One Binding's ceiling, as the render takes it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct BindingCeiling {
-    /// `namespace/name`.
-    pub binding: String,
-    /// The tenant id: the Binding's `spec.domain.name`, `default` when empty.
-    pub tenant: String,
-    /// Its ceiling, bytes.
-    pub ceiling_bytes: u64,
 }
 
 /// Renders the document for `backend` from the Bindings of every pool on it.

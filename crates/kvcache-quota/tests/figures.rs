@@ -14,7 +14,7 @@ fn cond<'a>(conds: &'a [Cond], t: &str) -> &'a Cond {
     find(conds, t).unwrap_or_else(|| panic!("no {t} condition in {conds:#?}"))
 }
 
-fn ledger_for(capacity: u64, bindings: &[BindingView]) -> Outcome {
+fn ledger_for(capacity: u64, bindings: &[BindingCeiling]) -> Outcome {
     let requests: Vec<(String, u64)> = bindings
         .iter()
         .map(|b| (b.tenant.clone(), b.ceiling_bytes))
@@ -51,8 +51,8 @@ fn managed(multi_tenancy: bool) -> BackendView {
 }
 
 /// The walkthrough's one Binding (8Gi, the default tenant) and its ledger on 16Gi.
-fn walkthrough() -> ([BindingView; 1], Outcome) {
-    let bindings = [BindingView {
+fn walkthrough() -> ([BindingCeiling; 1], Outcome) {
+    let bindings = [BindingCeiling {
         binding: "team-a/team-a".into(),
         tenant: "default".into(),
         ceiling_bytes: 8 * GI,
@@ -123,17 +123,17 @@ fn the_walkthrough() {
 #[test]
 fn three_namespaces_oversubscribe_a_pool() {
     let bindings = [
-        BindingView {
+        BindingCeiling {
             binding: "team-a/cache".into(),
             tenant: "team-a".into(),
             ceiling_bytes: 8 * GI,
         },
-        BindingView {
+        BindingCeiling {
             binding: "team-b/cache".into(),
             tenant: "team-b".into(),
             ceiling_bytes: 8 * GI,
         },
-        BindingView {
+        BindingCeiling {
             binding: "team-c/cache".into(),
             tenant: "team-c".into(),
             ceiling_bytes: 16 * GI,
@@ -188,15 +188,7 @@ fn three_namespaces_oversubscribe_a_pool() {
         .collect();
     assert_eq!(grants, vec![4 * GI, 4 * GI, 8 * GI]);
 
-    let ceilings: Vec<BindingCeiling> = bindings
-        .iter()
-        .rev()
-        .map(|b| BindingCeiling {
-            binding: b.binding.clone(),
-            tenant: b.tenant.clone(),
-            ceiling_bytes: b.ceiling_bytes,
-        })
-        .collect();
+    let ceilings: Vec<BindingCeiling> = bindings.iter().rev().cloned().collect();
     insta::assert_snapshot!(
         "three_namespaces_policy",
         policy::render("mooncake-dram", &ceilings)
@@ -207,7 +199,7 @@ fn three_namespaces_oversubscribe_a_pool() {
 
 #[test]
 fn without_multi_tenancy_nothing_is_enforced() {
-    let bindings = [BindingView {
+    let bindings = [BindingCeiling {
         binding: "team-a/team-a".into(),
         tenant: "default".into(),
         ceiling_bytes: 8 * GI,
@@ -274,7 +266,7 @@ fn without_multi_tenancy_nothing_is_enforced() {
 
 #[test]
 fn nothing_to_allocate_after_a_restart() {
-    let bindings = [BindingView {
+    let bindings = [BindingCeiling {
         binding: "team-a/team-a".into(),
         tenant: "default".into(),
         ceiling_bytes: 8 * GI,

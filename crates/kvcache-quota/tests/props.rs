@@ -47,7 +47,7 @@ proptest! {
     ) {
         let ceilings: Vec<BindingCeiling> = tenants.iter().enumerate().map(|(i, (t, c))| BindingCeiling { binding: format!("ns/b{i}"), tenant: t.clone(), ceiling_bytes: *c }).collect();
         let _ = policy::render("b", &ceilings);
-        let views: Vec<BindingView> = ceilings.iter().map(|c| BindingView { binding: c.binding.clone(), tenant: c.tenant.clone(), ceiling_bytes: c.ceiling_bytes }).collect();
+        let views = ceilings.clone();
         let entries: Vec<TenantEntry> = views.iter().map(|v| TenantEntry { tenant_id: v.tenant.clone(), effective_quota_bytes: v.ceiling_bytes / 2, ..Default::default() }).collect();
         let ledger = Outcome::Listed(entries.clone());
         let pool = pool_status(&PoolInput { pool: "p", total_bytes: total, backend: BackendView::External { name: "e".into(), client_endpoint: "m:1".into() }, ledger: &ledger, capacity_bytes: capacity, policy_write: None, bindings: &views, unclaimed: &[], release: Release::NotDeleting });

@@ -19,6 +19,9 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+/// The label that opts a Pod in to the injection (the webhook's `objectSelector`).
+pub(crate) const INJECT_LABEL: &str = "kvcache.gpustack.ai/inject";
+
 /// The annotation a Pod opted in by label carries to be closed but for its declared ports:
 /// `DeclaredPorts` or `Unmanaged` (the default), as a ModelDeployment's `spec.networkPolicy`.
 pub const NETWORK_POLICY_ANNOTATION: &str = "kvcache.gpustack.ai/network-policy";
@@ -58,7 +61,7 @@ pub fn policy_token(request: &str) -> String {
 pub fn pod_policy(pod: &Pod) -> Option<NetworkPolicy> {
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    let opted_in = labels.get(crate::pod::INJECT_LABEL).map(String::as_str) == Some("true")
+    let opted_in = labels.get(INJECT_LABEL).map(String::as_str) == Some("true")
         && annotations.contains_key(kvcache_inject::INJECTED_ANNOTATION)
         && annotations
             .get(NETWORK_POLICY_ANNOTATION)

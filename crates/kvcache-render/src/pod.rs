@@ -19,12 +19,13 @@ use kvcache_inject::{
     parse_role,
 };
 
-use crate::engine_access::{ENGINE_POLICY_LABEL, NETWORK_POLICY_ANNOTATION, policy_token};
+use crate::engine_access::{
+    ENGINE_POLICY_LABEL, INJECT_LABEL, NETWORK_POLICY_ANNOTATION, policy_token,
+};
+use crate::model::Attachment;
 use crate::resolve::{Environment, attachment_on};
-use crate::world::Chain;
+use crate::world::{Chain, MissingLink};
 
-/// The label that opts a Pod in (the webhook's `objectSelector`).
-pub(crate) const INJECT_LABEL: &str = "kvcache.gpustack.ai/inject";
 /// The Binding of the Pod's namespace.
 pub(crate) const BINDING_ANNOTATION: &str = "kvcache.gpustack.ai/binding";
 /// `vLLM` or `SGLang`.
@@ -216,18 +217,15 @@ pub fn binding_named(
         .filter(|b| !b.is_empty())
 }
 
-/// Decides for one opted-in Pod in `namespace`; `request` is the admission request's uid, the
-/// Pod's own engine policy's name when it asks for one ([`NETWORK_POLICY_ANNOTATION`]).
-pub fn inject_pod(
+/// The Pod's own engine policy (`InvalidNetworkPolicy`, `RecordSubmitted`): what its
+/// [`NETWORK_POLICY_ANNOTATION`] asks for, and the token naming that policy (from `request`, the
+/// admission request's uid).
+fn own_policy(
     pod: &Pod,
-    namespace: &str,
+    annotations: &BTreeMap<String, String>,
     request: &str,
-    refs: Chain<'_>,
-    env: &Environment<'_>,
-) -> Result<Injected, PodRefusal> {
-    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    annotation_keys(&annotations)?;
-    let policy = network_policy(&annotations)?;
+) -> Result<(EngineNetworkPolicy, String), PodRefusal> {
+    let policy = network_policy(annotations)?;
     if pod
         .metadata
         .labels
@@ -250,6 +248,94 @@ pub fn inject_pod(
             ),
         ));
     }
+    Ok((policy, token))
+}
+
+/// The attachment the Binding `binding` of `namespace` gives (`BindingNotFound`,
+/// `BindingDeleting`, `DanglingReference`): its chain as the webhook found it (`refs`), the
+/// ledger and endpoint as its pool observed them.
+fn attach(
+    refs: Chain<'_>,
+    namespace: &str,
+    binding: &str,
+    env: &Environment<'_>,
+) -> Result<Attachment, PodRefusal> {
+    if refs
+        .binding
+        .is_some_and(|b| b.metadata.deletion_timestamp.is_some())
+    {
+        return Err(refuse(
+            "BindingDeleting",
+            format!(
+                "KVCachePoolBinding {namespace}/{binding} is being deleted: its namespace no longer reaches the store and its tenant is revoked on the master (docs/isolation.md#revocation); name another Binding of this namespace"
+            ),
+        ));
+    }
+    let links = refs.links(namespace, binding).map_err(|link| match link {
+        MissingLink::Binding { .. } => refuse(
+            "BindingNotFound",
+            format!(
+                "{link}: create it in this namespace, or name one that exists (kubectl get kvcachepoolbindings -n {namespace})"
+            ),
+        ),
+        _ => refuse("DanglingReference", link.to_string()),
+    })?;
+    let mut att = attachment_on(binding, links.binding, links.backend, env)
+        .map_err(|e| refuse("DanglingReference", e.to_string()))?;
+    // The pool's observations, not the declarations, decide (docs/design.md#injection-ledger).
+    att.ledger = ledger(links.pool);
+    att.client_endpoint = links
+        .pool
+        .status
+        .as_ref()
+        .and_then(|s| s.client_endpoint.clone());
+    Ok(att)
+}
+
+/// `pod` with the injection applied to its container `index`, its records written and, for
+/// `DeclaredPorts`, the label naming its own policy (`token`).
+fn injected(
+    pod: &Pod,
+    index: usize,
+    injection: &kvcache_inject::Injection,
+    policy: EngineNetworkPolicy,
+    token: String,
+) -> Pod {
+    let mut out = pod.clone();
+    let out_spec = out.spec.get_or_insert_with(Default::default);
+    out_spec.containers[index] = injection.apply(&out_spec.containers[index]);
+    if let Some(v) = &injection.volume {
+        out_spec
+            .volumes
+            .get_or_insert_with(Vec::new)
+            .push(v.clone());
+    }
+    let a = out.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    if let Some(doc) = &injection.client_config {
+        a.insert(CLIENT_CONFIG_ANNOTATION.to_owned(), doc.clone());
+    }
+    a.insert(INJECTED_ANNOTATION.to_owned(), injection.record_json());
+    if policy == EngineNetworkPolicy::DeclaredPorts {
+        out.metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(ENGINE_POLICY_LABEL.to_owned(), token);
+    }
+    out
+}
+
+/// Decides for one opted-in Pod in `namespace`; `request` is the admission request's uid, the
+/// Pod's own engine policy's name when it asks for one ([`NETWORK_POLICY_ANNOTATION`]).
+pub fn inject_pod(
+    pod: &Pod,
+    namespace: &str,
+    request: &str,
+    refs: Chain<'_>,
+    env: &Environment<'_>,
+) -> Result<Injected, PodRefusal> {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    annotation_keys(&annotations)?;
+    let (policy, token) = own_policy(pod, &annotations, request)?;
     let binding_name = annotations
         .get(BINDING_ANNOTATION)
         .map(String::as_str)
@@ -268,42 +354,7 @@ pub fn inject_pod(
     let attachment = if binding_name.is_empty() || binding_name.contains('/') {
         None
     } else {
-        let b = refs.binding.ok_or_else(|| {
-            refuse(
-                "BindingNotFound",
-                format!("KVCachePoolBinding {namespace}/{binding_name} does not exist: create it in this namespace, or name one that exists (kubectl get kvcachepoolbindings -n {namespace})"),
-            )
-        })?;
-        if b.metadata.deletion_timestamp.is_some() {
-            return Err(refuse(
-                "BindingDeleting",
-                format!(
-                    "KVCachePoolBinding {namespace}/{binding_name} is being deleted: its namespace no longer reaches the store and its tenant is revoked on the master (docs/isolation.md#revocation); name another Binding of this namespace"
-                ),
-            ));
-        }
-        let pool = refs.pool.ok_or_else(|| {
-            refuse(
-                "DanglingReference",
-                format!("KVCachePoolBinding {namespace}/{binding_name} names KVCachePool {}, which does not exist", b.spec.pool_ref.name),
-            )
-        })?;
-        let backend = refs.backend.ok_or_else(|| {
-            refuse(
-                "DanglingReference",
-                format!(
-                    "KVCachePool {} names KVCacheBackend {}, which does not exist",
-                    b.spec.pool_ref.name,
-                    pool.spec.backend().unwrap_or_default()
-                ),
-            )
-        })?;
-        let mut att = attachment_on(binding_name, b, backend, env)
-            .map_err(|e| refuse("DanglingReference", e.to_string()))?;
-        // The pool's observations, not the declarations, decide (docs/design.md#injection-ledger).
-        att.ledger = ledger(pool);
-        att.client_endpoint = pool.status.as_ref().and_then(|s| s.client_endpoint.clone());
-        Some(att)
+        Some(attach(refs, namespace, binding_name, env)?)
     };
     let spec = pod.spec.clone().unwrap_or_default();
     let container = &spec.containers[index];
@@ -337,28 +388,8 @@ pub fn inject_pod(
             == Some("true"),
     };
     let injection = inject(&req).map_err(|e| refuse(e.reason(), e.to_string()))?;
-    let mut out = pod.clone();
-    let out_spec = out.spec.get_or_insert_with(Default::default);
-    out_spec.containers[index] = injection.apply(container);
-    if let Some(v) = &injection.volume {
-        out_spec
-            .volumes
-            .get_or_insert_with(Vec::new)
-            .push(v.clone());
-    }
-    let a = out.metadata.annotations.get_or_insert_with(BTreeMap::new);
-    if let Some(doc) = &injection.client_config {
-        a.insert(CLIENT_CONFIG_ANNOTATION.to_owned(), doc.clone());
-    }
-    a.insert(INJECTED_ANNOTATION.to_owned(), injection.record_json());
-    if policy == EngineNetworkPolicy::DeclaredPorts {
-        out.metadata
-            .labels
-            .get_or_insert_with(BTreeMap::new)
-            .insert(ENGINE_POLICY_LABEL.to_owned(), token);
-    }
     Ok(Injected {
-        pod: out,
+        pod: injected(pod, index, &injection, policy, token),
         warnings: injection.warnings,
     })
 }

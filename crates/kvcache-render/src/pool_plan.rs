@@ -10,11 +10,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use kvcache_api::backend::EndpointName;
 use kvcache_api::{KVCachePool, KVCachePoolBinding};
 use kvcache_quota::admin::{Outcome, TenantEntry};
+use kvcache_quota::ceiling::BindingCeiling;
 use kvcache_quota::claims::contested;
 use kvcache_quota::release::Unclaimed;
 use kvcache_quota::status::{
-    BackendView, BindingInput, BindingVerdict, BindingView, PolicyWrite, PoolInput, PoolVerdict,
-    Release, binding_status, pool_status,
+    BackendView, BindingInput, BindingVerdict, PolicyWrite, PoolInput, PoolVerdict, Release,
+    binding_status, pool_status,
 };
 
 use crate::backend::client_endpoint;
@@ -30,10 +31,10 @@ pub struct PoolPlan {
     pub backend: BackendView,
     /// Each Binding's view, sorted by `namespace/name`; one whose ceiling does not parse is
     /// left out ([`PoolPlan::unreadable`]).
-    pub bindings: Vec<BindingView>,
+    pub bindings: Vec<BindingCeiling>,
     /// The Bindings whose ceilings are pushed: all but those being deleted (a release may have
     /// removed the tenant already, and a push would put it back).
-    pub pushed: Vec<BindingView>,
+    pub pushed: Vec<BindingCeiling>,
     /// Bindings whose ceiling could not be read: `namespace/name` and why.
     pub unreadable: Vec<(String, String)>,
     /// Whether the ledger is read at all: `false` when the backend declares
@@ -51,7 +52,7 @@ pub struct PoolPlan {
 /// or missing.
 pub fn backend_view(world: &World, namespace: &str, pool: &KVCachePool) -> BackendView {
     let name = pool.spec.backend().unwrap_or_default().to_owned();
-    let Some(b) = world.backend(&name) else {
+    let Some(b) = world.backend_of(pool) else {
         return BackendView::Missing { name };
     };
     match (&b.spec.connection.managed, &b.spec.connection.external) {

@@ -218,18 +218,17 @@ fn oplog_image_rule(
 
 /// Tenancy (docs/isolation.md#tenancy): a backend declared, or changed to, `Dedicated` while
 /// Bindings of other namespaces use it is refused, naming them (`kvcache_quota::tenancy`).
-/// Judged when the backend is created or its `spec.tenancy` moves, against the Bindings among
-/// `others`, so a stored backend stays updatable.
+/// Judged when the backend is created or its `spec.tenancy` moves, against the Bindings of
+/// `world`, so a stored backend stays updatable.
 fn tenancy_rule(
     b: &kvcache_api::KVCacheBackend,
     old: Option<&kvcache_api::KVCacheBackend>,
-    others: &[Object],
+    world: &World,
 ) -> Option<Refusal> {
     let admits = b.spec.tenancy.dedicated_to();
     if admits.is_none() || old.is_some_and(|o| o.spec.tenancy == b.spec.tenancy) {
         return None;
     }
-    let world = World::from_objects(others);
     let name = b.metadata.name.as_deref().unwrap_or_default();
     let bindings: Vec<String> = world
         .bindings_on(name)
@@ -246,15 +245,13 @@ fn tenancy_rule(
 
 /// The backend behind a ModelDeployment's Binding and the protocol of each of its member groups
 /// (an external store counts as one group on the backend's protocol), when the Binding, its pool
-/// and backend are among `others`; otherwise the deployment reports `BindingNotFound` (creation
+/// and backend are in the world; otherwise the deployment reports `BindingNotFound` (creation
 /// order is free) and the rules that need them wait for the deployment's next change.
 fn store_of<'a>(
     md: &kvcache_api::ModelDeployment,
     world: &'a World,
 ) -> Option<(&'a kvcache_api::KVCacheBackend, Vec<Protocol>)> {
-    let kv = md.spec.kv_cache.as_ref()?;
-    let ns = md.metadata.namespace.as_deref().unwrap_or("default");
-    let backend = world.chain(ns, &kv.pool_ref.name).backend?;
+    let backend = world.chain_of_model(md).backend?;
     let protocols = match &backend.spec.connection.managed {
         Some(m) => m
             .members
@@ -274,8 +271,7 @@ fn role_engine(
     world: &World,
 ) -> Option<&'static kvcache_inject::engines::EngineRow> {
     let ascend = world
-        .instance_types()
-        .find(|it| it.metadata.name.as_deref() == Some(role.instance_type.as_str()))
+        .instance_type(&role.instance_type)
         .and_then(|it| it.spec.accelerator.as_ref())
         .and_then(|a| a.manufacturer.as_deref())
         .filter(|m| *m == "ascend");
@@ -330,11 +326,7 @@ fn dtype_warnings(
     world: &World,
     settings: &Settings,
 ) -> Vec<String> {
-    let Some(kv) = &md.spec.kv_cache else {
-        return Vec::new();
-    };
-    let ns = md.metadata.namespace.as_deref().unwrap_or("default");
-    let Some(binding) = world.chain(ns, &kv.pool_ref.name).binding else {
+    let Some(binding) = world.chain_of_model(md).binding else {
         return Vec::new();
     };
     md.spec
@@ -426,13 +418,13 @@ fn interface_rule(
 }
 
 /// Judges `object` (as an update of `old` when given) against the other objects it is admitted
-/// beside (`others`: the cluster's objects for the webhook, the other manifests offline;
-/// a stored copy of `object` itself among them is ignored). `unknown_fields` are the paths a
+/// beside (`world`: the cluster's objects for the webhook, the other manifests offline; a
+/// stored copy of `object` itself among them is ignored). `unknown_fields` are the paths a
 /// strict decoder found that the kind does not have.
 pub fn review(
     object: &Object,
     old: Option<&Object>,
-    others: &[Object],
+    world: &World,
     unknown_fields: &[String],
     settings: &Settings,
 ) -> Review {
@@ -446,42 +438,18 @@ pub fn review(
     } else {
         Mode::Create
     };
-    let mut refusals = Vec::new();
+    let (mut refusals, kind_warnings) = kind_rules(object, old, world, settings);
     let mut warnings = verdict.warnings;
-    if let Object::ModelDeployment(md) = object {
-        refusals.extend(role_keys(md, settings));
-        let previous = match old {
-            Some(Object::ModelDeployment(o)) => Some(&**o),
-            _ => None,
-        };
-        let world = World::from_objects(others);
-        refusals.extend(transport_rule(md, previous, &world));
-        refusals.extend(interface_rule(md, previous, &world));
-        warnings.extend(dtype_warnings(md, &world, settings));
-    }
-    if let Object::Backend(b) = object {
-        let previous = match old {
-            Some(Object::Backend(o)) => Some(&**o),
-            _ => None,
-        };
-        refusals.extend(store_image_rule(b, previous, settings));
-        refusals.extend(oplog_image_rule(b, previous, settings));
-        refusals.extend(tenancy_rule(b, previous, others));
-    }
-    // The object is judged last among the others, so a name it claims that another holds is
-    // its duplicate, not the other's.
-    let mut all: Vec<Object> = others
-        .iter()
-        .filter(|o| o.object_ref() != me)
-        .cloned()
-        .collect();
-    all.push(object.clone());
-    // Claims are judged when an object arrives: a stored one (say two Bindings that raced past
-    // admission onto one name) stays updatable, so that its finalizer can still be removed.
-    for f in claims::cross_object(&all)
-        .into_iter()
-        .filter(|f| f.object == me && mode == Mode::Create)
-    {
+    warnings.extend(kind_warnings);
+    // Claims are judged when an object arrives, after the others (a name it claims that
+    // another holds is its duplicate, not the other's): a stored one (say two Bindings that
+    // raced past admission onto one name) stays updatable, so that its finalizer can still be
+    // removed.
+    let findings = match mode {
+        Mode::Create => claims::cross_object(world, object),
+        Mode::Update => Vec::new(),
+    };
+    for f in findings {
         match f.kind {
             FindingKind::Warning => warnings.push(f.message),
             FindingKind::Duplicate | FindingKind::Forbidden => refusals.push(Refusal {
@@ -513,6 +481,39 @@ pub fn review(
     }
 }
 
+/// The rules of `object`'s own kind that read other objects: a ModelDeployment's owned keys,
+/// transport, fabric interfaces and dtype; a backend's store image and tenancy. Refusals, then
+/// warnings.
+fn kind_rules(
+    object: &Object,
+    old: Option<&Object>,
+    world: &World,
+    settings: &Settings,
+) -> (Vec<Refusal>, Vec<String>) {
+    let mut refusals = Vec::new();
+    let mut warnings = Vec::new();
+    if let Object::ModelDeployment(md) = object {
+        refusals.extend(role_keys(md, settings));
+        let previous = match old {
+            Some(Object::ModelDeployment(o)) => Some(&**o),
+            _ => None,
+        };
+        refusals.extend(transport_rule(md, previous, world));
+        refusals.extend(interface_rule(md, previous, world));
+        warnings.extend(dtype_warnings(md, world, settings));
+    }
+    if let Object::Backend(b) = object {
+        let previous = match old {
+            Some(Object::Backend(o)) => Some(&**o),
+            _ => None,
+        };
+        refusals.extend(store_image_rule(b, previous, settings));
+        refusals.extend(oplog_image_rule(b, previous, settings));
+        refusals.extend(tenancy_rule(b, previous, world));
+    }
+    (refusals, warnings)
+}
+
 /// Judges manifests given together: each against the others (of the Bindings, those given
 /// before it, so a later claim on a held name is the duplicate) and, where `old` holds the same
 /// object, as an update of it.
@@ -526,14 +527,15 @@ pub fn review_manifests(new: &[Manifest], old: &[Manifest], settings: &Settings)
                 .find(|o| o.object.object_ref() == me)
                 .map(|o| &o.object);
             // Every other backend and pool counts; of the Bindings, only those before this one
-            // (their claims came first).
+            // (their claims came first), in the order given.
             let others: Vec<Object> = new
                 .iter()
                 .enumerate()
                 .filter(|(j, n)| *j < i || (*j > i && !matches!(n.object, Object::Binding(_))))
                 .map(|(_, n)| n.object.clone())
                 .collect();
-            review(&m.object, previous, &others, &m.unknown_fields, settings)
+            let world = World::from_objects(&others);
+            review(&m.object, previous, &world, &m.unknown_fields, settings)
         })
         .collect()
 }

@@ -4,47 +4,43 @@
 //! the offline `render` and `validate` (filled from manifests), the controllers (filled from
 //! their shared caches) and the admission webhook (the caches, topped up with live reads).
 //!
-//! Pure: it holds what it is given and answers from it.
+//! The chain itself, and how its first missing link is named, is
+//! [`kvcache_api::relation::Relation`], which a World is (it dereferences to it) with the
+//! ModelDeployments and InstanceTypes beside; `kvcache_quota::claims` judges over the same
+//! relation. Pure: it holds what it is given and answers from it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Deref;
 use std::sync::Arc;
 
 use kvcache_api::admission::tenant_of;
 use kvcache_api::backend::ObjectRef as Consumer;
-use kvcache_api::manifest::Object;
+use kvcache_api::manifest::{Object, ObjectRef};
 use kvcache_api::model::InstanceType;
+pub use kvcache_api::relation::{Chain, Links, MissingLink};
+use kvcache_api::relation::{DEFAULT_NAMESPACE, Relation, key_of};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
+use kvcache_quota::ceiling::BindingCeiling;
 use kvcache_quota::claims::Claim;
-use kvcache_quota::policy::BindingCeiling;
 
 use crate::error::Error;
-use crate::status::model::{Resolution, Unresolved};
 
-/// The namespace a namespaced object without one is read in (as `kubectl apply` would).
-const DEFAULT_NAMESPACE: &str = "default";
-
-/// Backends, pools, Bindings, ModelDeployments and InstanceTypes, each at most once by name.
+/// Backends, pools and Bindings (the [`Relation`] it dereferences to), ModelDeployments and
+/// InstanceTypes, each at most once by name.
 #[derive(Clone, Debug, Default)]
 pub struct World {
-    backends: BTreeMap<String, Arc<KVCacheBackend>>,
-    pools: BTreeMap<String, Arc<KVCachePool>>,
-    /// Keyed by `(namespace, name)`.
-    bindings: BTreeMap<(String, String), Arc<KVCachePoolBinding>>,
+    relation: Relation,
     /// Keyed by `(namespace, name)`.
     models: BTreeMap<(String, String), Arc<ModelDeployment>>,
     instance_types: BTreeMap<String, Arc<InstanceType>>,
 }
 
-/// What a Binding named from a namespace reaches: the Binding, its pool, the pool's backend,
-/// each `None` from the first one missing on.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Chain<'a> {
-    /// The Binding, when it exists.
-    pub binding: Option<&'a KVCachePoolBinding>,
-    /// The pool the Binding names, when it exists.
-    pub pool: Option<&'a KVCachePool>,
-    /// The backend the pool draws on, when it exists.
-    pub backend: Option<&'a KVCacheBackend>,
+impl Deref for World {
+    type Target = Relation;
+
+    fn deref(&self) -> &Relation {
+        &self.relation
+    }
 }
 
 pub use crate::names::binding_id;
@@ -53,13 +49,115 @@ fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) ->
     meta.name.clone().unwrap_or_default()
 }
 
-fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (String, String) {
-    (
-        meta.namespace
-            .clone()
-            .unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
-        name_of(meta),
-    )
+/// The namespace a ModelDeployment's Binding is looked up in: its own.
+fn namespace_of(md: &ModelDeployment) -> &str {
+    md.metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(DEFAULT_NAMESPACE)
+}
+
+/// How a ModelDeployment's `kvCache.poolRef` resolved this pass.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resolution {
+    /// No `kvCache`: nothing to attach.
+    NotApplicable,
+    /// No Binding of that name in the deployment's namespace.
+    BindingNotFound {
+        /// The name `spec.kvCache.poolRef.name` gives.
+        binding: String,
+        /// The namespace looked in.
+        namespace: String,
+    },
+    /// The Binding was deleted (it stays, terminating, while its release waits): its namespace
+    /// no longer reaches the store.
+    BindingDeleted {
+        /// The Binding, as `namespace/name`.
+        binding: String,
+    },
+    /// The Binding exists but its pool or backend does not resolve.
+    BindingNotReady {
+        /// The Binding, as `namespace/name`.
+        binding: String,
+        /// Which of its pool and backend is missing.
+        why: Unresolved,
+    },
+    /// Binding, pool and domain.
+    Resolved {
+        /// The Binding, as `namespace/name`.
+        binding: String,
+        /// Name of the KVCachePool the Binding's `spec.poolRef` names.
+        pool: String,
+        /// The tenant id: the Binding's `spec.domain.name`, `default` when empty.
+        tenant: String,
+    },
+}
+
+/// Which link of a Binding's chain (Binding, pool, backend) is missing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unresolved {
+    /// The KVCachePool the Binding's `spec.poolRef` names does not exist.
+    NoPool {
+        /// The pool's name.
+        pool: String,
+    },
+    /// The KVCacheBackend the Binding's pool draws on does not exist.
+    NoBackend {
+        /// The backend's name (empty when the pool names none).
+        backend: String,
+    },
+}
+
+impl std::fmt::Display for Unresolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unresolved::NoPool { pool } => write!(f, "its KVCachePool {pool} does not exist"),
+            Unresolved::NoBackend { backend } => {
+                write!(f, "its pool's KVCacheBackend {backend} does not exist")
+            }
+        }
+    }
+}
+
+impl Resolution {
+    /// The resolution of a `kvCache.poolRef` naming the Binding `binding` (`namespace/name`)
+    /// whose chain stops at `link`.
+    fn missing(link: MissingLink, binding: String) -> Resolution {
+        match link {
+            MissingLink::Binding { namespace, name } => Resolution::BindingNotFound {
+                binding: name,
+                namespace,
+            },
+            MissingLink::Pool { pool, .. } => Resolution::BindingNotReady {
+                binding,
+                why: Unresolved::NoPool { pool },
+            },
+            MissingLink::Backend { backend, .. } => Resolution::BindingNotReady {
+                binding,
+                why: Unresolved::NoBackend { backend },
+            },
+        }
+    }
+}
+
+/// A missing link of a ModelDeployment's chain as the render reports it: the object and field
+/// naming it (`md`'s `spec.kvCache.poolRef.name` for its Binding), with what to do.
+pub(crate) fn missing_error(link: MissingLink, md: &ModelDeployment) -> Error {
+    let (referrer, field, hint) = match (link.referrer(), link.field()) {
+        (Some(r), Some(f)) => (r.clone(), f, ""),
+        _ => (
+            ObjectRef::new("ModelDeployment", &md.metadata),
+            "spec.kvCache.poolRef.name",
+            "; name a KVCachePoolBinding in the ModelDeployment's own namespace",
+        ),
+    };
+    Error::Missing {
+        referrer: Box::new(referrer),
+        field,
+        kind: link.kind(),
+        name: link.name(),
+        hint,
+    }
 }
 
 impl World {
@@ -82,7 +180,8 @@ impl World {
         w
     }
 
-    /// A world of parsed manifests (`kvcache-operator render` and `validate`).
+    /// A world of parsed manifests (`kvcache-operator render` and `validate`), the Bindings in
+    /// the order given.
     pub fn from_objects(objects: &[Object]) -> Self {
         let mut w = World::default();
         for o in objects {
@@ -104,17 +203,17 @@ impl World {
 
     /// Adds a backend, replacing one of the same name.
     pub fn add_backend(&mut self, b: Arc<KVCacheBackend>) {
-        self.backends.insert(name_of(&b.metadata), b);
+        self.relation.add_backend(b);
     }
 
     /// Adds a pool, replacing one of the same name.
     pub fn add_pool(&mut self, p: Arc<KVCachePool>) {
-        self.pools.insert(name_of(&p.metadata), p);
+        self.relation.add_pool(p);
     }
 
     /// Adds a Binding, replacing one of the same namespace and name.
     pub fn add_binding(&mut self, b: Arc<KVCachePoolBinding>) {
-        self.bindings.insert(key_of(&b.metadata), b);
+        self.relation.add_binding(b);
     }
 
     /// Adds a ModelDeployment, replacing one of the same namespace and name.
@@ -129,22 +228,18 @@ impl World {
 
     /// Removes the Binding `name` in namespace `ns` (a live read found it gone).
     pub fn remove_binding(&mut self, ns: &str, name: &str) {
-        self.bindings.remove(&(ns.to_owned(), name.to_owned()));
+        self.relation.remove_binding(ns, name);
     }
 
-    /// Every backend, by name.
-    pub fn backends(&self) -> impl Iterator<Item = &KVCacheBackend> {
-        self.backends.values().map(|b| &**b)
-    }
-
-    /// Every pool, by name.
-    pub fn pools(&self) -> impl Iterator<Item = &KVCachePool> {
-        self.pools.values().map(|p| &**p)
-    }
-
-    /// Every Binding, by namespace and name.
-    pub fn bindings(&self) -> impl Iterator<Item = &KVCachePoolBinding> {
-        self.bindings.values().map(|b| &**b)
+    /// A copy holding every object but, of the Bindings, only those `keep` accepts (asked in
+    /// namespace/name order, which becomes the order they came in): what one admission
+    /// request is judged beside.
+    pub fn narrowed(&self, keep: impl FnMut(&KVCachePoolBinding) -> bool) -> World {
+        World {
+            relation: self.relation.narrowed(keep),
+            models: self.models.clone(),
+            instance_types: self.instance_types.clone(),
+        }
     }
 
     /// Every ModelDeployment, by namespace and name.
@@ -157,56 +252,17 @@ impl World {
         self.instance_types.values().map(|i| &**i)
     }
 
+    /// The InstanceType named `name`.
+    pub fn instance_type(&self, name: &str) -> Option<&InstanceType> {
+        self.instance_types.get(name).map(|i| &**i)
+    }
+
     /// The InstanceTypes by name, as the ModelDeployment render takes them.
     pub fn instance_type_map(&self) -> BTreeMap<String, InstanceType> {
         self.instance_types
             .iter()
             .map(|(n, i)| (n.clone(), (**i).clone()))
             .collect()
-    }
-
-    /// The backend named `name`.
-    pub fn backend(&self, name: &str) -> Option<&KVCacheBackend> {
-        self.backends.get(name).map(|b| &**b)
-    }
-
-    /// The pool named `name`.
-    pub fn pool(&self, name: &str) -> Option<&KVCachePool> {
-        self.pools.get(name).map(|p| &**p)
-    }
-
-    /// The Binding `name` in namespace `ns`.
-    pub fn binding(&self, ns: &str, name: &str) -> Option<&KVCachePoolBinding> {
-        self.bindings
-            .get(&(ns.to_owned(), name.to_owned()))
-            .map(|b| &**b)
-    }
-
-    /// The backend the pool `pool` draws on, when both exist.
-    pub fn backend_of_pool(&self, pool: &str) -> Option<&KVCacheBackend> {
-        self.pool(pool)
-            .and_then(|p| p.spec.backend())
-            .and_then(|b| self.backend(b))
-    }
-
-    /// The Binding `binding` in namespace `ns`, its pool and that pool's backend.
-    pub fn chain(&self, ns: &str, binding: &str) -> Chain<'_> {
-        let binding = self.binding(ns, binding);
-        let pool = binding.and_then(|b| self.pool(&b.spec.pool_ref.name));
-        let backend = pool
-            .and_then(|p| p.spec.backend())
-            .and_then(|b| self.backend(b));
-        Chain {
-            binding,
-            pool,
-            backend,
-        }
-    }
-
-    /// The pools that draw on `backend`, by name.
-    pub fn pools_on<'a>(&'a self, backend: &'a str) -> impl Iterator<Item = &'a KVCachePool> {
-        self.pools()
-            .filter(move |p| p.spec.backend() == Some(backend))
     }
 
     /// The pools that draw on `backend`, as the backend's `status.usedBy` lists them.
@@ -218,28 +274,6 @@ impl World {
                 name: name_of(&p.metadata),
             })
             .collect()
-    }
-
-    /// The Bindings that name the pool `pool`, by namespace and name.
-    pub fn bindings_of_pool<'a>(
-        &'a self,
-        pool: &'a str,
-    ) -> impl Iterator<Item = &'a KVCachePoolBinding> {
-        self.bindings()
-            .filter(move |b| b.spec.pool_ref.name == pool)
-    }
-
-    /// The Bindings whose pool draws on `backend`, by namespace and name.
-    pub fn bindings_on<'a>(
-        &'a self,
-        backend: &'a str,
-    ) -> impl Iterator<Item = &'a KVCachePoolBinding> {
-        let pools: BTreeSet<&str> = self
-            .pools_on(backend)
-            .filter_map(|p| p.metadata.name.as_deref())
-            .collect();
-        self.bindings()
-            .filter(move |b| pools.contains(b.spec.pool_ref.name.as_str()))
     }
 
     /// Every claim on `backend`'s tenants, from the Bindings of all its pools (what
@@ -267,11 +301,7 @@ impl World {
             .filter(|b| b.metadata.deletion_timestamp.is_none());
         for b in live {
             match ceiling_view(b) {
-                Ok(v) => ceilings.push(BindingCeiling {
-                    binding: v.binding,
-                    tenant: v.tenant,
-                    ceiling_bytes: v.ceiling_bytes,
-                }),
+                Ok(c) => ceilings.push(c),
                 Err(e) => errors.push(e.into()),
             }
         }
@@ -342,6 +372,15 @@ impl World {
         crate::shared_cache::sum(&reported)
     }
 
+    /// What a ModelDeployment's `kvCache.poolRef` reaches in its namespace (nothing without a
+    /// `kvCache`).
+    pub fn chain_of_model(&self, md: &ModelDeployment) -> Chain<'_> {
+        match &md.spec.kv_cache {
+            Some(kv) => self.chain(namespace_of(md), &kv.pool_ref.name),
+            None => Chain::default(),
+        }
+    }
+
     /// How a ModelDeployment's `kvCache.poolRef` resolves, and the Binding and backend it
     /// reaches when it does.
     pub fn resolve(
@@ -351,61 +390,39 @@ impl World {
         let Some(kv) = &md.spec.kv_cache else {
             return (Resolution::NotApplicable, None);
         };
-        let ns = md
-            .metadata
-            .namespace
-            .as_deref()
-            .unwrap_or(DEFAULT_NAMESPACE);
-        let name = &kv.pool_ref.name;
-        let chain = self.chain(ns, name);
-        let Some(b) = chain.binding else {
-            return (
-                Resolution::BindingNotFound {
-                    binding: name.clone(),
-                    namespace: ns.to_owned(),
-                },
-                None,
-            );
-        };
+        let (ns, name) = (namespace_of(md), &kv.pool_ref.name);
+        let chain = self.chain_of_model(md);
         let who = format!("{ns}/{name}");
-        if b.metadata.deletion_timestamp.is_some() {
+        if chain
+            .binding
+            .is_some_and(|b| b.metadata.deletion_timestamp.is_some())
+        {
             return (Resolution::BindingDeleted { binding: who }, None);
         }
-        let Some(pool) = chain.pool else {
-            let why = Unresolved::NoPool {
-                pool: b.spec.pool_ref.name.clone(),
-            };
-            return (Resolution::BindingNotReady { binding: who, why }, None);
-        };
-        let Some(backend) = chain.backend else {
-            let why = Unresolved::NoBackend {
-                backend: pool.spec.backend().unwrap_or_default().to_owned(),
-            };
-            return (Resolution::BindingNotReady { binding: who, why }, None);
-        };
-        (
-            Resolution::Resolved {
-                binding: who,
-                pool: name_of(&pool.metadata),
-                tenant: tenant_of(b).to_owned(),
-            },
-            Some((b, backend)),
-        )
+        match chain.links(ns, name) {
+            Ok(l) => (
+                Resolution::Resolved {
+                    binding: who,
+                    pool: name_of(&l.pool.metadata),
+                    tenant: tenant_of(l.binding).to_owned(),
+                },
+                Some((l.binding, l.backend)),
+            ),
+            Err(link) => (Resolution::missing(link, who), None),
+        }
     }
 }
 
 /// A Binding as the ledger sees it: `namespace/name`, its tenant and its ceiling in bytes, or
 /// why the ceiling does not parse.
-pub fn ceiling_view(
-    b: &KVCachePoolBinding,
-) -> Result<kvcache_quota::status::BindingView, kvcache_api::Error> {
+pub fn ceiling_view(b: &KVCachePoolBinding) -> Result<BindingCeiling, kvcache_api::Error> {
     let binding = binding_id(b);
     let ceiling_bytes = b
         .spec
         .quota
         .ceiling
         .bytes(&format!("KVCachePoolBinding {binding} spec.quota.ceiling"))?;
-    Ok(kvcache_quota::status::BindingView {
+    Ok(BindingCeiling {
         tenant: tenant_of(b).to_owned(),
         binding,
         ceiling_bytes,
@@ -477,18 +494,12 @@ spec: {poolRef: {name: orphan}, quota: {ceiling: 1Mi}, domain: {name: lost, bloc
     #[test]
     fn a_deleted_binding_closes_its_namespace_even_while_a_deployment_still_names_it() {
         let deleting = |w: &mut World, ns: &str| {
-            let b = w
-                .bindings
-                .values_mut()
-                .find(|b| {
-                    b.metadata.namespace.as_deref() == Some(ns)
-                        && b.metadata.name.as_deref() == Some("team")
-                })
-                .expect("the Binding");
-            std::sync::Arc::make_mut(b).metadata.deletion_timestamp =
+            let mut b = w.binding(ns, "team").cloned().expect("the Binding");
+            b.metadata.deletion_timestamp =
                 Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                     k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
                 ));
+            w.add_binding(std::sync::Arc::new(b));
         };
         let mut w = world();
         deleting(&mut w, "team-b");

@@ -2,7 +2,20 @@
 
 use kvcache_api::Settings;
 use kvcache_api::manifest::{Object, parse};
-use kvcache_render::review::review;
+use kvcache_render::review::Review;
+use kvcache_render::world::World;
+
+/// The judgement of `object` beside `others` (in the order given), as `validate` makes it.
+fn review(
+    object: &Object,
+    old: Option<&Object>,
+    others: &[Object],
+    unknown_fields: &[String],
+    settings: &Settings,
+) -> Review {
+    let world = World::from_objects(others);
+    kvcache_render::review::review(object, old, &world, unknown_fields, settings)
+}
 
 fn backend(image: Option<&str>, multi_tenancy: bool) -> Object {
     let mut v = serde_json::json!({

@@ -19,7 +19,6 @@ use kvcache_api::backend::ObjectRef as Consumer;
 use kvcache_quota::admin::{self, Request};
 use kvcache_quota::release::{self, Ledger, Step};
 use kvcache_quota::status::{BackendView, Release};
-use kvcache_render::events::{Kind, Note};
 use tracing::instrument;
 
 use kvcache_render::status::binding::{PoolConclusion, binding_status_after};
@@ -72,7 +71,7 @@ async fn reconcile_binding(b: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Res
         match event {
             Finalized::Apply(b) => {
                 let world = ctx.world();
-                let conclusion = if world.pool(&b.spec.pool_ref.name).is_none() {
+                let conclusion = if world.pool_of(&b).is_none() {
                     PoolConclusion::NoPool
                 } else {
                     ctx.binding_conclusion(&id(&b))
@@ -127,12 +126,15 @@ async fn write_status(
 /// master answers.
 fn ledger_of(ctx: &Context, b: &KVCachePoolBinding) -> (Ledger, Option<String>) {
     let world = ctx.world();
-    let Some(pool) = world.pool(&b.spec.pool_ref.name) else {
+    let chain = world.chain_of(b);
+    let Some(pool) = chain.pool else {
         return (Ledger::None, None);
     };
     let view = backend_view(&world, &ctx.config.namespace, pool);
-    let backend = world.backend(pool.spec.backend().unwrap_or_default());
-    let Some(admin) = backend.and_then(|be| ctx.admin_address(be)) else {
+    let Some((backend, admin)) = chain
+        .backend
+        .and_then(|be| Some((be, ctx.admin_address(be)?)))
+    else {
         return (Ledger::None, None);
     };
     if matches!(
@@ -146,7 +148,7 @@ fn ledger_of(ctx: &Context, b: &KVCachePoolBinding) -> (Ledger, Option<String>) 
     }
     let (who, tenant) = (id(b), tenant_of(b));
     let shared = world
-        .claims_on(pool.spec.backend().unwrap_or_default())
+        .claims_on(backend.metadata.name.as_deref().unwrap_or_default())
         .into_iter()
         .any(|c| c.tenant == tenant && c.binding != who);
     if shared {
@@ -242,14 +244,7 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
 /// Records that the tenant was revoked on the master: its puts refused from now on, on every
 /// connection.
 async fn revoked_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str) {
-    let note = Note {
-        kind: Kind::Normal,
-        reason: "TenantRevoked",
-        message: format!(
-            "tenant {tenant} revoked on the master with the Binding's deletion: its quota cut to {} byte, so its puts are refused on every connection, open ones included; its objects are removed next",
-            release::REVOKED_QUOTA_BYTES
-        ),
-    };
+    let note = kvcache_render::events::tenant_revoked(tenant);
     super::publish(
         ctx,
         &b.object_ref(&()),
@@ -260,13 +255,7 @@ async fn revoked_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str) {
 
 /// Records that the tenant's objects were removed with the Binding's deletion.
 async fn dropped_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str, count: u64) {
-    let note = Note {
-        kind: Kind::Normal,
-        reason: "CachedDataDropped",
-        message: format!(
-            "removed {count} objects of tenant {tenant} from the store with the Binding's deletion: no connection, open or new, reads them any more"
-        ),
-    };
+    let note = kvcache_render::events::cached_data_dropped(tenant, count);
     super::publish(
         ctx,
         &b.object_ref(&()),

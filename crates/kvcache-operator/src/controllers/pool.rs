@@ -18,13 +18,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::admission::tenant_of;
+use kvcache_api::relation::Relation;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_quota::admin::{self, Outcome, Request, TenantEntry};
+use kvcache_quota::ceiling::BindingCeiling;
 use kvcache_quota::release::{self, Unclaimed};
-use kvcache_quota::status::{
-    BackendView, BindingView, PolicyWrite, PoolVerdict, RefusedCeiling, Release,
-};
-use kvcache_render::events::{Kind, Note};
+use kvcache_quota::status::{BackendView, PolicyWrite, PoolVerdict, RefusedCeiling, Release};
 use kvcache_render::pool_plan::{self, LedgerAnswers};
 use kvcache_render::status::pool::pool_status_document;
 use tracing::{instrument, warn};
@@ -58,11 +57,13 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
             watcher::Config::default(),
             move |backend| {
                 let name = backend.name_any();
-                by_backend
-                    .state()
-                    .iter()
-                    .filter(|p| p.spec.backend() == Some(name.as_str()))
-                    .map(|p| ObjectRef::from_obj(&**p))
+                let mut pools = Relation::default();
+                for p in by_backend.state() {
+                    pools.add_pool(p);
+                }
+                pools
+                    .pools_on(&name)
+                    .map(ObjectRef::from_obj)
                     .collect::<Vec<_>>()
             },
         );
@@ -75,7 +76,7 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
 async fn ledger_pass(
     store: &StoreClient,
     admin: &str,
-    views: &[BindingView],
+    views: &[BindingCeiling],
     push: bool,
 ) -> (Outcome, Option<PolicyWrite>, Option<u64>) {
     let capacity = store.capacity(admin).await;
@@ -147,8 +148,7 @@ async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Act
     for (binding, error) in &plan.unreadable {
         warn!(%binding, %error, "unreadable ceiling");
     }
-    let backend = world.backend(p.spec.backend().unwrap_or_default());
-    let admin = backend.and_then(|b| ctx.admin_address(b));
+    let admin = world.backend_of(p).and_then(|b| ctx.admin_address(b));
     let (ledger, policy_write, capacity_bytes) = match &admin {
         Some(admin) if plan.read_ledger => {
             ledger_pass(&ctx.store, admin, &plan.pushed, plan.push).await
@@ -279,13 +279,7 @@ async fn remove_unclaimed(
 }
 
 async fn unclaimed_removed_event(ctx: &Context, p: &KVCachePool, backend: &str, tenant: &str) {
-    let note = Note {
-        kind: Kind::Normal,
-        reason: "UnclaimedTenantRemoved",
-        message: format!(
-            "removed tenant {tenant} from the ledger of KVCacheBackend {backend}: this pool registered it, no Binding claims it any more (its Binding went while no operator released it) and it held nothing, but its ceiling still took a share of the capacity"
-        ),
-    };
+    let note = kvcache_render::events::unclaimed_tenant_removed(backend, tenant);
     super::publish(
         ctx,
         &p.object_ref(&()),
@@ -302,7 +296,7 @@ async fn write_pool_status(
     ctx: &Context,
     p: &KVCachePool,
     v: &PoolVerdict,
-    views: &[BindingView],
+    views: &[BindingCeiling],
 ) -> Result<(), Error> {
     let stored = p.status.clone().unwrap_or_default();
     let status = pool_status_document(p.meta().generation, v, views, &stored, &now());

@@ -7,67 +7,7 @@ use kvcache_api::condition::Cond;
 use kvcache_api::model::ModelDeploymentPhase as Phase;
 use kvcache_api::model::conditions::*;
 
-/// How a ModelDeployment's `kvCache.poolRef` resolved this pass.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Resolution {
-    /// No `kvCache`: nothing to attach.
-    NotApplicable,
-    /// No Binding of that name in the deployment's namespace.
-    BindingNotFound {
-        /// The name `spec.kvCache.poolRef.name` gives.
-        binding: String,
-        /// The namespace looked in.
-        namespace: String,
-    },
-    /// The Binding was deleted (it stays, terminating, while its release waits): its namespace
-    /// no longer reaches the store.
-    BindingDeleted {
-        /// The Binding, as `namespace/name`.
-        binding: String,
-    },
-    /// The Binding exists but its pool or backend does not resolve.
-    BindingNotReady {
-        /// The Binding, as `namespace/name`.
-        binding: String,
-        /// Which of its pool and backend is missing.
-        why: Unresolved,
-    },
-    /// Binding, pool and domain.
-    Resolved {
-        /// The Binding, as `namespace/name`.
-        binding: String,
-        /// Name of the KVCachePool the Binding's `spec.poolRef` names.
-        pool: String,
-        /// The tenant id: the Binding's `spec.domain.name`, `default` when empty.
-        tenant: String,
-    },
-}
-
-/// Which link of a Binding's chain (Binding, pool, backend) is missing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Unresolved {
-    /// The KVCachePool the Binding's `spec.poolRef` names does not exist.
-    NoPool {
-        /// The pool's name.
-        pool: String,
-    },
-    /// The KVCacheBackend the Binding's pool draws on does not exist.
-    NoBackend {
-        /// The backend's name (empty when the pool names none).
-        backend: String,
-    },
-}
-
-impl std::fmt::Display for Unresolved {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Unresolved::NoPool { pool } => write!(f, "its KVCachePool {pool} does not exist"),
-            Unresolved::NoBackend { backend } => {
-                write!(f, "its pool's KVCacheBackend {backend} does not exist")
-            }
-        }
-    }
-}
+pub use crate::world::{Resolution, Unresolved};
 
 /// One role's Deployment as observed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

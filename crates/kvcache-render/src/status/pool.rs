@@ -5,14 +5,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kvcache_api::backend::ObjectRef;
 use kvcache_api::condition::merge;
 use kvcache_api::pool::KVCachePoolStatus;
-use kvcache_quota::status::{BindingView, PoolVerdict};
+use kvcache_quota::ceiling::BindingCeiling;
+use kvcache_quota::status::PoolVerdict;
 
 /// A pool's whole status from its verdict: the Bindings it holds as `usedBy`, conditions merged
 /// with the `stored` ones at `now` (an unchanged condition keeps its transition time).
 pub fn pool_status_document(
     generation: Option<i64>,
     verdict: &PoolVerdict,
-    bindings: &[BindingView],
+    bindings: &[BindingCeiling],
     stored: &KVCachePoolStatus,
     now: &Time,
 ) -> KVCachePoolStatus {
