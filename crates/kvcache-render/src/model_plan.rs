@@ -272,7 +272,6 @@ pub struct ModelPlan {
 /// Decides one pass for the deployment from what was read.
 pub fn plan(read: &ModelRead<'_>) -> ModelPlan {
     let md = read.deployment;
-    let ns = md.metadata.namespace.as_deref().unwrap_or_default();
     let instance_types = read.world.instance_type_map();
     let roles = roles(
         md,
@@ -293,11 +292,7 @@ pub fn plan(read: &ModelRead<'_>) -> ModelPlan {
         objects.desired()
     });
     let binding = match &roles.resolution {
-        Resolution::Resolved { .. } => md
-            .spec
-            .kv_cache
-            .as_ref()
-            .and_then(|k| read.world.binding(ns, &k.pool_ref.name)),
+        Resolution::Resolved { .. } => read.world.chain_of_model(md).binding,
         _ => None,
     };
     let obs = ModelObservation {

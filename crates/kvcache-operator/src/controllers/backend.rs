@@ -201,9 +201,9 @@ pub async fn run(
             bindings.relation_changes(Pass::SpecChanges),
             move |binding| {
                 binding_ctx
-                    .pools
-                    .get(&ObjectRef::new(&binding.spec.pool_ref.name))
-                    .and_then(|p| p.spec.backend().map(ObjectRef::new))
+                    .world()
+                    .backend_name_of(&binding)
+                    .map(ObjectRef::new)
             },
         )
         .shutdown_on_signal()
