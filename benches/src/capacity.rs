@@ -102,7 +102,7 @@ async fn one_round(
     // The master's own figure, polled: when it drops, then when it is full again.
     let url = format!(
         "http://{ip}:{}/metrics",
-        kvcache_render::backend::ADMIN_PORT
+        kvcache_render::objects::backend::ADMIN_PORT
     );
     let store_full = tokio::task::spawn_blocking(move || {
         let reading = || {

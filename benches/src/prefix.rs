@@ -322,7 +322,7 @@ async fn reader(client: &kube::Client, pod: &str) -> Result<Reader, kvcache_e2e:
         from_store: sum(
             &text,
             tokens,
-            &[("source", kvcache_render::shared_cache::FROM_STORE)],
+            &[("source", kvcache_render::observe::shared_cache::FROM_STORE)],
         ),
         load_seconds: sum(
             &text,

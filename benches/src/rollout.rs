@@ -16,7 +16,7 @@ use kvcache_api::KVCacheBackend;
 use kvcache_e2e::cluster::{self, block_on, client_from};
 use kvcache_e2e::rollout::{KeyCount, MemberWatch, keys};
 use kvcache_e2e::{Error, pods, walkthrough};
-use kvcache_render::backend::{RPC_PORT, leader_name};
+use kvcache_render::objects::backend::{RPC_PORT, leader_name};
 
 const NS: &str = "gpustack-system";
 const KEYS: usize = 160;

@@ -19,7 +19,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kvcache_api::KVCacheBackend;
 use kvcache_e2e::cluster::{self, block_on, client_from};
 use kvcache_e2e::{Error, pods, walkthrough};
-use kvcache_render::backend::{ADMIN_PORT, leader_name};
+use kvcache_render::objects::backend::{ADMIN_PORT, leader_name};
 
 const NS: &str = "gpustack-system";
 const BACKENDS: [&str; 2] = ["soak-a", "soak-b"];

@@ -119,8 +119,8 @@ async fn measure(client: &kube::Client, node_names: &[String]) -> Result<(), kvc
     let ip_b = ip_of(&api.get(b).await?).unwrap_or_default().to_owned();
     let master = format!(
         "{}:{}",
-        kvcache_render::backend::leader_name(BACKEND) + "." + NS + ".svc",
-        kvcache_render::backend::RPC_PORT
+        kvcache_render::objects::backend::leader_name(BACKEND) + "." + NS + ".svc",
+        kvcache_render::objects::backend::RPC_PORT
     );
     println!("engines {engines:?} Ready; probes on {node_names:?}; master {master}");
 

@@ -10,7 +10,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kvcache_api::model::EngineName;
-use kvcache_render::shared_cache::{EngineCounters, parse_engine_metrics};
+use kvcache_render::observe::shared_cache::{EngineCounters, parse_engine_metrics};
 
 use crate::{Error, Result, pods};
 
@@ -322,7 +322,9 @@ pub async fn wait_keys_above(
 /// fixed cost of a step is the line's intercept and not in the price. `None` without two
 /// sizes of prefill. The check the demo and `real_engine::prefill_saved` hold the operator's
 /// price to.
-pub fn own_price_micros(readings: &[kvcache_render::shared_cache::Prefills]) -> Option<f64> {
+pub fn own_price_micros(
+    readings: &[kvcache_render::observe::shared_cache::Prefills],
+) -> Option<f64> {
     let points: Vec<(f64, f64, f64)> = readings
         .iter()
         .filter(|p| p.requests > 0)
@@ -347,7 +349,7 @@ pub fn agrees(figure: f64, reference: f64, share: f64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use kvcache_render::shared_cache::Prefills;
+    use kvcache_render::observe::shared_cache::Prefills;
 
     use super::*;
 

@@ -141,7 +141,7 @@ pub const WITH_VLLM: &[Image] = &ALL;
 mod tests {
     use super::*;
     use kvcache_api::settings::{DEFAULT_BACKEND_IMAGE, DEFAULT_ELECTOR_IMAGE, DEFAULT_ETCD_IMAGE};
-    use kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE;
+    use kvcache_render::plan::resolve::DEFAULT_OPERATOR_IMAGE;
 
     /// The kubelet asks containerd for `docker.io/<name>` when a name has no registry.
     #[test]

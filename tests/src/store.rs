@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use kvcache_render::exposition::Exposition;
+use kvcache_render::observe::exposition::Exposition;
 
 use crate::process::{Proc, free_port, wait_for, wait_tcp};
 use crate::{Error, Result, paths};
@@ -199,13 +199,13 @@ pub fn wait_metric(admin_url: &str, name: &str, want: f64, timeout: Duration) ->
 }
 
 /// The value of an unlabelled sample in Prometheus text exposition, read with
-/// [`kvcache_render::exposition`].
+/// [`kvcache_render::observe::exposition`].
 pub fn metric_value(text: &str, name: &str) -> Option<f64> {
     Exposition::parse(text).unlabelled(name)
 }
 
 /// The samples of `name` in Prometheus text (or OpenMetrics) exposition, read with
-/// [`kvcache_render::exposition`]: each one's labels and value, in the order exposed. Lines
+/// [`kvcache_render::observe::exposition`]: each one's labels and value, in the order exposed. Lines
 /// that do not read are skipped.
 pub fn samples(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
     Exposition::parse(text)

@@ -157,7 +157,7 @@ fn each_value_changes_what_it_names() {
 #[test]
 fn the_network_values_give_the_policy_the_installation_renders_for_the_same_settings() {
     use kvcache_render::install::{Access, operator_with_access};
-    use kvcache_render::resolve::{DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE};
+    use kvcache_render::plan::resolve::{DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE};
     for (control_plane, metrics_from) in [
         (vec![], vec![]),
         (vec!["10.0.0.0/28", "fd00::/64"], vec!["ops"]),

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use kvcache_api::{Settings, manifest};
 use kvcache_e2e::paths;
-use kvcache_render::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
+use kvcache_render::plan::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
 
 const JUSTIFIED: &str = "kube-score-justified.tsv";
 

@@ -1,7 +1,7 @@
 //! The alert rules under the real promtool (Prometheus v0.316.0, built by `cargo xtask setup`
 //! from `xtask/go/prometheus`): `deploy/monitoring/alerts.yaml` and the PrometheusRule's groups
 //! pass `promtool check rules`, and every alert passes its unit test
-//! (`deploy/monitoring/alerts-test.yaml`, from `kvcache_render::monitoring`): quiet before its
+//! (`deploy/monitoring/alerts-test.yaml`, from `kvcache_render::install::monitoring`): quiet before its
 //! `for` runs out, then firing with its labels and its annotations expanded.
 
 use std::path::PathBuf;
@@ -46,7 +46,7 @@ fn run(args: &[&str]) -> String {
 #[test]
 fn the_rule_file_and_the_prometheus_rules_groups_pass_promtools_check() {
     let text = run(&["check", "rules", "alerts.yaml"]);
-    let alerts = kvcache_render::monitoring::expressions()
+    let alerts = kvcache_render::install::monitoring::expressions()
         .iter()
         .filter(|(w, _)| w.starts_with("alert "))
         .count();

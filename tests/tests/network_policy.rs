@@ -364,7 +364,7 @@ fn a_warm_backends_etcd_answers_its_own_pods_alone_and_a_bound_namespace_stores_
 mod tenants {
     use super::*;
     use kvcache_e2e::reach::{self, Reach};
-    use kvcache_render::backend::access::TRANSFER_PORTS;
+    use kvcache_render::objects::backend::access::TRANSFER_PORTS;
 
     /// The first member group's REST port (`mc_store_rest_server`'s HTTP API).
     pub(super) const REST_PORT: u16 = 8080;
@@ -675,7 +675,7 @@ mod identity {
             let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
                 Api::namespaced(client.clone(), NAMESPACE);
             let lease = leases
-                .get(&kvcache_render::backend::leader_name(LEASED))
+                .get(&kvcache_render::objects::backend::leader_name(LEASED))
                 .await?;
             let address = lease
                 .annotations()
@@ -720,7 +720,7 @@ mod identity {
 /// `without_an_enforcer_the_same_probes_see_an_unbound_namespace_reach_the_store`.
 mod probe {
     use super::*;
-    use kvcache_render::backend::probe::PROBE_LABEL;
+    use kvcache_render::objects::backend::probe::PROBE_LABEL;
 
     const PROBED: &str = "iso-probed";
     const TEAM: &str = "iso-probed-team";
@@ -1283,7 +1283,7 @@ async fn undeclared_listeners(
 fn an_engines_transfer_port_takes_its_own_deployment_alone_and_its_declared_port_everyone() {
     use kvcache_api::ModelDeployment;
     use kvcache_api::model::InstanceType;
-    use kvcache_render::engine_access::ENGINE_POLICY_LABEL;
+    use kvcache_render::objects::engine_access::ENGINE_POLICY_LABEL;
     let webhook = operator()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -1330,7 +1330,7 @@ fn an_engines_transfer_port_takes_its_own_deployment_alone_and_its_declared_port
         let engines =
             pods::wait_ready(&team, &walkthrough::role_pods("chat", "server"), 2, WAIT).await?;
         let (a, b) = (&engines[0], &engines[1]);
-        let serving = kvcache_render::model::SERVING_PORT;
+        let serving = kvcache_render::objects::model::SERVING_PORT;
         let http = vec![serving.to_string()];
         let transfer = undeclared_listeners(&client, a, &http[0]).await?;
         let outsider =

@@ -17,7 +17,7 @@ use kvcache_e2e::operator::{Operator, SELECTOR_LABEL};
 use kvcache_e2e::status::{describe, has_condition, phase, wait_event};
 use kvcache_e2e::store::{Master, MasterOptions, Member, MemberOptions, metric_sum};
 use kvcache_e2e::{paths, shared};
-use kvcache_render::backend::OWNER_LABEL;
+use kvcache_render::objects::backend::OWNER_LABEL;
 
 const SEGMENT: u64 = 64 << 20;
 const WAIT: Duration = Duration::from_secs(45);

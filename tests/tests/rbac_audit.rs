@@ -70,12 +70,12 @@ fn installation_grants() -> Vec<Grant> {
 /// OpenShift does) an object whose owner reference blocks its owner's deletion may be written
 /// only by an account that may update the owner's `finalizers`. A backend owns its store
 /// objects and a ModelDeployment its Deployments and Service that way
-/// (`kvcache_render::backend`, `kvcache_render::model`); without these grants every such write
+/// (`kvcache_render::objects::backend`, `kvcache_render::objects::model`); without these grants every such write
 /// is refused, which the suite would show.
 ///
 /// And a Role may grant only what its creator holds (RBAC's escalation check, also asked of the
 /// authorizer without a request of its own): the electors' Role grants `update` on their Lease,
-/// which the operator itself renews by patch (`kvcache_render::backend`).
+/// which the operator itself renews by patch (`kvcache_render::objects::backend`).
 const CHECKED_NOT_CALLED: &[&str] = &[
     "ClusterRole kvcache-operator: update worker.gpustack.ai/kvcachebackends/finalizers",
     "ClusterRole kvcache-operator: update worker.gpustack.ai/modeldeployments/finalizers",

@@ -12,7 +12,7 @@ use kube::core::GroupVersionKind;
 use kube::discovery::pinned_kind;
 use kvcache_api::{Settings, manifest};
 use kvcache_e2e::shared;
-use kvcache_render::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
+use kvcache_render::plan::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
 
 const INPUTS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

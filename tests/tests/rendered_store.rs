@@ -11,7 +11,7 @@ use kvcache_e2e::paths;
 use kvcache_e2e::process::{Proc, free_port, wait_tcp};
 use kvcache_e2e::store::{Master, MasterOptions, http_get, loopback_env, wait_metric};
 use kvcache_quota::policy::{self, BindingCeiling};
-use kvcache_render::backend::{BackendInputs, render};
+use kvcache_render::objects::backend::{BackendInputs, render};
 
 const MI: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(20);
@@ -43,7 +43,7 @@ fn the_rendered_leader_and_member_run_on_the_real_store() {
         etcd_image: "etcd:1",
         bound_namespaces: &[],
         policy: Some(&doc),
-        access: &kvcache_render::backend::StoreAccess::IN_CLUSTER,
+        access: &kvcache_render::objects::backend::StoreAccess::IN_CLUSTER,
     })
     .expect("renders");
 

@@ -17,7 +17,7 @@ use kvcache_e2e::pods::{self, ip_of, name_of, node_of};
 use kvcache_e2e::store::{Lookup, metric_value};
 use kvcache_e2e::walkthrough::{self, backend_pods, role_pods};
 use kvcache_e2e::{Error, paths};
-use kvcache_render::backend::ADMIN_PORT;
+use kvcache_render::objects::backend::ADMIN_PORT;
 
 /// Time for Pods to start from the local images.
 const WAIT: Duration = Duration::from_secs(120);
@@ -502,7 +502,7 @@ fn a_members_memory_request_is_its_segment_plus_the_buffer_and_one_that_does_not
         )
         .await?;
         let segment = NODE_ALLOCATABLE_MEMORY;
-        let buffer = kvcache_render::backend::DEFAULT_LOCAL_BUFFER;
+        let buffer = kvcache_render::objects::backend::DEFAULT_LOCAL_BUFFER;
         for p in &pending {
             assert_eq!(
                 p.status.as_ref().and_then(|s| s.phase.as_deref()),

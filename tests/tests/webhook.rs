@@ -928,7 +928,8 @@ fn a_backend_on_a_master_without_multi_tenancy_is_refused_before_any_pod_and_tha
     let dir = paths::scratch("master-0.3.11").expect("dir");
     let master = master_0_3_11(&dir);
     let managed = backend.spec.connection.managed.clone().expect("managed");
-    let mut flags = kvcache_render::backend::master_flags(&managed, "gpustack-system", "old-store");
+    let mut flags =
+        kvcache_render::objects::backend::master_flags(&managed, "gpustack-system", "old-store");
     let (rpc, metrics) = (free_port().expect("port"), free_port().expect("port"));
     flags.push(format!("-rpc_port={rpc}"));
     flags.push(format!("-metrics_port={metrics}"));

@@ -38,8 +38,8 @@ pub fn installation(
         access.metrics_from = m.into_iter().filter(|n| !n.is_empty()).collect();
     }
     let text = kvcache_render::install::operator_yaml_with_access(
-        kvcache_render::resolve::DEFAULT_NAMESPACE,
-        kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE,
+        kvcache_render::plan::resolve::DEFAULT_NAMESPACE,
+        kvcache_render::plan::resolve::DEFAULT_OPERATOR_IMAGE,
         &access,
     )?;
     std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
@@ -51,8 +51,8 @@ pub fn installation(
 pub fn manifests() -> anyhow::Result<()> {
     let path = root().join("deploy/operator.yaml");
     let text = kvcache_render::install::operator_yaml(
-        kvcache_render::resolve::DEFAULT_NAMESPACE,
-        kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE,
+        kvcache_render::plan::resolve::DEFAULT_NAMESPACE,
+        kvcache_render::plan::resolve::DEFAULT_OPERATOR_IMAGE,
     )?;
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {}", path.display());
@@ -61,8 +61,8 @@ pub fn manifests() -> anyhow::Result<()> {
         std::fs::remove_dir_all(&chart)?;
     }
     for (name, text) in kvcache_render::install::helm_chart(
-        kvcache_render::resolve::DEFAULT_NAMESPACE,
-        kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE,
+        kvcache_render::plan::resolve::DEFAULT_NAMESPACE,
+        kvcache_render::plan::resolve::DEFAULT_OPERATOR_IMAGE,
     )? {
         let path = chart.join(name);
         if let Some(d) = path.parent() {
@@ -73,9 +73,9 @@ pub fn manifests() -> anyhow::Result<()> {
     println!("wrote {}", chart.display());
     let dir = root().join("deploy/monitoring");
     std::fs::create_dir_all(&dir)?;
-    for (name, text) in
-        kvcache_render::monitoring::files(kvcache_render::resolve::DEFAULT_NAMESPACE)?
-    {
+    for (name, text) in kvcache_render::install::monitoring::files(
+        kvcache_render::plan::resolve::DEFAULT_NAMESPACE,
+    )? {
         let path = dir.join(name);
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
@@ -83,11 +83,11 @@ pub fn manifests() -> anyhow::Result<()> {
     let runbook = root().join("docs/troubleshooting.md");
     let text = std::fs::read_to_string(&runbook)
         .with_context(|| format!("reading {}", runbook.display()))?;
-    let text = kvcache_render::monitoring::with_runbook(&text).with_context(|| {
+    let text = kvcache_render::install::monitoring::with_runbook(&text).with_context(|| {
         format!(
             "{} lacks the alerts markers {:?}",
             runbook.display(),
-            kvcache_render::monitoring::RUNBOOK_MARKERS
+            kvcache_render::install::monitoring::RUNBOOK_MARKERS
         )
     })?;
     std::fs::write(&runbook, text).with_context(|| format!("writing {}", runbook.display()))?;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use kvcache_e2e::operator::Operator;
-use kvcache_render::exposition::{Exposition, Sample};
+use kvcache_render::observe::exposition::{Exposition, Sample};
 
 /// The `q` quantile of sorted durations.
 pub(super) fn quantile(sorted: &[Duration], q: f64) -> Duration {

@@ -35,7 +35,7 @@ async fn cpu_now(
     (api, probe): (&Api<Pod>, &str),
 ) -> Result<(f64, f64, f64), kvcache_e2e::Error> {
     let store: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let leader = kvcache_render::backend::leader_name(BACKEND);
+    let leader = kvcache_render::objects::backend::leader_name(BACKEND);
     let (mut members, mut leaders) = (0.0, 0.0);
     let listed = store
         .list(

@@ -31,7 +31,7 @@ pub(super) const VARIANTS: [Variant; 8] = [
     Variant::rendered(
         "rendered, RPC timeouts 2 s",
         &[
-            // What the render gives members (crates/kvcache-render/src/backend/member.rs),
+            // What the render gives members (crates/kvcache-render/src/objects/backend/member.rs),
             // given to a client: 30 s by default.
             ("MC_RPC_TIMEOUT_MS", "2000"),
             ("MC_RPC_CONNECT_TIMEOUT_MS", "2000"),

@@ -48,7 +48,7 @@ pub enum Command {
         #[arg(long)]
         settings: Option<PathBuf>,
         /// The operator's namespace (where store workloads run).
-        #[arg(long, default_value = kvcache_render::resolve::DEFAULT_NAMESPACE)]
+        #[arg(long, default_value = kvcache_render::plan::resolve::DEFAULT_NAMESPACE)]
         namespace: String,
     },
 }
@@ -99,11 +99,11 @@ pub fn run(cli: Cli) -> Result<ExitCode, CliError> {
             for f in &files {
                 objects.extend(load(f)?.into_iter().map(|m| m.object));
             }
-            let env = kvcache_render::resolve::Environment {
+            let env = kvcache_render::plan::resolve::Environment {
                 namespace: &namespace,
                 settings: &settings,
             };
-            match kvcache_render::resolve::render_all(&objects, &env) {
+            match kvcache_render::plan::resolve::render_all(&objects, &env) {
                 Ok(docs) => {
                     // Serialise everything first: a failure prints nothing rather than a
                     // partial or empty document.
@@ -202,7 +202,7 @@ pub fn validate(
     settings: &Settings,
     out: &mut impl Write,
 ) -> Result<bool, CliError> {
-    let reviews = kvcache_render::review::review_manifests(new, old, settings);
+    let reviews = kvcache_render::admission::review::review_manifests(new, old, settings);
     let mut refused = false;
     for (m, r) in new.iter().zip(&reviews) {
         let verdict = if r.allowed() { "ok     " } else { "refused" };

@@ -16,7 +16,7 @@ use kvcache_api::backend::{BackendPhase, Capacity, EndpointName};
 use kvcache_api::model::InstanceType;
 use kvcache_api::settings::Chosen;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment, Settings};
-use kvcache_render::backend::{ADMIN_PORT, leader_name};
+use kvcache_render::objects::backend::{ADMIN_PORT, leader_name};
 use tracing::{error, warn};
 
 use crate::store::StoreClient;
@@ -44,7 +44,7 @@ pub struct Config {
     /// How far back `status.sharedCache` reaches.
     pub shared_cache_window: Duration,
     /// Who besides a backend's Pods and its bound namespaces reaches its store.
-    pub access: kvcache_render::backend::StoreAccess,
+    pub access: kvcache_render::objects::backend::StoreAccess,
     /// Whether segments of no member Pod are drained (`--unknown-segments=drain`) or only
     /// reported.
     pub drain_unknown: bool,
@@ -160,7 +160,7 @@ pub struct Context {
 
 /// The shared-cache windows of the ModelDeployments, by `namespace/name`, with the uid they
 /// were recorded for.
-pub type EngineWindows = HashMap<String, (String, kvcache_render::shared_cache::Window)>;
+pub type EngineWindows = HashMap<String, (String, kvcache_render::observe::shared_cache::Window)>;
 
 /// What the store poller reads on a schedule of its own.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

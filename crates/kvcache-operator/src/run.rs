@@ -27,7 +27,7 @@ use crate::webhook;
 pub struct RunArgs {
     /// The operator's namespace: where store workloads run and the settings ConfigMap
     /// (`gpustack-settings`) lives.
-    #[arg(long, env = "KVCACHE_NAMESPACE", default_value = kvcache_render::resolve::DEFAULT_NAMESPACE)]
+    #[arg(long, env = "KVCACHE_NAMESPACE", default_value = kvcache_render::plan::resolve::DEFAULT_NAMESPACE)]
     pub namespace: String,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     #[arg(long, env = "KVCACHE_METRICS_ADDR", default_value = "0.0.0.0:8080")]
@@ -366,7 +366,7 @@ fn config(args: &RunArgs) -> Config {
         model_resync: args.model_resync,
         engine_metrics_interval: args.engine_metrics_interval,
         shared_cache_window: args.shared_cache_window,
-        access: kvcache_render::backend::StoreAccess {
+        access: kvcache_render::objects::backend::StoreAccess {
             admin_from: args.store_admin_from.clone(),
             metrics_from: args.store_metrics_from.clone(),
         },

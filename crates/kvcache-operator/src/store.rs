@@ -3,7 +3,7 @@
 //! client held in the context (connections reused across reconciles), a timeout per request, a
 //! cap on each answer's body (an engine's smaller, its reads taking turns), no redirect
 //! followed. The answers are parsed
-//! by `kvcache-render::store`; an unreachable store is a value, never a panic.
+//! by `kvcache-render::observe::store`; an unreachable store is a value, never a panic.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use kvcache_quota::admin::{AdminError, NoAnswer, Request, Unanswered};
-use kvcache_render::store::{
+use kvcache_render::observe::store::{
     BadAnswer, DRAIN_JOBS_PATH, DrainJob, DrainRequest, Health, Metrics, ReadError, Segment,
     StoreReading, drain_cancel_path, drain_query_path,
 };
@@ -654,7 +654,7 @@ mod tests {
         let job = client.drain_job(&addr, "1-2").await.expect("an answer");
         assert_eq!(
             (job.status, job.migrated_bytes),
-            (kvcache_render::store::JobStatus::Running, 1024)
+            (kvcache_render::observe::store::JobStatus::Running, 1024)
         );
         assert!(matches!(
             client.cancel_drain(&addr, "1-2").await,

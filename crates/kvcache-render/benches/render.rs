@@ -2,7 +2,7 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kvcache_api::KVCacheBackend;
-use kvcache_render::backend::{BackendInputs, render};
+use kvcache_render::objects::backend::{BackendInputs, render};
 
 fn backend(groups: usize) -> KVCacheBackend {
     let members: String = (0..groups)
@@ -30,7 +30,7 @@ fn bench(c: &mut Criterion) {
                     etcd_image: "gpustack/kvcache-etcd:v3.6.4",
                     bound_namespaces: &[],
                     policy: None,
-                    access: &kvcache_render::backend::StoreAccess::IN_CLUSTER,
+                    access: &kvcache_render::objects::backend::StoreAccess::IN_CLUSTER,
                 })
                 .expect("renders")
             })

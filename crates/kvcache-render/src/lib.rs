@@ -1,38 +1,31 @@
 //! Every Kubernetes object the kvcache-operator owns, as pure functions: specs in, k8s-openapi
 //! objects out, no client, clock or environment. The same input gives byte-identical YAML.
 //!
-//! Beside the objects, pure as well: offline resolution of references ([`resolve`]), what the
-//! operator decides from what it observed (the statuses in [`status`], from [`store`]'s and
-//! [`read`]'s readings; the events of a backend's transitions in [`events`]; the [`rollout`];
-//! the [`shared_cache`] figures), the admission review of objects and Pods ([`review`], [`pod`])
-//! and the operator's own installation ([`install`], [`monitoring`]).
+//! Grouped by what each part does in a controller's pass, from the top down (each imports only
+//! what stands below it):
+//! - [`admission`]: the review of objects and Pods (`validate`, the webhook, the injection);
+//! - [`plan`]: each controller's pass decided from what it read (the backend's, the pool's, the
+//!   ModelDeployment's), and the offline `render` through the same plans;
+//! - [`status`]: every kind's status document and the events of its transitions;
+//! - [`members`]: each member's steps: the rollout, the segments no member Pod mounted;
+//! - [`objects`]: the objects an owner renders, as one ordered list a pass writes;
+//! - [`observe`]: what the operator reads, parsed (the store's answers, Pods, engines' counters);
+//! - [`install`]: the operator's own installation and monitoring;
+//! - [`world`], [`names`]: how objects reach one another; names and label contracts.
 
 #![warn(missing_docs)]
 
-pub mod backend;
-pub mod desired;
-pub mod engine_access;
+pub mod admission;
 mod error;
-pub mod events;
-pub mod exposition;
 pub mod install;
-pub mod model;
-pub mod model_plan;
-pub mod monitoring;
-pub mod mounts;
+pub mod members;
 pub mod names;
 mod note;
-pub mod pod;
-pub mod pool_plan;
-pub mod read;
-pub mod resolve;
-pub mod review;
-pub mod rollout;
-pub mod shared_cache;
+pub mod objects;
+pub mod observe;
+pub mod plan;
 pub mod status;
-pub mod store;
-pub mod store_series;
 pub mod world;
 
-pub use backend::{BackendInputs, BackendObjects, fingerprint};
 pub use error::Error;
+pub use objects::backend::{BackendInputs, BackendObjects, fingerprint};

@@ -72,16 +72,19 @@ pub fn label_value(value: &str) -> String {
     }
 }
 
+/// The port every replica serves on.
+pub const SERVING_PORT: i32 = 8000;
+
 /// The label naming what an object is part of (`kv-cache-backend`, `model-deployment`).
-pub const NAME_LABEL: &str = "app.kubernetes.io/name";
+pub(crate) const NAME_LABEL: &str = "app.kubernetes.io/name";
 /// The label naming the owner (the backend's or the deployment's name, as a label value).
-pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+pub(crate) const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
 /// The label naming the part of the owner (`leader`, `member-<i>`, a role).
-pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+pub(crate) const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 /// [`NAME_LABEL`] of every store object.
-pub const BACKEND_NAME: &str = "kv-cache-backend";
+pub(crate) const BACKEND_NAME: &str = "kv-cache-backend";
 /// [`NAME_LABEL`] of every object of a ModelDeployment's roles.
-pub const MODEL_NAME: &str = "model-deployment";
+pub(crate) const MODEL_NAME: &str = "model-deployment";
 
 /// The selector of every store object of every backend.
 pub fn store_objects() -> String {

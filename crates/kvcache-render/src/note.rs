@@ -1,5 +1,5 @@
-//! One event to record ([`Note`]): what the status transitions ([`crate::events`]) and the
-//! rollout's steps ([`crate::rollout::step_event`]) hand the operator to publish.
+//! One event to record ([`Note`]): what the status transitions ([`crate::status::events`]) and the
+//! rollout's steps ([`crate::members::rollout::step_event`]) hand the operator to publish.
 
 /// An event's type, as Kubernetes spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

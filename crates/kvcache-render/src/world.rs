@@ -217,7 +217,7 @@ impl World {
     }
 
     /// Adds a ModelDeployment, replacing one of the same namespace and name.
-    pub fn add_model(&mut self, m: Arc<ModelDeployment>) {
+    pub(crate) fn add_model(&mut self, m: Arc<ModelDeployment>) {
         self.models.insert(key_of(&m.metadata), m);
     }
 
@@ -258,7 +258,7 @@ impl World {
     }
 
     /// The InstanceTypes by name, as the ModelDeployment render takes them.
-    pub fn instance_type_map(&self) -> BTreeMap<String, InstanceType> {
+    pub(crate) fn instance_type_map(&self) -> BTreeMap<String, InstanceType> {
         self.instance_types
             .iter()
             .map(|(n, i)| (n.clone(), (**i).clone()))
@@ -293,7 +293,7 @@ impl World {
     /// The ceilings of every Binding on `backend` not being deleted (the master's seed policy:
     /// a deleted Binding's tenant is revoked, and a restarted master must not register it
     /// again), in `namespace/name` order, and the Bindings whose ceiling does not parse.
-    pub fn ceilings_on(&self, backend: &str) -> (Vec<BindingCeiling>, Vec<Error>) {
+    pub(crate) fn ceilings_on(&self, backend: &str) -> (Vec<BindingCeiling>, Vec<Error>) {
         let mut ceilings = Vec::new();
         let mut errors = Vec::new();
         let live = self
@@ -342,7 +342,7 @@ impl World {
     }
 
     /// The ModelDeployments behind [`World::users`].
-    fn user_models<'a>(
+    pub(crate) fn user_models<'a>(
         &'a self,
         b: &'a KVCachePoolBinding,
     ) -> impl Iterator<Item = &'a ModelDeployment> {
@@ -359,22 +359,9 @@ impl World {
         })
     }
 
-    /// The tenant's view of the shared cache: the `status.sharedCache` of the Binding's users
-    /// summed (`None` while none reports one).
-    pub fn tenant_shared_cache(
-        &self,
-        b: &KVCachePoolBinding,
-    ) -> Option<kvcache_api::model::SharedCacheStatus> {
-        let reported: Vec<&kvcache_api::model::SharedCacheStatus> = self
-            .user_models(b)
-            .filter_map(|md| md.status.as_ref()?.shared_cache.as_ref())
-            .collect();
-        crate::shared_cache::sum(&reported)
-    }
-
     /// What a ModelDeployment's `kvCache.poolRef` reaches in its namespace (nothing without a
     /// `kvCache`).
-    pub fn chain_of_model(&self, md: &ModelDeployment) -> Chain<'_> {
+    pub(crate) fn chain_of_model(&self, md: &ModelDeployment) -> Chain<'_> {
         match &md.spec.kv_cache {
             Some(kv) => self.chain(namespace_of(md), &kv.pool_ref.name),
             None => Chain::default(),
@@ -415,7 +402,7 @@ impl World {
 
 /// A Binding as the ledger sees it: `namespace/name`, its tenant and its ceiling in bytes, or
 /// why the ceiling does not parse.
-pub fn ceiling_view(b: &KVCachePoolBinding) -> Result<BindingCeiling, kvcache_api::Error> {
+pub(crate) fn ceiling_view(b: &KVCachePoolBinding) -> Result<BindingCeiling, kvcache_api::Error> {
     let binding = binding_id(b);
     let ceiling_bytes = b
         .spec

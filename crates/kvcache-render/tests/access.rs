@@ -1,4 +1,4 @@
-//! The NetworkPolicies a managed backend renders (`kvcache_render::backend::access`): who
+//! The NetworkPolicies a managed backend renders (`kvcache_render::objects::backend::access`): who
 //! reaches the leader's RPC, admin and elector ports, the members' transfer and REST ports, and
 //! a warm backend's etcd; what the host network leaves out.
 
@@ -6,10 +6,10 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvcache_api::KVCacheBackend;
-use kvcache_render::backend::access::{
+use kvcache_render::objects::backend::access::{
     EPHEMERAL_PORTS, TRANSFER_PORT_ENV, TRANSFER_PORTS, member_ports, uncovered_groups,
 };
-use kvcache_render::backend::{
+use kvcache_render::objects::backend::{
     ADMIN_PORT, BackendInputs, BackendObjects, RPC_PORT, StoreAccess, client_endpoint, render,
 };
 
@@ -193,7 +193,7 @@ fn the_leader_takes_rpc_from_its_backend_and_bound_namespaces_and_admin_from_the
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(kvcache_render::backend::OWNER_LABEL))
+            .and_then(|l| l.get(kvcache_render::objects::backend::OWNER_LABEL))
             .map(String::as_str),
         Some("u1")
     );

@@ -7,7 +7,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use kvcache_render::install::{operator, operator_yaml, webhooks};
-use kvcache_render::resolve::{DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE};
+use kvcache_render::plan::resolve::{DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE};
 
 fn installation() -> Vec<serde_yaml::Value> {
     operator(DEFAULT_NAMESPACE, DEFAULT_OPERATOR_IMAGE).expect("the installation renders")
@@ -61,7 +61,9 @@ fn deploy_operator_yaml_is_up_to_date() {
 #[test]
 fn deploy_monitoring_is_up_to_date() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/monitoring");
-    for (name, text) in kvcache_render::monitoring::files(DEFAULT_NAMESPACE).expect("renders") {
+    for (name, text) in
+        kvcache_render::install::monitoring::files(DEFAULT_NAMESPACE).expect("renders")
+    {
         let have = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
         assert!(
             have == text,
@@ -75,13 +77,13 @@ fn the_troubleshooting_runbook_lists_every_alert_as_shipped() {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/troubleshooting.md");
     let text = std::fs::read_to_string(&path).expect("docs/troubleshooting.md");
-    let fresh = kvcache_render::monitoring::with_runbook(&text)
+    let fresh = kvcache_render::install::monitoring::with_runbook(&text)
         .expect("docs/troubleshooting.md holds the alerts markers");
     assert!(
         fresh == text,
         "the alerts' runbook in docs/troubleshooting.md is stale: run `cargo xtask manifests` and commit it"
     );
-    for (what, _) in kvcache_render::monitoring::expressions() {
+    for (what, _) in kvcache_render::install::monitoring::expressions() {
         if let Some(alert) = what.strip_prefix("alert ") {
             assert!(
                 text.contains(&format!("| `{alert}` |")),

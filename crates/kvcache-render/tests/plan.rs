@@ -7,12 +7,12 @@ use k8s_openapi::api::apps::v1::{DaemonSetStatus, DeploymentStatus};
 use k8s_openapi::jiff::Timestamp;
 use kvcache_api::manifest::{self, Object};
 use kvcache_api::{KVCacheBackend, Settings};
-use kvcache_render::backend::plan::{BackendRead, plan};
+use kvcache_render::plan::backend::{BackendRead, plan};
 use kvcache_render::world::World;
 
 /// An operator in a Pod (a `static`: the read borrows it beyond one expression).
-static IN_CLUSTER: kvcache_render::backend::StoreAccess =
-    kvcache_render::backend::StoreAccess::IN_CLUSTER;
+static IN_CLUSTER: kvcache_render::objects::backend::StoreAccess =
+    kvcache_render::objects::backend::StoreAccess::IN_CLUSTER;
 
 const NS: &str = "gpustack-system";
 
@@ -183,7 +183,7 @@ fn the_namespaces_bound_to_a_backend_reach_its_status_sorted() {
 #[test]
 fn a_rogue_segment_on_the_serving_master_is_tracked_and_drained_once_past_its_grace() {
     use k8s_openapi::api::core::v1::Pod;
-    use kvcache_render::store::{Health, Metrics, Segment, StoreReading};
+    use kvcache_render::observe::store::{Health, Metrics, Segment, StoreReading};
     let (b, world) = input("walkthrough-backend.yaml");
     let settings = Settings::default();
     let member: Pod = serde_json::from_value(serde_json::json!({
@@ -205,7 +205,7 @@ fn a_rogue_segment_on_the_serving_master_is_tracked_and_drained_once_past_its_gr
         segments: Segment::parse_all("s", listing),
     };
     assert_eq!(
-        kvcache_render::backend::plan::unknown_addresses(&b, &pods, Some(&store))
+        kvcache_render::plan::backend::unknown_addresses(&b, &pods, Some(&store))
             .into_iter()
             .collect::<Vec<_>>(),
         ["10.0.2.9"]

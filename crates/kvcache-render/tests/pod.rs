@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kvcache_api::Settings;
 use kvcache_api::backend::KVCacheBackend;
 use kvcache_api::pool::{KVCachePool, KVCachePoolBinding};
-use kvcache_render::pod::{frozen_edit, inject_pod};
-use kvcache_render::resolve::Environment;
+use kvcache_render::admission::pod::{frozen_edit, inject_pod};
+use kvcache_render::plan::resolve::Environment;
 use kvcache_render::world::Chain;
 
 fn binding() -> KVCachePoolBinding {
@@ -435,7 +435,7 @@ fn the_freeze_refuses_the_label_and_the_records_and_lets_other_metadata_pass() {
 #[test]
 fn a_pod_asking_for_declared_ports_gets_its_own_policy_label_and_a_policy_owned_by_it() {
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-    use kvcache_render::engine_access::{ENGINE_POLICY_LABEL, pod_policy};
+    use kvcache_render::objects::engine_access::{ENGINE_POLICY_LABEL, pod_policy};
     // Without the annotation: no label, no policy (a workload opted in by label keeps its own).
     let plain = decide(&pod(|_| {}), Found::default()).expect("injected");
     assert!(
@@ -511,11 +511,11 @@ fn a_pod_asking_for_declared_ports_gets_its_own_policy_label_and_a_policy_owned_
     assert!(pod_policy(&unasked).is_none(), "not asked, no policy");
     // A policy of that name someone else controls is left alone; the Pod's own is its.
     let mut theirs = pod_policy(&out).expect("a policy");
-    assert!(!kvcache_render::engine_access::held_by_another(
+    assert!(!kvcache_render::objects::engine_access::held_by_another(
         &theirs, "pod-uid"
     ));
     theirs.metadata.owner_references = None;
-    assert!(kvcache_render::engine_access::held_by_another(
+    assert!(kvcache_render::objects::engine_access::held_by_another(
         &theirs, "pod-uid"
     ));
     // The label cannot be submitted, nor changed or removed afterwards.

@@ -5,7 +5,7 @@
 
 use kvcache_api::Settings;
 use kvcache_api::manifest;
-use kvcache_render::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
+use kvcache_render::plan::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
 use serde_json::Value;
 
 /// The rendered store workloads of an input file: (kind/name, Pod spec).
@@ -147,7 +147,7 @@ fn a_fabric_or_a_disk_tier_is_the_named_exception() {
 
 #[test]
 fn the_isolation_probe_pod_meets_the_restricted_standard() {
-    use kvcache_render::backend::probe::{ProbeInput, decide};
+    use kvcache_render::objects::backend::probe::{ProbeInput, decide};
     let b: kvcache_api::KVCacheBackend = serde_json::from_value(serde_json::json!({
         "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend",
         "metadata": {"name": "mooncake-dram", "uid": "u"},

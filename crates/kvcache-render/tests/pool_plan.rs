@@ -6,7 +6,7 @@ use kvcache_api::manifest::{self, Object};
 use kvcache_api::{KVCachePool, KVCachePoolBinding};
 use kvcache_quota::admin::{Outcome, TenantEntry};
 use kvcache_quota::status::{BackendView, PolicyWrite, Release};
-use kvcache_render::pool_plan::{LedgerAnswers, conclude, plan};
+use kvcache_render::plan::pool::{LedgerAnswers, conclude, plan};
 use kvcache_render::world::World;
 
 const NS: &str = "gpustack-system";

@@ -8,12 +8,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kvcache_api::KVCacheBackend;
 use kvcache_api::Quantity;
 use kvcache_api::backend::*;
-use kvcache_render::backend::{BackendInputs, render};
+use kvcache_render::objects::backend::{BackendInputs, render};
 use proptest::prelude::*;
 
 /// An operator in a Pod (a `static`: the inputs borrow it beyond one expression).
-static IN_CLUSTER: kvcache_render::backend::StoreAccess =
-    kvcache_render::backend::StoreAccess::IN_CLUSTER;
+static IN_CLUSTER: kvcache_render::objects::backend::StoreAccess =
+    kvcache_render::objects::backend::StoreAccess::IN_CLUSTER;
 
 fn group() -> impl Strategy<Value = MemberGroup> {
     (
@@ -128,7 +128,7 @@ fn hashes(b: &KVCacheBackend) -> Vec<String> {
         .expect("renders")
         .daemon_sets
         .iter()
-        .map(kvcache_render::backend::pod_spec_hash)
+        .map(kvcache_render::objects::backend::pod_spec_hash)
         .collect()
 }
 

@@ -2,7 +2,7 @@
 
 use kvcache_api::Settings;
 use kvcache_api::manifest;
-use kvcache_render::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
+use kvcache_render::plan::resolve::{DEFAULT_NAMESPACE, Environment, render_all};
 
 /// The objects the operator would create from the manifest at `path`, as the API server's
 /// YAML documents.

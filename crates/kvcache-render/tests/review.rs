@@ -1,8 +1,8 @@
-//! The admission judgement's own rules (`kvcache_render::review`), without an API server.
+//! The admission judgement's own rules (`kvcache_render::admission::review`), without an API server.
 
 use kvcache_api::Settings;
 use kvcache_api::manifest::{Object, parse};
-use kvcache_render::review::Review;
+use kvcache_render::admission::review::Review;
 use kvcache_render::world::World;
 
 /// The judgement of `object` beside `others` (in the order given), as `validate` makes it.
@@ -14,7 +14,7 @@ fn review(
     settings: &Settings,
 ) -> Review {
     let world = World::from_objects(others);
-    kvcache_render::review::review(object, old, &world, unknown_fields, settings)
+    kvcache_render::admission::review::review(object, old, &world, unknown_fields, settings)
 }
 
 fn backend(image: Option<&str>, multi_tenancy: bool) -> Object {

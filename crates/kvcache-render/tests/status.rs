@@ -6,10 +6,12 @@ use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::conditions;
 use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus, ObjectRef};
 use kvcache_api::condition::{Cond, Status, find};
-use kvcache_render::read::{LeaderReplicas, MemberPod};
-use kvcache_render::rollout::stale_member_pods;
+use kvcache_render::members::rollout::stale_member_pods;
+use kvcache_render::observe::read::{LeaderReplicas, MemberPod};
+use kvcache_render::observe::store::{
+    Health, Metrics, ReadError, Segment, SegmentStatus, StoreReading,
+};
 use kvcache_render::status::backend::{Observation, backend_status};
-use kvcache_render::store::{Health, Metrics, ReadError, Segment, SegmentStatus, StoreReading};
 
 const MI: u64 = 1 << 20;
 
@@ -219,7 +221,7 @@ fn another_backends_member_on_this_master_degrades_and_is_named() {
         )),
         vec![pod("m-1", "node-1", "10.0.0.5")],
     );
-    obs.other_members = vec![kvcache_render::mounts::OtherMember {
+    obs.other_members = vec![kvcache_render::members::mounts::OtherMember {
         backend: "mooncake-other".into(),
         pod: pod("other-m-0", "node-0", "10.0.1.7"),
     }];
@@ -526,7 +528,7 @@ fn exactly_the_pods_with_another_fingerprint_are_replaced() {
 
 #[test]
 fn while_members_roll_the_rollout_condition_says_drained_or_not_and_the_rest_is_unchanged() {
-    use kvcache_render::rollout::{RolloutInput, member_rollout};
+    use kvcache_render::members::rollout::{RolloutInput, member_rollout};
     let mut a = pod("m-a", "node-1", "10.0.0.5");
     a.hash = "h0".into();
     let mut b = pod("m-b", "node-2", "10.0.0.6");
@@ -538,7 +540,7 @@ fn while_members_roll_the_rollout_condition_says_drained_or_not_and_the_rest_is_
         member_rollout(&RolloutInput {
             members: &obs.members,
             rendered: &obs.rendered_hashes,
-            groups: &[kvcache_render::rollout::GroupFacts {
+            groups: &[kvcache_render::members::rollout::GroupFacts {
                 tier,
                 desired: Some(2),
             }],
@@ -594,8 +596,8 @@ fn while_members_roll_the_rollout_condition_says_drained_or_not_and_the_rest_is_
 #[test]
 fn standbys_wait_for_election_to_be_enabled_first() {
     use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
-    use kvcache_render::backend::{BackendInputs, render};
-    use kvcache_render::rollout::hold_standbys;
+    use kvcache_render::members::rollout::hold_standbys;
+    use kvcache_render::objects::backend::{BackendInputs, render};
     let leader = |yaml: &str| -> Deployment {
         let b = backend(
             "        - medium: DRAM\n          capacityPerMember: 64Mi\n",
@@ -609,7 +611,7 @@ fn standbys_wait_for_election_to_be_enabled_first() {
             etcd_image: "etcd:1",
             bound_namespaces: &[],
             policy: None,
-            access: &kvcache_render::backend::StoreAccess::IN_CLUSTER,
+            access: &kvcache_render::objects::backend::StoreAccess::IN_CLUSTER,
         })
         .expect("renders")
         .deployment
@@ -1098,7 +1100,7 @@ fn unknown_segments_are_named_once_confirmed_and_false_when_none() {
 #[test]
 fn network_isolated_says_what_the_probe_found_and_names_what_it_dialled() {
     use kvcache_api::backend::{IsolationProbe, ProbeResult};
-    use kvcache_render::backend::probe::Isolation;
+    use kvcache_render::objects::backend::probe::Isolation;
     let b = dram();
     let mut obs = observation(
         Some(serving(64 * MI, vec![segment("10.0.0.5", "a")])),

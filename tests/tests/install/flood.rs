@@ -167,8 +167,8 @@ async fn lookalikes(client: &Client) -> Result<Vec<Pod>, Error> {
                     "containers": [{"name": "metrics", "image": images::STORE.name,
                                     "imagePullPolicy": "Never",
                                     "command": ["python3", "-c", LOOKALIKE_SERVER],
-                                    "ports": [{"containerPort": kvcache_render::model::SERVING_PORT}],
-                                    "readinessProbe": {"tcpSocket": {"port": kvcache_render::model::SERVING_PORT},
+                                    "ports": [{"containerPort": kvcache_render::objects::model::SERVING_PORT}],
+                                    "readinessProbe": {"tcpSocket": {"port": kvcache_render::objects::model::SERVING_PORT},
                                                        "periodSeconds": 2},
                                     "resources": {"requests": {"cpu": "1m", "memory": "16Mi"},
                                                   "limits": {"memory": "64Mi"}}}]

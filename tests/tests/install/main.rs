@@ -284,10 +284,10 @@ fn metrics_scraped_from_the_pods_expose_every_series_and_logs_carry_the_trace() 
         }
         // The per-deployment shared-cache series need engines that count hits (the stand-in does
         // not): tests/tests/real_engine/main.rs checks those against the real vLLM's deployment.
-        for (place, expr) in kvcache_render::monitoring::expressions() {
-            for series in kvcache_render::monitoring::series_in(&expr)
+        for (place, expr) in kvcache_render::install::monitoring::expressions() {
+            for series in kvcache_render::install::monitoring::series_in(&expr)
                 .into_iter()
-                .filter(|s| !kvcache_render::monitoring::ENGINE_SERIES.contains(&s.as_str()))
+                .filter(|s| !kvcache_render::install::monitoring::ENGINE_SERIES.contains(&s.as_str()))
             {
                 assert!(
                     exported.contains(&series),
@@ -625,7 +625,11 @@ fn an_operator_upgrade_to_a_new_image_tag_restarts_no_store_pod_and_every_key_st
         }
 
         // Back to the installed tag (a rollback is an upgrade too), the backend removed.
-        roll_operator_to(&client, kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE).await?;
+        roll_operator_to(
+            &client,
+            kvcache_render::plan::resolve::DEFAULT_OPERATOR_IMAGE,
+        )
+        .await?;
         assert_eq!(store_pods(&client).await?.len(), after.len());
         backends.delete(name, &DeleteParams::default()).await?;
         Ok::<_, Error>(())

@@ -1,6 +1,6 @@
 //! `kvcache-operator render` prints what the controllers write: the walkthrough's objects, read
 //! back from the cluster with the cluster's settings, are rendered offline
-//! (`kvcache_render::resolve::render_all`), and every rendered object, applied server-side in a
+//! (`kvcache_render::plan::resolve::render_all`), and every rendered object, applied server-side in a
 //! dry run under the operator's field manager, changes nothing the operator wrote.
 
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use kvcache_api::settings::{SETTINGS_CONFIG_MAP, Settings};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment};
 use kvcache_e2e::Error;
 use kvcache_e2e::cluster::block_on;
-use kvcache_render::resolve::{Environment, render_all};
+use kvcache_render::plan::resolve::{Environment, render_all};
 
 use super::support::*;
 

@@ -77,8 +77,8 @@ pub(crate) fn rendered(
 ) -> &'static Path {
     let file = file.get_or_init(|| {
         let text = kvcache_render::install::operator_yaml_with_access(
-            kvcache_render::resolve::DEFAULT_NAMESPACE,
-            kvcache_render::resolve::DEFAULT_OPERATOR_IMAGE,
+            kvcache_render::plan::resolve::DEFAULT_NAMESPACE,
+            kvcache_render::plan::resolve::DEFAULT_OPERATOR_IMAGE,
             &access(),
         )
         .map_err(|e| e.to_string())?;

@@ -15,7 +15,7 @@ use kvcache_e2e::cluster::{block_on, client_from, wait_deleted, wait_object};
 use kvcache_e2e::pods::{self, name_of};
 use kvcache_e2e::status::{condition, has_condition, phase};
 use kvcache_e2e::walkthrough::{self, backend_pods};
-use kvcache_render::backend::OWNER_LABEL;
+use kvcache_render::objects::backend::OWNER_LABEL;
 
 use crate::{
     MIB, NAMESPACE, WAIT, apply, backend, capacity, cluster, operator, signal, wait_backend,
@@ -529,7 +529,7 @@ fn without_an_enforcer_the_same_probes_see_an_unbound_namespace_reach_the_store(
         // One Pod for the change, deleted once its result was read.
         pods::wait_pods(
             &store,
-            &format!("{}={name}", kvcache_render::backend::probe::PROBE_LABEL),
+            &format!("{}={name}", kvcache_render::objects::backend::probe::PROBE_LABEL),
             "the probe Pod deleted",
             WAIT,
             |p| p.is_empty(),

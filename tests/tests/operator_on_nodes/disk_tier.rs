@@ -119,7 +119,7 @@ fn a_filling_tier_shows_in_the_tier_figure_and_not_in_capacity() {
         let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
         let members = pods::wait_ready(&store, &backend_pods(name, "member-0"), 2, WAIT).await?;
         let member = name_of(&members[0]);
-        let admin = format!("{name}-leader.{NAMESPACE}.svc:{}", kvcache_render::backend::ADMIN_PORT);
+        let admin = format!("{name}-leader.{NAMESPACE}.svc:{}", kvcache_render::objects::backend::ADMIN_PORT);
         let figure = |text: &str| kvcache_e2e::store::metric_value(text, "master_allocated_file_size_bytes").unwrap_or(0.0);
         let empty = figure(&pods::master_page(&store, member, &admin, "metrics").await?);
         assert_eq!(empty, 0.0, "an empty tier");

@@ -14,7 +14,7 @@ use kvcache_e2e::pods::{self, name_of};
 use kvcache_e2e::rollout::{ConditionWatch, MemberWatch, keys};
 use kvcache_e2e::status::{describe, has_condition, phase};
 use kvcache_e2e::walkthrough::backend_pods;
-use kvcache_render::backend::{RPC_PORT, leader_name};
+use kvcache_render::objects::backend::{RPC_PORT, leader_name};
 
 use crate::{
     MIB, NAMESPACE, WAIT, apply, backend, capacity, cluster, remove_backend, wait_backend_ready,

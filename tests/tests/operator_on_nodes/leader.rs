@@ -305,7 +305,7 @@ fn a_leader_template_change_under_election_costs_one_failover() {
         wait_backend_ready(&client, name, 512 * MIB).await?;
         let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
             Api::namespaced(client.clone(), NAMESPACE);
-        let lease = kvcache_render::backend::leader_name(name);
+        let lease = kvcache_render::objects::backend::leader_name(name);
         let holder = |l: &k8s_openapi::api::coordination::v1::Lease| {
             l.spec
                 .as_ref()
@@ -467,11 +467,11 @@ fn a_lease_addressed_member_never_mounts_on_another_backends_master_published_at
                 .get(kvcache_elector::lease::ADDRESS_ANNOTATION)
                 .cloned()
         };
-        let own_lease = kvcache_render::backend::leader_name(own);
+        let own_lease = kvcache_render::objects::backend::leader_name(own);
         let own_address = published(&leases.get(&own_lease).await?).expect("own address");
         let foreign = published(
             &leases
-                .get(&kvcache_render::backend::leader_name(other))
+                .get(&kvcache_render::objects::backend::leader_name(other))
                 .await?,
         )
         .expect("the other backend's address");

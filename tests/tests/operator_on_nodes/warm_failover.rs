@@ -83,7 +83,7 @@ async fn write_keys(
         master,
         format!(
             "{}.{NAMESPACE}.svc:50051",
-            kvcache_render::backend::leader_name(name)
+            kvcache_render::objects::backend::leader_name(name)
         ),
         "the engines' entry is the leader Service, not the etcd: {}",
         describe(&b)

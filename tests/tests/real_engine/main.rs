@@ -31,7 +31,7 @@ use kvcache_e2e::status::{has_condition, phase};
 use kvcache_e2e::volumes::{LOCAL_CLASS, local_volumes};
 use kvcache_e2e::walkthrough::{self, backend_pods, role_pods};
 use kvcache_e2e::{Error, images, paths, store};
-use kvcache_render::shared_cache::EngineCounters;
+use kvcache_render::observe::shared_cache::EngineCounters;
 
 /// Store and engine waits: the first engine Pod on a node unpacks a 5 GB image.
 const WAIT: Duration = Duration::from_secs(600);
@@ -335,7 +335,7 @@ fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
                 .iter()
                 .filter_map(|m| m.status.as_ref()?.shared_cache.as_ref())
                 .collect();
-            let want = kvcache_render::shared_cache::sum(&each);
+            let want = kvcache_render::observe::shared_cache::sum(&each);
             let view = binding.status.and_then(|s| s.shared_cache);
             let figures = |v: &Option<kvcache_api::model::SharedCacheStatus>| {
                 v.as_ref()
@@ -362,7 +362,7 @@ fn a_second_replica_finds_the_prefix_the_first_one_wrote_through_the_store() {
                 store::metric_sum(t, series, &labels).is_some_and(|v| v > 0.0)
             })?;
         // Every dashboard series that needs counting engines is among them.
-        for name in kvcache_render::monitoring::ENGINE_SERIES {
+        for name in kvcache_render::install::monitoring::ENGINE_SERIES {
             assert!(
                 text.lines()
                     .any(|l| !l.starts_with('#') && l.split(['{', ' ']).next() == Some(*name)),

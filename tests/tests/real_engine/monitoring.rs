@@ -137,7 +137,7 @@ pub async fn every_panel_has_data(prom: &Prometheus) -> Result<(), Error> {
     loop {
         let targets = prom.targets()?;
         let mut empty = Vec::new();
-        for (panel, expr) in kvcache_render::monitoring::expressions()
+        for (panel, expr) in kvcache_render::install::monitoring::expressions()
             .into_iter()
             .filter(|(w, _)| w.starts_with("panel "))
         {

@@ -23,7 +23,7 @@ use kvcache_e2e::cluster::{block_on, client_from, wait_object};
 use kvcache_e2e::pods::{self, name_of};
 use kvcache_e2e::walkthrough::{self, role_pods};
 use kvcache_e2e::{Error, engine};
-use kvcache_render::shared_cache::{self, EngineCounters, StoreOperations};
+use kvcache_render::observe::shared_cache::{self, EngineCounters, StoreOperations};
 
 use crate::{
     BACKEND, CHAT, NAMESPACE, TEAM_A, WAIT, cluster, operator, ready_engines, turn, undeploy,
@@ -396,7 +396,7 @@ fn the_seconds_saved_and_every_figure_agree_with_the_engines_own_counters() {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .wait_metrics("every priced series exported", WAIT, |t| {
-                kvcache_render::monitoring::PRICED_SERIES
+                kvcache_render::install::monitoring::PRICED_SERIES
                     .iter()
                     .all(|name| {
                         t.lines().any(|l| {

@@ -66,7 +66,7 @@ fn cut_from_members(dns: &str) -> NetworkPolicy {
 /// alone, docs/isolation.md) from `pod` until each connects (`open`) or none does.
 async fn wait_members(client: &Client, pod: &Pod, open: bool) -> Result<(), Error> {
     let store: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let (low, high) = kvcache_render::backend::access::TRANSFER_PORTS;
+    let (low, high) = kvcache_render::objects::backend::access::TRANSFER_PORTS;
     let mut targets = Vec::new();
     for m in pods::wait_ready(&store, &backend_pods(BACKEND, "member-0"), 2, WAIT).await? {
         targets.extend(

@@ -77,8 +77,8 @@ fn engine_metrics(d: &Demo, pod: &str) -> anyhow::Result<String> {
 pub(super) fn own_counters(
     d: &Demo,
     pod: &str,
-) -> anyhow::Result<kvcache_render::shared_cache::EngineCounters> {
-    Ok(kvcache_render::shared_cache::parse_engine_metrics(
+) -> anyhow::Result<kvcache_render::observe::shared_cache::EngineCounters> {
+    Ok(kvcache_render::observe::shared_cache::parse_engine_metrics(
         kvcache_api::model::EngineName::Vllm,
         &format!("{pod}:8000/metrics"),
         &engine_metrics(d, pod)?,
@@ -90,7 +90,7 @@ pub(super) fn own_counters(
 pub(super) fn counters(
     d: &Demo,
     pod: &str,
-) -> anyhow::Result<kvcache_render::shared_cache::EngineCounters> {
+) -> anyhow::Result<kvcache_render::observe::shared_cache::EngineCounters> {
     let text = engine_metrics(d, pod)?;
     println!(
         "$ kubectl -n team-a exec {pod} -- python3 -c '<GET /metrics>' | grep -E 'external_prefix_cache_(hits|queries)_total|source=\"external_kv_transfer\"'"
@@ -104,7 +104,7 @@ pub(super) fn counters(
     }) {
         println!("{l}");
     }
-    Ok(kvcache_render::shared_cache::parse_engine_metrics(
+    Ok(kvcache_render::observe::shared_cache::parse_engine_metrics(
         kvcache_api::model::EngineName::Vllm,
         &format!("{pod}:8000/metrics"),
         &text,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use kvcache_api::model::conditions::CACHE_ATTACHED;
-use kvcache_render::shared_cache::EngineCounters;
+use kvcache_render::observe::shared_cache::EngineCounters;
 
 use super::engine::{ask, counters, engine_pods, own_counters, time_to_first_token};
 use super::kubectl::{Demo, NS, file};

@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::info;
 
-use kvcache_render::desired::{Desired, DesiredSet, ObjectKind, Write};
+use kvcache_render::objects::desired::{Desired, DesiredSet, ObjectKind, Write};
 
 use crate::error::{Error, kube as kerr};
 
@@ -77,7 +77,10 @@ pub fn sweep_action(
     how: Sweep,
 ) -> SweepAction {
     let owned = object.owner_references().iter().any(|o| o.uid == owner_uid)
-        || object.labels().get(kvcache_render::backend::OWNER_LABEL) == Some(&owner_uid.into());
+        || object
+            .labels()
+            .get(kvcache_render::objects::backend::OWNER_LABEL)
+            == Some(&owner_uid.into());
     if !owned || kept.contains(&object.name_any()) {
         return SweepAction::Keep;
     }

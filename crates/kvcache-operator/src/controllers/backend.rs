@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -21,17 +21,17 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
-use kvcache_render::backend::plan::{self, BackendPlan, BackendRead};
-use kvcache_render::backend::probe::PROBE_LABEL;
-use kvcache_render::backend::{BACKEND_TEARDOWN, OWNER_LABEL, leader_name};
-use kvcache_render::desired::DesiredSet;
-use kvcache_render::events::{self, backend_events};
-use kvcache_render::mounts::OtherMember;
+use kvcache_render::members::mounts::OtherMember;
+use kvcache_render::members::rollout::{GroupStep, Step, step_event};
 use kvcache_render::names::{self, label_value};
-use kvcache_render::read::{DRAIN_JOB_ANNOTATION, DRAIN_STARTED_ANNOTATION};
-use kvcache_render::rollout::{GroupStep, Step, step_event};
+use kvcache_render::objects::backend::probe::PROBE_LABEL;
+use kvcache_render::objects::backend::{BACKEND_TEARDOWN, OWNER_LABEL, leader_name};
+use kvcache_render::objects::desired::DesiredSet;
+use kvcache_render::observe::read::{DRAIN_JOB_ANNOTATION, DRAIN_STARTED_ANNOTATION};
+use kvcache_render::observe::store::{DrainJob, DrainRequest, ReadError, StoreReading};
+use kvcache_render::plan::backend::{self as plan, BackendPlan, BackendRead};
 use kvcache_render::status::backend::{Computed, Observation, backend_status};
-use kvcache_render::store::{DrainJob, DrainRequest, ReadError, StoreReading};
+use kvcache_render::status::events::{self, backend_events};
 use tracing::{info, instrument, warn};
 
 use super::applied::{AppliedSet, Sweep};
@@ -90,103 +90,18 @@ pub async fn run(
     pools: crate::watch::Subscription<KVCachePool>,
     bindings: crate::watch::Subscription<KVCachePoolBinding>,
 ) {
-    let client = ctx.client.clone();
-    let ns = ctx.config.namespace.clone();
-    let backends: Api<KVCacheBackend> = Api::all(client.clone());
     let controller = if ctx.config.backend_selector.is_empty() {
         crate::watch::shared_controller(&changes, ctx.backends.clone())
     } else {
         // Scoped by a label selector: a watch of its own, filtered by the API server.
         crate::watch::controller(
-            backends,
+            Api::all(ctx.client.clone()),
             watcher::Config::default().labels(&ctx.config.backend_selector),
         )
     };
-    let store = controller.store();
-    let (pod_store, lease_store, settings_store, slice_store, probe_store) = (
-        store.clone(),
-        store.clone(),
-        store.clone(),
-        store.clone(),
-        store.clone(),
-    );
+    let controller = watch_signals(watch_workloads(controller, &ctx), &ctx);
     let binding_ctx = ctx.clone();
-    controller
-        // The leader and member workloads, by their owner reference. Not `owns`: kube-runtime
-        // keys an owner found that way under its child's namespace, and a backend is
-        // cluster-scoped, so `owns` queued a second key for the same backend and two passes
-        // could run at once (two drains of one member were seen asked in the same instant).
-        .watches(
-            Api::<Deployment>::namespaced(client.clone(), &ns),
-            watcher::Config::default(),
-            |d| owning_backend(d.owner_references()),
-        )
-        .watches(
-            Api::<DaemonSet>::namespaced(client.clone(), &ns),
-            watcher::Config::default(),
-            |d| owning_backend(d.owner_references()),
-        )
-        // A warm backend's etcd: its readiness is in the status.
-        .watches(
-            Api::<StatefulSet>::namespaced(client.clone(), &ns),
-            watcher::Config::default(),
-            |s| owning_backend(s.owner_references()),
-        )
-        // Member and leader Pods: a change reads the store at once.
-        .watches(
-            Api::<Pod>::namespaced(client.clone(), &ns),
-            watcher::Config::default().labels(&names::store_objects()),
-            move |pod| by_instance_label(&pod_store, pod.labels()),
-        )
-        // The isolation probe's Pods: its end is its result.
-        .watches(
-            Api::<Pod>::namespaced(client.clone(), &ns),
-            watcher::Config::default().labels(PROBE_LABEL),
-            move |pod| {
-                let of = pod.labels().get(PROBE_LABEL).cloned();
-                probe_store
-                    .state()
-                    .iter()
-                    .filter(|b| Some(label_value(&b.name_any())) == of)
-                    .map(|b| ObjectRef::from_obj(&**b))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .watches(
-            Api::<Lease>::namespaced(client.clone(), &ns),
-            watcher::Config::default().labels(&names::store_objects()),
-            move |lease| by_instance_label(&lease_store, lease.labels()),
-        )
-        // The leader Service's endpoints move when the serving leader changes.
-        .watches(
-            Api::<EndpointSlice>::namespaced(client.clone(), &ns),
-            watcher::Config::default(),
-            move |slice| {
-                let service = slice.labels().get("kubernetes.io/service-name").cloned();
-                slice_store
-                    .state()
-                    .iter()
-                    .filter(|b| Some(leader_name(&b.name_any())) == service)
-                    .map(|b| ObjectRef::from_obj(&**b))
-                    .collect::<Vec<_>>()
-            },
-        )
-        // The settings: exactly the backends that name no image of their own.
-        .watches(
-            Api::<ConfigMap>::namespaced(client.clone(), &ns),
-            watcher::Config::default().fields(&format!(
-                "metadata.name={}",
-                kvcache_api::settings::SETTINGS_CONFIG_MAP
-            )),
-            move |_| {
-                settings_store
-                    .state()
-                    .iter()
-                    .filter(|b| b.spec.image.is_none())
-                    .map(|b| ObjectRef::from_obj(&**b))
-                    .collect::<Vec<_>>()
-            },
-        )
+    let controller = controller
         // A pool names its backend (status.usedBy, deletion hold, the tenant policy).
         .watches_stream(pools.relation_changes(Pass::SpecChanges), |pool| {
             pool.spec
@@ -205,19 +120,111 @@ pub async fn run(
                     .backend_name_of(&binding)
                     .map(ObjectRef::new)
             },
+        );
+    super::drive(
+        controller,
+        CONTROLLER,
+        reconcile,
+        Duration::from_secs(5),
+        ctx,
+    )
+    .await;
+}
+
+/// The backends of `store` that `keep` picks, as the primary watch keys them.
+fn backends_where(
+    store: &Store<KVCacheBackend>,
+    keep: impl Fn(&KVCacheBackend) -> bool,
+) -> Vec<ObjectRef<KVCacheBackend>> {
+    store
+        .state()
+        .iter()
+        .filter(|b| keep(b))
+        .map(|b| ObjectRef::from_obj(&**b))
+        .collect()
+}
+
+/// The leader and member workloads and a warm backend's etcd wake their backend, by their
+/// owner reference. Not `owns`: kube-runtime keys an owner found that way under its child's
+/// namespace, and a backend is cluster-scoped, so `owns` queued a second key for the same
+/// backend and two passes could run at once (two drains of one member were seen asked in the
+/// same instant).
+fn watch_workloads(
+    controller: Controller<KVCacheBackend>,
+    ctx: &Context,
+) -> Controller<KVCacheBackend> {
+    let (client, ns) = (&ctx.client, &ctx.config.namespace);
+    controller
+        .watches(
+            Api::<Deployment>::namespaced(client.clone(), ns),
+            watcher::Config::default(),
+            |d| owning_backend(d.owner_references()),
         )
-        .shutdown_on_signal()
-        .run(
-            super::traced(CONTROLLER, reconcile),
-            super::error_policy(Duration::from_secs(5)),
-            ctx.clone(),
+        .watches(
+            Api::<DaemonSet>::namespaced(client.clone(), ns),
+            watcher::Config::default(),
+            |d| owning_backend(d.owner_references()),
         )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "reconcile outcome");
-            }
-        })
-        .await;
+        // A warm backend's etcd: its readiness is in the status.
+        .watches(
+            Api::<StatefulSet>::namespaced(client.clone(), ns),
+            watcher::Config::default(),
+            |s| owning_backend(s.owner_references()),
+        )
+}
+
+/// What else wakes a backend: its store Pods (a change reads the store at once), its isolation
+/// probe's Pods (their end is the result), its Lease, the leader Service's endpoints (they move
+/// when the serving leader changes) and the settings (the backends that name no image of their
+/// own).
+fn watch_signals(
+    controller: Controller<KVCacheBackend>,
+    ctx: &Context,
+) -> Controller<KVCacheBackend> {
+    let (client, ns) = (&ctx.client, &ctx.config.namespace);
+    let store = controller.store();
+    let (pods, probes, leases, slices, settings) = (
+        store.clone(),
+        store.clone(),
+        store.clone(),
+        store.clone(),
+        store,
+    );
+    controller
+        .watches(
+            Api::<Pod>::namespaced(client.clone(), ns),
+            watcher::Config::default().labels(&names::store_objects()),
+            move |pod| by_instance_label(&pods, pod.labels()),
+        )
+        .watches(
+            Api::<Pod>::namespaced(client.clone(), ns),
+            watcher::Config::default().labels(PROBE_LABEL),
+            move |pod| {
+                let of = pod.labels().get(PROBE_LABEL).cloned();
+                backends_where(&probes, |b| Some(label_value(&b.name_any())) == of)
+            },
+        )
+        .watches(
+            Api::<Lease>::namespaced(client.clone(), ns),
+            watcher::Config::default().labels(&names::store_objects()),
+            move |lease| by_instance_label(&leases, lease.labels()),
+        )
+        .watches(
+            Api::<EndpointSlice>::namespaced(client.clone(), ns),
+            watcher::Config::default(),
+            move |slice| {
+                let service = slice.labels().get("kubernetes.io/service-name").cloned();
+                backends_where(&slices, |b| Some(leader_name(&b.name_any())) == service)
+            },
+        )
+        .watches(
+            Api::<ConfigMap>::namespaced(client.clone(), ns),
+            watcher::Config::default().fields(&format!(
+                "metadata.name={}",
+                kvcache_api::settings::SETTINGS_CONFIG_MAP
+            )),
+            move |_| backends_where(&settings, |b| b.spec.image.is_none()),
+        )
 }
 
 #[instrument(skip(b, ctx), fields(backend = %b.name_any()))]
@@ -331,7 +338,7 @@ async fn read_backend(ctx: &Context, b: &KVCacheBackend) -> Result<Reads, Error>
 const LOOKUPS: usize = 16;
 
 /// The Pods that have each of `addresses` (`status.podIP`, in every namespace), named as a
-/// status names them (`kvcache_render::mounts::pods_named`). A failed lookup leaves the address
+/// status names them (`kvcache_render::members::mounts::pods_named`). A failed lookup leaves the address
 /// unnamed (the segment is still reported) and is logged.
 async fn pods_at(
     ctx: &Context,
@@ -356,7 +363,7 @@ async fn pods_at(
                     })
                     .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
                     .collect();
-                if let Some(named) = kvcache_render::mounts::pods_named(&names) {
+                if let Some(named) = kvcache_render::members::mounts::pods_named(&names) {
                     out.insert(address, named);
                 }
             }
@@ -368,7 +375,7 @@ async fn pods_at(
     out
 }
 
-/// The backend's apply pass: read, plan (`kvcache_render::backend::plan`, pure), then act:
+/// The backend's apply pass: read, plan (`kvcache_render::plan::backend`, pure), then act:
 /// apply the objects through the applied set, carry out the member rollout's steps, restart
 /// other backends' members mounted here, and write status, events and metrics.
 async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
@@ -421,7 +428,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     .await
 }
 
-/// Carries out the isolation probe's step (`kvcache_render::backend::probe::decide`): deletes
+/// Carries out the isolation probe's step (`kvcache_render::objects::backend::probe::decide`): deletes
 /// the probe Pods it read or found stale, creates the new one (one that exists already, from a
 /// pass whose answer was lost, is kept).
 async fn probe(ctx: &Context, plan: &BackendPlan) -> Result<(), Error> {
@@ -441,7 +448,7 @@ async fn probe(ctx: &Context, plan: &BackendPlan) -> Result<(), Error> {
 }
 
 /// Asks the master to drain each segment of no member Pod the plan picked
-/// (`kvcache_render::mounts::quarantine`), with a Warning event on the backend naming it and
+/// (`kvcache_render::members::mounts::quarantine`), with a Warning event on the backend naming it and
 /// the job; a refusal or no answer is logged, and the next pass asks again while the segment
 /// still takes blocks.
 async fn quarantine(ctx: &Context, b: &KVCacheBackend, drains: &[DrainRequest]) {
@@ -533,7 +540,7 @@ async fn conclude(
 }
 
 /// Restarts each member of another backend that this backend's master lists (`foreign`, from
-/// `kvcache_render::mounts::foreign_mounts`), so that it mounts on its own master again, with
+/// `kvcache_render::members::mounts::foreign_mounts`), so that it mounts on its own master again, with
 /// a Warning event on this backend naming it.
 async fn restart_foreign_members(
     ctx: &Context,
@@ -708,7 +715,7 @@ async fn write_status(
     .await
 }
 
-/// Records the events `kvcache_render::events` picks for the transition.
+/// Records the events `kvcache_render::status::events` picks for the transition.
 async fn events(
     ctx: &Context,
     b: &KVCacheBackend,

@@ -21,12 +21,13 @@ use kvcache_quota::release::{self, Ledger, Step};
 use kvcache_quota::status::{BackendView, Release};
 use tracing::instrument;
 
+use kvcache_render::observe::shared_cache;
 use kvcache_render::status::binding::{PoolConclusion, binding_status_after};
 
 use super::pool::id;
 use crate::context::{Context, MANAGER};
 use crate::error::Error;
-use kvcache_render::pool_plan::backend_view;
+use kvcache_render::plan::pool::backend_view;
 
 /// Held while a Binding's tenant is not released on the master.
 pub const BINDING_FINALIZER: &str = super::RELEASE_FINALIZER;
@@ -77,7 +78,7 @@ async fn reconcile_binding(b: Arc<KVCachePoolBinding>, ctx: Arc<Context>) -> Res
                     ctx.binding_conclusion(&id(&b))
                         .map_or(PoolConclusion::Pending, PoolConclusion::Concluded)
                 };
-                let view = world.tenant_shared_cache(&b);
+                let view = shared_cache::tenant_shared_cache(&world, &b);
                 // The deployments' status.sharedCache moves without any spec changing: a
                 // Binding with a view reads them again on the engines' interval.
                 let next = if view.is_some() {
@@ -111,7 +112,7 @@ async fn write_status(
         Api::namespaced(ctx.client.clone(), &b.namespace().unwrap_or_default());
     super::status::apply(&api, "KVCachePoolBinding", b.meta(), MANAGER, &status).await?;
     let before = b.status.clone().unwrap_or_default();
-    for note in kvcache_render::events::binding_events(&before, &status) {
+    for note in kvcache_render::status::events::binding_events(&before, &status) {
         super::publish(
             ctx,
             &b.object_ref(&()),
@@ -166,7 +167,7 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
     let who = id(b);
     let world = ctx.world();
     let attached = world.users(b);
-    let view = world.tenant_shared_cache(b);
+    let view = shared_cache::tenant_shared_cache(&world, b);
     let users: Vec<String> = attached.iter().map(ToString::to_string).collect();
     let (ledger, admin) = ledger_of(ctx, b);
     let tenant = tenant_of(b).to_owned();
@@ -244,7 +245,7 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
 /// Records that the tenant was revoked on the master: its puts refused from now on, on every
 /// connection.
 async fn revoked_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str) {
-    let note = kvcache_render::events::tenant_revoked(tenant);
+    let note = kvcache_render::status::events::tenant_revoked(tenant);
     super::publish(
         ctx,
         &b.object_ref(&()),
@@ -255,7 +256,7 @@ async fn revoked_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str) {
 
 /// Records that the tenant's objects were removed with the Binding's deletion.
 async fn dropped_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str, count: u64) {
-    let note = kvcache_render::events::cached_data_dropped(tenant, count);
+    let note = kvcache_render::status::events::cached_data_dropped(tenant, count);
     super::publish(
         ctx,
         &b.object_ref(&()),

@@ -1,6 +1,6 @@
 //! The NetworkPolicy of each Pod opted in by label that asked for one
 //! (`kvcache.gpustack.ai/network-policy: DeclaredPorts`; the injection webhook labels it
-//! `kvcache.gpustack.ai/engine-policy`): rendered by `kvcache_render::engine_access::pod_policy`,
+//! `kvcache.gpustack.ai/engine-policy`): rendered by `kvcache_render::objects::engine_access::pod_policy`,
 //! applied once the Pod exists, owned by the Pod so that the garbage collector removes it with
 //! the Pod (docs/isolation.md#engine-pods).
 
@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::watcher;
-use kvcache_render::engine_access::{ENGINE_POLICY_LABEL, held_by_another, pod_policy};
+use kvcache_render::objects::engine_access::{ENGINE_POLICY_LABEL, held_by_another, pod_policy};
 use tracing::{instrument, warn};
 
 use crate::context::Context;

@@ -22,7 +22,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use kvcache_render::events::{Kind, Note};
+use kvcache_render::status::events::{Kind, Note};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
@@ -167,7 +167,7 @@ async fn publish(ctx: &Context, regarding: &ObjectReference, event: &Event) {
     }
 }
 
-/// The event of a note `kvcache-render::events` (or a controller) decided on, under `action`,
+/// The event of a note `kvcache-render::status::events` (or a controller) decided on, under `action`,
 /// naming `secondary` when the note is about another object (a member Pod).
 fn event_of(note: &Note, action: &str, secondary: Option<ObjectReference>) -> Event {
     Event {

@@ -1,6 +1,6 @@
 //! The ModelDeployment controller: read (the caches, the settings), plan
-//! (`kvcache_render::model_plan`: resolve `kvCache.poolRef` as a Binding in the deployment's own
-//! namespace, its pool and backend; render each role through `kvcache-render::model`, which
+//! (`kvcache_render::plan::model`: resolve `kvCache.poolRef` as a Binding in the deployment's own
+//! namespace, its pool and backend; render each role through `kvcache-render::objects::model`, which
 //! injects through `kvcache-inject`), act (apply through the applied set; observe the roles'
 //! Deployments and what the store charges the domain; write status,
 //! `kvcache-render::status::model`).
@@ -21,11 +21,11 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::model::InstanceType;
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
-use kvcache_render::desired::DesiredSet;
-use kvcache_render::model_plan::{self, EngineFigures, ModelRead};
 use kvcache_render::names;
-use kvcache_render::read::{EnginePod, EngineSelection};
-use kvcache_render::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
+use kvcache_render::objects::desired::DesiredSet;
+use kvcache_render::observe::read::{EnginePod, EngineSelection};
+use kvcache_render::observe::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
+use kvcache_render::plan::model::{self as model_plan, EngineFigures, ModelRead};
 use tracing::instrument;
 
 use super::applied::{AppliedSet, Sweep};
@@ -238,12 +238,12 @@ fn now_ms() -> u64 {
 /// How many engine `/metrics` one pass of a deployment reads at once: a quarter of the reads
 /// the whole operator makes at once (the store client's 16 turns, which bound the engine bodies
 /// it holds), so one deployment's slow Pods leave turns to the others; and a pass of
-/// [`kvcache_render::read::ENGINE_PODS_PER_PASS`] (32) Pods that all wait out the client's
+/// [`kvcache_render::observe::read::ENGINE_PODS_PER_PASS`] (32) Pods that all wait out the client's
 /// 1.5 s timeout still ends within 8 rounds, 12 s, under the 15 s `--engine-metrics-interval`.
 const ENGINE_SCRAPES_AT_ONCE: usize = 4;
 
 /// Reads the `/metrics` of the deployment's ready engine Pods (chosen by ownership, at most
-/// [`kvcache_render::read::ENGINE_PODS_PER_PASS`], [`ENGINE_SCRAPES_AT_ONCE`] at a time),
+/// [`kvcache_render::observe::read::ENGINE_PODS_PER_PASS`], [`ENGINE_SCRAPES_AT_ONCE`] at a time),
 /// records the readings in the deployment's window and returns `status.sharedCache` and the
 /// `SharedCacheObserved` and (for engines that count) `SharedCacheHealthy` and `PrefillPriced`
 /// conditions.
@@ -348,7 +348,7 @@ fn sweep(ctx: &Context, windows: &mut crate::context::EngineWindows, now: u64) {
 }
 
 /// The engine Pods of the deployment's managed roles a pass reads: listed with its
-/// ReplicaSets, chosen by ownership (`kvcache_render::read::engine_pods`: its own Deployments'
+/// ReplicaSets, chosen by ownership (`kvcache_render::observe::read::engine_pods`: its own Deployments'
 /// ReplicaSets' Pods, never a Pod that only wears its labels). The labels only narrow the lists.
 async fn engine_pods(
     ctx: &Context,
@@ -372,7 +372,7 @@ async fn engine_pods(
         .list(&listed)
         .await
         .map_err(kerr("list", format!("engine Pods of {}", id(md))))?;
-    Ok(kvcache_render::read::engine_pods(
+    Ok(kvcache_render::observe::read::engine_pods(
         &md.uid().unwrap_or_default(),
         &managed,
         owned,

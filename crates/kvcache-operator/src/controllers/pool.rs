@@ -4,7 +4,7 @@
 //! admin API (`/api/v1/tenant_quotas`, so a ceiling change takes effect without a restart), reads
 //! the grants back, writes the pool's status and hands what it concluded of each Binding to the
 //! Binding controller, its status's one writer (`binding.rs`). What a pass asks and concludes
-//! is `kvcache_render::pool_plan` (pure, over `kvcache-quota::status`'s verdicts); the operator
+//! is `kvcache_render::plan::pool` (pure, over `kvcache-quota::status`'s verdicts); the operator
 //! caps nothing: grants are the master's.
 
 use std::collections::BTreeSet;
@@ -24,7 +24,7 @@ use kvcache_quota::admin::{self, Outcome, Request, TenantEntry};
 use kvcache_quota::ceiling::BindingCeiling;
 use kvcache_quota::release::{self, Unclaimed};
 use kvcache_quota::status::{BackendView, PolicyWrite, PoolVerdict, RefusedCeiling, Release};
-use kvcache_render::pool_plan::{self, LedgerAnswers};
+use kvcache_render::plan::pool::{self as pool_plan, LedgerAnswers};
 use kvcache_render::status::pool::pool_status_document;
 use tracing::{instrument, warn};
 
@@ -140,7 +140,7 @@ async fn reconcile_pool(p: Arc<KVCachePool>, ctx: Arc<Context>) -> Result<Action
 }
 
 /// A pool pass: read the World, plan what to ask the master
-/// (`kvcache_render::pool_plan::plan`), ask it, conclude (`pool_plan::conclude`), write the
+/// (`kvcache_render::plan::pool::plan`), ask it, conclude (`pool_plan::conclude`), write the
 /// pool's status and hand each Binding's verdict to the Binding controller.
 async fn pool_pass(p: &KVCachePool, ctx: &Context, deleting: bool) -> Result<Action, Error> {
     let world = ctx.world();
@@ -279,7 +279,7 @@ async fn remove_unclaimed(
 }
 
 async fn unclaimed_removed_event(ctx: &Context, p: &KVCachePool, backend: &str, tenant: &str) {
-    let note = kvcache_render::events::unclaimed_tenant_removed(backend, tenant);
+    let note = kvcache_render::status::events::unclaimed_tenant_removed(backend, tenant);
     super::publish(
         ctx,
         &p.object_ref(&()),

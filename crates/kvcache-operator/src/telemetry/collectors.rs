@@ -275,12 +275,12 @@ impl prometheus_client::collector::Collector for ModelCollector {
 /// The latest reading of each backend's master the operator re-exports, by backend name.
 pub type StoreReadings = Arc<
     std::sync::Mutex<
-        std::collections::BTreeMap<String, Arc<kvcache_render::store_series::StoreSeries>>,
+        std::collections::BTreeMap<String, Arc<kvcache_render::observe::store_series::StoreSeries>>,
     >,
 >;
 
 /// The masters' own series, re-exported from the latest reading of each backend
-/// (`kvcache_operator_store_<the master's name>{backend=…}`, [`kvcache_render::store_series`]),
+/// (`kvcache_operator_store_<the master's name>{backend=…}`, [`kvcache_render::observe::store_series`]),
 /// and how many were kept and left out. Only the leading replica reads the stores, so only it
 /// has any; a backend's series go when a read of its master fails and when it is deleted.
 #[derive(Default)]
@@ -299,7 +299,7 @@ impl prometheus_client::collector::Collector for StoreCollector {
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
-        use kvcache_render::store_series::{BACKEND_LABEL, Exported, merged};
+        use kvcache_render::observe::store_series::{BACKEND_LABEL, Exported, merged};
         use prometheus_client::encoding::NoLabelSet;
         use prometheus_client::metrics::MetricType;
         // The Arcs are cloned and the lock let go before anything is written.
@@ -331,7 +331,11 @@ impl prometheus_client::collector::Collector for StoreCollector {
                 }
             }
         }
-        let written: Vec<(&String, usize, kvcache_render::store_series::Skipped)> = readings
+        let written: Vec<(
+            &String,
+            usize,
+            kvcache_render::observe::store_series::Skipped,
+        )> = readings
             .iter()
             .map(|(b, s)| {
                 let (kept, skipped) = merge.written(b, s);

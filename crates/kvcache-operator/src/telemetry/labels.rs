@@ -90,6 +90,6 @@ pub struct ModelLabels {
 pub struct SkippedLabels {
     /// Name of the KVCacheBackend (cluster-scoped: no namespace label).
     pub backend: String,
-    /// `over_cap`, `histogram`, `unreadable` or `clash` ([`kvcache_render::store_series::Skipped`]).
+    /// `over_cap`, `histogram`, `unreadable` or `clash` ([`kvcache_render::observe::store_series::Skipped`]).
     pub reason: String,
 }

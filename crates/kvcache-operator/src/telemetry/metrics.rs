@@ -226,7 +226,7 @@ impl Metrics {
     pub fn store_series(
         &self,
         backend: &str,
-        series: Option<Arc<kvcache_render::store_series::StoreSeries>>,
+        series: Option<Arc<kvcache_render::observe::store_series::StoreSeries>>,
     ) {
         let mut readings = self
             .store_readings

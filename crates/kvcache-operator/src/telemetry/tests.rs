@@ -38,7 +38,7 @@ fn an_ended_loop_fails_the_liveness_probe_and_an_ended_listener_readiness() {
 /// back with the exposition reader: (name, backend, value).
 fn store_samples(m: &Metrics) -> Vec<(String, String, f64)> {
     let text = m.encode().expect("encodes");
-    let e = kvcache_render::exposition::Exposition::parse(&text);
+    let e = kvcache_render::observe::exposition::Exposition::parse(&text);
     assert_eq!(e.unreadable, [], "{text}");
     e.samples
         .into_iter()
@@ -60,7 +60,7 @@ fn store_samples(m: &Metrics) -> Vec<(String, String, f64)> {
 #[test]
 fn a_backends_store_series_are_reexported_with_its_name_until_it_is_deleted() {
     let m = Metrics::default();
-    let reading = |text: &str| Some(kvcache_render::store::Metrics::parse(text).series);
+    let reading = |text: &str| Some(kvcache_render::observe::store::Metrics::parse(text).series);
     m.store_series(
         "dram",
         reading("# HELP master_ping_requests_total Pings\n# TYPE master_ping_requests_total counter\nmaster_ping_requests_total 12\n# TYPE master_key_count gauge\nmaster_key_count 5\nmooncake_tenant_quota_charged_bytes{tenant_id=\"a \\\"b\\\"\"} NaN\n"),
@@ -101,7 +101,7 @@ fn a_backends_store_series_are_reexported_with_its_name_until_it_is_deleted() {
         .count();
     assert_eq!(described, 1, "{text}");
     // The counts the absent alert reads.
-    let e = kvcache_render::exposition::Exposition::parse(&text);
+    let e = kvcache_render::observe::exposition::Exposition::parse(&text);
     let kept: Vec<(&str, f64)> = e
         .samples
         .iter()
@@ -126,7 +126,7 @@ fn a_backends_store_series_are_reexported_with_its_name_until_it_is_deleted() {
 #[test]
 fn a_name_two_families_would_take_is_described_once_and_labels_never_twice() {
     let m = Metrics::default();
-    let reading = |text: &str| Some(kvcache_render::store::Metrics::parse(text).series);
+    let reading = |text: &str| Some(kvcache_render::observe::store::Metrics::parse(text).series);
     // `foo` and `foo_total` are both `kvcache_operator_store_foo`, in one master and
     // across two; the master's own `backend`, `exported_backend` and `pod` labels.
     m.store_series(
@@ -135,7 +135,7 @@ fn a_name_two_families_would_take_is_described_once_and_labels_never_twice() {
     );
     m.store_series("b", reading("# TYPE foo_total counter\nfoo_total 4\n"));
     let text = m.encode().expect("encodes");
-    let e = kvcache_render::exposition::Exposition::parse(&text);
+    let e = kvcache_render::observe::exposition::Exposition::parse(&text);
     assert_eq!(e.unreadable, [], "no label named twice: {text}");
     let mut described: Vec<&str> = text
         .lines()
@@ -206,12 +206,12 @@ fn a_backend_whose_master_is_not_read_has_no_reads_counted() {
     m.store_reads.get_or_create(&labels("external")).inc();
     m.store_series(
         "external",
-        Some(kvcache_render::store::Metrics::parse("master_key_count 1\n").series),
+        Some(kvcache_render::observe::store::Metrics::parse("master_key_count 1\n").series),
     );
     // Its Admin endpoint removed: the master is no longer read.
     m.store_not_read("external");
     let text = m.encode().expect("encodes");
-    let e = kvcache_render::exposition::Exposition::parse(&text);
+    let e = kvcache_render::observe::exposition::Exposition::parse(&text);
     let read: Vec<&str> = e
         .samples
         .iter()

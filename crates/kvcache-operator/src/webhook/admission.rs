@@ -1,6 +1,6 @@
 //! What the admission webhook answers, decided without I/O.
 //!
-//! `/validate` judges the five kinds with `kvcache-render::review` (the judgement the offline
+//! `/validate` judges the five kinds with `kvcache-render::admission::review` (the judgement the offline
 //! `kvcache-operator validate` makes too): single-object rules with the cluster's settings,
 //! cross-object claims, owned keys on attached roles, unknown fields. What a request gets back
 //! is decided by [`validate`], a pure function of the request and a snapshot of the related
@@ -22,7 +22,7 @@ use kube::core::response::{Status, StatusCause, StatusDetails};
 use kvcache_api::manifest::{Manifest, Object};
 use kvcache_api::{GROUP, KVCachePoolBinding, Settings};
 use kvcache_quota::tenancy::NAMED;
-use kvcache_render::review::{Review, review};
+use kvcache_render::admission::review::{Review, review};
 pub use kvcache_render::world::World;
 
 use crate::error::Unjudgeable;
@@ -156,7 +156,7 @@ pub fn live_read(req: &AdmissionRequest<DynamicObject>, world: &World) -> Option
                 .then_some(LiveRead::Backend(backend))
         }
         ("", "Pod") if matches!(req.operation, Operation::Create) => {
-            let name = kvcache_render::pod::binding_named(&object.metadata)
+            let name = kvcache_render::admission::pod::binding_named(&object.metadata)
                 .filter(|n| kvcache_api::admission::is_dns_subdomain(n))?;
             let namespace = req.namespace.clone().unwrap_or_default();
             world
@@ -293,13 +293,14 @@ pub fn mutate_pod(
         None => return response.deny("the request carries no Pod"),
     };
     let pod_ns = req.namespace.clone().unwrap_or_default();
-    let binding_name = kvcache_render::pod::binding_named(&pod.metadata).unwrap_or_default();
-    let env = kvcache_render::resolve::Environment {
+    let binding_name =
+        kvcache_render::admission::pod::binding_named(&pod.metadata).unwrap_or_default();
+    let env = kvcache_render::plan::resolve::Environment {
         namespace,
         settings,
     };
     let chain = world.chain(&pod_ns, binding_name);
-    match kvcache_render::pod::inject_pod(&pod, &pod_ns, &req.uid, chain, &env) {
+    match kvcache_render::admission::pod::inject_pod(&pod, &pod_ns, &req.uid, chain, &env) {
         Ok(injected) => {
             let before = serde_json::to_value(&pod);
             let after = serde_json::to_value(&injected.pod);
@@ -340,7 +341,7 @@ pub fn freeze_pod(req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
         decode(req.object.as_ref()),
     ) {
         (Operation::Update, Some(old), Some(new)) => {
-            match kvcache_render::pod::frozen_edit(&old, &new) {
+            match kvcache_render::admission::pod::frozen_edit(&old, &new) {
                 Some(why) => response.deny(why),
                 None => response,
             }

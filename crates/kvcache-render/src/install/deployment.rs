@@ -116,7 +116,7 @@ pub(super) fn operator_container(image: &str, access: &Access) -> Container {
         liveness_probe: Some(http_probe("/healthz", 20, 3)),
         resources: Some(default_resources()),
         // The store containers' restricted settings, the same for the operator.
-        security_context: Some(crate::backend::restricted_container()),
+        security_context: Some(crate::objects::backend::restricted_container()),
         ..Default::default()
     }
 }

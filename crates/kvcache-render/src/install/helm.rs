@@ -197,12 +197,11 @@ fn service_monitor() -> Result<String, crate::error::Error> {
 /// (`{{ $labels.namespace }}`) are Prometheus's, not Helm's: each brace pair is written as a
 /// Helm string that prints it.
 fn helm_prometheus_rule(header: &str) -> Result<String, crate::error::Error> {
-    let text = serde_yaml::to_string(&crate::monitoring::prometheus_rule(HELM_NAMESPACE)).map_err(
-        |e| crate::error::Error::Yaml {
+    let text = serde_yaml::to_string(&crate::install::monitoring::prometheus_rule(HELM_NAMESPACE))
+        .map_err(|e| crate::error::Error::Yaml {
             object: "the PrometheusRule".into(),
             message: e.to_string(),
-        },
-    )?;
+        })?;
     let (open, close) = ('\u{1}', '\u{2}');
     let text = text
         .replace("{{", &open.to_string())

@@ -7,6 +7,7 @@ mod deployment;
 mod helm;
 mod manifest;
 mod meta;
+pub mod monitoring;
 mod rbac;
 mod webhook;
 

@@ -189,7 +189,7 @@ mod tests {
             window: "5m".into(),
             queried_tokens: queried,
             hit_tokens: hit,
-            hit_ratio: crate::shared_cache::ratio(hit, queried),
+            hit_ratio: crate::observe::shared_cache::ratio(hit, queried),
             tokens_from_store: hit,
             engines_read: 2,
             loads: 3,
@@ -198,7 +198,7 @@ mod tests {
             ..Default::default()
         };
         let (a, b) = (figures(100, 400), figures(300, 400));
-        let summed = crate::shared_cache::sum(&[&a, &b]).expect("two users");
+        let summed = crate::observe::shared_cache::sum(&[&a, &b]).expect("two users");
         assert_eq!((summed.hit_tokens, summed.queried_tokens), (400, 800));
         assert_eq!(
             summed.hit_ratio.as_deref(),
@@ -210,7 +210,7 @@ mod tests {
             (6, 2, 4)
         );
         assert_eq!(summed.prefill_seconds_saved.as_deref(), Some("3.00"));
-        assert_eq!(crate::shared_cache::sum(&[]), None);
+        assert_eq!(crate::observe::shared_cache::sum(&[]), None);
         let stored = binding_status_after(
             &binding(None),
             PoolConclusion::NoPool,
@@ -221,7 +221,7 @@ mod tests {
         .expect("a status");
         assert_eq!(stored.shared_cache.as_ref(), Some(&summed));
         // The figures moved: written again.
-        let moved = crate::shared_cache::sum(&[&a, &a]);
+        let moved = crate::observe::shared_cache::sum(&[&a, &a]);
         let after = binding_status_after(
             &binding(Some(stored)),
             PoolConclusion::NoPool,
@@ -329,7 +329,7 @@ mod tests {
             (c.status.clone(), c.reason.clone(), c.message.clone())
         };
         let events = |before: &KVCachePoolBindingStatus, after: &KVCachePoolBindingStatus| {
-            crate::events::binding_events(before, after)
+            crate::status::events::binding_events(before, after)
                 .iter()
                 .map(|n| n.reason)
                 .collect::<Vec<_>>()

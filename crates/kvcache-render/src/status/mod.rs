@@ -10,5 +10,6 @@
 
 pub mod backend;
 pub mod binding;
+pub mod events;
 pub mod model;
 pub mod pool;

@@ -1,32 +1,14 @@
 //! A ModelDeployment's status from what the operator observed: how `kvCache.poolRef` resolved,
 //! the roles' Deployments, what the store charges the domain. Pure: one function per condition,
 //! in the order they are written, and [`phase`] (docs/design.md#model-status); the shared-cache
-//! figures and their condition come from [`crate::shared_cache`].
+//! figures and their condition come from [`crate::observe::shared_cache`].
 
 use kvcache_api::condition::Cond;
 use kvcache_api::model::ModelDeploymentPhase as Phase;
 use kvcache_api::model::conditions::*;
 
+pub use crate::observe::read::RoleObservation;
 pub use crate::world::{Resolution, Unresolved};
-
-/// One role's Deployment as observed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RoleObservation {
-    /// The role's `name` in `spec.roles`.
-    pub name: String,
-    /// `spec.replicas` wanted.
-    pub desired: i32,
-    /// Ready replicas.
-    pub ready: i32,
-    /// Replicas on the current template.
-    pub updated: i32,
-    /// All replicas.
-    pub total: i32,
-    /// The Deployment exists and its controller has seen the current spec.
-    pub observed: bool,
-    /// A take-over role (`command`): no cache settings.
-    pub unmanaged: bool,
-}
 
 /// Everything one ModelDeployment pass observed.
 #[derive(Clone, Debug, PartialEq)]
@@ -112,7 +94,7 @@ fn domain_registered(resolution: &Resolution) -> Cond {
 
 /// The reason a ModelDeployment whose Binding was deleted gets, on `DomainRegistered` and
 /// `CacheAttached`, and as its phase's cause.
-pub const BINDING_DELETED: &str = "BindingDeleted";
+pub(crate) const BINDING_DELETED: &str = "BindingDeleted";
 
 /// What a ModelDeployment whose Binding (`namespace/name`) was deleted is told: what it lost,
 /// why the Binding is still listed, and what to do.

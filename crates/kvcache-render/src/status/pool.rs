@@ -1,4 +1,4 @@
-//! A pool's whole status from its pass's verdict (`kvcache_render::pool_plan::conclude`): the
+//! A pool's whole status from its pass's verdict (`kvcache_render::plan::pool::conclude`): the
 //! document its one writer, the pool controller, applies.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

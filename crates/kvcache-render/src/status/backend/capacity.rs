@@ -9,8 +9,8 @@ use kvcache_api::{KVCacheBackend, Quantity};
 
 use super::facts::{has_tier, managed, where_};
 use super::observation::Observation;
-use crate::read::MemberPod;
-use crate::store::{Metrics, ReadError, StoreReading};
+use crate::observe::read::MemberPod;
+use crate::observe::store::{Metrics, ReadError, StoreReading};
 
 /// Capacity (docs/design.md#capacity): memory, plus the disk tier when one is declared
 /// (external: both families).

@@ -5,7 +5,7 @@ use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::{Medium, ObjectRef};
 
 use super::observation::Observation;
-use crate::read::MemberPod;
+use crate::observe::read::MemberPod;
 
 pub(super) fn managed(b: &KVCacheBackend) -> bool {
     b.spec.connection.managed.is_some()

@@ -14,7 +14,7 @@ use super::observation::Observation;
 /// something enforces that, as the isolation probe found (docs/isolation.md#enforcement-checked);
 /// or which member groups run on the host network where no NetworkPolicy reaches.
 pub(super) fn network_isolated(obs: &Observation) -> Option<Cond> {
-    use crate::backend::probe::Isolation;
+    use crate::objects::backend::probe::Isolation;
     use kvcache_api::backend::ProbeResult;
     const T: &str = NETWORK_ISOLATED;
     let unguarded = obs.unguarded_groups.as_ref()?;
@@ -87,7 +87,7 @@ pub(super) fn network_isolated(obs: &Observation) -> Option<Cond> {
                     "{APPLIED} by their NetworkPolicies; the probe of their enforcement gave no answer ({}: {}); it is tried again within {} minutes",
                     r.pod,
                     r.message,
-                    crate::backend::probe::RETRY_INCONCLUSIVE.as_secs() / 60
+                    crate::objects::backend::probe::RETRY_INCONCLUSIVE.as_secs() / 60
                 ),
             ),
         },

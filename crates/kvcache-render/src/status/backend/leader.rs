@@ -8,7 +8,7 @@ use kvcache_api::condition::Cond;
 
 use super::facts::warm;
 use super::observation::Observation;
-use crate::store::{Health, ReadError};
+use crate::observe::store::{Health, ReadError};
 
 /// The warm election's record after this pass: the serving master's address, view and key
 /// count; a view newer than the stored one is a failover, recorded with the key count last read

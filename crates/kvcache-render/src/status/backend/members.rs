@@ -10,9 +10,9 @@ use kvcache_api::condition::Cond;
 
 use super::facts::{managed, medium_of, where_};
 use super::observation::Observation;
-use crate::mounts::{OtherMember, foreign_mounts};
-use crate::read::MemberPod;
-use crate::store::{Metrics, ReadError, Segment, StoreReading};
+use crate::members::mounts::{OtherMember, foreign_mounts};
+use crate::observe::read::MemberPod;
+use crate::observe::store::{Metrics, ReadError, Segment, StoreReading};
 
 /// Member rows: one per listed segment, joined to a member Pod by its advertised host.
 fn member_rows(b: &KVCacheBackend, segments: &[Segment], pods: &[MemberPod]) -> Vec<MemberStatus> {

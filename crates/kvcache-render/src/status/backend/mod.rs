@@ -1,5 +1,5 @@
 //! A backend's status from what the operator observed: the store's answers
-//! ([`crate::store`]), the leader Deployment, the Lease and the member Pods. Pure: the operator
+//! ([`crate::observe::store`]), the leader Deployment, the Lease and the member Pods. Pure: the operator
 //! fetches, calls [`backend_status`], and writes the result with [`apply`].
 //!
 //! One function per condition, each family in a module of its own, and the phase from them

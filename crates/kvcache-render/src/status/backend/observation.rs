@@ -6,10 +6,10 @@ use kvcache_api::backend::{
 };
 use kvcache_api::condition::Cond;
 
-use crate::mounts::OtherMember;
-use crate::read::{LeaderReplicas, MemberPod};
-use crate::rollout::GroupStep;
-use crate::store::StoreReading;
+use crate::members::mounts::OtherMember;
+use crate::members::rollout::GroupStep;
+use crate::observe::read::{LeaderReplicas, MemberPod};
+use crate::observe::store::StoreReading;
 
 /// Everything one pass observed.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,7 +35,7 @@ pub struct Observation {
     pub members: Vec<MemberPod>,
     /// The rendered fingerprint of each group, by index.
     pub rendered_hashes: Vec<String>,
-    /// The member rollout's step of each group this pass ([`crate::rollout::member_rollout`]).
+    /// The member rollout's step of each group this pass ([`crate::members::rollout::member_rollout`]).
     pub rollout: Vec<GroupStep>,
     /// The rollout holds standbys back until the electing template is out
     /// (docs/design.md#two-step-election).
@@ -50,7 +50,7 @@ pub struct Observation {
     /// the last good settings were kept (`false`: there were none, nothing was rendered).
     pub settings_refused: Option<(String, bool)>,
     /// The member Pods of the other backends (in the same namespace): a segment of one of them
-    /// on this master is a member mounted on the wrong master (`crate::mounts`).
+    /// on this master is a member mounted on the wrong master (`crate::members::mounts`).
     pub other_members: Vec<OtherMember>,
     /// A warm backend's etcd StatefulSet: Pods asked for and ready (`None`: not warm, or the
     /// StatefulSet does not exist yet), with the endpoint list.
@@ -58,16 +58,16 @@ pub struct Observation {
     /// The member groups on the host network, out of every NetworkPolicy's reach (`None`: the
     /// objects were not rendered in this pass).
     pub unguarded_groups: Option<Vec<String>>,
-    /// The segments of no known Pod the serving master lists (`crate::mounts::unknown_segments`);
+    /// The segments of no known Pod the serving master lists (`crate::members::mounts::unknown_segments`);
     /// `None`: not judged this pass (no serving master, no listing, or an external store).
     pub unknown_segments: Option<Vec<UnknownSegment>>,
     /// Whether confirmed unknown segments are drained (`--unknown-segments=drain`) or only
     /// reported.
     pub drain_unknown: bool,
     /// Whether something enforces the policies, as the isolation probe found
-    /// (`crate::backend::probe`); `None`: not probed (nothing rendered, or an observation made
+    /// (`crate::objects::backend::probe`); `None`: not probed (nothing rendered, or an observation made
     /// without it), and `NetworkIsolated` says only that the policies are applied.
-    pub isolation: Option<crate::backend::probe::Isolation>,
+    pub isolation: Option<crate::objects::backend::probe::Isolation>,
     /// A new probe record to write to `status.isolationProbe` (`None`: keep the stored one).
     pub isolation_probe: Option<kvcache_api::backend::IsolationProbe>,
 }

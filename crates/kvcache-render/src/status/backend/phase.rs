@@ -8,7 +8,7 @@ use kvcache_api::condition::Cond;
 
 use super::facts::{listed, managed, name, no_ready_leader};
 use super::observation::Observation;
-use crate::rollout::{member_progress, stale_member_pods};
+use crate::members::rollout::{member_progress, stale_member_pods};
 
 /// `Deletable`: held while a pool uses the backend.
 pub(super) fn deletable(used_by: &[ObjectRef]) -> Cond {

@@ -1,0 +1,5 @@
+//! The admission review: of manifests and objects ([`review`], for `validate` and the webhook)
+//! and of engine Pods, with the store's settings injected ([`pod`]).
+
+pub mod pod;
+pub mod review;
