@@ -139,7 +139,7 @@ fn every_grant_of_the_operator_was_used_and_no_call_was_refused() {
     );
     assert!(
         refused.is_empty() && unused.is_empty(),
-        "RBAC refused these calls of the operator (grant what they need in crates/kvcache-render/src/install.rs):\n  {}\n\
+        "RBAC refused these calls of the operator (grant what they need in crates/kvcache-render/src/install/rbac.rs):\n  {}\n\
          and no call used these grants (drop them there, or make an end-to-end test use them):\n  {}",
         refused.join("\n  "),
         unused.join("\n  ")

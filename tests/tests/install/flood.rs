@@ -1,7 +1,7 @@
 //! A flood from a tenant's Pod of the default installation, on real nodes under the enforcer.
 //! The default installation leaves the webhook port open to every source (no control plane
 //! named: `kubectl apply -f deploy/operator.yaml` as shipped), so only the operator's own bounds
-//! (`crates/kvcache-operator/src/serve.rs`) stand between a tenant and the admission of every
+//! (`crates/kvcache-operator/src/serve/`) stand between a tenant and the admission of every
 //! other namespace. From a Pod of `team-a` held to half a core (as a tenant's Pod would be), the
 //! test sends what once OOM-killed both replicas: 600 connections each sending most of a 2 MB
 //! review at once and then a byte every 2 s; then 600 idle connections; then forged reviews as

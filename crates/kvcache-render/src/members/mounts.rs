@@ -10,7 +10,7 @@
 //! client that mounts a segment of its own (`global_segment_size` above 0) becomes a place the
 //! master puts any tenant's blocks, served to other tenants from that client's memory. The
 //! operator's engines mount none (the injection sets `global_segment_size` to 0,
-//! crates/kvcache-inject/src/lib.rs), so every segment whose address is not one of the
+//! crates/kvcache-inject/src/vehicle.rs), so every segment whose address is not one of the
 //! backend's member Pods is reported, once listed for longer than a replaced member's segment
 //! lingers ([`grace`]), and drained ([`quarantine`]) so that no new block lands there.
 //!

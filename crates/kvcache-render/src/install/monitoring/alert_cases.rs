@@ -261,7 +261,8 @@ pub(crate) fn promtool_tests(rules: &str) -> Result<Value, crate::error::Error> 
             .find(|c| c.alert == alert.name)
             .ok_or_else(|| crate::error::Error::Yaml {
                 object: format!("the promtool test of alert {}", alert.name),
-                message: "no case in crates/kvcache-render/src/alert_cases.rs".into(),
+                message: "no case in crates/kvcache-render/src/install/monitoring/alert_cases.rs"
+                    .into(),
             })?;
         tests.push(test_of(&alert, case));
     }
