@@ -5,9 +5,12 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use kube::CustomResourceExt;
 
-use crate::{
-    Error, InstanceType, KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment,
-};
+use crate::InstanceType;
+use crate::KVCachePool;
+use crate::KVCachePoolBinding;
+use crate::backend::KVCacheBackend;
+use crate::error::Error;
+use crate::model::ModelDeployment;
 
 /// Every CRD, in creation order (backend, pool, binding, model deployment, instance type), with
 /// its descriptions made for `kubectl explain` (see [`for_explain`]).

@@ -4,11 +4,16 @@
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use crate::GROUP;
+use crate::InstanceType;
+use crate::KVCachePool;
+use crate::KVCachePoolBinding;
+use crate::VERSION;
 use crate::admission::{Admission, Verdict};
-use crate::{
-    Error, GROUP, InstanceType, KVCacheBackend, KVCachePool, KVCachePoolBinding, ModelDeployment,
-    Settings, VERSION,
-};
+use crate::backend::KVCacheBackend;
+use crate::error::Error;
+use crate::model::ModelDeployment;
+use crate::settings::Settings;
 
 /// One object of this operator's kinds.
 #[derive(Clone, Debug, PartialEq)]

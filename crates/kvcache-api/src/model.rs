@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::PullPolicy;
 use crate::pool::Domain;
-use crate::{Quantity, rules};
+use crate::quantity::Quantity;
+use crate::rules;
 
 /// A model served by an engine in one or more roles, optionally attached to a shared KV cache.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -10,7 +10,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::ObjectRef;
-use crate::{Quantity, rules};
+use crate::quantity::Quantity;
+use crate::rules;
 
 /// A quota layer over exactly one backend. Several pools may share a backend.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

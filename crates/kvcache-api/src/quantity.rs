@@ -7,7 +7,8 @@ use std::fmt;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
-use crate::Error;
+use crate::error::Error;
+pub use crate::error::QuantityError;
 
 /// A byte size in Kubernetes quantity notation, kept exactly as written (`8Gi`, `16Mi`, `4Ti`,
 /// `"1073741824"`). Binary suffixes (`Ki` … `Ei`), decimal suffixes (`k` … `E`) and exponents
@@ -65,35 +66,6 @@ impl JsonSchema for Quantity {
             }],
         })
     }
-}
-
-/// Why a quantity is not a whole count: each a sentence fragment a user can act on.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum QuantityError {
-    /// Nothing was written.
-    #[error("it is empty")]
-    Empty,
-    /// It starts with `-`: sizes, ceilings and millicores here are never negative.
-    #[error("a quantity here cannot be negative")]
-    Negative,
-    /// No digits before the suffix.
-    #[error("it does not start with a number")]
-    NoNumber,
-    /// `m` on a byte size.
-    #[error("milli-units (m) are not whole bytes")]
-    MilliBytes,
-    /// `e`/`E` followed by something that is not an integer.
-    #[error("the exponent in {0:?} is not a whole number")]
-    Exponent(String),
-    /// A suffix Kubernetes does not know.
-    #[error("{0:?} is not a quantity suffix (use Ki, Mi, Gi, Ti, Pi, Ei or k, M, G, T, P, E)")]
-    Suffix(String),
-    /// Beyond 64 bits.
-    #[error("it is larger than a 64-bit count")]
-    TooLarge,
-    /// A fraction of the unit.
-    #[error("it is not a whole number of {0}")]
-    NotWhole(&'static str),
 }
 
 /// What a quantity counts.

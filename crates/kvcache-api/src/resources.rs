@@ -10,9 +10,10 @@ use kube::KubeSchema;
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+use crate::error::Error;
+use crate::quantity::Quantity;
 use crate::quantity::{QuantityError, parse_millicores};
 use crate::rules::BUCKET_BYTES;
-use crate::{Error, Quantity};
 
 /// The leader (master) container's CPU request when `leader.resources` names none: every put
 /// and every get of every engine is two RPCs to the master, so its share decides how fast the

@@ -88,7 +88,7 @@ impl Settings {
 
     /// Refuses values that cannot be used: a blank elector or etcd image (store Pods that
     /// elect, or a warm backend's etcd, could not start) names its key.
-    fn checked(self, source: &str) -> Result<Self, crate::Error> {
+    fn checked(self, source: &str) -> Result<Self, crate::error::Error> {
         for (key, value, problem) in [
             (
                 keys::ELECTOR_IMAGE,
@@ -104,7 +104,7 @@ impl Settings {
             if let Some(image) = value
                 && image.trim().is_empty()
             {
-                return Err(crate::Error::SettingValue {
+                return Err(crate::error::Error::SettingValue {
                     source_name: source.to_owned(),
                     key,
                     value: image.clone(),
@@ -123,14 +123,14 @@ pub struct Chosen {
     /// keep: then nothing that depends on them is rendered.
     pub settings: Option<Settings>,
     /// Why the newest read was refused, naming the key; `None` when it was read.
-    pub refused: Option<crate::Error>,
+    pub refused: Option<crate::error::Error>,
 }
 
 /// Which settings to use after a read: `read` is `None` when the ConfigMap is absent (the
 /// defaults apply: deleting it is a choice), `Some(Err(_))` when a value is unusable. A refused
 /// read never reverts to the defaults: the last good settings are kept, or none are used.
 pub fn choose(
-    read: Option<Result<Settings, crate::Error>>,
+    read: Option<Result<Settings, crate::error::Error>>,
     last_good: Option<&Settings>,
 ) -> Chosen {
     match read {
@@ -159,7 +159,7 @@ impl Settings {
     pub fn from_data(
         source: &str,
         data: &std::collections::BTreeMap<String, String>,
-    ) -> Result<Self, crate::Error> {
+    ) -> Result<Self, crate::error::Error> {
         let mut s = Settings::default();
         if let Some(image) = data.get(keys::BACKEND_IMAGE) {
             s.kv_cache_backend_image = Some(image.clone());
@@ -175,7 +175,7 @@ impl Settings {
                 "true" => true,
                 "false" => false,
                 other => {
-                    return Err(crate::Error::SettingValue {
+                    return Err(crate::error::Error::SettingValue {
                         source_name: source.to_owned(),
                         key: keys::DTYPE_OWNED,
                         value: other.to_owned(),
@@ -188,9 +188,9 @@ impl Settings {
     }
 
     /// Reads a settings file; absent keys keep their defaults.
-    pub fn from_yaml(source: &str, text: &str) -> Result<Self, crate::Error> {
+    pub fn from_yaml(source: &str, text: &str) -> Result<Self, crate::error::Error> {
         serde_yaml::from_str::<Settings>(text)
-            .map_err(|e| crate::Error::ManifestSyntax {
+            .map_err(|e| crate::error::Error::ManifestSyntax {
                 source_name: source.to_owned(),
                 index: 1,
                 message: e.to_string(),

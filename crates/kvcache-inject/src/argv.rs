@@ -1,8 +1,8 @@
 //! Reading a container's command line as the engine's parser and the shell would: which flag a
 //! token sets (in every spelling the parser accepts), and which program really runs.
 
-use crate::Error;
 use crate::engines::EngineRow;
+use crate::error::Error;
 
 /// The flag a token sets, normalised (`--kv_transfer_config.kv_role=x` → `--kv-transfer-config`
 /// for a parser that accepts underscores and dotted members), or `None` for a non-flag token.

@@ -4,9 +4,11 @@
 
 use kvcache_api::backend::Protocol;
 
+use crate::argv;
 use crate::engines::{COMPUTE_DTYPE_FLAG, DTYPE_FLAG, ENGINES, EngineRow};
+use crate::error::Error;
+use crate::request::{Ledger, Request, Source};
 use crate::versions::{self, Pairing};
-use crate::{Error, Ledger, Request, Source, argv};
 
 /// The one protocol the pool offers this engine, or the refusal naming every offer.
 pub(crate) fn protocol(req: &Request<'_>) -> Result<(&'static str, Vec<String>), Error> {

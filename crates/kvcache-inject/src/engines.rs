@@ -244,19 +244,19 @@ pub(crate) const RESERVED_ENV: &[&str] = &[
 pub fn row(
     engine: EngineName,
     manufacturer: Option<&str>,
-) -> Result<&'static EngineRow, crate::Error> {
+) -> Result<&'static EngineRow, crate::error::Error> {
     let which = match (engine, manufacturer) {
         (EngineName::Vllm, None) => Engine::Vllm,
         (EngineName::Vllm, Some("ascend")) => Engine::VllmAscend,
         (EngineName::Sglang, None) => Engine::Sglang,
         (EngineName::Sglang, Some("ascend")) => {
-            return Err(crate::Error::refused(
+            return Err(crate::error::Error::refused(
                 "AscendNeedsVllm",
                 "manufacturer ascend applies to vLLM only (it selects vLLM-Ascend); remove it for SGLang",
             ));
         }
         (_, Some(other)) => {
-            return Err(crate::Error::refused(
+            return Err(crate::error::Error::refused(
                 "UnknownManufacturer",
                 format!(
                     "manufacturer {other:?} is not known: the only value is ascend, with engine vLLM"
@@ -265,6 +265,6 @@ pub fn row(
         }
     };
     ENGINES.iter().find(|r| r.engine == which).ok_or_else(|| {
-        crate::Error::refused("NoInjectionRow", format!("no injection row for {which:?}"))
+        crate::error::Error::refused("NoInjectionRow", format!("no injection row for {which:?}"))
     })
 }

@@ -4,9 +4,11 @@
 use k8s_openapi::api::core::v1::{Container, EnvVar};
 use kvcache_api::model::RoleKind;
 
+use crate::argv;
 use crate::engines::{DTYPE_FLAG, EngineRow, RESERVED_ENV};
+use crate::error::Error;
+use crate::request::{Ledger, Request, Source, user_wins};
 use crate::vehicle::{MASTER_ENV, TENANT_ENV};
-use crate::{Error, Ledger, Request, Source, argv, user_wins};
 
 /// Owned keys a user value may not set, for this source.
 pub(crate) fn refuse_owned(req: &Request<'_>, argv: &[String]) -> Result<(), Error> {

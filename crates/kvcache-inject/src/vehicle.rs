@@ -9,9 +9,11 @@ use k8s_openapi::api::core::v1::{
 };
 use kvcache_api::model::RoleKind;
 
-use crate::{
-    CLIENT_CONFIG_ANNOTATION, Error, FILE_NAME, LOCAL_BUFFER_BYTES, MOUNT_PATH, Request,
-    VOLUME_NAME, argv, env, field_env,
+use crate::argv;
+use crate::error::Error;
+use crate::request::{
+    CLIENT_CONFIG_ANNOTATION, FILE_NAME, LOCAL_BUFFER_BYTES, MOUNT_PATH, Request, VOLUME_NAME, env,
+    field_env,
 };
 
 /// The variable through which SGLang's store client takes its master's address.

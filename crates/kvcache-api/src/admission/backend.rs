@@ -2,20 +2,22 @@
 
 use std::collections::BTreeSet;
 
-use super::{Admission, Verdict};
+use super::verdict::{Admission, Verdict};
+use crate::backend::KVCacheBackend;
 use crate::backend::member_memory_floor;
 use crate::backend::{
     Connection, ElectionBackend, EndpointName, External, ExtraEnv, Leader, LocalDisk, Managed,
     Medium, MemberGroup, Tenancy, TenancyMode,
 };
 use crate::names::{self, is_host_port, tier_path_problem};
+use crate::quantity::Quantity;
 use crate::quantity::{format_bytes, parse_bytes, parse_millicores};
 use crate::resources::{
     CpuQuantity, LEADER_CPU_REQUEST, LEADER_MEMORY_REQUEST, MEMBER_CPU_REQUEST,
     STORE_CPU_FLOOR_MILLICORES, StoreResources,
 };
 use crate::rules::{self, BUCKET_BYTES, BUCKET_KEYS, BUCKET_QUANTITY, INFINIBAND_DIR};
-use crate::{KVCacheBackend, Quantity, Settings};
+use crate::settings::Settings;
 
 const MANAGED: &str = "spec.connection.managed";
 /// The smallest etcd claim accepted.

@@ -2,11 +2,12 @@
 
 use std::collections::BTreeSet;
 
-use super::{Admission, Verdict};
+use super::verdict::{Admission, Verdict};
 use crate::model::InstanceType;
+use crate::model::ModelDeployment;
 use crate::names::is_dns_label;
 use crate::quantity::parse_millicores;
-use crate::{ModelDeployment, Settings};
+use crate::settings::Settings;
 
 impl Admission for ModelDeployment {
     fn validate_create(&self, _: &Settings) -> Verdict {

@@ -1,9 +1,10 @@
 //! KVCachePool and KVCachePoolBinding admission.
 
-use super::{Admission, Verdict};
+use super::verdict::{Admission, Verdict};
 use crate::names::domain_name_problem;
 use crate::pool::{DEFAULT_DOMAIN, KVCachePool, KVCachePoolBinding};
-use crate::{Quantity, Settings};
+use crate::quantity::Quantity;
+use crate::settings::Settings;
 
 /// The largest quota the store accepts, in bytes.
 pub const MAX_QUOTA_BYTES: u64 = i64::MAX as u64;

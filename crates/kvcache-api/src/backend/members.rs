@@ -8,9 +8,9 @@ use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::managed::default_true;
-use super::{ExtraEnv, GroupTransport, Protocol};
-use crate::Quantity;
+use super::env::{ExtraEnv, default_true};
+use super::transport::{GroupTransport, Protocol};
+use crate::quantity::Quantity;
 use crate::resources::StoreResources;
 use crate::rules;
 
@@ -236,7 +236,7 @@ pub struct ScaleIn {
 /// segment is accelerator memory), its staging buffer and a disk tier's staging buffer. It is
 /// the default request, and a written `resources.requests.memory` cannot be below it.
 /// `field` names the group (`spec.connection.managed.members[0]`) for the error.
-pub fn member_memory_floor(field: &str, group: &MemberGroup) -> Result<u64, crate::Error> {
+pub fn member_memory_floor(field: &str, group: &MemberGroup) -> Result<u64, crate::error::Error> {
     let buffer = match &group.local_buffer_size {
         Some(q) => q.bytes(&format!("{field}.localBufferSize"))?,
         None => crate::resources::DEFAULT_LOCAL_BUFFER,

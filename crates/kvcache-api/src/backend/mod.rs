@@ -9,6 +9,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 pub mod conditions;
+mod env;
 mod external;
 mod managed;
 mod members;
@@ -22,9 +23,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::rules;
 
+pub use env::ExtraEnv;
 pub use external::{EndpointName, External, ExternalEndpoint};
 pub use managed::{
-    AllocationStrategy, ElectionBackend, EtcdSpec, ExtraEnv, Leader, Managed, MemberAddressing,
+    AllocationStrategy, ElectionBackend, EtcdSpec, Leader, Managed, MemberAddressing,
 };
 pub use members::{
     Eviction, EvictionPolicy, HostPathMount, LocalDisk, Medium, MemberGroup, ScaleIn, Watermark,

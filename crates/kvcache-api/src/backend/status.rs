@@ -4,8 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::ExternalEndpoint;
-use crate::Quantity;
+use super::external::ExternalEndpoint;
+use crate::quantity::Quantity;
 
 /// What the operator observed of the store.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

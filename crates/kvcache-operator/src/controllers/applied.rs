@@ -250,7 +250,7 @@ impl AppliedSet {
                         } else {
                             DeleteParams::default()
                         };
-                        if super::delete(&api, &name, &object, &params).await? && wait {
+                        if super::shared::delete(&api, &name, &object, &params).await? && wait {
                             swept.waiting.push(format!("{name} {object}"));
                         }
                     }

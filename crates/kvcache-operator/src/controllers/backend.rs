@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalized, finalizer};
@@ -21,20 +21,18 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus};
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
-use kvcache_render::members::mounts::OtherMember;
-use kvcache_render::members::rollout::{GroupStep, Step, step_event};
 use kvcache_render::names::{self, label_value};
 use kvcache_render::objects::backend::probe::PROBE_LABEL;
 use kvcache_render::objects::backend::{BACKEND_TEARDOWN, OWNER_LABEL, leader_name};
 use kvcache_render::objects::desired::DesiredSet;
-use kvcache_render::observe::read::{DRAIN_JOB_ANNOTATION, DRAIN_STARTED_ANNOTATION};
-use kvcache_render::observe::store::{DrainJob, DrainRequest, ReadError, StoreReading};
+use kvcache_render::observe::store::{DrainJob, ReadError, StoreReading};
 use kvcache_render::plan::backend::{self as plan, BackendPlan, BackendRead};
 use kvcache_render::status::backend::{Computed, Observation, backend_status};
 use kvcache_render::status::events::{self, backend_events};
 use tracing::{info, instrument, warn};
 
 use super::applied::{AppliedSet, Sweep};
+use super::members;
 use crate::context::{Context, Figures, Polled};
 use crate::error::{Error, kube as kerr};
 use crate::watch::Pass;
@@ -121,7 +119,7 @@ pub async fn run(
                     .map(ObjectRef::new)
             },
         );
-    super::drive(
+    super::shared::drive(
         controller,
         CONTROLLER,
         reconcile,
@@ -410,9 +408,9 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     // After the policies: the probe checks what was just applied.
     probe(ctx, &plan).await?;
     let mut obs = plan.observation.clone();
-    obs.rollout = roll_members(ctx, b, &read, &plan).await?;
-    restart_foreign_members(ctx, b, &plan.foreign).await?;
-    quarantine(ctx, b, &plan.quarantine).await;
+    obs.rollout = members::roll_members(ctx, b, &read, &plan).await?;
+    members::restart_foreign_members(ctx, b, &plan.foreign).await?;
+    members::quarantine(ctx, b, &plan.quarantine).await;
     let soon = obs
         .rollout
         .iter()
@@ -434,7 +432,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
 async fn probe(ctx: &Context, plan: &BackendPlan) -> Result<(), Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
     for name in &plan.probe_delete {
-        super::delete(&pods, "Pod", name, &DeleteParams::background()).await?;
+        super::shared::delete(&pods, "Pod", name, &DeleteParams::background()).await?;
     }
     if let Some(pod) = &plan.probe_create {
         let name = pod.name_any();
@@ -445,34 +443,6 @@ async fn probe(ctx: &Context, plan: &BackendPlan) -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-/// Asks the master to drain each segment of no member Pod the plan picked
-/// (`kvcache_render::members::mounts::quarantine`), with a Warning event on the backend naming it and
-/// the job; a refusal or no answer is logged, and the next pass asks again while the segment
-/// still takes blocks.
-async fn quarantine(ctx: &Context, b: &KVCacheBackend, drains: &[DrainRequest]) {
-    let Some(admin) = ctx.admin_address(b) else {
-        return;
-    };
-    for req in drains {
-        let segment = req.segments.join(", ");
-        match ctx.store.create_drain(&admin, req).await {
-            Ok(job) => {
-                warn!(%segment, %job, "draining a segment no member Pod mounted");
-                let note = events::unknown_segment_draining(&segment, &job);
-                super::publish(
-                    ctx,
-                    &b.object_ref(&()),
-                    &super::event_of(&note, "Quarantine", None),
-                )
-                .await;
-            }
-            Err(e) => {
-                warn!(%segment, error = %e, "the master did not drain a segment no member Pod mounted");
-            }
-        }
-    }
 }
 
 /// Reads the store through the backend's admin address, counts the read and keeps the
@@ -539,159 +509,6 @@ async fn conclude(
     Ok(Action::requeue(soon.map_or(next, |soon| next.min(soon))))
 }
 
-/// Restarts each member of another backend that this backend's master lists (`foreign`, from
-/// `kvcache_render::members::mounts::foreign_mounts`), so that it mounts on its own master again, with
-/// a Warning event on this backend naming it.
-async fn restart_foreign_members(
-    ctx: &Context,
-    b: &KVCacheBackend,
-    foreign: &[OtherMember],
-) -> Result<(), Error> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
-    for m in foreign {
-        warn!(pod = %m.pod.name, of = %m.backend, "a member of another backend is mounted on this master; restarting it");
-        pods.delete(&m.pod.name, &DeleteParams::default())
-            .await
-            .map_err(kerr("delete", format!("Pod {}", m.pod.name)))?;
-        let note = events::foreign_member_restarted(&m.pod.name, &m.backend, &m.pod.ip);
-        let pod = member_ref(ctx, &m.pod.name);
-        super::publish(
-            ctx,
-            &b.object_ref(&()),
-            &super::event_of(&note, "Reconcile", Some(pod)),
-        )
-        .await;
-    }
-    Ok(())
-}
-
-/// Carries out the member rollout's step per group that the plan decided, each drained first
-/// where it can be; a drain the master refuses is decided again (the member goes without one).
-/// Returns the steps for the status.
-async fn roll_members(
-    ctx: &Context,
-    b: &KVCacheBackend,
-    read: &BackendRead<'_>,
-    plan: &BackendPlan,
-) -> Result<Vec<GroupStep>, Error> {
-    let admin = ctx.admin_address(b);
-    let obs = &plan.observation;
-    let mut refused = BTreeMap::new();
-    let mut steps = obs.rollout.clone();
-    for (i, step) in steps.iter_mut().enumerate() {
-        if let Some((pod, refusal)) = carry_out(ctx, b, obs, admin.as_deref(), step).await? {
-            refused.insert(pod, refusal);
-            if let Some(again) = plan::rollout(read, obs, &plan.groups, &refused)
-                .into_iter()
-                .nth(i)
-            {
-                carry_out(ctx, b, obs, admin.as_deref(), &again).await?;
-                *step = again;
-            }
-        }
-    }
-    Ok(steps)
-}
-
-/// Carries out one group's step: a drain asked of the master and recorded on the Pod, or the
-/// Pod deleted (a running job cancelled first), each with its event. Returns the master's
-/// refusal of a drain (the Pod's name and the answer), for the step to be decided again.
-async fn carry_out(
-    ctx: &Context,
-    b: &KVCacheBackend,
-    obs: &Observation,
-    admin: Option<&str>,
-    step: &GroupStep,
-) -> Result<Option<(String, ReadError)>, Error> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
-    match &step.step {
-        Step::StartDrain {
-            pod,
-            segment,
-            targets,
-            ..
-        } => {
-            let Some(admin) = admin else {
-                return Ok(None);
-            };
-            // The start is written first: the drain is bounded even if the answer is lost.
-            let started = obs
-                .members
-                .iter()
-                .find(|p| p.name == *pod)
-                .and_then(|p| p.drain.as_ref())
-                .and_then(|d| d.started);
-            if started.is_none() {
-                let now = k8s_openapi::jiff::Timestamp::now().to_string();
-                annotate(&pods, pod, DRAIN_STARTED_ANNOTATION, &now).await?;
-            }
-            match ctx
-                .store
-                .create_drain(admin, &DrainRequest::new(segment, targets))
-                .await
-            {
-                Ok(job) => {
-                    info!(pod = %pod, job = %job, "draining a member's segment before replacing it");
-                    annotate(&pods, pod, DRAIN_JOB_ANNOTATION, &job).await?;
-                    publish(ctx, b, pod, step, Some(&job)).await;
-                }
-                Err(e @ (ReadError::Status { .. } | ReadError::Refused { .. })) => {
-                    return Ok(Some((pod.clone(), e)));
-                }
-                // No answer: the next pass finds the start recorded and asks again.
-                Err(e) => warn!(pod = %pod, error = %e, "the master did not answer a drain"),
-            }
-        }
-        Step::Replace { pod, .. } => {
-            if let (Some(admin), Some(job)) = (admin, step.step.cancel())
-                && let Err(e) = ctx.store.cancel_drain(admin, job).await
-            {
-                warn!(pod = %pod, job, error = %e, "could not cancel a drain past its deadline");
-            }
-            info!(pod = %pod, "replacing a member Pod whose template changed");
-            if super::delete(&pods, "Pod", pod, &DeleteParams::default()).await? {
-                publish(ctx, b, pod, step, None).await;
-            }
-        }
-        Step::UpToDate | Step::Wait { .. } | Step::AwaitDrain { .. } => {}
-    }
-    Ok(None)
-}
-
-/// Sets one annotation on a member Pod.
-async fn annotate(pods: &Api<Pod>, pod: &str, key: &str, value: &str) -> Result<(), Error> {
-    let patch = serde_json::json!({"metadata": {"annotations": {key: value}}});
-    pods.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(kerr("annotate", format!("Pod {pod}")))?;
-    Ok(())
-}
-
-/// A member Pod, as an event names it.
-fn member_ref(ctx: &Context, pod: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        name: Some(pod.to_owned()),
-        namespace: Some(ctx.config.namespace.clone()),
-        ..Default::default()
-    }
-}
-
-/// Records the event of a carried-out step on the backend, naming the member Pod.
-async fn publish(
-    ctx: &Context,
-    b: &KVCacheBackend,
-    pod: &str,
-    step: &GroupStep,
-    job: Option<&str>,
-) {
-    if let Some(note) = step_event(step, job) {
-        let event = super::event_of(&note, "Rollout", Some(member_ref(ctx, pod)));
-        super::publish(ctx, &b.object_ref(&()), &event).await;
-    }
-}
-
 async fn write_status(
     ctx: &Context,
     b: &KVCacheBackend,
@@ -724,7 +541,12 @@ async fn events(
 ) {
     let reference = b.object_ref(&());
     for note in backend_events(before, after) {
-        super::publish(ctx, &reference, &super::event_of(&note, "Reconcile", None)).await;
+        super::shared::publish(
+            ctx,
+            &reference,
+            &super::shared::event_of(&note, "Reconcile", None),
+        )
+        .await;
     }
 }
 
@@ -779,7 +601,12 @@ async fn cleanup(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     for (object, kind, grace) in swept.abandoned {
         let name = object.name.clone().unwrap_or_default();
         let note = events::teardown_abandoned(&kind, &name, grace, TEARDOWN_SLACK);
-        super::publish(ctx, &object, &super::event_of(&note, "Teardown", None)).await;
+        super::shared::publish(
+            ctx,
+            &object,
+            &super::shared::event_of(&note, "Teardown", None),
+        )
+        .await;
     }
     if !swept.waiting.is_empty() {
         return Err(Error::TeardownWaiting {

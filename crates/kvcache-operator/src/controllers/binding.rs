@@ -30,7 +30,7 @@ use crate::error::Error;
 use kvcache_render::plan::pool::backend_view;
 
 /// Held while a Binding's tenant is not released on the master.
-pub const BINDING_FINALIZER: &str = super::RELEASE_FINALIZER;
+pub const BINDING_FINALIZER: &str = super::shared::RELEASE_FINALIZER;
 
 const BINDING: &str = "kvcachepoolbinding";
 
@@ -61,7 +61,7 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
                     .map(|k| ObjectRef::new(&k.pool_ref.name).within(&ns))
             },
         );
-    super::drive(controller, BINDING, reconcile_binding, RELEASE_RETRY, ctx).await;
+    super::shared::drive(controller, BINDING, reconcile_binding, RELEASE_RETRY, ctx).await;
 }
 
 #[instrument(skip(b, ctx), fields(binding = %id(&b)))]
@@ -113,10 +113,10 @@ async fn write_status(
     super::status::apply(&api, "KVCachePoolBinding", b.meta(), MANAGER, &status).await?;
     let before = b.status.clone().unwrap_or_default();
     for note in kvcache_render::status::events::binding_events(&before, &status) {
-        super::publish(
+        super::shared::publish(
             ctx,
             &b.object_ref(&()),
-            &super::event_of(&note, "Reconcile", None),
+            &super::shared::event_of(&note, "Reconcile", None),
         )
         .await;
     }
@@ -246,10 +246,10 @@ async fn release_binding(b: &KVCachePoolBinding, ctx: &Context) -> Result<Action
 /// connection.
 async fn revoked_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str) {
     let note = kvcache_render::status::events::tenant_revoked(tenant);
-    super::publish(
+    super::shared::publish(
         ctx,
         &b.object_ref(&()),
-        &super::event_of(&note, "Release", None),
+        &super::shared::event_of(&note, "Release", None),
     )
     .await;
 }
@@ -257,10 +257,10 @@ async fn revoked_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str) {
 /// Records that the tenant's objects were removed with the Binding's deletion.
 async fn dropped_event(ctx: &Context, b: &KVCachePoolBinding, tenant: &str, count: u64) {
     let note = kvcache_render::status::events::cached_data_dropped(tenant, count);
-    super::publish(
+    super::shared::publish(
         ctx,
         &b.object_ref(&()),
-        &super::event_of(&note, "Release", None),
+        &super::shared::event_of(&note, "Release", None),
     )
     .await;
 }

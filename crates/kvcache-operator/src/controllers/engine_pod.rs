@@ -27,10 +27,10 @@ pub async fn run(ctx: Arc<Context>) {
         Api::<Pod>::all(ctx.client.clone()),
         watcher::Config::default().labels(ENGINE_POLICY_LABEL),
     );
-    super::drive(controller, CONTROLLER, reconcile, crate::error::RETRY, ctx).await;
+    super::shared::drive(controller, CONTROLLER, reconcile, crate::error::RETRY, ctx).await;
 }
 
-#[instrument(skip(pod, ctx), fields(pod = %super::id(&*pod)))]
+#[instrument(skip(pod, ctx), fields(pod = %super::shared::id(&*pod)))]
 async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
     // A Pod being deleted keeps its policy until it is gone (then the collector takes it).
     if pod.metadata.deletion_timestamp.is_some() {
@@ -53,7 +53,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
         }
         Some(_) => {}
         None => {
-            super::apply(&api, &policy).await?;
+            super::shared::apply(&api, &policy).await?;
         }
     }
     Ok(Action::await_change())

@@ -90,7 +90,7 @@ pub async fn run(
                     .collect::<Vec<_>>()
             },
         );
-    super::drive(controller, CONTROLLER, reconcile, crate::error::RETRY, ctx).await;
+    super::shared::drive(controller, CONTROLLER, reconcile, crate::error::RETRY, ctx).await;
 }
 
 #[instrument(skip(md, ctx), fields(deployment = %id(&md)))]
@@ -123,10 +123,10 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
     )
     .await?;
     for note in &plan.events {
-        super::publish(
+        super::shared::publish(
             &ctx,
             &md.object_ref(&()),
-            &super::event_of(note, "Reconcile", None),
+            &super::shared::event_of(note, "Reconcile", None),
         )
         .await;
     }

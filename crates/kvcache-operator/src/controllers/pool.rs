@@ -33,7 +33,7 @@ use crate::error::Error;
 use crate::store::StoreClient;
 
 /// Held while a pool's Bindings exist.
-pub const POOL_FINALIZER: &str = super::RELEASE_FINALIZER;
+pub const POOL_FINALIZER: &str = super::shared::RELEASE_FINALIZER;
 
 const POOL: &str = "kvcachepool";
 
@@ -67,7 +67,7 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
                     .collect::<Vec<_>>()
             },
         );
-    super::drive(controller, POOL, reconcile_pool, crate::error::RETRY, ctx).await;
+    super::shared::drive(controller, POOL, reconcile_pool, crate::error::RETRY, ctx).await;
 }
 
 /// Reads the ledger and pushes the ceilings it does not hold yet
@@ -280,10 +280,10 @@ async fn remove_unclaimed(
 
 async fn unclaimed_removed_event(ctx: &Context, p: &KVCachePool, backend: &str, tenant: &str) {
     let note = kvcache_render::status::events::unclaimed_tenant_removed(backend, tenant);
-    super::publish(
+    super::shared::publish(
         ctx,
         &p.object_ref(&()),
-        &super::event_of(&note, "Release", None),
+        &super::shared::event_of(&note, "Release", None),
     )
     .await;
 }

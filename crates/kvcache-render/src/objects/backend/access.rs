@@ -48,8 +48,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::MemberAddressing;
 
-pub use super::member::{TRANSFER_PORT_ENV, TRANSFER_PORTS};
-use super::{ADMIN_PORT, ELECTOR_PORT, RPC_PORT, meta};
+use super::pod::{ADMIN_PORT, ELECTOR_PORT, RPC_PORT, meta};
+pub use super::pod::{TRANSFER_PORT_ENV, TRANSFER_PORTS};
 use crate::names::{self, backend_labels, backend_selector};
 
 /// The labels every operator Pod carries (`deploy/operator.yaml`, the Helm chart).

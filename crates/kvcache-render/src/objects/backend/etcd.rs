@@ -25,7 +25,7 @@ use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::Leader;
 use kvcache_inject::field_env;
 
-use super::{meta, mount, pull_policy, pull_secrets};
+use super::pod::{meta, mount, pull_policy, pull_secrets};
 use crate::error::Error;
 use crate::names::{self, ETCD_CLIENT_PORT, backend_labels, backend_selector, etcd_name};
 
@@ -34,7 +34,7 @@ pub(crate) const ETCD_PEER_PORT: i32 = 2380;
 /// The claim each etcd Pod gets unless `leader.etcd.storageSize` says otherwise.
 pub(crate) const DEFAULT_ETCD_STORAGE: &str = "1Gi";
 /// The user etcd runs as (the image's, as the store's).
-const ETCD_UID: i64 = super::STORE_UID;
+const ETCD_UID: i64 = super::pod::STORE_UID;
 /// Where the claim is mounted; etcd's data directory is a folder inside it, which etcd creates
 /// with the mode it insists on.
 const DATA_MOUNT: &str = "/var/lib/etcd";
@@ -56,7 +56,7 @@ pub(super) struct EtcdObjects {
 /// on the client port the backend's own Pods alone (the masters elect and keep their operation
 /// log there; the members' Pods are selected too, by the backend's labels), on the peer port the
 /// etcd Pods alone. No bound namespace: engines and members dial the leader Service
-/// ([`super::client_endpoint`]), and a tenant that could write the master view would choose
+/// ([`super::pod::client_endpoint`]), and a tenant that could write the master view would choose
 /// where every client of the backend goes.
 fn etcd_policy(b: &KVCacheBackend, namespace: &str, backend: &str) -> NetworkPolicy {
     let port = |n: i32| NetworkPolicyPort {
@@ -246,7 +246,7 @@ fn etcd_container(
         }),
         security_context: Some(ContainerSecurity {
             run_as_non_root: Some(true),
-            ..super::restricted_container()
+            ..super::pod::restricted_container()
         }),
         volume_mounts: Some(vec![mount("data", DATA_MOUNT, false)]),
         ..Default::default()
@@ -376,7 +376,7 @@ fn etcd_pod(b: &KVCacheBackend, backend: &str, container: Container) -> PodSpec 
         // claim owned by that user.
         security_context: Some(PodSecurityContext {
             fs_group: Some(ETCD_UID),
-            ..super::restricted_pod()
+            ..super::pod::restricted_pod()
         }),
         containers: vec![container],
         ..Default::default()

@@ -5,17 +5,18 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec,
-    Probe, Volume,
+    ConfigMapVolumeSource, Container, ContainerPort, EnvVar, HTTPGetAction, PodSpec,
+    PodTemplateSpec, Probe, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvcache_api::backend::Managed;
 use kvcache_api::resources::{LEADER_CPU_REQUEST, LEADER_MEMORY_REQUEST};
 use kvcache_inject::{env as env_value, field_env};
-use kvcache_quota::policy::{POLICY_KEY, POLICY_PATH};
+use kvcache_quota::policy::{POLICY_KEY, POLICY_PATH, PolicyDocument};
 
-use super::*;
+use super::inputs::BackendInputs;
+use super::pod::*;
 use crate::error::Error;
 use crate::names::{self, backend_labels, backend_selector};
 
@@ -33,7 +34,7 @@ fn warm_flags(managed: &Managed, namespace: &str, backend: &str) -> Vec<String> 
         "-ha_backend_type=etcd".into(),
         format!(
             "-etcd_endpoints={}",
-            super::etcd_endpoints(backend, namespace, &managed.leader)
+            crate::names::etcd_endpoints(backend, namespace, &managed.leader)
         ),
         "-enable_oplog=true".into(),
     ]
@@ -117,7 +118,7 @@ pub(super) fn leader_deployment(
         mounts.push(mount("tenant-policy", "/var/lib/mooncake", false));
         init.push(tenant_policy_seed(inputs));
     }
-    let (tmp, tmp_mount) = super::scratch();
+    let (tmp, tmp_mount) = super::pod::scratch();
     volumes.push(tmp);
     mounts.push(tmp_mount);
     let labels = backend_labels(name, "leader");
@@ -143,7 +144,7 @@ pub(super) fn leader_deployment(
                     automount_service_account_token: Some(elects),
                     priority_class_name: managed.priority_class_name.clone(),
                     image_pull_secrets: pull_secrets(b),
-                    security_context: Some(super::restricted_pod()),
+                    security_context: Some(super::pod::restricted_pod()),
                     init_containers: (!init.is_empty()).then_some(init),
                     containers: vec![master_container(inputs, managed, env, mounts)],
                     volumes: (!volumes.is_empty()).then_some(volumes),
@@ -191,8 +192,8 @@ fn tenant_policy_seed(inputs: &BackendInputs<'_>) -> Container {
             env_value("EMPTY", PolicyDocument::empty().to_yaml().trim_end()),
         ]),
         volume_mounts: Some(vec![mount("tenant-policy", "/var/lib/mooncake", false), mount("tenant-policy-seed", "/seed", true)]),
-        security_context: Some(super::restricted_container()),
-        resources: Some(super::init_resources()),
+        security_context: Some(super::pod::restricted_container()),
+        resources: Some(super::pod::init_resources()),
         ..Default::default()
     }
 }
@@ -262,7 +263,7 @@ fn master_container(
         }),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
-        security_context: Some(super::restricted_container()),
+        security_context: Some(super::pod::restricted_container()),
         ..Default::default()
     }
 }

@@ -19,12 +19,13 @@ use kvcache_api::rules::{BUCKET_BYTES, BUCKET_KEYS, DRAM_DEVICE_VISIBILITY_ENV};
 use kvcache_inject::transport::TCP_TUNING;
 use kvcache_inject::{env as env_value, field_env};
 
-use super::fingerprint;
-use super::{
-    BackendInputs, DEFAULT_LOCAL_BUFFER, ELECTOR_PATH, MEMBER_BASE_PORT, POD_SPEC_HASH,
-    SHUTDOWN_MARGIN_SECONDS, TIER_STAGING_BYTES, account, bytes, client_endpoint, elector_install,
-    empty_dir, leader_name, meta, mount, pull_policy, pull_secrets, store_resources,
+use super::inputs::BackendInputs;
+use super::pod::{
+    DEFAULT_LOCAL_BUFFER, ELECTOR_PATH, MEMBER_BASE_PORT, POD_SPEC_HASH, SHUTDOWN_MARGIN_SECONDS,
+    TIER_STAGING_BYTES, account, bytes, client_endpoint, elector_install, empty_dir, leader_name,
+    meta, mount, pull_policy, pull_secrets, store_resources,
 };
+use super::pod::{TRANSFER_PORT_ENV, TRANSFER_PORTS, fingerprint};
 use crate::error::Error;
 use crate::names::{self, backend_labels, backend_selector};
 
@@ -93,21 +94,6 @@ pub(crate) const MEMBER_RPC_TIMEOUT_MS: u32 = 2000;
 /// The variables that carry [`MEMBER_RPC_TIMEOUT_MS`]: rendered unless the group's `extraEnv`
 /// names them (one entry per name: with two the runtime picks the winner).
 pub(crate) const RPC_TIMEOUT_ENV: [&str; 2] = ["MC_RPC_TIMEOUT_MS", "MC_RPC_CONNECT_TIMEOUT_MS"];
-
-/// The first and last port a member's transfer engine may listen on, for its handshake and
-/// its TCP data listener alike (each a port picked at random in the range, one per process).
-/// Eight, not two: a port the member held is kept in `TIME_WAIT` for a minute after its
-/// process ends, and a store restarted in the same Pod within that minute needs two others
-/// (seen with the 0.3.13.post1 wheel: with a range of two the restarted member failed
-/// "P2P: No valid port found for local TCP service" until the minute passed). The members'
-/// NetworkPolicy names these ports (`access.rs`).
-pub const TRANSFER_PORTS: (i32, i32) = (15000, 15007);
-
-/// The variables that carry [`TRANSFER_PORTS`] (the store's names for the range it picks its
-/// transfer engine's ports from): rendered for a group off the host network unless its
-/// `extraEnv` names them. A fabric group on the host network keeps the store's default range:
-/// no policy covers it, and the node's other store processes pick from the same ports.
-pub const TRANSFER_PORT_ENV: [&str; 2] = ["MC_MIN_RPC_PORT", "MC_MAX_RPC_PORT"];
 
 /// The store client's environment: where the master is, the transport, the segment.
 fn store_env(g: &Group<'_>) -> Vec<EnvVar> {
@@ -286,8 +272,8 @@ fn disk_tier(g: &Group<'_>, managed: &Managed, tier: &LocalDisk) -> Result<TierP
             env: Some(vec![env_value("TIER", tier.path.as_str())]),
             volume_mounts: Some(vec![mount("local-disk", &tier.path, false)]),
             termination_message_policy: Some("File".into()),
-            security_context: Some(super::restricted_container()),
-            resources: Some(super::init_resources()),
+            security_context: Some(super::pod::restricted_container()),
+            resources: Some(super::pod::init_resources()),
             ..Default::default()
         },
         grace_seconds: seconds + SHUTDOWN_MARGIN_SECONDS,
@@ -343,7 +329,7 @@ pub(crate) fn fabric_device(protocol: Protocol, count: i32) -> BTreeMap<String, 
 /// memory limit), the one exception the render makes (docs/isolation.md#pod-security); the
 /// user's context is laid over it.
 fn security(g: &Group<'_>) -> Option<SecurityContext> {
-    let mut security = super::restricted_container();
+    let mut security = super::pod::restricted_container();
     if g.fabric()
         && let Some(caps) = security.capabilities.as_mut()
     {
@@ -439,7 +425,7 @@ pub(super) fn member_daemon_set(
             // Where the leader elector answers `/identity` (its readiness port).
             env_value(
                 "KVCACHE_ELECTOR_LEADER_IDENTITY_PORT",
-                super::ELECTOR_PORT.to_string(),
+                super::pod::ELECTOR_PORT.to_string(),
             ),
         ]);
         volumes.push(empty_dir("elector"));
@@ -456,7 +442,7 @@ pub(super) fn member_daemon_set(
     } else {
         store
     };
-    let (tmp, tmp_mount) = super::scratch();
+    let (tmp, tmp_mount) = super::pod::scratch();
     volumes.push(tmp);
     mounts.push(tmp_mount);
     let container = member_container(&g, command, env, mounts, request, lifecycle);
@@ -528,7 +514,7 @@ fn member_pod_spec(
             .into(),
         ),
         runtime_class_name: group.runtime_class_name.clone(),
-        security_context: Some(super::restricted_pod()),
+        security_context: Some(super::pod::restricted_pod()),
         priority_class_name: managed.priority_class_name.clone(),
         image_pull_secrets: pull_secrets(g.inputs.backend),
         termination_grace_period_seconds: Some(grace),
