@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Alert, alerts};
+use super::alerts::{Alert, alerts};
 
 /// What fires one alert.
 struct Case {
