@@ -81,6 +81,15 @@ pub(crate) const NAME_LABEL: &str = "app.kubernetes.io/name";
 pub(crate) const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
 /// The label naming the part of the owner (`leader`, `member-<i>`, a role).
 pub(crate) const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+/// The label naming who manages an object.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// [`MANAGED_BY_LABEL`] and `app.kubernetes.io/part-of` of the operator's objects.
+pub const OPERATOR: &str = "kvcache-operator";
+/// The finalizer a backend holds while its workloads are torn down.
+pub const TEARDOWN_FINALIZER: &str = "kvcache.gpustack.ai/teardown";
+/// The finalizer named `release` on both kinds whose deletion waits on the master: a pool holds
+/// it while it has Bindings, a Binding while its tenant is not released in the ledger.
+pub const RELEASE_FINALIZER: &str = "kvcache.gpustack.ai/release";
 /// [`NAME_LABEL`] of every store object.
 pub(crate) const BACKEND_NAME: &str = "kv-cache-backend";
 /// [`NAME_LABEL`] of every object of a ModelDeployment's roles.
@@ -118,21 +127,15 @@ pub(crate) fn backend_labels(backend: &str, component: &str) -> BTreeMap<String,
         (NAME_LABEL.into(), BACKEND_NAME.into()),
         (INSTANCE_LABEL.into(), label_value(backend)),
         (COMPONENT_LABEL.into(), component.into()),
-        (
-            "app.kubernetes.io/part-of".into(),
-            "kvcache-operator".into(),
-        ),
-        (
-            "app.kubernetes.io/managed-by".into(),
-            "kvcache-operator".into(),
-        ),
+        ("app.kubernetes.io/part-of".into(), OPERATOR.into()),
+        (MANAGED_BY_LABEL.into(), OPERATOR.into()),
     ])
 }
 
 /// The immutable selector of one backend component (name, instance, component).
 pub fn backend_selector(backend: &str, component: &str) -> BTreeMap<String, String> {
     let mut l = backend_labels(backend, component);
-    l.retain(|k, _| k != "app.kubernetes.io/part-of" && k != "app.kubernetes.io/managed-by");
+    l.retain(|k, _| k != "app.kubernetes.io/part-of" && k != MANAGED_BY_LABEL);
     l
 }
 

@@ -38,7 +38,7 @@ use crate::error::{Error, kube as kerr};
 use crate::watch::Pass;
 
 /// Held while the backend's workloads are torn down.
-pub const FINALIZER: &str = "kvcache.gpustack.ai/teardown";
+pub const FINALIZER: &str = kvcache_render::names::TEARDOWN_FINALIZER;
 
 const CONTROLLER: &str = "kvcachebackend";
 

@@ -23,9 +23,8 @@ use tracing::{info, warn};
 use crate::context::{Context, MANAGER};
 use crate::error::{Error, kube as kerr, retry_after};
 
-/// The finalizer named `release` on both kinds whose deletion waits on the master: a pool holds
-/// it while it has Bindings, a Binding while its tenant is not released in the ledger.
-pub const RELEASE_FINALIZER: &str = "kvcache.gpustack.ai/release";
+/// The finalizer named `release` (`kvcache_render::names::RELEASE_FINALIZER`).
+pub const RELEASE_FINALIZER: &str = kvcache_render::names::RELEASE_FINALIZER;
 
 /// Runs `controller` until shutdown: each reconcile through [`traced`] under the name
 /// `name`, failures retried by [`error_policy`] (`held`: when a held deletion is looked at

@@ -459,8 +459,8 @@ impl Keeper {
                 namespace: Some(self.namespace.clone()),
                 resource_version: current.and_then(|c| c.metadata.resource_version.clone()),
                 labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/managed-by".to_owned(),
-                    "kvcache-operator".to_owned(),
+                    kvcache_render::names::MANAGED_BY_LABEL.to_owned(),
+                    kvcache_render::names::OPERATOR.to_owned(),
                 )])),
                 ..Default::default()
             },

@@ -122,10 +122,7 @@ fn labels(md: &str, role: &str) -> BTreeMap<String, String> {
         (names::NAME_LABEL.into(), names::MODEL_NAME.into()),
         (names::INSTANCE_LABEL.into(), names::label_value(md)),
         (names::COMPONENT_LABEL.into(), names::label_value(role)),
-        (
-            "app.kubernetes.io/managed-by".into(),
-            "kvcache-operator".into(),
-        ),
+        (names::MANAGED_BY_LABEL.into(), names::OPERATOR.into()),
     ])
 }
 
@@ -161,7 +158,7 @@ fn declared_ports(md: &ModelDeployment, role: &Role) -> Result<Vec<ContainerPort
 fn pod_selector(md: &str, role: &str) -> BTreeMap<String, String> {
     labels(md, role)
         .into_iter()
-        .filter(|(k, _)| k != "app.kubernetes.io/managed-by")
+        .filter(|(k, _)| k != names::MANAGED_BY_LABEL)
         .collect()
 }
 

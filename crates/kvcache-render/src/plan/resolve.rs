@@ -151,3 +151,72 @@ fn attachment(
         .map_err(|link| crate::world::missing_error(link, md))?;
     attachment_on(binding, links.binding, links.backend, env)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvcache_api::Settings;
+
+    /// Every input of the render snapshots, as one World each.
+    fn inputs() -> Vec<(String, World)> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/inputs");
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).expect("inputs") {
+            let path = entry.expect("an input").path();
+            let text = std::fs::read_to_string(&path).expect("input");
+            let objects: Vec<Object> =
+                kvcache_api::manifest::parse(&path.display().to_string(), &text)
+                    .expect("input parses")
+                    .into_iter()
+                    .map(|m| m.object)
+                    .collect();
+            out.push((path.display().to_string(), World::from_objects(&objects)));
+        }
+        out
+    }
+
+    /// An owner's sweep lists every kind its pass writes: a kind added to a render without its
+    /// place in the owner's kinds would be applied and never swept.
+    #[test]
+    fn every_kind_a_pass_writes_is_one_its_sweep_lists() {
+        let settings = Settings::default();
+        let env = Environment {
+            namespace: "gpustack-system",
+            settings: &settings,
+        };
+        let mut seen = 0;
+        for (name, world) in inputs() {
+            let mut sets = Vec::new();
+            for b in world.backends() {
+                if let Ok(Some(set)) = backend_objects(&world, b, &env) {
+                    sets.push(set);
+                }
+            }
+            let instance_types = world.instance_type_map();
+            for md in world.models() {
+                let plan = model_plan::roles(
+                    md,
+                    &world,
+                    Some(&settings),
+                    None,
+                    env.namespace,
+                    &instance_types,
+                );
+                sets.extend(plan.objects.map(|o| o.desired()));
+            }
+            for set in sets {
+                for o in &set.objects {
+                    seen += 1;
+                    assert!(
+                        set.kinds
+                            .iter()
+                            .any(|k| k.kind == o.kind.kind && k.api_version == o.kind.api_version),
+                        "{name}: {o} is written but its kind is not swept ({:?})",
+                        set.kinds.iter().map(|k| k.kind).collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+        assert!(seen > 100, "{seen} objects checked");
+    }
+}
