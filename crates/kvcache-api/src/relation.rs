@@ -227,7 +227,9 @@ impl Relation {
     }
 
     /// Every Binding in the order it came in: the order claims are judged in, a later claim
-    /// on a held name being the duplicate.
+    /// on a held name being the duplicate. A relation filled from manifests keeps their order,
+    /// and one narrowed (`narrowed`) the name order; one filled from a cache has the cache's
+    /// arbitrary order, which is why the webhook judges claims over a narrowed one.
     pub fn bindings_as_given(&self) -> impl Iterator<Item = &KVCachePoolBinding> {
         let mut given: Vec<&(u64, Arc<KVCachePoolBinding>)> = self.bindings.values().collect();
         given.sort_by_key(|(turn, _)| *turn);

@@ -31,6 +31,16 @@ pub enum Error {
         /// What to do, starting with `; ` (or empty).
         hint: &'static str,
     },
+    /// A ModelDeployment naming a Binding being deleted: its roles are held as they are.
+    #[error(
+        "ModelDeployment {deployment}: KVCachePoolBinding {binding} is being deleted, so the operator leaves the roles as they are; point spec.kvCache.poolRef.name at another Binding of this namespace, or remove spec.kvCache"
+    )]
+    BindingDeleted {
+        /// `namespace/name` of the ModelDeployment.
+        deployment: String,
+        /// `namespace/name` of the Binding.
+        binding: String,
+    },
     /// A managed backend with no store image anywhere.
     #[error(
         "KVCacheBackend {backend}: no store image (spec.image is unset and the kv-cache-backend-image setting is empty); set one of them"
@@ -77,6 +87,7 @@ impl Error {
             Error::Api(_) => "InvalidQuantity",
             Error::Injection { source, .. } => source.reason(),
             Error::Missing { .. } => "ReferenceNotFound",
+            Error::BindingDeleted { .. } => "BindingDeleted",
             Error::NoStoreImage { .. } => "NoStoreImage",
             Error::NoConnection { .. } => "NoConnection",
             Error::Cpu { .. } => "InvalidCPU",

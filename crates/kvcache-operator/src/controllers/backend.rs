@@ -20,6 +20,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus};
+use kvcache_api::relation::Relation;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
 use kvcache_render::names::{self, label_value};
 use kvcache_render::objects::backend::probe::PROBE_LABEL;
@@ -113,9 +114,14 @@ pub async fn run(
         .watches_stream(
             bindings.relation_changes(Pass::SpecChanges),
             move |binding| {
-                binding_ctx
-                    .world()
+                // The pools alone: a Binding's change costs a pass over the pools, not the World.
+                let mut pools = Relation::default();
+                for p in binding_ctx.pools.state() {
+                    pools.add_pool(p);
+                }
+                pools
                     .backend_name_of(&binding)
+                    .filter(|n| !n.is_empty())
                     .map(ObjectRef::new)
             },
         );

@@ -1,9 +1,9 @@
-//! The ModelDeployment controller: read (the caches, the settings), plan
-//! (`kvcache_render::plan::model`: resolve `kvCache.poolRef` as a Binding in the deployment's own
-//! namespace, its pool and backend; render each role through `kvcache-render::objects::model`, which
-//! injects through `kvcache-inject`), act (apply through the applied set; observe the roles'
-//! Deployments and what the store charges the domain; write status,
-//! `kvcache-render::status::model`).
+//! The ModelDeployment controller: read once (the caches, the settings, the objects bearing the
+//! names its roles render, its role Deployments, its engines' counters), plan once
+//! (`kvcache_render::plan::model::plan`: resolve `kvCache.poolRef` as a Binding in the
+//! deployment's own namespace, its pool and backend; render each role through
+//! `kvcache-render::objects::model`, which injects through `kvcache-inject`; the status and the
+//! events), act once (write the ordered objects through the applied set, the status, the events).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use kube::{Resource, ResourceExt};
 use kvcache_api::model::InstanceType;
 use kvcache_api::{KVCachePoolBinding, ModelDeployment};
 use kvcache_render::names;
-use kvcache_render::objects::desired::DesiredSet;
+use kvcache_render::objects::desired::{DesiredSet, ObjectKind};
 use kvcache_render::observe::read::{EnginePod, EngineSelection};
 use kvcache_render::observe::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
 use kvcache_render::plan::model::{self as model_plan, EngineFigures, ModelRead};
@@ -99,7 +99,7 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
     // Read (the caches, the settings, the cluster, the engines), plan (pure), act.
     let world = ctx.world();
     let chosen = ctx.settings();
-    let reads = read_deployment(&ctx, &md, &ns, &world).await?;
+    let reads = read_deployment(&ctx, &md, &ns, &world, chosen.settings.as_ref()).await?;
     let plan = model_plan::plan(&ModelRead {
         deployment: &md,
         world: &world,
@@ -159,8 +159,10 @@ async fn read_deployment(
     md: &ModelDeployment,
     ns: &str,
     world: &kvcache_render::world::World,
+    settings: Option<&kvcache_api::Settings>,
 ) -> Result<Reads, Error> {
-    let existing = existing_objects(ctx, ns, md).await?;
+    let names = model_plan::object_names(md, world, settings, &ctx.config.namespace);
+    let existing = existing_objects(ctx, ns, names).await?;
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let owned = owned_deployments(&deployments, md).await?;
     let engines = model_plan::engines(md, world, &owned);
@@ -178,10 +180,10 @@ async fn read_deployment(
 async fn existing_objects(
     ctx: &Context,
     ns: &str,
-    md: &ModelDeployment,
+    names: Vec<(ObjectKind, String)>,
 ) -> Result<Vec<model_plan::Existing>, Error> {
     let mut out = Vec::new();
-    for (kind, name) in model_plan::object_names(md) {
+    for (kind, name) in names {
         let resource = super::applied::resource(&kind);
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &resource);
         let Some(o) = api

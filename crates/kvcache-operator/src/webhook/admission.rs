@@ -39,17 +39,19 @@ use crate::error::Unjudgeable;
 fn related(world: &World, object: &Object) -> World {
     match object {
         Object::ModelDeployment(_) => world.narrowed(|_| true),
-        Object::Binding(candidate) => match world.backend_name_of(candidate) {
-            Some(backend) => world.narrowed(claims_beside(world, candidate, backend)),
-            None => world.narrowed(|_| false),
-        },
+        Object::Binding(candidate) => {
+            match world.backend_name_of(candidate).filter(|n| !n.is_empty()) {
+                Some(backend) => world.narrowed(claims_beside(world, candidate, backend)),
+                None => world.narrowed(|_| false),
+            }
+        }
         Object::Backend(b) => match b.spec.tenancy.dedicated_to() {
             Some(admits) => {
                 let name = b.metadata.name.as_deref().unwrap_or_default();
                 let mut named = 0;
                 world.narrowed(|x| {
                     let keep = named <= NAMED
-                        && world.backend_name_of(x) == Some(name)
+                        && world.backend_name_of(x).filter(|n| !n.is_empty()) == Some(name)
                         && x.metadata.namespace.as_deref() != Some(admits);
                     named += usize::from(keep);
                     keep
@@ -145,7 +147,10 @@ pub fn live_read(req: &AdmissionRequest<DynamicObject>, world: &World) -> Option
     match (req.kind.group.as_str(), req.kind.kind.as_str()) {
         (GROUP, "KVCachePoolBinding") if writes => {
             let pool = named("/poolRef/name")?;
-            let complete = world.backend_of_pool(&pool).is_some();
+            // A pool that names no backend is complete as it is (admission refuses it).
+            let complete = world
+                .pool(&pool)
+                .is_some_and(|p| p.spec.backend().is_none_or(|b| world.backend(b).is_some()));
             (!complete).then_some(LiveRead::Pool(pool))
         }
         (GROUP, "KVCachePool") if writes => {

@@ -11,9 +11,6 @@ use kvcache_api::condition::Cond;
 use kvcache_api::model::{InstanceType, ModelDeploymentStatus, SharedCacheStatus};
 use kvcache_api::{KVCachePoolBinding, ModelDeployment, Settings};
 
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-
 use crate::error::Error;
 use crate::objects::attachment::{Environment, attachment_on};
 use crate::objects::desired::{DesiredSet, ObjectKind};
@@ -120,7 +117,7 @@ pub fn roles(
 /// An object of the deployment's namespace that bears the name of one the roles render.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Existing {
-    /// `Deployment` or `Service`.
+    /// `Deployment`, `Service` or `NetworkPolicy`.
     pub kind: &'static str,
     /// Its name.
     pub name: String,
@@ -171,18 +168,39 @@ pub(crate) fn leave_foreign(
     foreign
 }
 
-/// The names of the objects `md`'s roles may render, by kind: what a pass reads before it
-/// plans, to leave alone what is someone else's (`leave_foreign`).
-pub fn object_names(md: &ModelDeployment) -> Vec<(ObjectKind, String)> {
-    let name = md.metadata.name.as_deref().unwrap_or_default();
-    let mut out = Vec::new();
-    for role in &md.spec.roles {
-        let object = crate::names::object(name, &role.name);
-        out.push((ObjectKind::of::<Deployment>(), object.clone()));
-        out.push((ObjectKind::of::<NetworkPolicy>(), object));
-    }
-    out.push((ObjectKind::of::<Service>(), crate::names::object(name, "")));
-    out
+/// The objects `md`'s roles render (none while they are held or refused), kind by kind in the
+/// order of [`crate::objects::model::MODEL_KINDS`]: what a pass reads before it plans, to leave
+/// alone what is someone else's ([`leave_foreign`]). The same render as the pass's own.
+pub fn object_names(
+    md: &ModelDeployment,
+    world: &World,
+    settings: Option<&Settings>,
+    namespace: &str,
+) -> Vec<(ObjectKind, String)> {
+    let Some(objects) = roles(
+        md,
+        world,
+        settings,
+        None,
+        namespace,
+        &world.instance_type_map(),
+    )
+    .objects
+    else {
+        return Vec::new();
+    };
+    let desired = objects.desired();
+    desired
+        .kinds
+        .iter()
+        .flat_map(|kind| {
+            desired
+                .objects
+                .iter()
+                .filter(move |o| o.kind.kind == kind.kind)
+                .map(|o| (o.kind, o.name.clone()))
+        })
+        .collect()
 }
 
 /// What the engines of a deployment are and how many are ready, from its resolution and its

@@ -16,7 +16,7 @@ use crate::objects::backend::StoreAccess;
 use crate::objects::model::Attachment;
 use crate::plan::backend::{self as backend_plan, BackendRead};
 use crate::plan::model::{self as model_plan, Refusal};
-use crate::world::World;
+use crate::world::{Resolution, World};
 
 /// The namespace the operator is installed into when `--namespace` is not given.
 pub const DEFAULT_NAMESPACE: &str = "gpustack-system";
@@ -71,7 +71,13 @@ pub fn render_all(
         match (plan.objects, plan.refusal, &md.spec.kv_cache) {
             (Some(o), _, _) => to_docs(&mut docs, &mut errors, &o.desired()),
             (None, Some(Refusal::Failed(e)), _) => errors.push(e),
-            // Held: the first missing link.
+            // Held: a Binding being deleted, or the first missing link.
+            (None, _, Some(_)) if let Resolution::BindingDeleted { binding } = &plan.resolution => {
+                errors.push(Error::BindingDeleted {
+                    deployment: format!("{ns}/{}", md.metadata.name.as_deref().unwrap_or_default()),
+                    binding: binding.clone(),
+                });
+            }
             (None, _, Some(kv)) => {
                 if let Err(e) = attachment(&world, md, ns, &kv.pool_ref.name, env) {
                     errors.push(e);
@@ -218,5 +224,77 @@ mod tests {
             }
         }
         assert!(seen > 100, "{seen} objects checked");
+    }
+
+    /// A deployment whose Binding is being deleted renders nothing offline, as the controller
+    /// holds it, and says why instead of printing nothing.
+    #[test]
+    fn a_deployment_on_a_binding_being_deleted_is_named_not_rendered() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/inputs/walkthrough-model-with-cache.yaml"
+        );
+        let text = std::fs::read_to_string(path).expect("input");
+        let mut objects: Vec<Object> = kvcache_api::manifest::parse(path, &text)
+            .expect("input parses")
+            .into_iter()
+            .map(|m| m.object)
+            .collect();
+        for o in &mut objects {
+            if let Object::Binding(b) = o {
+                b.metadata.deletion_timestamp = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+                );
+            }
+        }
+        let settings = Settings::default();
+        let env = Environment {
+            namespace: "gpustack-system",
+            settings: &settings,
+        };
+        let errors = render_all(&objects, &env).expect_err("held");
+        assert!(
+            errors.iter().any(
+                |e| matches!(e, Error::BindingDeleted { .. }) && e.reason() == "BindingDeleted"
+            ),
+            "{:?}",
+            errors.iter().map(ToString::to_string).collect::<Vec<_>>()
+        );
+    }
+
+    /// What a pass reads before it plans is what its roles render, kind by kind.
+    #[test]
+    fn a_pass_reads_the_names_its_roles_render() {
+        let settings = Settings::default();
+        for (name, world) in inputs() {
+            for md in world.models() {
+                let names =
+                    model_plan::object_names(md, &world, Some(&settings), "gpustack-system");
+                let rendered = model_plan::roles(
+                    md,
+                    &world,
+                    Some(&settings),
+                    None,
+                    "gpustack-system",
+                    &world.instance_type_map(),
+                )
+                .objects
+                .map(|o| o.desired().objects.len())
+                .unwrap_or_default();
+                assert_eq!(names.len(), rendered, "{name}");
+                let order: Vec<&str> = names.iter().map(|(k, _)| k.kind).collect();
+                let mut sorted = order.clone();
+                let rank = |k: &str| {
+                    ["Deployment", "Service", "NetworkPolicy"]
+                        .iter()
+                        .position(|x| *x == k)
+                };
+                sorted.sort_by_key(|k| rank(k));
+                assert_eq!(
+                    order, sorted,
+                    "{name}: Deployments, then Services, then policies"
+                );
+            }
+        }
     }
 }
