@@ -114,6 +114,11 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
     if let Some(desired) = &plan.desired {
         write_roles(&ctx, &md, desired).await?;
     }
+    let reference = md.object_ref(&());
+    for note in &plan.written {
+        let event = super::shared::event_of(note, "Reconcile", None);
+        super::shared::publish(&ctx, &reference, &event).await;
+    }
     super::status::apply(
         &Api::<ModelDeployment>::namespaced(ctx.client.clone(), &ns),
         "ModelDeployment",
@@ -123,12 +128,8 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
     )
     .await?;
     for note in &plan.events {
-        super::shared::publish(
-            &ctx,
-            &md.object_ref(&()),
-            &super::shared::event_of(note, "Reconcile", None),
-        )
-        .await;
+        let event = super::shared::event_of(note, "Reconcile", None);
+        super::shared::publish(&ctx, &reference, &event).await;
     }
     // A resync while nothing changes (`--model-resync`, 5 minutes): every input (the deployment,
     // its Deployments, its Binding and through it the store's figures, InstanceTypes)

@@ -284,9 +284,11 @@ pub struct ModelPlan {
     /// The role objects to write, in order (what the set no longer holds is swept); `None`:
     /// nothing is written this pass.
     pub desired: Option<DesiredSet>,
+    /// What the write did, recorded right after it (a name left alone: NameTaken).
+    pub written: Vec<Note>,
     /// The status to write.
     pub status: ModelDeploymentStatus,
-    /// The events to record, in order.
+    /// The status's transitions, recorded once it is written.
     pub events: Vec<Note>,
 }
 
@@ -341,14 +343,11 @@ pub fn plan(read: &ModelRead<'_>) -> ModelPlan {
         &read.now,
     );
     let before = md.status.clone().unwrap_or_default();
-    let events = events::name_taken(&obs.foreign)
-        .into_iter()
-        .chain(events::model_events(&before, &status))
-        .collect();
     ModelPlan {
         desired,
+        written: events::name_taken(&obs.foreign).into_iter().collect(),
+        events: events::model_events(&before, &status),
         status,
-        events,
     }
 }
 
@@ -535,7 +534,7 @@ mod tests {
             "every policy before the Pods it closes: {kinds:?}"
         );
         assert_eq!(desired.kinds, crate::objects::model::MODEL_KINDS);
-        assert!(p.events.iter().all(|n| n.reason != "NameTaken"));
+        assert!(p.written.is_empty());
 
         let service = crate::names::object(md.metadata.name.as_deref().unwrap_or_default(), "");
         let taken = [Existing {
@@ -554,7 +553,7 @@ mod tests {
             "the Service of another is not written"
         );
         let note = p
-            .events
+            .written
             .iter()
             .find(|n| n.reason == "NameTaken")
             .expect("a NameTaken warning");
