@@ -178,6 +178,15 @@ impl Relation {
         self.backends.insert(name_of(&b.metadata), b);
     }
 
+    /// A relation of `pools` alone: which backend each names, and which pools name a backend.
+    pub fn of_pools(pools: impl IntoIterator<Item = Arc<KVCachePool>>) -> Relation {
+        let mut out = Relation::default();
+        for p in pools {
+            out.add_pool(p);
+        }
+        out
+    }
+
     /// Adds a pool, replacing one of the same name.
     pub fn add_pool(&mut self, p: Arc<KVCachePool>) {
         self.pools.insert(name_of(&p.metadata), p);

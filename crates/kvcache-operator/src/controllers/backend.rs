@@ -115,11 +115,7 @@ pub async fn run(
             bindings.relation_changes(Pass::SpecChanges),
             move |binding| {
                 // The pools alone: a Binding's change costs a pass over the pools, not the World.
-                let mut pools = Relation::default();
-                for p in binding_ctx.pools.state() {
-                    pools.add_pool(p);
-                }
-                pools
+                Relation::of_pools(binding_ctx.pools.state())
                     .backend_name_of(&binding)
                     .filter(|n| !n.is_empty())
                     .map(ObjectRef::new)

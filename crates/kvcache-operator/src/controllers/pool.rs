@@ -57,11 +57,7 @@ pub async fn run(ctx: Arc<Context>, changes: crate::watch::Subscription<KVCacheP
             watcher::Config::default(),
             move |backend| {
                 let name = backend.name_any();
-                let mut pools = Relation::default();
-                for p in by_backend.state() {
-                    pools.add_pool(p);
-                }
-                pools
+                Relation::of_pools(by_backend.state())
                     .pools_on(&name)
                     .map(ObjectRef::from_obj)
                     .collect::<Vec<_>>()
