@@ -258,7 +258,7 @@ impl World {
     }
 
     /// The InstanceTypes by name, as the ModelDeployment render takes them.
-    pub(crate) fn instance_type_map(&self) -> BTreeMap<String, InstanceType> {
+    pub fn instance_type_map(&self) -> BTreeMap<String, InstanceType> {
         self.instance_types
             .iter()
             .map(|(n, i)| (n.clone(), (**i).clone()))

@@ -25,7 +25,7 @@ use kvcache_render::names;
 use kvcache_render::objects::desired::{DesiredSet, ObjectKind};
 use kvcache_render::observe::read::{EnginePod, EngineSelection};
 use kvcache_render::observe::shared_cache::{self, EngineReading, Engines, parse_engine_metrics};
-use kvcache_render::plan::model::{self as model_plan, EngineFigures, ModelRead};
+use kvcache_render::plan::model::{self as model_plan, EngineFigures, ModelRead, RolesPlan};
 use tracing::instrument;
 
 use super::applied::{AppliedSet, Sweep};
@@ -99,13 +99,20 @@ async fn reconcile(md: Arc<ModelDeployment>, ctx: Arc<Context>) -> Result<Action
     // Read (the caches, the settings, the cluster, the engines), plan (pure), act.
     let world = ctx.world();
     let chosen = ctx.settings();
-    let reads = read_deployment(&ctx, &md, &ns, &world, chosen.settings.as_ref()).await?;
-    let plan = model_plan::plan(&ModelRead {
+    // What is read depends on what the roles render: rendered once, here, and planned on.
+    let roles = model_plan::roles(
+        &md,
+        &world,
+        chosen.settings.as_ref(),
+        chosen.refused.as_ref().map(ToString::to_string),
+        &ctx.config.namespace,
+        &world.instance_type_map(),
+    );
+    let reads = read_deployment(&ctx, &md, &ns, &roles).await?;
+    let plan = model_plan::plan(ModelRead {
         deployment: &md,
         world: &world,
-        settings: chosen.settings.as_ref(),
-        settings_refused: chosen.refused.as_ref().map(ToString::to_string),
-        namespace: &ctx.config.namespace,
+        roles,
         existing: &reads.existing,
         owned: &reads.owned,
         engines: reads.figures,
@@ -159,14 +166,12 @@ async fn read_deployment(
     ctx: &Context,
     md: &ModelDeployment,
     ns: &str,
-    world: &kvcache_render::world::World,
-    settings: Option<&kvcache_api::Settings>,
+    roles: &RolesPlan,
 ) -> Result<Reads, Error> {
-    let names = model_plan::object_names(md, world, settings, &ctx.config.namespace);
-    let existing = existing_objects(ctx, ns, names).await?;
+    let existing = existing_objects(ctx, ns, model_plan::object_names(roles)).await?;
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let owned = owned_deployments(&deployments, md).await?;
-    let engines = model_plan::engines(md, world, &owned);
+    let engines = model_plan::engines(md, roles, &owned);
     let figures = observe_engines(ctx, md, ns, engines, &owned).await?;
     Ok(Reads {
         existing,

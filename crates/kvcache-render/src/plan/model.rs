@@ -168,25 +168,11 @@ pub(crate) fn leave_foreign(
     foreign
 }
 
-/// The objects `md`'s roles render (none while they are held or refused), kind by kind in the
+/// The objects the roles render (none while they are held or refused), kind by kind in the
 /// order of [`crate::objects::model::MODEL_KINDS`]: what a pass reads before it plans, to leave
-/// alone what is someone else's ([`leave_foreign`]). The same render as the pass's own.
-pub fn object_names(
-    md: &ModelDeployment,
-    world: &World,
-    settings: Option<&Settings>,
-    namespace: &str,
-) -> Vec<(ObjectKind, String)> {
-    let Some(objects) = roles(
-        md,
-        world,
-        settings,
-        None,
-        namespace,
-        &world.instance_type_map(),
-    )
-    .objects
-    else {
+/// alone what is someone else's ([`leave_foreign`]).
+pub fn object_names(roles: &RolesPlan) -> Vec<(ObjectKind, String)> {
+    let Some(objects) = &roles.objects else {
         return Vec::new();
     };
     let desired = objects.desired();
@@ -203,13 +189,13 @@ pub fn object_names(
         .collect()
 }
 
-/// What the engines of a deployment are and how many are ready, from its resolution and its
-/// role Deployments: whether a pass reads their `/metrics` (`crate::observe::shared_cache::engines`).
-pub fn engines(md: &ModelDeployment, world: &World, owned: &[Deployment]) -> Engines {
-    let (resolution, _) = world.resolve(md);
+/// What the engines of a deployment are and how many are ready, from how its roles resolved
+/// and its role Deployments: whether a pass reads their `/metrics`
+/// (`crate::observe::shared_cache::engines`).
+pub fn engines(md: &ModelDeployment, roles: &RolesPlan, owned: &[Deployment]) -> Engines {
     shared_cache::engines(
         md.spec.engine.name,
-        &resolution,
+        &roles.resolution,
         &role_observations(md, owned),
     )
 }
@@ -255,19 +241,16 @@ pub struct EngineFigures {
     pub conditions: Vec<Cond>,
 }
 
-/// What one pass read for a ModelDeployment (every read done before anything is decided).
-#[derive(Clone, Debug)]
+/// What one pass read for a ModelDeployment (every read done before anything is decided), with
+/// its roles rendered once ([`roles`]): what is read depends on what they render.
+#[derive(Debug)]
 pub struct ModelRead<'a> {
     /// The deployment.
     pub deployment: &'a ModelDeployment,
     /// Its Binding, pool and backend, the InstanceTypes.
     pub world: &'a World,
-    /// The cluster settings in force; `None` when a read was refused and none was read before.
-    pub settings: Option<&'a Settings>,
-    /// Why the newest settings read was refused, when it was.
-    pub settings_refused: Option<String>,
-    /// The operator's namespace, where managed backends' store objects live.
-    pub namespace: &'a str,
+    /// Its roles as [`roles`] resolved and rendered them.
+    pub roles: RolesPlan,
     /// The objects of the deployment's namespace bearing the names of [`object_names`].
     pub existing: &'a [Existing],
     /// The role Deployments the deployment owns.
@@ -293,17 +276,9 @@ pub struct ModelPlan {
 }
 
 /// Decides one pass for the deployment from what was read.
-pub fn plan(read: &ModelRead<'_>) -> ModelPlan {
+pub fn plan(read: ModelRead<'_>) -> ModelPlan {
     let md = read.deployment;
-    let instance_types = read.world.instance_type_map();
-    let roles = roles(
-        md,
-        read.world,
-        read.settings,
-        read.settings_refused.clone(),
-        read.namespace,
-        &instance_types,
-    );
+    let roles = read.roles;
     let mut foreign = Vec::new();
     let desired = roles.objects.map(|mut objects| {
         // Never over what is someone else's (docs/design.md#model-objects-owned).
@@ -328,7 +303,7 @@ pub fn plan(read: &ModelRead<'_>) -> ModelPlan {
             .spec
             .roles
             .iter()
-            .filter(|r| !instance_types.contains_key(&r.instance_type))
+            .filter(|r| read.world.instance_type(&r.instance_type).is_none())
             .map(|r| (r.name.clone(), r.instance_type.clone()))
             .collect(),
         foreign,
@@ -503,13 +478,10 @@ mod tests {
 
     /// A pass of `md` in `w` with `existing` objects of its names and no role Deployment yet.
     fn pass(md: &ModelDeployment, w: &World, existing: &[Existing]) -> ModelPlan {
-        let settings = Settings::default();
-        plan(&ModelRead {
+        plan(ModelRead {
             deployment: md,
             world: w,
-            settings: Some(&settings),
-            settings_refused: None,
-            namespace: "gpustack-system",
+            roles: settled(md, w),
             existing,
             owned: &[],
             engines: EngineFigures::default(),

@@ -268,19 +268,19 @@ mod tests {
         let settings = Settings::default();
         for (name, world) in inputs() {
             for md in world.models() {
-                let names =
-                    model_plan::object_names(md, &world, Some(&settings), "gpustack-system");
-                let rendered = model_plan::roles(
+                let roles = model_plan::roles(
                     md,
                     &world,
                     Some(&settings),
                     None,
                     "gpustack-system",
                     &world.instance_type_map(),
-                )
-                .objects
-                .map(|o| o.desired().objects.len())
-                .unwrap_or_default();
+                );
+                let names = model_plan::object_names(&roles);
+                let rendered = roles
+                    .objects
+                    .map(|o| o.desired().objects.len())
+                    .unwrap_or_default();
                 assert_eq!(names.len(), rendered, "{name}");
                 let order: Vec<&str> = names.iter().map(|(k, _)| k.kind).collect();
                 let mut sorted = order.clone();
