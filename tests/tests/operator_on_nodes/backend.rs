@@ -51,12 +51,15 @@ fn the_walkthrough_backend_is_ready_with_what_its_members_mounted_and_degraded_n
         let degraded = wait_backend(
             &client,
             name,
-            "Degraded, MembersMounted=False naming the stopped member",
+            "Degraded, MembersMounted=False naming the stopped member, and the store's own capacity figure down to the other member's",
+            // The master lists a dropped segment and reports its capacity figure through two
+            // answers a pass reads apart (`/get_segments_detail`, `/metrics`): wait for both.
             |b| {
                 phase(b) == Some(BackendPhase::Degraded)
                     && has_condition(b, "MembersMounted=False")
                     && condition(b, "MembersMounted")
                         .is_some_and(|c| c.message.contains(name_of(stopped)))
+                    && capacity(b) == Some(256 * MIB)
             },
         )
         .await;
