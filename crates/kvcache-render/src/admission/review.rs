@@ -482,7 +482,8 @@ pub fn review(
 }
 
 /// The rules of `object`'s own kind that read other objects: a ModelDeployment's owned keys,
-/// transport, fabric interfaces and dtype; a backend's store image and tenancy. Refusals, then
+/// transport, fabric interfaces and dtype; a backend's store image, tenancy and leader edits.
+/// Refusals, then
 /// warnings.
 fn kind_rules(
     object: &Object,
@@ -510,6 +511,8 @@ fn kind_rules(
         refusals.extend(store_image_rule(b, previous, settings));
         refusals.extend(oplog_image_rule(b, previous, settings));
         refusals.extend(tenancy_rule(b, previous, world));
+        warnings
+            .extend(previous.and_then(|o| super::leader_edit::leader_edit_warning(b, o, settings)));
     }
     (refusals, warnings)
 }
