@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::Api;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -21,7 +21,7 @@ use tracing::{error, warn};
 
 use crate::store::StoreClient;
 use crate::telemetry::Metrics;
-use crate::watch::{Subscription, reflect, reflect_shared};
+use crate::watch::{Subscription, reflect, reflect_shared, reflect_shared_stripped};
 
 /// The one field manager of every write.
 pub const MANAGER: &str = "kvcache-operator";
@@ -61,6 +61,9 @@ pub struct Caches {
     pub backends: Store<KVCacheBackend>,
     pub instance_types: Store<InstanceType>,
     pub models: Store<ModelDeployment>,
+    /// The cluster's Nodes, without their status: a member on a node taken out of service is
+    /// drained first (`kvcache_render::members::maintenance`).
+    pub nodes: Store<Node>,
 }
 
 /// The changes of the shared caches, for the controller of each kind to subscribe to when it
@@ -71,6 +74,7 @@ pub struct Changes {
     pub bindings: Subscription<KVCachePoolBinding>,
     pub models: Subscription<ModelDeployment>,
     pub instance_types: Subscription<InstanceType>,
+    pub nodes: Subscription<Node>,
 }
 
 impl Caches {
@@ -84,6 +88,10 @@ impl Caches {
         let (models, model_changes) = reflect_shared(Api::all(client.clone()), all());
         let (instance_types, instance_type_changes) =
             reflect_shared(Api::all(client.clone()), all());
+        let (nodes, node_changes) =
+            reflect_shared_stripped(Api::all(client.clone()), all(), |n: &mut Node| {
+                n.status = None;
+            });
         let caches = Caches {
             settings: reflect(
                 Api::namespaced(client.clone(), namespace),
@@ -97,6 +105,7 @@ impl Caches {
             backends,
             instance_types,
             models,
+            nodes,
         };
         for (what, filled) in [
             ("settings", caches.settings.wait_until_ready().await.is_ok()),
@@ -111,6 +120,7 @@ impl Caches {
                 "model deployments",
                 caches.models.wait_until_ready().await.is_ok(),
             ),
+            ("nodes", caches.nodes.wait_until_ready().await.is_ok()),
         ] {
             if !filled {
                 error!(what, "a cache never filled");
@@ -122,6 +132,7 @@ impl Caches {
             bindings: binding_changes,
             models: model_changes,
             instance_types: instance_type_changes,
+            nodes: node_changes,
         };
         (caches, changes)
     }
@@ -141,6 +152,8 @@ pub struct Context {
     pub backends: Store<KVCacheBackend>,
     pub instance_types: Store<InstanceType>,
     pub models: Store<ModelDeployment>,
+    /// The cluster's Nodes, without their status.
+    pub nodes: Store<Node>,
     /// The store poller's back-off, per polled backend or pool.
     polls: Mutex<HashMap<Polled, Poll>>,
     /// Per ModelDeployment (`namespace/name`): its uid and its engines' counter samples
@@ -253,6 +266,7 @@ impl Context {
             backends: caches.backends,
             instance_types: caches.instance_types,
             models: caches.models,
+            nodes: caches.nodes,
             polls: Mutex::new(HashMap::new()),
             engine_windows: Mutex::new(HashMap::new()),
             last_good_settings: Mutex::new(None),

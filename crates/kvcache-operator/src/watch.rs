@@ -40,6 +40,7 @@ impl<K> Watched for K where
 fn stripped_reflector<K>(
     api: Api<K>,
     config: watcher::Config,
+    strip: fn(&mut K),
 ) -> (
     Store<K>,
     impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
@@ -50,7 +51,10 @@ where
     let (reader, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        watcher(api, config).modify(|o: &mut K| o.meta_mut().managed_fields = None),
+        watcher(api, config).modify(move |o: &mut K| {
+            o.meta_mut().managed_fields = None;
+            strip(o);
+        }),
     )
     .default_backoff();
     (reader, stream)
@@ -61,7 +65,7 @@ pub fn reflect<K>(api: Api<K>, config: watcher::Config) -> Store<K>
 where
     K: Watched,
 {
-    let (reader, stream) = stripped_reflector(api, config);
+    let (reader, stream) = stripped_reflector(api, config, |_| {});
     tokio::spawn(stream.for_each(|_| futures::future::ready(())));
     reader
 }
@@ -122,7 +126,7 @@ impl<K: Watched> Subscription<K> {
     pub fn relation_changes(
         &self,
         pass: Pass,
-    ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+    ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + use<K> {
         let (tx, rx) = futures::channel::mpsc::unbounded();
         {
             let mut relations = self
@@ -244,7 +248,20 @@ pub fn reflect_shared<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, Sub
 where
     K: Watched,
 {
-    let (reader, stream) = stripped_reflector(api, config);
+    reflect_shared_stripped(api, config, |_| {})
+}
+
+/// [`reflect_shared`], each object also stripped by `strip` before the cache stores it (a
+/// Node's status, with its image list, is read by nothing here).
+pub fn reflect_shared_stripped<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    strip: fn(&mut K),
+) -> (Store<K>, Subscription<K>)
+where
+    K: Watched,
+{
+    let (reader, stream) = stripped_reflector(api, config, strip);
     let changes = Subscription::new(reader.clone());
     tokio::spawn(drive(stream, changes.clone()));
     (reader, changes)
@@ -277,7 +294,7 @@ pub fn controller<K>(api: Api<K>, config: watcher::Config) -> kube::runtime::Con
 where
     K: Watched,
 {
-    let (reader, stream) = stripped_reflector(api, config);
+    let (reader, stream) = stripped_reflector(api, config, |_| {});
     kube::runtime::Controller::for_stream(stream.applied_objects(), reader)
         .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
 }

@@ -46,6 +46,7 @@ fn read<'a>(
         stateful_sets: &[],
         lease: None,
         store_pods: &[],
+        nodes: &[],
         store: None,
         jobs: BTreeMap::new(),
         pods_at: &NO_PODS,
@@ -214,6 +215,7 @@ fn a_rogue_segment_on_the_serving_master_is_tracked_and_drained_once_past_its_gr
     let at = |now: &str, b: &KVCacheBackend| {
         plan(&BackendRead {
             store_pods: &pods,
+            nodes: &[],
             store: Some(store.clone()),
             pods_at: &pods_at,
             now: now.parse().expect("a time"),
@@ -243,6 +245,7 @@ fn a_rogue_segment_on_the_serving_master_is_tracked_and_drained_once_past_its_gr
     // Report only: judged the same, nothing drained.
     let reported = plan(&BackendRead {
         store_pods: &pods,
+        nodes: &[],
         store: Some(store.clone()),
         pods_at: &pods_at,
         drain_unknown: false,

@@ -63,6 +63,7 @@ fn pod(name: &str, node: &str, ip: &str) -> MemberPod {
         problem: None,
         survey: None,
         drain: None,
+        leaving: None,
     }
 }
 

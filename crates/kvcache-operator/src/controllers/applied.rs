@@ -189,6 +189,8 @@ impl AppliedSet {
         let what = object.to_string();
         let exists = match object.write {
             Write::Apply => false,
+            // Left as it is: recorded, so that the sweep spares it.
+            Write::Keep => true,
             Write::CreateOnce => api
                 .get_opt(&object.name)
                 .await

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -22,6 +22,7 @@ use kube::{Resource, ResourceExt};
 use kvcache_api::backend::{BackendPhase, KVCacheBackendStatus};
 use kvcache_api::relation::Relation;
 use kvcache_api::{KVCacheBackend, KVCachePool, KVCachePoolBinding};
+use kvcache_render::members::maintenance::SchedulingFacts;
 use kvcache_render::names::{self, label_value};
 use kvcache_render::objects::backend::probe::PROBE_LABEL;
 use kvcache_render::objects::backend::{BACKEND_TEARDOWN, OWNER_LABEL, leader_name};
@@ -88,6 +89,7 @@ pub async fn run(
     changes: crate::watch::Subscription<KVCacheBackend>,
     pools: crate::watch::Subscription<KVCachePool>,
     bindings: crate::watch::Subscription<KVCachePoolBinding>,
+    nodes: crate::watch::Subscription<Node>,
 ) {
     let controller = if ctx.config.backend_selector.is_empty() {
         crate::watch::shared_controller(&changes, ctx.backends.clone())
@@ -100,6 +102,7 @@ pub async fn run(
     };
     let controller = watch_signals(watch_workloads(controller, &ctx), &ctx);
     let binding_ctx = ctx.clone();
+    let node_backends = ctx.backends.clone();
     let controller = controller
         // A pool names its backend (status.usedBy, deletion hold, the tenant policy).
         .watches_stream(pools.relation_changes(Pass::SpecChanges), |pool| {
@@ -120,7 +123,13 @@ pub async fn run(
                     .filter(|n| !n.is_empty())
                     .map(ObjectRef::new)
             },
-        );
+        )
+        // A node cordoned, marked for deletion or relabelled: the members on it drain first
+        // (docs/design.md#node-maintenance). Every managed backend looks; one with no member
+        // there finds nothing to do.
+        .watches_stream(scheduling_changes(nodes), move |_node| {
+            backends_where(&node_backends, |b| b.spec.connection.managed.is_some())
+        });
     super::shared::drive(
         controller,
         CONTROLLER,
@@ -129,6 +138,26 @@ pub async fn run(
         ctx,
     )
     .await;
+}
+
+/// The Nodes whose scheduling facts changed (`kvcache_render::members::maintenance::SchedulingFacts`:
+/// a cordon, a taint, a label), each once the shared cache holds the change; their status
+/// writes pass by.
+fn scheduling_changes(
+    nodes: crate::watch::Subscription<Node>,
+) -> impl futures::Stream<Item = Result<Node, watcher::Error>> + Send + 'static {
+    use futures::StreamExt;
+    let mut seen: std::collections::HashMap<String, SchedulingFacts> = Default::default();
+    nodes.relation_changes(Pass::Every).filter(move |n| {
+        let changed = match n {
+            Ok(node) => {
+                let facts = SchedulingFacts::of(node);
+                seen.insert(node.name_any(), facts.clone()) != Some(facts)
+            }
+            Err(_) => true,
+        };
+        futures::future::ready(changed)
+    })
 }
 
 /// The backends of `store` that `keep` picks, as the primary watch keys them.
@@ -395,6 +424,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
         stateful_sets: &reads.stateful_sets,
         lease: reads.lease.as_ref(),
         store_pods: &reads.store_pods,
+        nodes: &ctx.nodes.state(),
         store: reads.store.clone(),
         jobs: reads.jobs.clone(),
         pods_at: &reads.pods_at,

@@ -21,11 +21,18 @@ pub async fn run(
         bindings,
         models,
         instance_types,
+        nodes,
     } = changes;
     // Each loop says when it ends (the liveness probe fails on one that ends alone).
     let backend = watched(
         "the KVCacheBackend controller",
-        backend::run(ctx.clone(), backends, pools.clone(), bindings.clone()),
+        backend::run(
+            ctx.clone(),
+            backends,
+            pools.clone(),
+            bindings.clone(),
+            nodes,
+        ),
         ended.clone(),
     );
     if ctx.config.backend_selector.is_empty() {

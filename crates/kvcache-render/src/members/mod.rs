@@ -3,5 +3,6 @@
 //! Pod's own ([`mounts`]): decided from what was observed, described by the statuses and
 //! carried out by the backend's pass.
 
+pub mod maintenance;
 pub mod mounts;
 pub mod rollout;

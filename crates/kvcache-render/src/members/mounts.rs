@@ -280,6 +280,7 @@ mod tests {
             problem: None,
             survey: None,
             drain: None,
+            leaving: None,
         }
     }
 

@@ -58,6 +58,9 @@ pub enum Write {
     /// Created when no object of its name exists, else left as it is: fields other writers own
     /// after creation (a Lease's holder) are never applied over.
     CreateOnce,
+    /// Left as it is this pass, and spared by the sweep: a member group's DaemonSet whose edit
+    /// waits for the members it would delete to drain (`crate::plan::backend`).
+    Keep,
 }
 
 /// A typed object behind a [`Desired`], serialisable both ways.
@@ -173,6 +176,15 @@ impl DesiredSet {
     {
         for o in objects {
             self.push(o, Write::Apply);
+        }
+    }
+
+    /// Leaves the listed object of kind `K` named `name` as it is this pass ([`Write::Keep`]).
+    pub(crate) fn keep<K: k8s_openapi::Resource>(&mut self, name: &str) {
+        for o in &mut self.objects {
+            if o.kind.kind == K::KIND && o.kind.api_version == K::API_VERSION && o.name == name {
+                o.write = Write::Keep;
+            }
         }
     }
 

@@ -55,6 +55,9 @@ pub struct MemberPod {
     pub survey: Option<String>,
     /// The drain a member rollout started on it (its annotations), if any.
     pub drain: Option<DrainRecord>,
+    /// Why it is about to lose its node, when it is (its node's state, or its group's edited
+    /// template; `crate::members::maintenance`): drained first, then held.
+    pub leaving: Option<crate::members::maintenance::Leaving>,
 }
 
 /// On a member Pod: when the operator started draining its segment, before replacing it (an
@@ -169,6 +172,7 @@ pub(crate) fn member_pod(p: &Pod) -> Option<MemberPod> {
         problem: waiting.or(unschedulable),
         survey,
         drain,
+        leaving: None,
     })
 }
 

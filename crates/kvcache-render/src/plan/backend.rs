@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::EndpointName;
@@ -16,6 +16,7 @@ use kvcache_inject::versions::store_version_of_image;
 use kvcache_quota::policy;
 
 use crate::error::Error;
+use crate::members::maintenance::{self, Leaving};
 use crate::members::mounts::{self, OtherMember, UnknownInput, foreign_mounts};
 use crate::members::rollout::{GroupFacts, GroupStep, RolloutInput, hold_standbys, member_rollout};
 use crate::names::label_value;
@@ -61,6 +62,9 @@ pub struct BackendRead<'a> {
     /// Every backend's store Pods in the namespace (another backend's member mounted here is
     /// restarted).
     pub store_pods: &'a [Pod],
+    /// The cluster's Nodes: a member on one being taken out of service, or that its group's
+    /// edited template no longer admits, is drained first (`crate::members::maintenance`).
+    pub nodes: &'a [std::sync::Arc<Node>],
     /// The master's answers, when the backend has an admin address.
     pub store: Option<StoreReading>,
     /// The master's answer about each drain job recorded on a member Pod ([`drain_jobs`]).
@@ -101,13 +105,22 @@ pub struct BackendPlan {
     pub probe_create: Option<Pod>,
     /// Probe Pods to delete.
     pub probe_delete: Vec<String>,
+    /// The member DaemonSets left as they are this pass: their edited template no longer
+    /// admits nodes whose members are still draining (docs/design.md#node-maintenance).
+    pub held_groups: Vec<String>,
 }
 
 impl BackendPlan {
     /// What the pass writes, in order, and the kinds its sweep lists; `None`: what runs stays
     /// as it is.
     pub fn desired(&self) -> Option<crate::objects::desired::DesiredSet> {
-        self.objects.as_ref().map(|o| o.desired(self.write_policy))
+        self.objects.as_ref().map(|o| {
+            let mut set = o.desired(self.write_policy);
+            for name in &self.held_groups {
+                set.keep::<DaemonSet>(name);
+            }
+            set
+        })
     }
 }
 
@@ -331,6 +344,7 @@ fn render_managed(
                     .map(|s| read::etcd(s, &name, read.namespace, &managed.leader))
             });
             obs.rendered_hashes = objects.daemon_sets.iter().map(pod_spec_hash).collect();
+            narrow_groups(read, &objects.daemon_sets, obs, plan);
             obs.unguarded_groups = Some(access::uncovered_groups(&objects.daemon_sets));
             plan.groups = managed
                 .members
@@ -346,6 +360,9 @@ fn render_managed(
                         .map(|s| s.desired_number_scheduled),
                 })
                 .collect();
+            // The workloads' budgets as they stand: a held leader's, each group's on its nodes.
+            let scheduled: Vec<_> = plan.groups.iter().map(|g| g.desired).collect();
+            objects.pdbs = crate::objects::backend::disruption::budgets(&objects, &scheduled);
             plan.write_policy = doc.is_some() || !managed.leader.multi_tenancy;
             probe_enforcement(read, obs, plan, &objects, Some(image));
             plan.objects = Some(objects);
@@ -354,11 +371,99 @@ fn render_managed(
     Ok(())
 }
 
+/// Member groups whose rendered template no longer admits nodes their members run on
+/// (`crate::members::maintenance::narrowed_nodes`): those members are marked leaving and drained
+/// first, and the group's DaemonSet is held at its live template meanwhile (the DaemonSet
+/// controller would delete them at once), its live fingerprint standing for the rendered one
+/// so that nothing else of the group rolls. [`release_narrowed`] lets it go.
+fn narrow_groups(
+    read: &BackendRead<'_>,
+    rendered: &[DaemonSet],
+    obs: &mut Observation,
+    plan: &mut BackendPlan,
+) {
+    let nodes: BTreeMap<String, &Node> = read
+        .nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.clone()?, n.as_ref())))
+        .collect();
+    for (group, ds) in rendered.iter().enumerate() {
+        let Some(live) = read
+            .daemon_sets
+            .iter()
+            .find(|d| d.metadata.name == ds.metadata.name)
+        else {
+            continue;
+        };
+        let live_hash = pod_spec_hash(live);
+        let Some(spec) = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()) else {
+            continue;
+        };
+        if live_hash == pod_spec_hash(ds) {
+            continue;
+        }
+        let on = obs
+            .members
+            .iter()
+            .filter(|m| m.group == group && !m.terminating)
+            .map(|m| m.node.as_str());
+        let lost = maintenance::narrowed_nodes(spec, on, &nodes);
+        if lost.is_empty() {
+            continue;
+        }
+        for m in obs.members.iter_mut().filter(|m| m.group == group) {
+            if m.leaving.is_none() && lost.contains(&m.node) {
+                m.leaving = Some(Leaving::GroupNarrowed);
+            }
+        }
+        if let Some(h) = obs.rendered_hashes.get_mut(group) {
+            *h = live_hash;
+        }
+        plan.held_groups
+            .push(ds.metadata.name.clone().unwrap_or_default());
+    }
+}
+
+/// Lets a narrowed group's DaemonSet go ([`narrow_groups`]) once no member it loses still
+/// drains: each is held, drained or why not (`Drained` says which, and what is lost).
+fn release_narrowed(obs: &mut Observation, plan: &mut BackendPlan) {
+    let names: Vec<String> = plan.held_groups.drain(..).collect();
+    for name in names {
+        let group = plan.objects.as_ref().and_then(|o| {
+            o.daemon_sets
+                .iter()
+                .position(|d| d.metadata.name.as_ref() == Some(&name))
+        });
+        let draining = group.is_some_and(|g| {
+            obs.rollout
+                .iter()
+                .any(|s| s.group == g && s.maintenance.is_some())
+        });
+        if draining {
+            plan.held_groups.push(name);
+        } else if let Some(g) = group {
+            // Applied this pass: the status reads the fingerprint written.
+            let rendered = plan
+                .objects
+                .as_ref()
+                .and_then(|o| o.daemon_sets.get(g))
+                .map(pod_spec_hash);
+            if let (Some(h), Some(r)) = (obs.rendered_hashes.get_mut(g), rendered) {
+                *h = r;
+            }
+        }
+    }
+}
+
 /// Decides one pass for the backend from what was read.
 pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
     let b = read.backend;
     let name = b.metadata.name.clone().unwrap_or_default();
-    let (members, other_members) = members(&name, read.store_pods);
+    let (mut members, other_members) = members(&name, read.store_pods);
+    maintenance::mark(
+        &mut members,
+        &maintenance::leaving_nodes(read.nodes.iter().map(AsRef::as_ref)),
+    );
     let mut obs = Observation {
         used_by: read.world.consumers(&name),
         bound_namespaces: read.world.bound_namespaces(&name),
@@ -377,6 +482,7 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
         recheck: None,
         probe_create: None,
         probe_delete: Vec::new(),
+        held_groups: Vec::new(),
     };
     if let Some(x) = &b.spec.connection.external {
         obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
@@ -409,6 +515,7 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
         }
         if plan.objects.is_some() {
             obs.rollout = rollout(read, &obs, &plan.groups, &BTreeMap::new());
+            release_narrowed(&mut obs, &mut plan);
         }
     }
     if let Some(Ok(segments)) = obs.store.as_ref().map(|s| &s.segments) {

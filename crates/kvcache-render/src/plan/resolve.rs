@@ -132,6 +132,7 @@ fn backend_objects(
         stateful_sets: &[],
         lease: None,
         store_pods: &[],
+        nodes: &[],
         store: None,
         jobs: BTreeMap::new(),
         pods_at: &nothing,

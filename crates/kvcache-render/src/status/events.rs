@@ -84,7 +84,34 @@ pub fn backend_events(before: &KVCacheBackendStatus, after: &KVCacheBackendStatu
         });
     }
     out.extend(condition_events(before, after));
+    out.extend(drained_event(before, after));
     out
+}
+
+/// `Drained` turning `True` (`MembersDrained`: each member on a leaving node drained, what
+/// moved) or to `NotDrained` (`MemberNotDrained`, a warning: what one holds goes with its node),
+/// once per transition.
+fn drained_event(before: &KVCacheBackendStatus, after: &KVCacheBackendStatus) -> Option<Note> {
+    let now = condition(after, conditions::DRAINED)?;
+    if condition(before, conditions::DRAINED) == Some(now) {
+        return None;
+    }
+    let (kind, reason) = match now {
+        (s, _) if s == Status::True.as_str() => (Kind::Normal, "MembersDrained"),
+        (_, "NotDrained") => (Kind::Warning, "MemberNotDrained"),
+        _ => return None,
+    };
+    let message = after
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::DRAINED)
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    Some(Note {
+        kind,
+        reason,
+        message,
+    })
 }
 
 /// A backend's conditions that turned False, each with the message it shows.

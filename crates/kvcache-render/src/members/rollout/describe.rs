@@ -68,9 +68,10 @@ impl GroupStep {
                 bytes,
                 ..
             } => format!(
-                "draining {}: its segment {segment} ({}) goes to the other members before the Pod is replaced",
+                "draining {}: its segment {segment} ({}) goes to the other members before {}",
                 member(pod, node),
-                format_bytes(*bytes)
+                format_bytes(*bytes),
+                self.after()
             ),
             Step::AwaitDrain {
                 pod,
@@ -105,6 +106,14 @@ impl GroupStep {
             "member group {g}: {now} ({} member Pods to replace)",
             self.to_replace
         ))
+    }
+
+    /// What the drain of this step comes before: the Pod's replacement, or its node going.
+    fn after(&self) -> String {
+        match &self.maintenance {
+            Some(why) => format!("its node goes ({why})"),
+            None => "the Pod is replaced".to_owned(),
+        }
     }
 
     /// Whether this step replaces a member without a drain, now or next.
@@ -158,10 +167,14 @@ pub fn step_event(step: &GroupStep, job: Option<&str>) -> Option<Note> {
             kind: Kind::Normal,
             reason: "MemberDraining",
             message: format!(
-                "draining the segment {segment} of {} in group {g} ({}) onto {} other member segments before replacing it (job {})",
+                "draining the segment {segment} of {} in group {g} ({}) onto {} other member segments before {} (job {})",
                 member(pod, node),
                 format_bytes(*bytes),
                 targets.len(),
+                match &step.maintenance {
+                    Some(_) => step.after(),
+                    None => "replacing it".to_owned(),
+                },
                 job.unwrap_or("not answered")
             ),
         }),

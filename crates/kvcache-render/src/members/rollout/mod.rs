@@ -13,7 +13,7 @@ pub(crate) use describe::member_progress;
 pub use describe::step_event;
 pub use leader::hold_standbys;
 pub use plan::{GroupFacts, RolloutInput, member_rollout, stale_member_pods};
-pub use step::{Drain, GroupStep, Next, NoDrain, Progress, Step, Until};
+pub use step::{Drain, GroupStep, Held, Moved, Next, NoDrain, Progress, Step, Until};
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use super::step::{Drain, GroupStep, Next, NoDrain, Progress, Step, Until};
+use super::step::{Drain, GroupStep, Held, Moved, Next, NoDrain, Progress, Step, Until};
+use crate::members::maintenance::Leaving;
 use crate::observe::read::MemberPod;
 use crate::observe::store::{DrainJob, JobStatus, ReadError, Segment, SegmentStatus, StoreReading};
 
@@ -81,27 +82,35 @@ fn group_step(
     leaving: &mut BTreeSet<String>,
 ) -> GroupStep {
     let pods: Vec<&MemberPod> = input.members.iter().filter(|p| p.group == group).collect();
+    let facts = input.groups.get(group).copied().unwrap_or_default();
+    // Members about to lose their node first (docs/design.md#node-maintenance).
+    let (maintenance, held) = maintenance_step(input, &pods, facts, leaving);
     let mut candidates: Vec<&MemberPod> = pods
         .iter()
         .copied()
-        .filter(|p| !p.terminating && (p.hash != rendered || p.drain.is_some()))
+        .filter(|p| !p.terminating && p.leaving.is_none())
+        .filter(|p| p.hash != rendered || p.drain.is_some())
         .collect();
     // A drain under way first (re-entry), then a member that is not Ready, then by name.
     candidates.sort_by_key(|p| (p.drain.is_none(), p.ready, p.name.as_str()));
     let to_replace = candidates.len();
-    let at = |step| GroupStep {
+    let at = |step, why| GroupStep {
         group,
         to_replace,
         step,
+        maintenance: why,
+        held: held.clone(),
     };
+    if let Some((step, why)) = maintenance {
+        return at(step, Some(why));
+    }
     let Some(next) = candidates.first() else {
-        return at(Step::UpToDate);
+        return at(Step::UpToDate, None);
     };
-    let facts = input.groups.get(group).copied().unwrap_or_default();
     let step = candidate_step(input, next, facts, leaving);
     // A drain under way goes on whatever else the group waits for.
     if matches!(step, Step::AwaitDrain { .. }) {
-        return at(step);
+        return at(step, None);
     }
     if let Some(until) = gate(input, &pods, rendered, facts) {
         // Room is judged when the member's turn comes: the replacement waited for brings some.
@@ -116,16 +125,67 @@ fn group_step(
             // Not started after all: its segment still takes objects.
             leaving.remove(&next.ip);
         }
-        return at(Step::Wait {
-            until,
-            next: Some(Next {
-                pod: next.name.clone(),
-                node: next.node.clone(),
-                drained,
+        return at(
+            Step::Wait {
+                until,
+                next: Some(Next {
+                    pod: next.name.clone(),
+                    node: next.node.clone(),
+                    drained,
+                }),
+            },
+            None,
+        );
+    }
+    at(step, None)
+}
+
+/// The group's members about to lose their node, a drain recorded first, then by name: the
+/// first whose drain starts or runs is the group's step (one drain at a time, started whatever
+/// else the group waits for: a drain takes no member down); those whose turn is over are held,
+/// drained or why not. A held member is never replaced: its replacement would land on the node
+/// that goes.
+fn maintenance_step(
+    input: &RolloutInput<'_>,
+    pods: &[&MemberPod],
+    facts: GroupFacts,
+    leaving: &mut BTreeSet<String>,
+) -> (Option<(Step, Leaving)>, Vec<Held>) {
+    let mut going: Vec<(&MemberPod, &Leaving)> = pods
+        .iter()
+        .filter(|p| !p.terminating)
+        .filter_map(|p| Some((*p, p.leaving.as_ref()?)))
+        .collect();
+    going.sort_by_key(|(p, _)| (p.drain.is_none(), p.name.as_str()));
+    let mut held = Vec::new();
+    for (p, why) in going {
+        let drained = match candidate_step(input, p, facts, leaving) {
+            step @ (Step::StartDrain { .. } | Step::AwaitDrain { .. }) => {
+                return (Some((step, why.clone())), held);
+            }
+            Step::Replace {
+                drain: Drain::Drained { job, moved },
+                ..
+            } => Ok(Moved {
+                objects: job
+                    .and_then(|j| input.jobs.get(&j)?.as_ref().ok().map(|j| j.succeeded_units)),
+                bytes: moved,
             }),
+            Step::Replace {
+                drain: Drain::Skipped { why, .. },
+                ..
+            } => Err(why),
+            // A member's own step is a drain or its end.
+            Step::UpToDate | Step::Wait { .. } => continue,
+        };
+        held.push(Held {
+            pod: p.name.clone(),
+            node: p.node.clone(),
+            leaving: why.clone(),
+            drained,
         });
     }
-    at(step)
+    (None, held)
 }
 
 /// What one member at a time waits for before the next is touched, if anything.
@@ -223,7 +283,7 @@ fn segment_of<'a>(input: &RolloutInput<'a>, p: &MemberPod) -> Result<&'a Segment
 }
 
 /// The segments a drain of `p` may fill: `OK`, of another member Pod that is not going, not
-/// themselves leaving.
+/// themselves leaving, not on a node that goes.
 fn targets<'a>(
     input: &RolloutInput<'a>,
     p: &MemberPod,
@@ -235,10 +295,9 @@ fn targets<'a>(
         .filter(|s| s.status == SegmentStatus::Ok)
         .filter(|s| s.host() != p.ip && !leaving.contains(s.host()))
         .filter(|s| {
-            input
-                .members
-                .iter()
-                .any(|o| !o.terminating && !o.ip.is_empty() && o.ip == s.host())
+            input.members.iter().any(|o| {
+                !o.terminating && o.leaving.is_none() && !o.ip.is_empty() && o.ip == s.host()
+            })
         })
         .collect()
 }

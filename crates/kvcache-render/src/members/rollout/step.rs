@@ -5,6 +5,7 @@ use std::fmt;
 
 use kvcache_api::quantity::format_bytes;
 
+use crate::members::maintenance::Leaving;
 use crate::observe::store::{DrainJob, JobStatus, ReadError, SegmentStatus};
 
 /// The next step of one member group's rollout.
@@ -16,6 +17,36 @@ pub struct GroupStep {
     pub to_replace: usize,
     /// What to do now.
     pub step: Step,
+    /// Why the member `step` drains is about to lose its node, when it is: a drain for
+    /// maintenance, after which the member is held, not replaced.
+    pub maintenance: Option<Leaving>,
+    /// The group's members about to lose their node whose turn is over: drained, or why not.
+    /// They are held (never replaced: a replacement would land on the same node).
+    pub held: Vec<Held>,
+}
+
+/// A member about to lose its node, held rather than replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The member Pod's name.
+    pub pod: String,
+    /// Its node's name.
+    pub node: String,
+    /// Why the node goes.
+    pub leaving: Leaving,
+    /// `Ok`: its segment was drained (what moved, as far as the master said); `Err`: why not,
+    /// so that what it holds goes with the node.
+    pub drained: Result<Moved, NoDrain>,
+}
+
+/// What a finished drain moved, as far as the master said (`None`: it did not, e.g. a new
+/// leader forgot the job and the segment reads `DRAINED`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Objects (keys) moved.
+    pub objects: Option<u64>,
+    /// Bytes moved.
+    pub bytes: Option<u64>,
 }
 
 /// What a member group's rollout does now.

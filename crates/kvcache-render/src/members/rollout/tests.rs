@@ -34,6 +34,7 @@ fn pod(name: &str, ip: &str) -> MemberPod {
         problem: None,
         survey: None,
         drain: None,
+        leaving: None,
     }
 }
 
@@ -183,7 +184,9 @@ fn a_group_on_the_current_template_has_nothing_to_do() {
         [GroupStep {
             group: 0,
             to_replace: 0,
-            step: Step::UpToDate
+            step: Step::UpToDate,
+            maintenance: None,
+            held: Vec::new(),
         }]
     );
     assert_eq!(member_progress(&f.steps()), None);
@@ -725,6 +728,8 @@ fn each_step_reads_as_a_clause() {
         group: 1,
         to_replace: 2,
         step,
+        maintenance: None,
+        held: Vec::new(),
     };
     let cases = [
         (
@@ -850,6 +855,8 @@ fn carried_out_steps_record_drained_or_not_naming_the_pod() {
         group: 0,
         to_replace: 2,
         step,
+        maintenance: None,
+        held: Vec::new(),
     };
     let started =
         step_event(&step(start_of("m-a", &["10.0.0.2"], 8 * MI)), Some("7-9")).expect("an event");
@@ -875,4 +882,118 @@ fn carried_out_steps_record_drained_or_not_naming_the_pod() {
         "replacing member Pod m-b (node node-m-b) of group 0 without a drain, so the cache it held is lost: the group has a disk tier, whose keys the master leaves out of a drain"
     );
     assert_eq!(step_event(&step(Step::UpToDate), None), None);
+}
+
+// Node maintenance (docs/design.md#node-maintenance): members about to lose their node.
+
+use crate::members::maintenance::Leaving;
+
+/// The fixture with every member on the current template and `m-a`'s node cordoned.
+fn cordoned() -> Fixture {
+    let mut f = Fixture::new();
+    f.rendered = vec!["old".into()];
+    f.member("m-a").leaving = Some(Leaving::Cordoned);
+    f
+}
+
+#[test]
+fn a_member_on_a_cordoned_node_is_drained_onto_the_others_then_held_not_replaced() {
+    let mut f = cordoned();
+    let steps = f.steps();
+    assert_eq!(steps[0].step, start_of("m-a", &["10.0.0.2"], 8 * MI));
+    assert_eq!(steps[0].maintenance, Some(Leaving::Cordoned));
+    let event = step_event(&steps[0], Some("7-9")).expect("an event");
+    assert!(
+        event
+            .message
+            .ends_with("before its node goes (cordoned) (job 7-9)"),
+        "{}",
+        event.message
+    );
+    // Re-entry: the job runs.
+    f.member("m-a").drain = record(Some(RECENT), Some("7-9"));
+    f.jobs.insert("7-9".into(), Ok(job(JobStatus::Running)));
+    assert!(matches!(f.step(), Step::AwaitDrain { .. }));
+    // Done: held with what moved; nothing is replaced, the group is up to date.
+    f.jobs.insert("7-9".into(), Ok(job(JobStatus::Succeeded)));
+    f.segments()[0].status = SegmentStatus::Drained;
+    let steps = f.steps();
+    assert_eq!(steps[0].step, Step::UpToDate);
+    assert_eq!(
+        steps[0].held,
+        [Held {
+            pod: "m-a".into(),
+            node: "node-m-a".into(),
+            leaving: Leaving::Cordoned,
+            drained: Ok(Moved {
+                objects: Some(16),
+                bytes: Some(8 * MI),
+            }),
+        }]
+    );
+}
+
+#[test]
+fn a_member_on_a_leaving_node_is_never_a_target_and_one_that_cannot_drain_is_held_saying_why() {
+    let mut f = cordoned();
+    f.member("m-b").leaving = Some(Leaving::ScaleDown);
+    let steps = f.steps();
+    assert_eq!(steps[0].step, Step::UpToDate);
+    let whys: Vec<_> = steps[0].held.iter().map(|h| h.drained.clone()).collect();
+    assert_eq!(
+        whys,
+        [
+            Err(NoDrain::NoRoom {
+                needed: 8 * MI,
+                free: 0
+            }),
+            Err(NoDrain::NoRoom {
+                needed: 4 * MI,
+                free: 0
+            })
+        ]
+    );
+    // A disk tier's keys are left out of a drain by the master.
+    let mut f = cordoned();
+    f.groups[0].tier = true;
+    assert_eq!(f.steps()[0].held[0].drained, Err(NoDrain::DiskTier));
+}
+
+#[test]
+fn a_leaving_member_drains_before_a_stale_one_rolls_and_is_left_out_of_its_drain() {
+    let mut f = Fixture::new();
+    f.member("m-a").hash = "new".into();
+    f.member("m-a").leaving = Some(Leaving::GroupNarrowed);
+    // m-b is stale, but m-a's node goes first.
+    assert_eq!(f.step(), start_of("m-a", &["10.0.0.2"], 8 * MI));
+    f.member("m-a").drain = record(Some(RECENT), Some("7-9"));
+    f.jobs.insert("7-9".into(), Ok(job(JobStatus::Succeeded)));
+    f.segments()[0].status = SegmentStatus::Drained;
+    // m-a held; m-b rolls, its drain onto none of m-a's (leaving, and DRAINED).
+    let steps = f.steps();
+    assert_eq!(steps[0].held.len(), 1);
+    assert_eq!(steps[0].to_replace, 1);
+    assert_eq!(
+        steps[0].step,
+        skipped(
+            "m-b",
+            NoDrain::NoRoom {
+                needed: 4 * MI,
+                free: 0
+            }
+        )
+    );
+}
+
+#[test]
+fn a_node_uncordoned_mid_drain_finishes_the_drain_then_replaces_its_member_to_take_objects_again() {
+    let mut f = cordoned();
+    f.member("m-a").drain = record(Some(RECENT), Some("7-9"));
+    f.jobs.insert("7-9".into(), Ok(job(JobStatus::Running)));
+    f.member("m-a").leaving = None;
+    let steps = f.steps();
+    assert!(matches!(steps[0].step, Step::AwaitDrain { .. }));
+    assert_eq!(steps[0].maintenance, None);
+    f.jobs.insert("7-9".into(), Ok(job(JobStatus::Succeeded)));
+    assert_eq!(f.step(), drained("m-a", Some("7-9"), Some(8 * MI)));
 }

@@ -1,0 +1,373 @@
+//! Members that are about to lose their node (docs/design.md#node-maintenance): a node cordoned
+//! (`spec.unschedulable`, the `node.kubernetes.io/unschedulable` taint) or marked for deletion by
+//! the cluster autoscaler, and a member group whose edited template no longer admits a node its
+//! members run on. Such a member is drained through the master before it goes (the rollout's
+//! drain, `crate::members::rollout`), and held, not replaced: its replacement would land on the
+//! same node.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{
+    Node, NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint, Toleration,
+};
+
+use crate::observe::read::MemberPod;
+
+/// The taint `kubectl cordon` mirrors `spec.unschedulable` with.
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// The taint the cluster autoscaler puts on a node it is about to delete.
+pub const AUTOSCALER_DELETION_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Taints every DaemonSet Pod tolerates (the DaemonSet controller adds these tolerations), so
+/// they never make a node refuse a member.
+const DAEMON_SET_TOLERATED: &[&str] = &[
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/disk-pressure",
+    "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/pid-pressure",
+    "node.kubernetes.io/network-unavailable",
+    UNSCHEDULABLE_TAINT,
+];
+
+/// Why a member is about to lose its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Leaving {
+    /// The node is cordoned (`spec.unschedulable` or the unschedulable taint): maintenance.
+    Cordoned,
+    /// The cluster autoscaler marked the node for deletion.
+    ScaleDown,
+    /// The member group's edited template no longer admits the node: the DaemonSet controller
+    /// deletes its member as soon as the template is applied.
+    GroupNarrowed,
+}
+
+impl fmt::Display for Leaving {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Leaving::Cordoned => "cordoned",
+            Leaving::ScaleDown => "marked for deletion by the cluster autoscaler",
+            Leaving::GroupNarrowed => "no longer selected by its member group",
+        })
+    }
+}
+
+/// What of a Node decides where members run and whether it is leaving: its labels, taints and
+/// cordon. A change of these (not of its status) is what a backend's pass looks again for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchedulingFacts {
+    labels: BTreeMap<String, String>,
+    taints: Vec<(String, Option<String>, String)>,
+    unschedulable: bool,
+}
+
+impl SchedulingFacts {
+    /// The facts of `node`.
+    pub fn of(node: &Node) -> Self {
+        let spec = node.spec.clone().unwrap_or_default();
+        SchedulingFacts {
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            taints: spec
+                .taints
+                .unwrap_or_default()
+                .into_iter()
+                .map(|t| (t.key, t.value, t.effect))
+                .collect(),
+            unschedulable: spec.unschedulable == Some(true),
+        }
+    }
+}
+
+/// Whether `node` is being taken out of service, and how.
+pub fn node_leaving(node: &Node) -> Option<Leaving> {
+    let spec = node.spec.as_ref()?;
+    let taints = spec.taints.as_deref().unwrap_or_default();
+    if taints.iter().any(|t| t.key == AUTOSCALER_DELETION_TAINT) {
+        return Some(Leaving::ScaleDown);
+    }
+    (spec.unschedulable == Some(true) || taints.iter().any(|t| t.key == UNSCHEDULABLE_TAINT))
+        .then_some(Leaving::Cordoned)
+}
+
+/// The nodes being taken out of service, by name.
+pub fn leaving_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> BTreeMap<String, Leaving> {
+    nodes
+        .into_iter()
+        .filter_map(|n| Some((n.metadata.name.clone()?, node_leaving(n)?)))
+        .collect()
+}
+
+/// Marks each member Pod on a node of `leaving` (a node leaving wins over a group narrowed).
+pub fn mark(members: &mut [MemberPod], leaving: &BTreeMap<String, Leaving>) {
+    for m in members {
+        if let Some(why) = leaving.get(&m.node) {
+            m.leaving = Some(why.clone());
+        }
+    }
+}
+
+/// The nodes a member group's Pods run on that its rendered template (`spec`) no longer admits
+/// (a DaemonSet runs a Pod on every node its selector, required affinity and tolerations admit).
+/// A node not in `nodes` is not judged.
+pub fn narrowed_nodes<'a>(
+    spec: &PodSpec,
+    on: impl IntoIterator<Item = &'a str>,
+    nodes: &BTreeMap<String, &Node>,
+) -> Vec<String> {
+    let mut out: Vec<String> = on
+        .into_iter()
+        .filter(|n| nodes.get(*n).is_some_and(|node| !admits(spec, node)))
+        .map(str::to_owned)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Whether a DaemonSet with this Pod template runs a Pod on `node`: its `nodeSelector`, its
+/// required node affinity and its tolerations against the node's `NoSchedule`/`NoExecute`
+/// taints (those every DaemonSet Pod tolerates aside).
+pub fn admits(spec: &PodSpec, node: &Node) -> bool {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let selected = spec
+        .node_selector
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    let affine = required.is_none_or(|r| {
+        r.node_selector_terms
+            .iter()
+            .any(|t| term_matches(t, &labels, &name))
+    });
+    let tolerations = spec.tolerations.as_deref().unwrap_or_default();
+    let tolerated = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .filter(|t| !DAEMON_SET_TOLERATED.contains(&t.key.as_str()))
+        .all(|t| tolerations.iter().any(|tol| tolerates(tol, t)));
+    selected && affine && tolerated
+}
+
+/// One required node-selector term: every expression holds (an empty term matches nothing).
+fn term_matches(term: &NodeSelectorTerm, labels: &BTreeMap<String, String>, name: &str) -> bool {
+    let exprs = term.match_expressions.as_deref().unwrap_or_default();
+    let fields = term.match_fields.as_deref().unwrap_or_default();
+    if exprs.is_empty() && fields.is_empty() {
+        return false;
+    }
+    let field = |r: &NodeSelectorRequirement| {
+        let value = (r.key == "metadata.name").then_some(name);
+        requirement_holds(r, value)
+    };
+    exprs
+        .iter()
+        .all(|r| requirement_holds(r, labels.get(&r.key).map(String::as_str)))
+        && fields.iter().all(field)
+}
+
+/// A node-selector requirement against the label's value (`None`: the node lacks the label).
+fn requirement_holds(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = r.values.as_deref().unwrap_or_default();
+    let number = |s: &str| s.parse::<i64>().ok();
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" => {
+            matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(v), Some(x)) if v > x)
+        }
+        "Lt" => {
+            matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(v), Some(x)) if v < x)
+        }
+        // An operator the API server would have refused: admits nothing.
+        _ => false,
+    }
+}
+
+/// Whether `tol` tolerates `taint` (the API's rules: an empty key with `Exists` tolerates every
+/// taint; an empty effect every effect).
+fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
+    let effect = tol.effect.as_deref().unwrap_or_default();
+    if !effect.is_empty() && effect != taint.effect {
+        return false;
+    }
+    let key = tol.key.as_deref().unwrap_or_default();
+    let exists = tol.operator.as_deref() == Some("Exists");
+    if key.is_empty() {
+        return exists;
+    }
+    key == taint.key
+        && (exists
+            || tol.value.as_deref().unwrap_or_default()
+                == taint.value.as_deref().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, NodeSelector, NodeSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn node(name: &str, labels: &[(&str, &str)], taints: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).into(), (*v).into()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                taints: Some(
+                    taints
+                        .iter()
+                        .map(|(k, e)| Taint {
+                            key: (*k).into(),
+                            effect: (*e).into(),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_cordon_the_unschedulable_taint_and_the_autoscaler_taint_each_mark_a_node_leaving() {
+        let mut cordoned = node("a", &[], &[]);
+        if let Some(s) = cordoned.spec.as_mut() {
+            s.unschedulable = Some(true);
+        }
+        assert_eq!(node_leaving(&cordoned), Some(Leaving::Cordoned));
+        let tainted = node("b", &[], &[(UNSCHEDULABLE_TAINT, "NoSchedule")]);
+        assert_eq!(node_leaving(&tainted), Some(Leaving::Cordoned));
+        let scaled = node("c", &[], &[(AUTOSCALER_DELETION_TAINT, "NoSchedule")]);
+        assert_eq!(node_leaving(&scaled), Some(Leaving::ScaleDown));
+        assert_eq!(
+            node_leaving(&node("d", &[], &[("gpu", "NoSchedule")])),
+            None
+        );
+        assert_eq!(node_leaving(&Node::default()), None);
+        let all = [cordoned, tainted, scaled, node("d", &[], &[])];
+        assert_eq!(
+            leaving_nodes(&all).keys().collect::<Vec<_>>(),
+            ["a", "b", "c"]
+        );
+    }
+
+    #[test]
+    fn a_node_selector_an_affinity_and_taints_decide_whether_a_group_keeps_a_node() {
+        let gpu = node("gpu-0", &[("pool", "gpu"), ("zone", "a")], &[]);
+        let cpu = node("cpu-0", &[("pool", "cpu")], &[]);
+        let tainted = node("gpu-1", &[("pool", "gpu")], &[("dedicated", "NoSchedule")]);
+        let cordoned = node(
+            "gpu-2",
+            &[("pool", "gpu")],
+            &[(UNSCHEDULABLE_TAINT, "NoSchedule")],
+        );
+        let mut spec = PodSpec::default();
+        assert!(admits(&spec, &gpu) && admits(&spec, &cpu) && admits(&spec, &cordoned));
+        assert!(!admits(&spec, &tainted), "an untolerated NoSchedule taint");
+        spec.node_selector = Some([("pool".to_owned(), "gpu".to_owned())].into());
+        assert!(admits(&spec, &gpu) && !admits(&spec, &cpu));
+        spec.tolerations = Some(vec![Toleration {
+            key: Some("dedicated".into()),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        }]);
+        assert!(admits(&spec, &tainted));
+        let term = |op: &str, values: &[&str]| NodeSelectorTerm {
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: "zone".into(),
+                operator: op.into(),
+                values: Some(values.iter().map(|v| (*v).into()).collect()),
+            }]),
+            match_fields: None,
+        };
+        let with = |terms: Vec<NodeSelectorTerm>| PodSpec {
+            affinity: Some(Affinity {
+                node_affinity: Some(NodeAffinity {
+                    required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                        node_selector_terms: terms,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(admits(&with(vec![term("In", &["a"])]), &gpu));
+        assert!(!admits(&with(vec![term("In", &["b"])]), &gpu));
+        assert!(admits(
+            &with(vec![term("In", &["b"]), term("Exists", &[])]),
+            &gpu
+        ));
+        assert!(!admits(&with(vec![term("Exists", &[])]), &cpu));
+        assert!(admits(&with(vec![term("DoesNotExist", &[])]), &cpu));
+        assert!(admits(&with(vec![term("NotIn", &["a"])]), &cpu));
+        assert!(!admits(&with(vec![NodeSelectorTerm::default()]), &gpu));
+        let by_name = NodeSelectorTerm {
+            match_expressions: None,
+            match_fields: Some(vec![NodeSelectorRequirement {
+                key: "metadata.name".into(),
+                operator: "In".into(),
+                values: Some(vec!["cpu-0".into()]),
+            }]),
+        };
+        assert!(admits(&with(vec![by_name.clone()]), &cpu));
+        assert!(!admits(&with(vec![by_name]), &gpu));
+    }
+
+    #[test]
+    fn the_nodes_a_narrowed_group_loses_are_those_its_template_no_longer_admits() {
+        let gpu = node("gpu-0", &[("pool", "gpu")], &[]);
+        let cpu = node("cpu-0", &[("pool", "cpu")], &[]);
+        let nodes: BTreeMap<String, &Node> =
+            [("gpu-0".to_owned(), &gpu), ("cpu-0".to_owned(), &cpu)].into();
+        let spec = PodSpec {
+            node_selector: Some([("pool".to_owned(), "gpu".to_owned())].into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            narrowed_nodes(&spec, ["gpu-0", "cpu-0", "cpu-0", "gone"], &nodes),
+            ["cpu-0"]
+        );
+        assert!(narrowed_nodes(&PodSpec::default(), ["gpu-0", "cpu-0"], &nodes).is_empty());
+    }
+
+    #[test]
+    fn numeric_requirements_compare_numbers_and_refuse_what_is_not_one() {
+        let r = |op: &str, v: &str| NodeSelectorRequirement {
+            key: "cores".into(),
+            operator: op.into(),
+            values: Some(vec![v.into()]),
+        };
+        assert!(requirement_holds(&r("Gt", "4"), Some("8")));
+        assert!(!requirement_holds(&r("Gt", "8"), Some("8")));
+        assert!(requirement_holds(&r("Lt", "16"), Some("8")));
+        assert!(!requirement_holds(&r("Lt", "x"), Some("8")));
+        assert!(!requirement_holds(&r("Gt", "4"), None));
+        assert!(!requirement_holds(&r("Near", "4"), Some("4")));
+    }
+}
