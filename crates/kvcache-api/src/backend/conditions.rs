@@ -28,6 +28,13 @@ pub const STORE_VERSION_OBSERVED: &str = "StoreVersionObserved";
 /// NetworkPolicies keep the store's Pods to the backend's own Pods and its bound namespaces
 /// (`False` while a member group runs on the host network, which no policy covers).
 pub const NETWORK_ISOLATED: &str = "NetworkIsolated";
+/// Every store workload has a disruption budget (`False` while the leader runs one Pod, which
+/// a drain of its node restarts; docs/high-availability.md#disruption-budgets).
+pub const DISRUPTION_BUDGET: &str = "DisruptionBudget";
+/// The members on nodes being taken out of service (cordoned, marked for deletion by the
+/// cluster autoscaler, or no longer selected by their group) were drained through the master
+/// first; absent while no member's node is leaving (docs/design.md#node-maintenance).
+pub const DRAINED: &str = "Drained";
 /// The master lists segments no member Pod of the backend mounted (a managed backend's
 /// serving master only): each named with its address.
 pub const UNKNOWN_SEGMENTS: &str = "UnknownSegments";

@@ -94,6 +94,9 @@ pub(super) fn cluster_role() -> ClusterRole {
             // Its engines' Pods (their metrics and readiness) and the store's, listed and
             // watched.
             rule(&[""], &["pods"], &["list", "watch"]),
+            // Node maintenance: members on a node leaving are drained first
+            // (controllers/backend.rs).
+            rule(&[""], &["nodes"], &["get", "list", "watch"]),
             // A ModelDeployment's engine Pods are those of its own Deployments' ReplicaSets
             // (ownership, not labels, chooses the Pods whose metrics it reads): listed.
             rule(&["apps"], &["replicasets"], &["list"]),
@@ -142,6 +145,13 @@ pub(super) fn namespace_role(namespace: &str) -> Role {
                 &[""],
                 &["configmaps"],
                 &["list", "watch", "create", "patch", "delete"],
+            ),
+            // The store workloads' disruption budgets: applied and swept, never watched
+            // (docs/high-availability.md#disruption-budgets).
+            rule(
+                &["policy"],
+                &["poddisruptionbudgets"],
+                &["list", "create", "patch", "delete"],
             ),
             // The elector's account: applied and swept (the store's NetworkPolicies are the
             // ClusterRole's).

@@ -1,7 +1,9 @@
 //! A managed KVCacheBackend as Kubernetes objects: the leader Deployment, its Service, the Lease,
-//! per-role RBAC, the tenant policy ConfigMap and one DaemonSet per member group.
+//! per-role RBAC, the tenant policy ConfigMap, one DaemonSet per member group and the store
+//! workloads' disruption budgets.
 
 pub mod access;
+pub(crate) mod disruption;
 mod etcd;
 mod inputs;
 mod leader;

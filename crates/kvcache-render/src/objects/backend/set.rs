@@ -2,6 +2,7 @@
 //! (`BackendObjects::desired`).
 
 use super::access;
+use super::disruption;
 use super::etcd;
 use super::inputs::BackendInputs;
 use super::leader::leader_deployment;
@@ -14,7 +15,9 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount, ServicePort, ServiceSpec};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kvcache_api::KVCacheBackend;
 use kvcache_api::backend::MemberAddressing;
@@ -50,6 +53,9 @@ pub struct BackendObjects {
     /// Who may reach the leader and the members: `<backend>-leader`, and `<backend>-members`
     /// unless every member group is on the host network ([`access`]).
     pub network_policies: Vec<NetworkPolicy>,
+    /// The disruption budgets of the store workloads, each named after its workload
+    /// ([`super::disruption`]): none for a workload of one Pod.
+    pub pdbs: Vec<PodDisruptionBudget>,
 }
 
 /// Every kind a managed backend's objects come in, the order its sweep lists them in.
@@ -64,6 +70,7 @@ pub(crate) const BACKEND_KINDS: &[ObjectKind] = &[
     ObjectKind::of::<NetworkPolicy>(),
     ObjectKind::workload::<StatefulSet>(),
     ObjectKind::workload::<DaemonSet>(),
+    ObjectKind::of::<PodDisruptionBudget>(),
 ];
 
 /// What a backend's teardown deletes and awaits, in order (the rest goes with its owner
@@ -97,14 +104,26 @@ impl BackendObjects {
         // The store's policies before its Pods: a leader or member is never reachable
         // unguarded.
         set.apply_all(&self.network_policies);
+        // Each workload's budget right after it.
         set.apply_all(&self.deployment);
+        set.apply_all(self.budget_of(self.deployment.as_ref().map(|d| &d.metadata)));
         set.apply_all(&self.service);
         // The etcd (its policy first) before the members that dial it.
         set.apply_all(&self.etcd_policy);
         set.apply_all(&self.etcd_service);
         set.apply_all(&self.etcd);
-        set.apply_all(&self.daemon_sets);
+        set.apply_all(self.budget_of(self.etcd.as_ref().map(|s| &s.metadata)));
+        for ds in &self.daemon_sets {
+            set.push(ds, Write::Apply);
+            set.apply_all(self.budget_of(Some(&ds.metadata)));
+        }
         set
+    }
+
+    /// The budget of the workload with `meta` (it has the workload's name), if it has one.
+    fn budget_of(&self, meta: Option<&ObjectMeta>) -> Option<&PodDisruptionBudget> {
+        let name = meta?.name.as_ref();
+        self.pdbs.iter().find(|p| p.metadata.name.as_ref() == name)
     }
 }
 
@@ -195,6 +214,9 @@ pub fn render(inputs: &BackendInputs<'_>) -> Result<BackendObjects, Error> {
         out.etcd = Some(e.stateful_set);
         out.etcd_policy = Some(e.policy);
     }
+    // The members' budgets need the nodes each group runs on: the pass sizes them
+    // (`crate::plan::backend`).
+    out.pdbs = disruption::budgets(&out, &[]);
     Ok(out)
 }
 

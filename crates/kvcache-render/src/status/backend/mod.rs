@@ -7,6 +7,8 @@
 //! rendered objects (their fingerprints, their groups, their Service address) against what runs.
 
 mod capacity;
+mod disruption;
+mod drained;
 mod facts;
 mod isolation;
 mod leader;
@@ -73,6 +75,8 @@ pub fn backend_status(
     }
     conditions.extend(store_version_observed(obs));
     conditions.extend(network_isolated(obs));
+    conditions.extend(disruption::disruption_budget(b));
+    conditions.extend(drained::drained(obs));
     conditions.extend(unknown_segments(b, obs));
     let (phase, phase_message) = phase(b, obs, serving, &conditions, shortfall.or(tier_problem));
     conditions.extend(rendered(obs));
