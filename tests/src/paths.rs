@@ -188,3 +188,16 @@ pub fn xtask_bin() -> Result<PathBuf> {
         _ => workspace_bin("xtask"),
     }
 }
+
+/// `kubectl`, as `cargo xtask setup` builds it, for a test that does what an admin types
+/// (`kubectl drain`, `kubectl apply --dry-run=server`), with `kubeconfig`.
+pub fn kubectl(kubeconfig: &std::path::Path) -> std::process::Command {
+    let bin = cache_dir()
+        .join("k8s")
+        .join(KUBERNETES_VERSION)
+        .join("bin")
+        .join("kubectl");
+    let mut c = std::process::Command::new(bin);
+    c.env("KUBECONFIG", kubeconfig);
+    c
+}

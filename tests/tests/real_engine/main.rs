@@ -9,6 +9,7 @@
 //! to the engines' own counters (the prefill seconds saved among them) in `prefill_saved.rs`,
 //! the monitoring against a real Prometheus in `monitoring.rs`.
 
+mod maintenance;
 mod monitoring;
 mod prefill_saved;
 mod tenant_view;

@@ -96,7 +96,7 @@ pub(super) fn cluster_role() -> ClusterRole {
             rule(&[""], &["pods"], &["list", "watch"]),
             // Node maintenance: members on a node leaving are drained first
             // (controllers/backend.rs).
-            rule(&[""], &["nodes"], &["get", "list", "watch"]),
+            rule(&[""], &["nodes"], &["list", "watch"]),
             // A ModelDeployment's engine Pods are those of its own Deployments' ReplicaSets
             // (ownership, not labels, chooses the Pods whose metrics it reads): listed.
             rule(&["apps"], &["replicasets"], &["list"]),
