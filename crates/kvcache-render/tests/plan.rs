@@ -256,3 +256,139 @@ fn a_rogue_segment_on_the_serving_master_is_tracked_and_drained_once_past_its_gr
     assert!(reported.quarantine.is_empty());
     assert!(!reported.observation.drain_unknown);
 }
+
+#[test]
+fn a_group_narrowed_away_from_a_node_drains_its_member_there_before_its_template_is_applied() {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kvcache_render::members::maintenance::Leaving;
+    use kvcache_render::members::rollout::Step;
+    use kvcache_render::objects::backend::pod_spec_hash;
+    use kvcache_render::objects::desired::Write;
+    use kvcache_render::observe::read::{DRAIN_JOB_ANNOTATION, DRAIN_STARTED_ANNOTATION};
+    use kvcache_render::observe::store::{
+        DrainJob, Health, JobStatus, Metrics, Segment, StoreReading,
+    };
+    use std::sync::Arc;
+
+    let (b, world) = input("walkthrough-backend.yaml");
+    let settings = Settings::default();
+    // What runs: the template of every Linux node.
+    let live = plan(&read(&b, &world, Some(&settings)))
+        .expect("a plan")
+        .objects
+        .expect("objects")
+        .daemon_sets;
+    let old = pod_spec_hash(&live[0]);
+    let node = |name: &str, pool: &str| -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name,
+                "labels": {"kubernetes.io/os": "linux", "pool": pool}}}))
+            .expect("a Node"),
+        )
+    };
+    let nodes = [node("n0", "gpu"), node("n1", "cpu")];
+    let member = |name: &str, on: &str, ip: &str, drain: Option<&str>| -> Pod {
+        let mut annotations = serde_json::json!({"kvcache.gpustack.ai/pod-spec-hash": old});
+        if let Some(job) = drain {
+            annotations[DRAIN_STARTED_ANNOTATION] = "2026-12-06T09:59:00Z".into();
+            annotations[DRAIN_JOB_ANNOTATION] = job.into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "annotations": annotations, "labels": {
+                "app.kubernetes.io/name": "kv-cache-backend",
+                "app.kubernetes.io/instance": b.metadata.name.clone(),
+                "app.kubernetes.io/component": "member-0"}},
+            "spec": {"nodeName": on, "containers": []},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .expect("a Pod")
+    };
+    let store = |m1: &str| StoreReading {
+        health: Health::parse("h", r#"{"service_ready":true}"#),
+        metrics: Ok(Metrics::parse("master_total_capacity_bytes 134217728\n")),
+        segments: Segment::parse_all(
+            "s",
+            &format!(
+                r#"{{"segments":[
+                {{"segment_name":"10.0.0.5:15000","size_bytes":67108864,"allocator_used_bytes":0,"status":"OK"}},
+                {{"segment_name":"10.0.1.5:15000","size_bytes":67108864,"allocator_used_bytes":1048576,"status":"{m1}"}}]}}"#
+            ),
+        ),
+    };
+    // The edit: the group keeps the GPU nodes only.
+    let mut edited = b.clone();
+    if let Some(m) = edited.spec.connection.managed.as_mut() {
+        m.members[0]
+            .node_selector
+            .insert("pool".into(), "gpu".into());
+    }
+    let pods = [
+        member("m0", "n0", "10.0.0.5", None),
+        member("m1", "n1", "10.0.1.5", None),
+    ];
+    let pass = |pods: &[Pod], store: StoreReading, jobs: BTreeMap<String, _>| {
+        plan(&BackendRead {
+            daemon_sets: &live,
+            store_pods: pods,
+            nodes: &nodes,
+            store: Some(store),
+            jobs,
+            now: "2026-12-06T10:00:00Z".parse().expect("a time"),
+            ..read(&edited, &world, Some(&settings))
+        })
+        .expect("a plan")
+    };
+    let first = pass(&pods, store("OK"), BTreeMap::new());
+    let ds = live[0].metadata.name.clone().expect("a name");
+    assert_eq!(first.held_groups, [ds.clone()]);
+    let write_of = |p: &kvcache_render::plan::backend::BackendPlan| {
+        p.desired()
+            .expect("a set")
+            .objects
+            .iter()
+            .find(|o| o.kind.kind == "DaemonSet" && o.name == ds)
+            .map(|o| o.write)
+    };
+    assert_eq!(
+        write_of(&first),
+        Some(Write::Keep),
+        "the live template stays"
+    );
+    let marked: Vec<_> = first
+        .observation
+        .members
+        .iter()
+        .map(|m| (m.name.as_str(), m.leaving.clone()))
+        .collect();
+    assert_eq!(marked, [("m0", None), ("m1", Some(Leaving::GroupNarrowed))]);
+    let step = &first.observation.rollout[0];
+    assert!(
+        matches!(&step.step, Step::StartDrain { pod, targets, .. } if pod == "m1" && targets == &["10.0.0.5:15000"]),
+        "{step:?}"
+    );
+    assert_eq!(
+        first.observation.rendered_hashes[0], old,
+        "nothing else of the group rolls"
+    );
+
+    // Drained: the template goes out (the DaemonSet controller deletes m1 then).
+    let pods = [
+        member("m0", "n0", "10.0.0.5", None),
+        member("m1", "n1", "10.0.1.5", Some("j-1")),
+    ];
+    let done = DrainJob {
+        job_id: "j-1".into(),
+        status: JobStatus::Succeeded,
+        succeeded_units: 3,
+        migrated_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let then = pass(
+        &pods,
+        store("DRAINED"),
+        BTreeMap::from([("j-1".to_owned(), Ok(done))]),
+    );
+    assert!(then.held_groups.is_empty());
+    assert_eq!(write_of(&then), Some(Write::Apply));
+    assert_eq!(then.observation.rollout[0].held.len(), 1);
+}

@@ -126,6 +126,14 @@ pub fn narrowed_nodes<'a>(
     out
 }
 
+/// Whether two Pod templates place their Pods alike: the same node selector, affinity and
+/// tolerations (what a DaemonSet decides its nodes by).
+pub fn same_placement(a: &PodSpec, b: &PodSpec) -> bool {
+    let selector = |s: &PodSpec| s.node_selector.clone().unwrap_or_default();
+    let tolerations = |s: &PodSpec| s.tolerations.clone().unwrap_or_default();
+    selector(a) == selector(b) && a.affinity == b.affinity && tolerations(a) == tolerations(b)
+}
+
 /// Whether a DaemonSet with this Pod template runs a Pod on `node`: its `nodeSelector`, its
 /// required node affinity and its tolerations against the node's `NoSchedule`/`NoExecute`
 /// taints (those every DaemonSet Pod tolerates aside).

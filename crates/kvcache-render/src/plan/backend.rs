@@ -371,7 +371,8 @@ fn render_managed(
     Ok(())
 }
 
-/// Member groups whose rendered template no longer admits nodes their members run on
+/// Member groups whose rendered placement (node selector, required affinity, tolerations)
+/// changed and no longer admits nodes their members run on
 /// (`crate::members::maintenance::narrowed_nodes`): those members are marked leaving and drained
 /// first, and the group's DaemonSet is held at its live template meanwhile (the DaemonSet
 /// controller would delete them at once), its live fingerprint standing for the rendered one
@@ -396,10 +397,12 @@ fn narrow_groups(
             continue;
         };
         let live_hash = pod_spec_hash(live);
-        let Some(spec) = ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()) else {
+        let template = |d: &DaemonSet| d.spec.as_ref().and_then(|s| s.template.spec.clone());
+        let Some(spec) = template(ds) else {
             continue;
         };
-        if live_hash == pod_spec_hash(ds) {
+        let live_spec = template(live).unwrap_or_default();
+        if maintenance::same_placement(&spec, &live_spec) {
             continue;
         }
         let on = obs
@@ -407,7 +410,7 @@ fn narrow_groups(
             .iter()
             .filter(|m| m.group == group && !m.terminating)
             .map(|m| m.node.as_str());
-        let lost = maintenance::narrowed_nodes(spec, on, &nodes);
+        let lost = maintenance::narrowed_nodes(&spec, on, &nodes);
         if lost.is_empty() {
             continue;
         }

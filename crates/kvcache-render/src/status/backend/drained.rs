@@ -110,3 +110,134 @@ fn clause(m: &MemberPod, stand: &Stand<'_>) -> String {
         Stand::Waiting => format!("{who}: waits for another member of its group to drain first"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::members::maintenance::Leaving;
+    use crate::members::rollout::{GroupStep, Progress};
+    use kvcache_api::condition::Status;
+
+    fn member(name: &str, leaving: Option<Leaving>) -> MemberPod {
+        MemberPod {
+            name: name.into(),
+            node: format!("node-{name}"),
+            leaving,
+            ..Default::default()
+        }
+    }
+
+    fn held(name: &str, drained: Result<Moved, NoDrain>) -> Held {
+        Held {
+            pod: name.into(),
+            node: format!("node-{name}"),
+            leaving: Leaving::Cordoned,
+            drained,
+        }
+    }
+
+    fn observed(members: Vec<MemberPod>, step: Step, held: Vec<Held>, drains: bool) -> Observation {
+        let mut obs = Observation::empty(None);
+        obs.members = members;
+        obs.rollout = vec![GroupStep {
+            group: 0,
+            to_replace: 0,
+            step,
+            maintenance: drains.then_some(Leaving::Cordoned),
+            held,
+        }];
+        obs
+    }
+
+    #[test]
+    fn no_member_on_a_leaving_node_means_no_condition() {
+        let obs = observed(vec![member("a", None)], Step::UpToDate, Vec::new(), false);
+        assert_eq!(drained(&obs), None);
+    }
+
+    #[test]
+    fn the_condition_names_each_member_its_node_and_what_moved() {
+        let moved = Moved {
+            objects: Some(160),
+            bytes: Some(12 << 20),
+        };
+        let obs = observed(
+            vec![member("a", Some(Leaving::Cordoned)), member("b", None)],
+            Step::UpToDate,
+            vec![held("a", Ok(moved))],
+            false,
+        );
+        let c = drained(&obs).expect("a condition");
+        assert_eq!((c.status, c.reason), (Status::True, "MembersDrained"));
+        assert_eq!(
+            c.message,
+            "member Pod a on node node-a (cordoned): drained, 160 objects (12Mi) moved to the other members"
+        );
+    }
+
+    #[test]
+    fn a_drain_under_way_or_a_member_waiting_its_turn_is_draining() {
+        let obs = observed(
+            vec![
+                member("a", Some(Leaving::Cordoned)),
+                member("b", Some(Leaving::ScaleDown)),
+            ],
+            Step::AwaitDrain {
+                pod: "a".into(),
+                node: "node-a".into(),
+                job: Some("7-9".into()),
+                progress: Some(Progress {
+                    moved: 1 << 20,
+                    objects: 4,
+                    blocked: 0,
+                }),
+            },
+            Vec::new(),
+            true,
+        );
+        let c = drained(&obs).expect("a condition");
+        assert_eq!((c.status, c.reason), (Status::False, "Draining"));
+        assert_eq!(
+            c.message,
+            "member Pod a on node node-a (cordoned): draining (job 7-9), 4 objects (1Mi) moved so far; \
+             member Pod b on node node-b (marked for deletion by the cluster autoscaler): waits for another member of its group to drain first"
+        );
+    }
+
+    #[test]
+    fn a_member_that_could_not_be_drained_says_what_is_lost_and_one_holding_nothing_does_not() {
+        let obs = observed(
+            vec![
+                member("a", Some(Leaving::GroupNarrowed)),
+                member("b", Some(Leaving::Cordoned)),
+            ],
+            Step::UpToDate,
+            vec![
+                held("a", Err(NoDrain::DiskTier)),
+                held("b", Err(NoDrain::NotMounted)),
+            ],
+            false,
+        );
+        let c = drained(&obs).expect("a condition");
+        assert_eq!((c.status, c.reason), (Status::False, "NotDrained"));
+        assert!(
+            c.message.starts_with(
+                "member Pod a on node node-a (no longer selected by its member group): not drained, so what it holds goes with the node: the group has a disk tier"
+            ),
+            "{}",
+            c.message
+        );
+        assert!(
+            c.message.ends_with(
+                "member Pod b on node node-b (cordoned): holds nothing the master knows"
+            )
+        );
+        let only_nothing = observed(
+            vec![member("b", Some(Leaving::Cordoned))],
+            Step::UpToDate,
+            vec![held("b", Err(NoDrain::NotMounted))],
+            false,
+        );
+        assert_eq!(drained(&only_nothing).map(|c| c.status), Some(Status::True));
+    }
+}
