@@ -340,7 +340,7 @@ fn a_group_narrowed_away_from_a_node_drains_its_member_there_before_its_template
     };
     let first = pass(&pods, store("OK"), BTreeMap::new());
     let ds = live[0].metadata.name.clone().expect("a name");
-    assert_eq!(first.held_groups, [ds.clone()]);
+    assert_eq!(first.held_groups, std::slice::from_ref(&ds));
     let write_of = |p: &kvcache_render::plan::backend::BackendPlan| {
         p.desired()
             .expect("a set")
