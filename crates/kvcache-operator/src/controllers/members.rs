@@ -142,7 +142,14 @@ pub(crate) async fn carry_out(
                 .await
             {
                 Ok(job) => {
-                    info!(pod = %pod, job = %job, "draining a member's segment before replacing it");
+                    match &step.maintenance {
+                        Some(why) => {
+                            info!(pod = %pod, job = %job, node_leaving = %why, "draining a member's segment before its node goes");
+                        }
+                        None => {
+                            info!(pod = %pod, job = %job, "draining a member's segment before replacing it");
+                        }
+                    }
                     annotate(&pods, pod, DRAIN_JOB_ANNOTATION, &job).await?;
                     publish(ctx, b, pod, step, Some(&job)).await;
                 }
