@@ -35,8 +35,12 @@ pub const BUSYBOX: Image = Image {
 pub const STORE: Image = Image {
     archive: "store.tar",
     name: "docker.io/gpustack/mirrored-mooncake:0.3.13.post1-cpu",
-    also: &[],
+    also: &[STORE_NEXT],
 };
+
+/// A second tag of the store image: what a leader image edit looks like to the store Pods (a
+/// new image reference, the same Mooncake), `tests/tests/operator_on_nodes/leader_edits.rs`.
+pub const STORE_NEXT: &str = "docker.io/gpustack/mirrored-mooncake:0.3.13.post1-cpu-next";
 
 /// The operator image from the repository's `Dockerfile`: `kvcache-operator` on an empty base,
 /// non-root; also under [`OPERATOR_NEXT`], the tag an upgrade test rolls the operator to.

@@ -401,6 +401,84 @@ fn a_second_namespace_on_a_shared_backend_is_warned_and_a_dedicated_backend_refu
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// docs/high-availability.md#leader-edits: on a Lease-elected backend an edit of the leader's
+/// template is admitted with a warning that the master restarts and the cache empties, under
+/// `kubectl apply --dry-run=server` (nothing written) as for real; an edit that leaves the
+/// leader's template alone (a member's capacity) says nothing of it.
+#[test]
+fn a_leader_edit_of_a_lease_backend_is_warned_under_a_server_dry_run() {
+    let _turn = hook().lock().unwrap_or_else(|p| p.into_inner());
+    let name = "leader-edit-lease";
+    let manifest = |leader_cpu: &str, capacity: &str| {
+        format!(
+            "apiVersion: worker.gpustack.ai/v1\nkind: KVCacheBackend\nmetadata: {{name: {name}}}\nspec:\n  image: example.local/store:1\n  connection:\n    managed:\n      leader: {{multiTenancy: false, resources: {{requests: {{cpu: {leader_cpu}, memory: 1Gi}}}}}}\n      members: [{{medium: DRAM, capacityPerMember: {capacity}, resources: {{requests: {{cpu: '1', memory: 1Gi}}}}}}]\n"
+        )
+    };
+    block_on(async {
+        let client = client().await?;
+        wait_trusted(&client).await?;
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let (admitted, stderr) = kubectl_apply(name, &manifest("500m", "64Mi"), &[]);
+    assert!(admitted, "created: {stderr}");
+    let warned = |stderr: &str| {
+        stderr
+            .lines()
+            .find(|l| {
+                l.starts_with(&format!(
+                    "Warning: spec.connection.managed: this edit changes the leader's Pod template, so the master ({name}-leader) restarts and the cache empties"
+                ))
+            })
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        warned(&stderr),
+        None,
+        "a new backend restarts nothing: {stderr}"
+    );
+
+    let (admitted, stderr) = kubectl_apply(name, &manifest("750m", "64Mi"), &["--dry-run=server"]);
+    assert!(admitted, "a leader edit is admitted: {stderr}");
+    let warning = warned(&stderr)
+        .unwrap_or_else(|| panic!("the dry run's warning reaches kubectl: {stderr}"));
+    assert!(
+        warning.contains("keys the status last read: unknown")
+            && warning.contains("leader.electionBackend: Etcd")
+            && warning.contains("leader.replicas above one"),
+        "{warning}"
+    );
+    block_on(async {
+        let client = client().await?;
+        let stored = Api::<KVCacheBackend>::all(client).get(name).await?;
+        let cpu = stored
+            .spec
+            .connection
+            .managed
+            .as_ref()
+            .and_then(|m| m.leader.resources.as_ref())
+            .and_then(|r| r.cpu_request())
+            .map(|c| c.as_str().to_owned());
+        assert_eq!(cpu.as_deref(), Some("500m"), "a dry run writes nothing");
+        Ok::<_, Error>(())
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    let (admitted, stderr) = kubectl_apply(name, &manifest("500m", "128Mi"), &["--dry-run=server"]);
+    assert!(admitted, "a member edit is admitted: {stderr}");
+    assert_eq!(
+        warned(&stderr),
+        None,
+        "a member edit leaves the master running: {stderr}"
+    );
+
+    block_on(async {
+        let client = client().await?;
+        remove(&Api::<KVCacheBackend>::all(client), name).await
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 fn with_the_operator_stopped_other_groups_are_still_written_and_a_new_certificate_serves() {
     let mut h = hook().lock().unwrap_or_else(|p| p.into_inner());

@@ -8,13 +8,17 @@
 //! replicas and the election ([`leader`]), the walkthrough
 //! applied in either order ([`apply_order`]), quotas and tenants on the running master
 //! ([`quota`]), the workloads that use the store ([`workloads`]) and the disk tier
-//! ([`disk_tier`]), and warm failover on the backend's own etcd ([`warm_failover`]).
+//! ([`disk_tier`]), warm failover on the backend's own etcd ([`warm_failover`]), a warm
+//! backend's keys through each leader edit ([`leader_edits`]) and the store workloads'
+//! disruption budgets under the eviction API ([`disruption`]).
 
 mod apply_order;
 mod backend;
 mod disk_tier;
+mod disruption;
 mod drained_rollout;
 mod leader;
+mod leader_edits;
 mod quota;
 mod rollout;
 mod warm_failover;

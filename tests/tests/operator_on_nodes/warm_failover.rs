@@ -24,13 +24,13 @@ use crate::{
 };
 
 /// Keys written before the failover: 40 of 1 MiB, spread over both 256 MiB members.
-const KEYS: usize = 40;
+pub(crate) const KEYS: usize = 40;
 const SIZE: usize = 1 << 20;
 
 /// The demo-size backend `name` with warm failover at `replicas` leaders, one tenant-less store
 /// (the default tenant writes without a pool or Binding), its etcd on the harness's local
 /// volumes.
-fn warm(name: &str, replicas: i32) -> KVCacheBackend {
+pub(crate) fn warm(name: &str, replicas: i32) -> KVCacheBackend {
     backend(name, |v| {
         v["spec"]["connection"]["managed"]["leader"] = serde_json::json!({
             "replicas": replicas,
@@ -42,7 +42,7 @@ fn warm(name: &str, replicas: i32) -> KVCacheBackend {
 }
 
 /// The warm election's figures in the status: the view and the keys the operator last read.
-fn election(b: &KVCacheBackend) -> (Option<i64>, Option<i64>) {
+pub(crate) fn election(b: &KVCacheBackend) -> (Option<i64>, Option<i64>) {
     b.status
         .as_ref()
         .and_then(|s| s.election.as_ref())
@@ -50,7 +50,7 @@ fn election(b: &KVCacheBackend) -> (Option<i64>, Option<i64>) {
 }
 
 /// Ready with both members' 512Mi, a master elected through etcd, the etcd in quorum.
-fn serving(b: &KVCacheBackend) -> bool {
+pub(crate) fn serving(b: &KVCacheBackend) -> bool {
     phase(b) == Some(BackendPhase::Ready)
         && capacity(b) == Some(512 * MIB)
         && has_condition(b, "ElectionObserved=True")
@@ -66,7 +66,7 @@ fn endpoint(b: &KVCacheBackend) -> String {
 }
 
 /// Writes the keys through a member Pod and waits until the operator read the master's count.
-async fn write_keys(
+pub(crate) async fn write_keys(
     client: &kube::Client,
     store: &Api<Pod>,
     name: &str,

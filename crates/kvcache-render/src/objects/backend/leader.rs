@@ -157,33 +157,6 @@ pub(super) fn leader_deployment(
     })
 }
 
-/// The leader's Pod template as [`leader_deployment`] renders it for `backend` under
-/// `settings` (`None` for an external backend): what an edit is judged by to know whether the
-/// master restarts (`crate::admission::leader_edit`). Nothing of the template depends on the
-/// operator's namespace but a warm backend's etcd endpoints, which an edit cannot move, so any
-/// one namespace compares two specs alike.
-pub(crate) fn leader_pod_template(
-    backend: &kvcache_api::KVCacheBackend,
-    settings: &kvcache_api::Settings,
-) -> Option<PodTemplateSpec> {
-    let managed = backend.spec.connection.managed.as_ref()?;
-    let name = backend.metadata.name.clone().unwrap_or_default();
-    let inputs = BackendInputs {
-        backend,
-        store_image: super::store_image(backend, settings).unwrap_or_default(),
-        namespace: "",
-        elector_image: settings.elector_image(),
-        etcd_image: settings.etcd_image(),
-        bound_namespaces: &[],
-        policy: None,
-        access: &super::StoreAccess::default(),
-    };
-    leader_deployment(&inputs, managed, &name, &leader_name(&name))
-        .ok()
-        .and_then(|d| d.spec)
-        .map(|s| s.template)
-}
-
 /// The elector's settings in leader mode: the Lease, its identity, the address it publishes,
 /// the master's health to watch, its own readiness port.
 fn elector_env(lease: &str) -> [EnvVar; 7] {

@@ -14,7 +14,6 @@ mod set;
 
 pub use access::StoreAccess;
 pub use inputs::{BackendInputs, store_image};
-pub(crate) use leader::leader_pod_template;
 pub use leader::master_flags;
 pub(crate) use member::fabric_device;
 pub use pod::{
