@@ -10,6 +10,7 @@ pub use engine_rig::check_leader_cpu;
 pub mod failover;
 pub mod isolation;
 mod operator;
+pub mod planned;
 pub mod prefix;
 pub mod rollout;
 pub mod scale;

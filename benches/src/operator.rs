@@ -7,8 +7,8 @@ use kvcache_e2e::paths;
 /// A bench's cluster: two real nodes with the CRDs, the store namespace and one operator (as
 /// from a Pod). The operator stops first when it is dropped, then the nodes.
 pub struct WithOperator {
-    /// The operator process, held for its `Drop` (which stops it).
-    _operator: kvcache_e2e::operator::Operator,
+    /// The operator process (its `Drop` stops it; `bench planned-changes` restarts it).
+    pub(crate) operator: kvcache_e2e::operator::Operator,
     /// The nodes and their control plane.
     pub nodes: kvcache_e2e::nodes::NodeCluster,
 }
@@ -42,8 +42,5 @@ fn start(name: &str, namespace: &str, enforce: bool) -> anyhow::Result<WithOpera
     let operator = kvcache_e2e::operator::Operator::builder(&nodes.nodes.kubeconfig, namespace)
         .on_nodes(&nodes.nodes)
         .start(&dir)?;
-    Ok(WithOperator {
-        _operator: operator,
-        nodes,
-    })
+    Ok(WithOperator { operator, nodes })
 }

@@ -45,7 +45,8 @@ fn manifest(name: &str, value: &str) -> Result<KVCacheBackend, Error> {
     })
 }
 
-async fn apply(client: &Client, b: &KVCacheBackend) -> Result<(), Error> {
+/// Applies the backend `b` (server-side apply, forced, the walkthrough's field manager).
+pub(crate) async fn apply(client: &Client, b: &KVCacheBackend) -> Result<(), Error> {
     Api::<KVCacheBackend>::all(client.clone())
         .patch(
             &b.name_any(),
@@ -64,12 +65,13 @@ fn full(b: &KVCacheBackend) -> bool {
         == Some(FULL)
 }
 
-fn rollout_complete(b: &KVCacheBackend) -> bool {
+/// `RolloutComplete=True`.
+pub(crate) fn rollout_complete(b: &KVCacheBackend) -> bool {
     kvcache_e2e::status::has_condition(b, "RolloutComplete=True")
 }
 
 /// The backend's events of `reason`, oldest first, with their times.
-async fn events(
+pub(crate) async fn events(
     client: &Client,
     backend: &str,
     reason: &str,

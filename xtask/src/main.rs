@@ -165,6 +165,17 @@ enum BenchKind {
         #[arg(long, default_value_t = 1)]
         runs: usize,
     },
+    /// The planned changes a platform team makes most often (a member's node cordoned and shut
+    /// down, a member group narrowed, the leader's resources, image and arguments, the members'
+    /// segment size, an operator restart), each on a backend of its own on real nodes with the
+    /// operator: keys kept, the time to settled, the longest time no master served (figures in
+    /// BENCHMARKS.md).
+    PlannedChanges {
+        /// Only these changes (`node-drained`, `group-narrowed`, `leader-resources`,
+        /// `leader-image`, `leader-arg`, `segment-size`, `operator-upgrade`); all by default.
+        #[arg(long, value_delimiter = ',')]
+        changes: Vec<String>,
+    },
     /// How soon a Binding created opens its namespace to the store's Pods, a Binding deleted
     /// closes it, and a store client its namespace held open neither writes nor reads, under a
     /// real NetworkPolicy enforcer (docs/isolation.md).
@@ -260,7 +271,7 @@ fn main() -> anyhow::Result<()> {
 /// the parts are installed.
 fn bench(which: BenchKind) -> anyhow::Result<()> {
     use kvcache_bench::{
-        admission, capacity, failover, isolation, prefix, rollout, scale, soak, transfer,
+        admission, capacity, failover, isolation, planned, prefix, rollout, scale, soak, transfer,
     };
     let run: Box<dyn FnOnce() -> anyhow::Result<()>> = match which {
         BenchKind::Failover { runs } => Box::new(move || failover::failover(runs)),
@@ -282,6 +293,10 @@ fn bench(which: BenchKind) -> anyhow::Result<()> {
             Box::new(move || prefix::prefix(plan))
         }
         BenchKind::Rollout { runs } => Box::new(move || rollout::rollout(runs)),
+        BenchKind::PlannedChanges { changes } => {
+            let selection = planned::Selection::new(&changes)?;
+            Box::new(move || planned::planned_changes(selection))
+        }
         BenchKind::Isolation { rounds } => {
             anyhow::ensure!(rounds > 0, "--rounds must be at least 1");
             Box::new(move || isolation::isolation(rounds))
