@@ -550,6 +550,7 @@ fn while_members_roll_the_rollout_condition_says_drained_or_not_and_the_rest_is_
             refused: &Default::default(),
             now: "2026-12-02T12:00:00Z".parse().expect("a time"),
             deadline: std::time::Duration::from_secs(600),
+            leader_unsettled: false,
         })
     };
     let plain = observation(Some(store), vec![a, b]);

@@ -3,23 +3,20 @@
 //! election) the master that comes back knows no key, so the update is admitted with a warning
 //! that says so before it is applied (also under `kubectl apply --dry-run=server`). With
 //! `electionBackend: Etcd` the new master replays the metadata operation log from the backend's
-//! etcd and keeps the keys through a leader-only edit, so no warning; an edit that rolls the
-//! members in the same pass (the image, the priority class: every store Pod's) loses the
-//! members' keys, and is warned of (`tests/tests/operator_on_nodes/leader_edits.rs` shows which).
+//! etcd and keeps the keys, so no warning; an edit that rolls the members in the same pass (the
+//! image, the priority class: every store Pod's) waits for the leader's rollout before the
+//! members are drained and replaced (`tests/tests/operator_on_nodes/leader_edits.rs` shows it).
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kvcache_api::{KVCacheBackend, Settings};
 
 use crate::objects::backend::{BackendInputs, StoreAccess, render, store_image};
 
-/// The leader's Pod template and each member group's, as the render draws them for `backend`
-/// under `settings` (`None` for an external backend). Nothing of them depends on the operator's
-/// namespace but a warm backend's etcd endpoints, which an edit cannot move, so any one
-/// namespace compares two specs alike.
-fn templates(
-    backend: &KVCacheBackend,
-    settings: &Settings,
-) -> Option<(PodTemplateSpec, Vec<PodTemplateSpec>)> {
+/// The leader's Pod template as the render draws it for `backend` under `settings` (`None`
+/// for an external backend). Nothing of it depends on the operator's namespace but a warm
+/// backend's etcd endpoints, which an edit cannot move, so any one namespace compares two specs
+/// alike.
+fn leader_template(backend: &KVCacheBackend, settings: &Settings) -> Option<PodTemplateSpec> {
     backend.spec.connection.managed.as_ref()?;
     let objects = render(&BackendInputs {
         backend,
@@ -32,32 +29,25 @@ fn templates(
         access: &StoreAccess::default(),
     })
     .ok()?;
-    let leader = objects.deployment?.spec?.template;
-    let members = objects
-        .daemon_sets
-        .into_iter()
-        .filter_map(|d| d.spec.map(|s| s.template))
-        .collect();
-    Some((leader, members))
+    Some(objects.deployment?.spec?.template)
 }
 
 /// The warning an update of `old` into `new` earns when it changes the leader's Pod template
 /// and the cache will not survive it: what happens, the key count the status last read
 /// ("unknown" when it holds none) and the alternative. A Lease-elected (or unelected) master
-/// restarts cold. A warm backend keeps its keys through a leader-only edit, but an edit that
-/// rolls the members in the same pass (the image, the priority class) replaces members while
-/// the masters fail over, undrained: measured by
-/// `tests/tests/operator_on_nodes/leader_edits.rs`. `None` when the leader's template stays,
-/// and for an external backend.
+/// restarts cold. A warm backend (`electionBackend: Etcd`) keeps its keys through each leader
+/// edit, those that roll the members too (the image, the priority class) included: the member
+/// rollout waits for the leader's rollout to settle and a master to serve before it drains and
+/// replaces a member (`crate::plan::backend`), as
+/// `tests/tests/operator_on_nodes/leader_edits.rs` shows. `None` when the leader's template
+/// stays, for a warm backend, and for an external backend.
 pub fn leader_edit_warning(
     new: &KVCacheBackend,
     old: &KVCacheBackend,
     settings: &Settings,
 ) -> Option<String> {
     let managed = new.spec.connection.managed.as_ref()?;
-    let (leader, members) = templates(new, settings)?;
-    let (old_leader, old_members) = templates(old, settings)?;
-    if leader == old_leader {
+    if managed.leader.warm() || leader_template(new, settings)? == leader_template(old, settings)? {
         return None;
     }
     let name = new.metadata.name.as_deref().unwrap_or_default();
@@ -67,18 +57,8 @@ pub fn leader_edit_warning(
         .and_then(|s| s.election.as_ref())
         .and_then(|e| e.keys)
         .map_or_else(|| "unknown".to_owned(), |k| k.to_string());
-    if !managed.leader.warm() {
-        return Some(format!(
-            "spec.connection.managed: this edit changes the leader's Pod template, so the master ({name}-leader) restarts and the cache empties: every key misses afterwards (keys the status last read: {keys}). To keep the cache through leader edits, run the store with leader.electionBackend: Etcd and leader.replicas above one (docs/warm-failover.md); electionBackend is fixed at creation, so that is a new backend"
-        ));
-    }
-    let rolled = members
-        .iter()
-        .zip(&old_members)
-        .filter(|(n, o)| n != o)
-        .count();
-    (rolled > 0).then(|| format!(
-        "spec.connection.managed: this edit changes the leader's Pod template and {rolled} member group template(s) at once: the members are replaced while the masters fail over, without their drain, and the keys they hold are lost (keys the status last read: {keys}). A leader-only edit (leader.resources, leader.extraArgs, leader.extraEnv) keeps them (docs/high-availability.md#leader-edits)"
+    Some(format!(
+        "spec.connection.managed: this edit changes the leader's Pod template, so the master ({name}-leader) restarts and the cache empties: every key misses afterwards (keys the status last read: {keys}). To keep the cache through leader edits, run the store with leader.electionBackend: Etcd and leader.replicas above one (docs/warm-failover.md); electionBackend is fixed at creation, so that is a new backend"
     ))
 }
 
@@ -202,22 +182,15 @@ mod tests {
     }
 
     #[test]
-    fn a_warm_backend_is_warned_only_of_the_edits_that_roll_its_members_too() {
+    fn a_warm_backend_is_not_warned_of_any_leader_edit() {
         for replicas in [2, 1] {
             let b = warm(replicas);
             for (edit, new) in edits(&b) {
-                let w = leader_edit_warning(&new, &b, &settings());
-                match edit {
-                    "resources" | "extra arg" => assert_eq!(w, None, "{edit} at {replicas}"),
-                    _ => {
-                        let w = w.unwrap_or_else(|| panic!("{edit} at {replicas}: no warning"));
-                        assert!(
-                            w.contains("1 member group template(s) at once")
-                                && w.contains("keys they hold are lost"),
-                            "{edit}: {w}"
-                        );
-                    }
-                }
+                assert_eq!(
+                    leader_edit_warning(&new, &b, &settings()),
+                    None,
+                    "{edit} at {replicas}"
+                );
             }
         }
     }

@@ -265,6 +265,27 @@ fn judge_segments(read: &BackendRead<'_>, obs: &mut Observation, plan: &mut Back
     obs.unknown_segments = Some(unknown);
 }
 
+/// A warm backend (`electionBackend: Etcd`) whose leader Deployment rolls or whose master does
+/// not serve: the next master replays the keys from the etcd, so the member rollout waits
+/// rather than replace members undrained (`tests/tests/operator_on_nodes/leader_edits.rs`: an
+/// image edit rolled the members while the masters failed over and lost half the keys).
+fn leader_unsettled(b: &KVCacheBackend, obs: &Observation) -> bool {
+    let warm = b
+        .spec
+        .connection
+        .managed
+        .as_ref()
+        .is_some_and(|m| m.leader.warm());
+    let serving = obs
+        .store
+        .as_ref()
+        .is_some_and(|s| matches!(&s.health, Ok(h) if h.service_ready));
+    let rolled = obs
+        .leader
+        .is_some_and(|l| l.observed && l.updated == l.desired && l.total == l.desired);
+    warm && !(serving && rolled)
+}
+
 /// The member rollout's step per group (docs/design.md#member-rollout), the drains the master
 /// refused this pass (`refused`, by Pod) counting as refused.
 pub fn rollout(
@@ -282,6 +303,7 @@ pub fn rollout(
         refused,
         now: read.now,
         deadline: DRAIN_DEADLINE,
+        leader_unsettled: leader_unsettled(read.backend, observation),
     })
 }
 

@@ -40,6 +40,7 @@ impl GroupStep {
                     Until::Ready { pod, node } => {
                         format!("waiting for {} to be Ready", member(pod, node))
                     }
+                    Until::Leader => "waiting for the leader's rollout to settle and a master to serve (the next master brings the keys back; a member replaced meanwhile could not be drained)".to_owned(),
                     Until::Mounted { pod, node } => {
                         format!("waiting for {} to mount its segment", member(pod, node))
                     }

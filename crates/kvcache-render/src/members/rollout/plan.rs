@@ -51,6 +51,10 @@ pub struct RolloutInput<'a> {
     pub now: Timestamp,
     /// How long a drain may take before its member is replaced without it.
     pub deadline: Duration,
+    /// A warm backend's leader is rolling, or no master serves: the next master brings the keys
+    /// back (`electionBackend: Etcd`), so no member is drained or replaced meanwhile (a member
+    /// replaced then could not be drained, and what it held would be lost for good).
+    pub leader_unsettled: bool,
 }
 
 /// The next step of every member group's rollout (docs/design.md#member-rollout). One member at
@@ -83,8 +87,6 @@ fn group_step(
 ) -> GroupStep {
     let pods: Vec<&MemberPod> = input.members.iter().filter(|p| p.group == group).collect();
     let facts = input.groups.get(group).copied().unwrap_or_default();
-    // Members about to lose their node first (docs/design.md#node-maintenance).
-    let (maintenance, held) = maintenance_step(input, &pods, facts, leaving);
     let mut candidates: Vec<&MemberPod> = pods
         .iter()
         .copied()
@@ -94,6 +96,25 @@ fn group_step(
     // A drain under way first (re-entry), then a member that is not Ready, then by name.
     candidates.sort_by_key(|p| (p.drain.is_none(), p.ready, p.name.as_str()));
     let to_replace = candidates.len();
+    let going = pods.iter().any(|p| !p.terminating && p.leaving.is_some());
+    if input.leader_unsettled && (going || !candidates.is_empty()) {
+        return GroupStep {
+            group,
+            to_replace,
+            step: Step::Wait {
+                until: Until::Leader,
+                next: candidates.first().map(|p| Next {
+                    pod: p.name.clone(),
+                    node: p.node.clone(),
+                    drained: Ok(()),
+                }),
+            },
+            maintenance: None,
+            held: Vec::new(),
+        };
+    }
+    // Members about to lose their node first (docs/design.md#node-maintenance).
+    let (maintenance, held) = maintenance_step(input, &pods, facts, leaving);
     let at = |step, why| GroupStep {
         group,
         to_replace,

@@ -141,6 +141,8 @@ pub enum Until {
         /// Its node's name (empty while it is not scheduled).
         node: String,
     },
+    /// A warm backend's leader rolls or no master serves ([`super::RolloutInput::leader_unsettled`]).
+    Leader,
     /// A member Pod on the current template is Ready but its segment is not mounted.
     Mounted {
         /// The member Pod's name.
@@ -324,7 +326,7 @@ impl Step {
             Step::StartDrain { .. }
                 | Step::AwaitDrain { .. }
                 | Step::Wait {
-                    until: Until::Mounted { .. },
+                    until: Until::Mounted { .. } | Until::Leader,
                     ..
                 }
         )

@@ -92,6 +92,7 @@ struct Fixture {
     store: Option<StoreReading>,
     jobs: BTreeMap<String, Result<DrainJob, ReadError>>,
     refused: BTreeMap<String, ReadError>,
+    leader_unsettled: bool,
 }
 
 impl Fixture {
@@ -110,6 +111,7 @@ impl Fixture {
             ])),
             jobs: BTreeMap::new(),
             refused: BTreeMap::new(),
+            leader_unsettled: false,
         }
     }
 
@@ -137,6 +139,7 @@ impl Fixture {
             refused: &self.refused,
             now: time(NOW),
             deadline: DEADLINE,
+            leader_unsettled: self.leader_unsettled,
         })
     }
 
@@ -996,4 +999,36 @@ fn a_node_uncordoned_mid_drain_finishes_the_drain_then_replaces_its_member_to_ta
     assert_eq!(steps[0].maintenance, None);
     f.jobs.insert("7-9".into(), Ok(job(JobStatus::Succeeded)));
     assert_eq!(f.step(), drained("m-a", Some("7-9"), Some(8 * MI)));
+}
+
+#[test]
+fn a_warm_backend_whose_leader_rolls_or_does_not_serve_drains_and_replaces_no_member() {
+    let mut f = Fixture::new();
+    f.leader_unsettled = true;
+    f.member("m-b").leaving = Some(Leaving::Cordoned);
+    let steps = f.steps();
+    assert_eq!(
+        steps[0].step,
+        Step::Wait {
+            until: Until::Leader,
+            next: Some(Next {
+                pod: "m-a".into(),
+                node: "node-m-a".into(),
+                drained: Ok(()),
+            }),
+        }
+    );
+    assert!(
+        steps[0].step.polls_store(),
+        "the master is asked again soon"
+    );
+    assert!(steps[0].held.is_empty());
+    // Settled: the rollout goes on, the leaving member first.
+    f.leader_unsettled = false;
+    assert_eq!(f.step(), start_of("m-b", &["10.0.0.1"], 4 * MI));
+    // Nothing to do: nothing waited for.
+    let mut f = Fixture::new();
+    f.rendered = vec!["old".into()];
+    f.leader_unsettled = true;
+    assert_eq!(f.step(), Step::UpToDate);
 }
