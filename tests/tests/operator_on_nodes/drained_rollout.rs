@@ -28,7 +28,7 @@ const SIZE: usize = 1 << 20;
 const ROLLOUT: Duration = Duration::from_secs(300);
 
 /// The events recorded on the backend, by reason.
-async fn event_reasons(
+pub(crate) async fn event_reasons(
     client: &kube::Client,
     backend: &str,
 ) -> Result<Vec<String>, kvcache_e2e::Error> {

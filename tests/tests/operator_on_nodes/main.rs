@@ -4,7 +4,8 @@
 //! One operator and one two-node cluster per test binary; each test has its own backend.
 //!
 //! The tests, by what they show: a backend's status and life ([`backend`]), what an edit
-//! recreates ([`rollout`]) and how a member rollout keeps the cache ([`drained_rollout`]), leader
+//! recreates ([`rollout`]) and how a member rollout keeps the cache ([`drained_rollout`]), as a
+//! member group narrowed off a node does ([`narrowed_group`]), leader
 //! replicas and the election ([`leader`]), the walkthrough
 //! applied in either order ([`apply_order`]), quotas and tenants on the running master
 //! ([`quota`]), the workloads that use the store ([`workloads`]) and the disk tier
@@ -19,6 +20,7 @@ mod disruption;
 mod drained_rollout;
 mod leader;
 mod leader_edits;
+mod narrowed_group;
 mod quota;
 mod rollout;
 mod warm_failover;
