@@ -74,9 +74,11 @@ pub(crate) const BACKEND_KINDS: &[ObjectKind] = &[
 ];
 
 /// What a backend's teardown deletes and awaits, in order (the rest goes with its owner
-/// reference): the leader, the members, then a warm backend's etcd last of the workloads (its
+/// reference): the disruption budgets, the leader, the members, then a warm backend's etcd last of the workloads (its
 /// claims go with it, by the StatefulSet's retention policy), then the Services.
 pub const BACKEND_TEARDOWN: &[ObjectKind] = &[
+    // The budgets first: nothing of a backend torn down is kept from eviction.
+    ObjectKind::of::<PodDisruptionBudget>(),
     ObjectKind::workload::<Deployment>(),
     ObjectKind::workload::<DaemonSet>(),
     ObjectKind::workload::<StatefulSet>(),
