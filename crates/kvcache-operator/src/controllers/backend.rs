@@ -441,6 +441,7 @@ async fn apply(b: &KVCacheBackend, ctx: &Context) -> Result<Action, Error> {
     probe(ctx, &plan).await?;
     let mut obs = plan.observation.clone();
     obs.rollout = members::roll_members(ctx, b, &read, &plan).await?;
+    members::hand_over(ctx, b, &plan).await?;
     members::restart_foreign_members(ctx, b, &plan.foreign).await?;
     members::quarantine(ctx, b, &plan.quarantine).await;
     let soon = obs

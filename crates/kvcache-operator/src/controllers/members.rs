@@ -76,6 +76,36 @@ pub(crate) async fn restart_foreign_members(
     Ok(())
 }
 
+/// Deletes the serving leader Pod the plan hands over (its node leaves; a standby on a node
+/// that stays takes over), with an event on the backend saying whether the keys are kept.
+pub(crate) async fn hand_over(
+    ctx: &Context,
+    b: &KVCacheBackend,
+    plan: &BackendPlan,
+) -> Result<(), Error> {
+    let Some(h) = &plan.handover else {
+        return Ok(());
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    info!(pod = %h.pod, node = %h.node, standby = %h.standby, "handing the serving leader over before its node goes");
+    if shared::delete(&pods, "Pod", &h.pod, &DeleteParams::default()).await? {
+        let warm = b
+            .spec
+            .connection
+            .managed
+            .as_ref()
+            .is_some_and(|m| m.leader.warm());
+        let note = events::leader_handed_over(h, warm);
+        shared::publish(
+            ctx,
+            &b.object_ref(&()),
+            &shared::event_of(&note, "Maintenance", Some(member_ref(ctx, &h.pod))),
+        )
+        .await;
+    }
+    Ok(())
+}
+
 /// Carries out the member rollout's step per group that the plan decided, each drained first
 /// where it can be; a drain the master refuses is decided again (the member goes without one).
 /// Returns the steps for the status.

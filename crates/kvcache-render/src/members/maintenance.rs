@@ -226,6 +226,72 @@ fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
                 == taint.value.as_deref().unwrap_or_default())
 }
 
+/// The serving leader Pod to hand over before its node goes: a leader Pod's budget keeps the
+/// one serving master from eviction (its standbys are never Ready), so a drain of its node
+/// would wait forever; the operator deletes it instead once a standby runs on a node that
+/// stays, and the standby takes over (`electionBackend: Etcd`: with the keys).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Handover {
+    /// The serving leader Pod.
+    pub pod: String,
+    /// Its node.
+    pub node: String,
+    /// Why the node goes.
+    pub leaving: Leaving,
+    /// The standby leader Pod that takes over (on a node that stays).
+    pub standby: String,
+}
+
+/// The hand-over of [`Handover`], if one is due: exactly one leader Pod of `backend` (label
+/// value) Ready, on a leaving node, another one on a node that stays, none terminating (one
+/// hand-over at a time).
+pub fn leader_handover(
+    backend: &str,
+    store_pods: &[k8s_openapi::api::core::v1::Pod],
+    leaving: &BTreeMap<String, Leaving>,
+) -> Option<Handover> {
+    let leaders: Vec<&k8s_openapi::api::core::v1::Pod> = store_pods
+        .iter()
+        .filter(|p| {
+            p.metadata.labels.as_ref().is_some_and(|l| {
+                l.get(crate::names::INSTANCE_LABEL).map(String::as_str) == Some(backend)
+                    && l.get(crate::names::COMPONENT_LABEL).map(String::as_str) == Some("leader")
+            })
+        })
+        .collect();
+    if leaders
+        .iter()
+        .any(|p| p.metadata.deletion_timestamp.is_some())
+    {
+        return None;
+    }
+    let node = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default()
+    };
+    let ready: Vec<_> = leaders
+        .iter()
+        .filter(|p| crate::observe::read::pod_ready(p))
+        .collect();
+    let [serving] = ready.as_slice() else {
+        return None;
+    };
+    let why = leaving.get(&node(serving))?;
+    let standby = leaders.iter().find(|p| {
+        p.metadata.name != serving.metadata.name
+            && !node(p).is_empty()
+            && !leaving.contains_key(&node(p))
+    })?;
+    Some(Handover {
+        pod: serving.metadata.name.clone().unwrap_or_default(),
+        node: node(serving),
+        leaving: why.clone(),
+        standby: standby.metadata.name.clone().unwrap_or_default(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,5 +443,54 @@ mod tests {
         assert!(!requirement_holds(&r("Lt", "x"), Some("8")));
         assert!(!requirement_holds(&r("Gt", "4"), None));
         assert!(!requirement_holds(&r("Near", "4"), Some("4")));
+    }
+}
+
+#[cfg(test)]
+mod handover_tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn leader(name: &str, node: &str, ready: bool) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {
+                "app.kubernetes.io/instance": "b", "app.kubernetes.io/component": "leader"}},
+            "spec": {"nodeName": node, "containers": []},
+            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}
+        }))
+        .expect("a Pod")
+    }
+
+    #[test]
+    fn the_serving_leader_on_a_leaving_node_is_handed_to_a_standby_on_a_node_that_stays() {
+        let cordoned = BTreeMap::from([("n0".to_owned(), Leaving::Cordoned)]);
+        let pods = [leader("l-a", "n0", true), leader("l-b", "n1", false)];
+        assert_eq!(
+            leader_handover("b", &pods, &cordoned),
+            Some(Handover {
+                pod: "l-a".into(),
+                node: "n0".into(),
+                leaving: Leaving::Cordoned,
+                standby: "l-b".into(),
+            })
+        );
+        // Another backend's, a node that stays, a standby on a leaving node too: no hand-over.
+        assert_eq!(leader_handover("c", &pods, &cordoned), None);
+        assert_eq!(leader_handover("b", &pods, &BTreeMap::new()), None);
+        let both = BTreeMap::from([
+            ("n0".to_owned(), Leaving::Cordoned),
+            ("n1".to_owned(), Leaving::ScaleDown),
+        ]);
+        assert_eq!(leader_handover("b", &pods, &both), None);
+        // A single leader: nothing takes over (its exposure is DisruptionBudget's).
+        assert_eq!(leader_handover("b", &pods[..1], &cordoned), None);
+        // One hand-over at a time.
+        let mut going = leader("l-c", "n1", false);
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let pods = [leader("l-a", "n0", true), leader("l-b", "n1", false), going];
+        assert_eq!(leader_handover("b", &pods, &cordoned), None);
     }
 }

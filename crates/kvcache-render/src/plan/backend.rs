@@ -108,6 +108,9 @@ pub struct BackendPlan {
     /// The member DaemonSets left as they are this pass: their edited template no longer
     /// admits nodes whose members are still draining (docs/design.md#node-maintenance).
     pub held_groups: Vec<String>,
+    /// The serving leader Pod to delete so that a standby takes over before its node goes
+    /// (`crate::members::maintenance::leader_handover`).
+    pub handover: Option<maintenance::Handover>,
 }
 
 impl BackendPlan {
@@ -485,10 +488,8 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
     let b = read.backend;
     let name = b.metadata.name.clone().unwrap_or_default();
     let (mut members, other_members) = members(&name, read.store_pods);
-    maintenance::mark(
-        &mut members,
-        &maintenance::leaving_nodes(read.nodes.iter().map(AsRef::as_ref)),
-    );
+    let leaving = maintenance::leaving_nodes(read.nodes.iter().map(AsRef::as_ref));
+    maintenance::mark(&mut members, &leaving);
     let mut obs = Observation {
         used_by: read.world.consumers(&name),
         bound_namespaces: read.world.bound_namespaces(&name),
@@ -508,6 +509,7 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
         probe_create: None,
         probe_delete: Vec::new(),
         held_groups: Vec::new(),
+        handover: None,
     };
     if let Some(x) = &b.spec.connection.external {
         obs.endpoint = x.address(EndpointName::Client).map(str::to_owned);
@@ -538,6 +540,8 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
                     .filter(|h| !h.is_empty())
             });
         }
+        plan.handover =
+            maintenance::leader_handover(&label_value(&name), read.store_pods, &leaving);
         if plan.objects.is_some() {
             obs.rollout = rollout(read, &obs, &plan.groups, &BTreeMap::new());
             release_narrowed(&mut obs, &mut plan);

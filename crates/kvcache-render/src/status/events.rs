@@ -261,6 +261,24 @@ pub fn foreign_member_restarted(pod: &str, backend: &str, ip: &str) -> Note {
     }
 }
 
+/// On a backend: its serving leader Pod was deleted so that a standby takes over before the
+/// Pod's node goes (`warm`: the next master replays the keys; else it starts empty).
+pub fn leader_handed_over(h: &crate::members::maintenance::Handover, warm: bool) -> Note {
+    let cache = if warm {
+        "the next master replays the keys from the backend's etcd"
+    } else {
+        "the next master starts with an empty cache (electionBackend: Etcd keeps it)"
+    };
+    Note {
+        kind: if warm { Kind::Normal } else { Kind::Warning },
+        reason: "LeaderHandedOver",
+        message: format!(
+            "the serving leader Pod {} on node {} ({}) was deleted so that a standby ({}) takes over before the node goes: {cache}",
+            h.pod, h.node, h.leaving, h.standby
+        ),
+    }
+}
+
 /// A warning on a workload a backend's teardown abandoned: `kind name` did not go within its
 /// Pods' termination grace plus `slack`.
 pub fn teardown_abandoned(
