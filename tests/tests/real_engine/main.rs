@@ -642,8 +642,78 @@ fn warm_fixture() -> Result<Vec<DynamicObject>, Error> {
         .collect()
 }
 
+/// The warm backend's two leader Pods on two nodes (a standby beside its master would go with
+/// the node; nothing in the Deployment spreads them, the scheduler's default spreading is a
+/// preference): the standby is deleted until its replacement lands on the other node. Returns
+/// the leader Pods.
+async fn spread_leaders(store: &Api<Pod>) -> Result<Vec<Pod>, Error> {
+    for _ in 0..5 {
+        let leaders = pods::wait_pods(
+            store,
+            &backend_pods(WARM, "leader"),
+            "two leader Pods of the warm backend, one Ready, none terminating",
+            WAIT,
+            |p| {
+                p.len() == 2
+                    && p.iter().filter(|p| pods::is_ready(p)).count() == 1
+                    && p.iter().all(|p| {
+                        p.metadata.deletion_timestamp.is_none()
+                            && p.spec.as_ref().is_some_and(|s| s.node_name.is_some())
+                    })
+            },
+        )
+        .await?;
+        let node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+        if node(&leaders[0]) != node(&leaders[1]) {
+            return Ok(leaders);
+        }
+        let standby = leaders
+            .iter()
+            .find(|p| !pods::is_ready(p))
+            .expect("a standby");
+        store
+            .delete(name_of(standby), &DeleteParams::default())
+            .await?;
+        let uid = standby.metadata.uid.clone();
+        pods::wait_pods(
+            store,
+            &backend_pods(WARM, "leader"),
+            "the standby gone",
+            WAIT,
+            |p| p.iter().all(|p| p.metadata.uid != uid),
+        )
+        .await?;
+    }
+    Err(Error::Wait {
+        what: format!("the leader Pods of {WARM} on two nodes"),
+        reason: "five standbys in turn were placed beside the serving master".into(),
+    })
+}
+
+/// The serving leader's node drained as an admin drains it (its leader Pods only: the engines
+/// and the etcd on it are not what this is about): the leader's budget refuses the serving
+/// master's eviction, the operator hands it over to the standby on the other node
+/// (docs/design.md#node-maintenance), and the drain completes. Uncordoned whatever happened.
+async fn drain_the_serving_leaders_node(old: &Pod) -> Result<String, Error> {
+    let node = old
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    let drained = maintenance::kubectl(&[
+        "drain",
+        &node,
+        "--ignore-daemonsets",
+        "--pod-selector",
+        &format!("app.kubernetes.io/instance={WARM},app.kubernetes.io/component=leader"),
+        "--timeout=240s",
+    ]);
+    maintenance::kubectl(&["uncordon", &node])?;
+    drained
+}
+
 #[test]
-fn with_warm_failover_the_same_prompt_still_hits_after_the_serving_leader_is_deleted() {
+fn with_warm_failover_the_same_prompt_still_hits_after_the_serving_leaders_node_is_drained() {
     let _turn = turn();
     operator();
     let cluster = cluster();
@@ -678,18 +748,12 @@ fn with_warm_failover_the_same_prompt_still_hits_after_the_serving_leader_is_del
         ask(&client, TEAM_W, writer, &p).await?;
         let written = engine::wait_keys_above(&client, NAMESPACE, WARM, keys, "the writer's blocks").await?;
 
-        // The serving leader Pod deleted; the standby has replayed the log.
+        // The serving leader's node drained: the operator hands the serving leader over to the
+        // standby, which has replayed the log.
         let store_pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-        let leaders = pods::wait_pods(
-            &store_pods,
-            &backend_pods(WARM, "leader"),
-            "one Ready leader Pod of the warm backend",
-            WAIT,
-            |p| p.iter().filter(|p| pods::is_ready(p)).count() == 1,
-        )
-        .await?;
+        let leaders = spread_leaders(&store_pods).await?;
         let old = leaders.iter().find(|p| pods::is_ready(p)).expect("a Ready leader");
-        store_pods.delete(name_of(old), &DeleteParams::default()).await?;
+        drain_the_serving_leaders_node(old).await?;
         let first_view = view(&before);
         wait_object(&backends, WARM, "serving in a new view", WAIT, |b| {
             serving(b) && view(b).is_some_and(|v| Some(v) != first_view)

@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// Runs `kubectl` with `args` against the binary's cluster; its output, or what it said.
-fn kubectl(args: &[&str]) -> Result<String, Error> {
+pub(crate) fn kubectl(args: &[&str]) -> Result<String, Error> {
     let out = paths::kubectl(&cluster().control_plane.kubeconfig)
         .args(args)
         .output()
