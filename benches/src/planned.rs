@@ -351,8 +351,22 @@ async fn row(
         change,
     };
     let wrote = prepare(&cx, &rig.nodes.nodes).await?;
-    let probe = probe::Probe::start(client.clone(), NS, &leader_name(&cx.name));
+    let probe = probe::Probe::start(
+        client.clone(),
+        probe::Target::Service {
+            namespace: NS.into(),
+            name: leader_name(&cx.name),
+        },
+    );
+    let masters = probe::Probe::start(
+        client.clone(),
+        probe::Target::Pods {
+            namespace: NS.into(),
+            selector: walkthrough::backend_pods(&cx.name, "leader"),
+        },
+    );
     probe.answered(WAIT).await?;
+    masters.answered(WAIT).await?;
     let watch = MemberWatch::start(cx.store.clone(), &cx.members());
     watch.listed(WAIT).await?;
     let settled = match change {
@@ -362,7 +376,8 @@ async fn row(
         _ => changes::edit(&cx).await?,
     };
     let outage = probe.outage(settled.edited);
-    drop(probe);
+    let own_word = masters.outage(settled.edited);
+    drop((probe, masters));
     let spec = change.after();
     let members = pods::wait_ready(&cx.store, &cx.members(), spec.members, WAIT).await?;
     let read = keys(
@@ -380,6 +395,16 @@ async fn row(
         cx.name,
         watch.timeline().join("\n  ")
     );
+    let mut settled = settled;
+    settled.notes.push(format!(
+        "a leader Pod reporting service_ready, asked Pod by Pod: longest none {}{}",
+        own_word.cell(),
+        if own_word.unanswered > 0 {
+            format!("; unanswered: {}", own_word.why())
+        } else {
+            String::new()
+        }
+    ));
     Ok(Row {
         wrote,
         read,

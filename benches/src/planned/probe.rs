@@ -1,22 +1,29 @@
-//! Whether a master serves, asked every [`EVERY`] through the leader Service as a client finds
-//! it: a GET of the master's `/health` through the API server's Service proxy
-//! (`/api/v1/namespaces/<ns>/services/<backend>-leader:admin/proxy/health`), which the API
-//! server sends to a Ready endpoint of the Service (the serving master's Pod; standbys are not
-//! Ready). A probe is answered when that GET returns within [`ASK`] a body whose `service_ready`
-//! is true (`kvcache_render::observe::store::Health`, the operator's own reading). The longest
-//! time no master served is read from the probes afterwards ([`outage`]).
+//! Whether a master serves, asked every [`EVERY`] in two ways. Through the leader Service as a
+//! client finds it ([`Target::Service`]): a GET of the master's `/health` through the API
+//! server's Service proxy (`/api/v1/namespaces/<ns>/services/<backend>-leader:admin/proxy/health`),
+//! which the API server sends to a Ready endpoint of the Service (the serving master's Pod;
+//! standbys are not Ready). And Pod by Pod ([`Target::Pods`]): every leader Pod's `/health`
+//! through the Pod proxy, the masters' own word. A probe is answered when a GET returns within
+//! [`ASK`] a body whose `service_ready` is true (`kvcache_render::observe::store::Health`, the
+//! operator's own reading). The longest time no master served is read from the probes
+//! afterwards ([`outage`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use kvcache_e2e::Error;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kvcache_e2e::{Error, pods};
+use kvcache_render::objects::backend::ADMIN_PORT;
 use kvcache_render::observe::store::Health;
 
 /// How often a probe starts (one at a time: a slow one delays the next).
 pub(super) const EVERY: Duration = Duration::from_millis(200);
 /// How long one probe may take before it counts as unanswered.
 const ASK: Duration = Duration::from_secs(2);
+/// How long one Pod's answer may take within a probe of every Pod.
+const ASK_POD: Duration = Duration::from_millis(1500);
 
 /// One probe: when it started, and why it went unanswered (`None`: a serving master
 /// answered).
@@ -32,19 +39,41 @@ pub(super) struct Probe {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// What a probe asks.
+#[derive(Clone, Debug)]
+pub(super) enum Target {
+    /// The leader Service `name` in `namespace`: what a client dials.
+    Service { namespace: String, name: String },
+    /// Every Pod `selector` picks in `namespace` (terminating ones too), each on its own
+    /// address through the API server's Pod proxy: answered when one reports `service_ready`
+    /// (the masters' own word, whether or not the Service sends clients to it).
+    Pods { namespace: String, selector: String },
+}
+
 impl Probe {
-    /// Starts probing the leader Service `service` in `namespace`.
-    pub(super) fn start(client: kube::Client, namespace: &str, service: &str) -> Probe {
+    /// Starts probing `target`.
+    pub(super) fn start(client: kube::Client, target: Target) -> Probe {
         let samples = Arc::new(Mutex::new(Vec::new()));
         let shared = samples.clone();
-        let path = format!("/api/v1/namespaces/{namespace}/services/{service}:admin/proxy/health");
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let at = Instant::now();
-                let unanswered = match tokio::time::timeout(ASK, ask(&client, &path)).await {
+                let asked = match &target {
+                    Target::Service { namespace, name } => {
+                        let path = format!(
+                            "/api/v1/namespaces/{namespace}/services/{name}:admin/proxy/health"
+                        );
+                        tokio::time::timeout(ASK, ask(&client, &path)).await
+                    }
+                    Target::Pods {
+                        namespace,
+                        selector,
+                    } => tokio::time::timeout(ASK, ask_pods(&client, namespace, selector)).await,
+                };
+                let unanswered = match asked {
                     Ok(Ok(())) => None,
                     Ok(Err(why)) => Some(why),
                     Err(_) => Some(format!("no answer within {ASK:?}")),
@@ -136,6 +165,46 @@ async fn ask(client: &kube::Client, path: &str) -> Result<(), String> {
             health.role, health.ha_state
         ))
     }
+}
+
+/// Every Pod `selector` picks, asked at once, each within [`ASK_POD`]: answered when one
+/// reports `service_ready`, else each Pod's reason (sorted, without Pod names, so that equal
+/// moments count together).
+async fn ask_pods(client: &kube::Client, namespace: &str, selector: &str) -> Result<(), String> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let listed = api
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map_err(|e| short(&e.to_string()))?;
+    let asks = listed.iter().map(|p| async move {
+        let read = tokio::time::timeout(
+            ASK_POD,
+            pods::proxy_get(
+                client,
+                namespace,
+                pods::name_of(p),
+                ADMIN_PORT as u16,
+                "health",
+            ),
+        )
+        .await;
+        match read {
+            Err(_) => Err(format!("no answer within {ASK_POD:?}")),
+            Ok(Err(e)) => Err(short(&e.to_string())),
+            Ok(Ok(body)) => match Health::parse("health", &body) {
+                Ok(h) if h.service_ready => Ok(()),
+                Ok(h) => Err(format!("service_ready false (role {:?})", h.role)),
+                Err(e) => Err(short(&e.to_string())),
+            },
+        }
+    });
+    let answers = futures::future::join_all(asks).await;
+    if answers.iter().any(Result::is_ok) {
+        return Ok(());
+    }
+    let mut why: Vec<String> = answers.into_iter().filter_map(Result::err).collect();
+    why.sort();
+    Err(format!("{} Pods: {}", why.len(), why.join(", ")))
 }
 
 /// A reason cut to its first 100 characters (an API server's error may quote a whole page).
