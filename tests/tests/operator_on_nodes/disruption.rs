@@ -57,9 +57,22 @@ async fn one_at_a_time(
     first: &Pod,
     second: &Pod,
 ) -> Result<(), Error> {
-    let again = store.get(name_of(second)).await?;
-    assert!(pods::is_ready(&again), "{} is Ready", name_of(second));
-    let (one, two) = (evict(store, first).await, evict(store, &again).await);
+    // Both Ready (an unready Pod is evicted without spending the budget), the budget's count
+    // as they stand.
+    let both = [
+        store.get(name_of(first)).await?,
+        store.get(name_of(second)).await?,
+    ];
+    assert!(
+        both.iter().all(pods::is_ready),
+        "{} and {} are Ready",
+        name_of(first),
+        name_of(second)
+    );
+    let status = pdbs.get(pdb).await?.status;
+    let (one, two) = (evict(store, &both[0]).await, evict(store, &both[1]).await);
+    let after = pdbs.get(pdb).await?.status;
+    println!("{pdb}: {status:?} -> {after:?}; evictions {one:?}, {two:?}");
     assert_eq!(one, Ok(()), "{} is evicted", name_of(first));
     assert_eq!(
         two,

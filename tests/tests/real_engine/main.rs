@@ -704,6 +704,7 @@ async fn drain_the_serving_leaders_node(old: &Pod) -> Result<String, Error> {
         "drain",
         &node,
         "--ignore-daemonsets",
+        "--delete-emptydir-data",
         "--pod-selector",
         &format!("app.kubernetes.io/instance={WARM},app.kubernetes.io/component=leader"),
         "--timeout=240s",
