@@ -89,13 +89,7 @@ pub(crate) async fn hand_over(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
     info!(pod = %h.pod, node = %h.node, standby = %h.standby, "handing the serving leader over before its node goes");
     if shared::delete(&pods, "Pod", &h.pod, &DeleteParams::default()).await? {
-        let warm = b
-            .spec
-            .connection
-            .managed
-            .as_ref()
-            .is_some_and(|m| m.leader.warm());
-        let note = events::leader_handed_over(h, warm);
+        let note = events::leader_handed_over(h);
         shared::publish(
             ctx,
             &b.object_ref(&()),

@@ -240,6 +240,8 @@ pub struct Handover {
     pub leaving: Leaving,
     /// The standby leader Pod that takes over (on a node that stays).
     pub standby: String,
+    /// The backend is warm (`electionBackend: Etcd`): the next master replays the keys.
+    pub warm: bool,
 }
 
 /// The hand-over of [`Handover`], if one is due: exactly one leader Pod of `backend` (label
@@ -247,6 +249,7 @@ pub struct Handover {
 /// hand-over at a time).
 pub fn leader_handover(
     backend: &str,
+    warm: bool,
     store_pods: &[k8s_openapi::api::core::v1::Pod],
     leaving: &BTreeMap<String, Leaving>,
 ) -> Option<Handover> {
@@ -289,6 +292,7 @@ pub fn leader_handover(
         node: node(serving),
         leaving: why.clone(),
         standby: standby.metadata.name.clone().unwrap_or_default(),
+        warm,
     })
 }
 
@@ -466,24 +470,25 @@ mod handover_tests {
         let cordoned = BTreeMap::from([("n0".to_owned(), Leaving::Cordoned)]);
         let pods = [leader("l-a", "n0", true), leader("l-b", "n1", false)];
         assert_eq!(
-            leader_handover("b", &pods, &cordoned),
+            leader_handover("b", true, &pods, &cordoned),
             Some(Handover {
                 pod: "l-a".into(),
                 node: "n0".into(),
                 leaving: Leaving::Cordoned,
                 standby: "l-b".into(),
+                warm: true,
             })
         );
         // Another backend's, a node that stays, a standby on a leaving node too: no hand-over.
-        assert_eq!(leader_handover("c", &pods, &cordoned), None);
-        assert_eq!(leader_handover("b", &pods, &BTreeMap::new()), None);
+        assert_eq!(leader_handover("c", true, &pods, &cordoned), None);
+        assert_eq!(leader_handover("b", true, &pods, &BTreeMap::new()), None);
         let both = BTreeMap::from([
             ("n0".to_owned(), Leaving::Cordoned),
             ("n1".to_owned(), Leaving::ScaleDown),
         ]);
-        assert_eq!(leader_handover("b", &pods, &both), None);
+        assert_eq!(leader_handover("b", true, &pods, &both), None);
         // A single leader: nothing takes over (its exposure is DisruptionBudget's).
-        assert_eq!(leader_handover("b", &pods[..1], &cordoned), None);
+        assert_eq!(leader_handover("b", true, &pods[..1], &cordoned), None);
         // One hand-over at a time.
         let mut going = leader("l-c", "n1", false);
         going.metadata.deletion_timestamp =
@@ -491,6 +496,6 @@ mod handover_tests {
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
             ));
         let pods = [leader("l-a", "n0", true), leader("l-b", "n1", false), going];
-        assert_eq!(leader_handover("b", &pods, &cordoned), None);
+        assert_eq!(leader_handover("b", true, &pods, &cordoned), None);
     }
 }

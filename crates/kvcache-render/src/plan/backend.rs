@@ -540,8 +540,12 @@ pub fn plan(read: &BackendRead<'_>) -> Result<BackendPlan, Error> {
                     .filter(|h| !h.is_empty())
             });
         }
-        plan.handover =
-            maintenance::leader_handover(&label_value(&name), read.store_pods, &leaving);
+        plan.handover = maintenance::leader_handover(
+            &label_value(&name),
+            managed.leader.warm(),
+            read.store_pods,
+            &leaving,
+        );
         if plan.objects.is_some() {
             obs.rollout = rollout(read, &obs, &plan.groups, &BTreeMap::new());
             release_narrowed(&mut obs, &mut plan);

@@ -262,8 +262,9 @@ pub fn foreign_member_restarted(pod: &str, backend: &str, ip: &str) -> Note {
 }
 
 /// On a backend: its serving leader Pod was deleted so that a standby takes over before the
-/// Pod's node goes (`warm`: the next master replays the keys; else it starts empty).
-pub fn leader_handed_over(h: &crate::members::maintenance::Handover, warm: bool) -> Note {
+/// Pod's node goes (warm: the next master replays the keys; else it starts empty).
+pub fn leader_handed_over(h: &crate::members::maintenance::Handover) -> Note {
+    let warm = h.warm;
     let cache = if warm {
         "the next master replays the keys from the backend's etcd"
     } else {
@@ -336,6 +337,30 @@ pub fn unclaimed_tenant_removed(backend: &str, tenant: &str) -> Note {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hand_over_says_whether_the_next_master_keeps_the_keys() {
+        let mut h = crate::members::maintenance::Handover {
+            pod: "l-a".into(),
+            node: "n0".into(),
+            leaving: crate::members::maintenance::Leaving::Cordoned,
+            standby: "l-b".into(),
+            warm: true,
+        };
+        let warm = leader_handed_over(&h);
+        assert_eq!((warm.kind, warm.reason), (Kind::Normal, "LeaderHandedOver"));
+        assert_eq!(
+            warm.message,
+            "the serving leader Pod l-a on node n0 (cordoned) was deleted so that a standby (l-b) takes over before the node goes: the next master replays the keys from the backend's etcd"
+        );
+        h.warm = false;
+        let cold = leader_handed_over(&h);
+        assert_eq!(cold.kind, Kind::Warning);
+        assert!(
+            cold.message
+                .ends_with("starts with an empty cache (electionBackend: Etcd keeps it)")
+        );
+    }
 
     fn binding_status(pressure: Option<&str>) -> kvcache_api::pool::KVCachePoolBindingStatus {
         serde_json::from_value(serde_json::json!({
