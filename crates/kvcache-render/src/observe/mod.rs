@@ -4,6 +4,7 @@
 //! ([`shared_cache`]).
 
 pub mod exposition;
+pub mod node;
 pub mod read;
 pub mod shared_cache;
 pub mod store;

@@ -56,8 +56,8 @@ pub struct MemberPod {
     /// The drain a member rollout started on it (its annotations), if any.
     pub drain: Option<DrainRecord>,
     /// Why it is about to lose its node, when it is (its node's state, or its group's edited
-    /// template; `crate::members::maintenance`): drained first, then held.
-    pub leaving: Option<crate::members::maintenance::Leaving>,
+    /// template; `crate::observe::node`, `crate::members::maintenance`): drained first, then held.
+    pub leaving: Option<crate::observe::node::Leaving>,
 }
 
 /// On a member Pod: when the operator started draining its segment, before replacing it (an

@@ -387,7 +387,7 @@ fn render_managed(
                 .collect();
             // The workloads' budgets as they stand: a held leader's, each group's on its nodes.
             let scheduled: Vec<_> = plan.groups.iter().map(|g| g.desired).collect();
-            objects.pdbs = crate::objects::backend::disruption::budgets(&objects, &scheduled);
+            objects.pdbs = objects.budgets(&scheduled);
             plan.write_policy = doc.is_some() || !managed.leader.multi_tenancy;
             probe_enforcement(read, obs, plan, &objects, Some(image));
             plan.objects = Some(objects);

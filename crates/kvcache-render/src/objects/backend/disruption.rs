@@ -19,7 +19,7 @@
 //! every drain of that node forever; the backend's `DisruptionBudget` condition states that
 //! exposure instead (`crate::status::backend`).
 
-use super::set::BackendObjects;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -83,18 +83,23 @@ fn budget(meta: &ObjectMeta, selector: &LabelSelector, bound: Bound) -> PodDisru
     }
 }
 
-/// The budgets of `objects`' workloads as they stand (a leader held at one Pod has none);
+/// The budgets of a backend's workloads as they stand (a leader held at one Pod has none);
 /// `scheduled` holds each member group's `desiredNumberScheduled` by index (empty where it was
 /// not read: no member budget).
-pub fn budgets(objects: &BackendObjects, scheduled: &[Option<i32>]) -> Vec<PodDisruptionBudget> {
+pub fn budgets(
+    deployment: Option<&Deployment>,
+    etcd: Option<&StatefulSet>,
+    daemon_sets: &[DaemonSet],
+    scheduled: &[Option<i32>],
+) -> Vec<PodDisruptionBudget> {
     let mut out = Vec::new();
-    if let Some(d) = &objects.deployment
+    if let Some(d) = deployment
         && let Some(spec) = &d.spec
         && let Some(n) = leader_min_available(spec.replicas.unwrap_or(1))
     {
         out.push(budget(&d.metadata, &spec.selector, Bound::MinAvailable(n)));
     }
-    if let Some(s) = &objects.etcd
+    if let Some(s) = etcd
         && let Some(spec) = &s.spec
         && let Some(n) = etcd_max_unavailable(spec.replicas.unwrap_or(1))
     {
@@ -104,7 +109,7 @@ pub fn budgets(objects: &BackendObjects, scheduled: &[Option<i32>]) -> Vec<PodDi
             Bound::MaxUnavailable(n),
         ));
     }
-    for (i, ds) in objects.daemon_sets.iter().enumerate() {
+    for (i, ds) in daemon_sets.iter().enumerate() {
         if let Some(spec) = &ds.spec
             && let Some(n) = member_min_available(scheduled.get(i).copied().flatten())
         {
@@ -147,7 +152,7 @@ mod tests {
     fn rendered(
         leader: serde_json::Value,
         scheduled: Option<i32>,
-    ) -> (BackendObjects, Vec<PodDisruptionBudget>) {
+    ) -> (super::super::BackendObjects, Vec<PodDisruptionBudget>) {
         let b: kvcache_api::KVCacheBackend = serde_json::from_value(serde_json::json!({
             "apiVersion": "worker.gpustack.ai/v1", "kind": "KVCacheBackend",
             "metadata": {"name": "b", "uid": "u"},
@@ -169,7 +174,7 @@ mod tests {
             access: &super::super::StoreAccess::default(),
         })
         .expect("rendered");
-        let pdbs = budgets(&objects, &[scheduled]);
+        let pdbs = objects.budgets(&[scheduled]);
         (objects, pdbs)
     }
 

@@ -86,6 +86,17 @@ pub const BACKEND_TEARDOWN: &[ObjectKind] = &[
 ];
 
 impl BackendObjects {
+    /// The disruption budgets of these workloads as they stand ([`disruption::budgets`]);
+    /// `scheduled` holds each member group's `desiredNumberScheduled` by index.
+    pub(crate) fn budgets(&self, scheduled: &[Option<i32>]) -> Vec<PodDisruptionBudget> {
+        disruption::budgets(
+            self.deployment.as_ref(),
+            self.etcd.as_ref(),
+            &self.daemon_sets,
+            scheduled,
+        )
+    }
+
     /// The objects in the order a pass writes them ([`DesiredSet`]); `write_policy: false`
     /// leaves the tenant policy seed already written as it is (a refused policy is never
     /// written, nor a partial one).
@@ -218,7 +229,7 @@ pub fn render(inputs: &BackendInputs<'_>) -> Result<BackendObjects, Error> {
     }
     // The members' budgets need the nodes each group runs on: the pass sizes them
     // (`crate::plan::backend`).
-    out.pdbs = disruption::budgets(&out, &[]);
+    out.pdbs = out.budgets(&[]);
     Ok(out)
 }
 
