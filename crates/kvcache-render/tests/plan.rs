@@ -391,4 +391,45 @@ fn a_group_narrowed_away_from_a_node_drains_its_member_there_before_its_template
     assert!(then.held_groups.is_empty());
     assert_eq!(write_of(&then), Some(Write::Apply));
     assert_eq!(then.observation.rollout[0].held.len(), 1);
+
+    // A warm backend whose master does not serve: no drain can start, and none is given up on
+    // (the next master brings the keys back), so the template waits for the drain to come.
+    let mut warm = edited.clone();
+    if let Some(m) = warm.spec.connection.managed.as_mut() {
+        m.leader.election_backend = kvcache_api::backend::ElectionBackend::Etcd;
+    }
+    let pods = [
+        member("m0", "n0", "10.0.0.5", None),
+        member("m1", "n1", "10.0.1.5", None),
+    ];
+    let not_serving = StoreReading {
+        health: Health::parse("h", r#"{"service_ready":false}"#),
+        ..store("OK")
+    };
+    let unsettled = plan(&BackendRead {
+        daemon_sets: &live,
+        store_pods: &pods,
+        nodes: &nodes,
+        store: Some(not_serving),
+        now: "2026-12-06T10:00:00Z".parse().expect("a time"),
+        ..read(&warm, &world, Some(&settings))
+    })
+    .expect("a plan");
+    assert!(
+        matches!(
+            unsettled.observation.rollout[0].step,
+            Step::Wait {
+                until: kvcache_render::members::rollout::Until::Leader,
+                ..
+            }
+        ),
+        "{:?}",
+        unsettled.observation.rollout[0]
+    );
+    assert_eq!(
+        unsettled.held_groups,
+        std::slice::from_ref(&ds),
+        "m1 is neither drained nor given up on: the live template stays"
+    );
+    assert_eq!(write_of(&unsettled), Some(Write::Keep));
 }

@@ -452,33 +452,38 @@ fn narrow_groups(
     }
 }
 
-/// Lets a narrowed group's DaemonSet go ([`narrow_groups`]) once no member it loses still
-/// drains: each is held, drained or why not (`Drained` says which, and what is lost).
+/// Lets a narrowed group's DaemonSet go ([`narrow_groups`]) once each of the group's leaving
+/// members is held, drained or why not (`Drained` says which, and what is lost); while one still
+/// drains, or none may start (a warm backend's leader unsettled), the live template stays.
 fn release_narrowed(obs: &mut Observation, plan: &mut BackendPlan) {
     let names: Vec<String> = plan.held_groups.drain(..).collect();
     for name in names {
-        let group = plan.objects.as_ref().and_then(|o| {
+        let Some((group, rendered)) = plan.objects.as_ref().and_then(|o| {
             o.daemon_sets
                 .iter()
-                .position(|d| d.metadata.name.as_ref() == Some(&name))
-        });
-        let draining = group.is_some_and(|g| {
-            obs.rollout
-                .iter()
-                .any(|s| s.group == g && s.maintenance.is_some())
-        });
-        if draining {
+                .enumerate()
+                .find(|(_, d)| d.metadata.name.as_ref() == Some(&name))
+                .map(|(g, d)| (g, pod_spec_hash(d)))
+        }) else {
+            continue;
+        };
+        let held = obs
+            .rollout
+            .iter()
+            .filter(|s| s.group == group)
+            .flat_map(|s| &s.held)
+            .map(|h| h.pod.as_str())
+            .collect::<Vec<_>>();
+        let settled = obs
+            .members
+            .iter()
+            .filter(|m| m.group == group && !m.terminating && m.leaving.is_some())
+            .all(|m| held.contains(&m.name.as_str()));
+        if !settled {
             plan.held_groups.push(name);
-        } else if let Some(g) = group {
+        } else if let Some(h) = obs.rendered_hashes.get_mut(group) {
             // Applied this pass: the status reads the fingerprint written.
-            let rendered = plan
-                .objects
-                .as_ref()
-                .and_then(|o| o.daemon_sets.get(g))
-                .map(pod_spec_hash);
-            if let (Some(h), Some(r)) = (obs.rendered_hashes.get_mut(g), rendered) {
-                *h = r;
-            }
+            *h = rendered;
         }
     }
 }
