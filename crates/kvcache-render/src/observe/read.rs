@@ -60,9 +60,9 @@ pub struct MemberPod {
     pub leaving: Option<crate::observe::node::Leaving>,
 }
 
-/// On a member Pod: when the operator started draining its segment, before replacing it (an
-/// RFC 3339 time, written before the master is asked, so a drain is bounded even when the
-/// answer was lost).
+/// On a member Pod: when the operator started draining its segment, before replacing it or
+/// before its node goes (an RFC 3339 time, written before the master is asked, so a drain is
+/// bounded even when the answer was lost).
 pub const DRAIN_STARTED_ANNOTATION: &str = "kvcache.gpustack.ai/drain-started";
 
 /// On a member Pod: the master's id of the drain job that empties its segment (asked about on
