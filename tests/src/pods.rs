@@ -41,9 +41,20 @@ pub async fn wait_ready(
     count: usize,
     within: Duration,
 ) -> Result<Vec<Pod>> {
-    wait_pods(api, selector, &format!("{count} Ready"), within, |pods| {
-        pods.len() == count && pods.iter().all(is_ready)
-    })
+    wait_pods(
+        api,
+        selector,
+        &format!("{count} Ready, none terminating"),
+        within,
+        |pods| {
+            // A terminating Pod reads Ready until its container stops: a command run in it
+            // then dies with it.
+            pods.len() == count
+                && pods
+                    .iter()
+                    .all(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+        },
+    )
     .await
 }
 
@@ -308,6 +319,9 @@ pub struct Output {
     pub stderr: String,
     /// Exit status 0.
     pub success: bool,
+    /// How the command ended when it did not succeed, as the kubelet said (its exit code, or
+    /// that the container went); empty on success.
+    pub ended: String,
 }
 
 /// Runs `command` in the Pod's container (`None`: its only one) and collects what it printed.
@@ -357,10 +371,23 @@ pub async fn exec(
         None => None,
     };
     let _ = attached.join().await;
+    let success = status
+        .as_ref()
+        .is_some_and(|s| s.status.as_deref() == Some("Success"));
+    let ended = match &status {
+        _ if success => String::new(),
+        None => "no exit status (the stream closed without one)".to_owned(),
+        Some(s) => format!(
+            "{} {}",
+            s.reason.as_deref().unwrap_or_default(),
+            s.message.as_deref().unwrap_or_default()
+        ),
+    };
     Ok(Output {
         stdout,
         stderr,
-        success: status.is_some_and(|s| s.status.as_deref() == Some("Success")),
+        success,
+        ended,
     })
 }
 

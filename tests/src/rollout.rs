@@ -134,7 +134,11 @@ pub async fn keys(
     )
     .await?;
     KeyCount::parse(&out.stdout).ok_or_else(|| Error::ClientOutput {
-        status: if out.success { "exit 0" } else { "failed" }.to_owned(),
+        status: if out.success {
+            "exit 0".to_owned()
+        } else {
+            format!("failed in {pod}: {}", out.ended.trim())
+        },
         output: format!(
             "{} / {}",
             out.stdout.trim(),

@@ -596,6 +596,58 @@ fn while_members_roll_the_rollout_condition_says_drained_or_not_and_the_rest_is_
 }
 
 #[test]
+fn the_rollout_is_complete_only_once_the_last_replaced_member_went_and_its_successor_exists() {
+    use kvcache_render::members::rollout::{GroupFacts, RolloutInput, member_rollout};
+    let decide = |obs: &Observation| {
+        member_rollout(&RolloutInput {
+            members: &obs.members,
+            rendered: &obs.rendered_hashes,
+            groups: &[GroupFacts {
+                tier: false,
+                desired: Some(2),
+            }],
+            store: obs.store.as_ref(),
+            jobs: &Default::default(),
+            refused: &Default::default(),
+            now: "2026-12-02T12:00:00Z".parse().expect("a time"),
+            deadline: std::time::Duration::from_secs(600),
+            leader_unsettled: false,
+        })
+    };
+    let store = serving(
+        128 * MI,
+        vec![segment("10.0.0.5", "a"), segment("10.0.0.6", "b")],
+    );
+    let rollout_of = |members: Vec<_>| {
+        let mut obs = observation(Some(store.clone()), members);
+        obs.rollout = decide(&obs);
+        let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
+        cond(&s.conditions, conditions::ROLLOUT_COMPLETE).clone()
+    };
+    // The last member replaced, still terminating (and still Ready as it goes).
+    let mut going = pod("m-b", "node-2", "10.0.0.6");
+    going.terminating = true;
+    let r = rollout_of(vec![pod("m-a", "node-1", "10.0.0.5"), going]);
+    assert_eq!((r.status, r.reason), (Status::False, "RolloutInProgress"));
+    assert!(
+        r.message
+            .ends_with("member group 0: waiting for member Pod m-b (node node-2) to go (0 member Pods to replace)"),
+        "{}",
+        r.message
+    );
+    // Gone, its successor not created yet.
+    let r = rollout_of(vec![pod("m-a", "node-1", "10.0.0.5")]);
+    assert_eq!((r.status, r.reason), (Status::False, "RolloutInProgress"));
+    assert!(r.message.contains("(1 of 2 exist)"), "{}", r.message);
+    // Its successor exists.
+    let r = rollout_of(vec![
+        pod("m-a", "node-1", "10.0.0.5"),
+        pod("m-c", "node-2", "10.0.0.6"),
+    ]);
+    assert_eq!((r.status, r.reason), (Status::True, "UpToDate"));
+}
+
+#[test]
 fn standbys_wait_for_election_to_be_enabled_first() {
     use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
     use kvcache_render::members::rollout::hold_standbys;

@@ -35,7 +35,7 @@ impl GroupStep {
                 let waiting = match until {
                     Until::Gone { pod, node } => format!("waiting for {} to go", member(pod, node)),
                     Until::Created { present, desired } => format!(
-                        "waiting for the DaemonSet to create the replacement ({present} of {desired} member Pods exist)"
+                        "waiting for the DaemonSet to create a member Pod ({present} of {desired} exist)"
                     ),
                     Until::Ready { pod, node } => {
                         format!("waiting for {} to be Ready", member(pod, node))

@@ -126,7 +126,12 @@ fn group_step(
         return at(step, Some(why));
     }
     let Some(next) = candidates.first() else {
-        return at(Step::UpToDate, None);
+        // Nothing left to replace, but the last replacement may still be under way: the
+        // group's rollout is over once that Pod went and its successor exists.
+        return match settling(&pods, facts) {
+            Some(until) => at(Step::Wait { until, next: None }, None),
+            None => at(Step::UpToDate, None),
+        };
     };
     let step = candidate_step(input, next, facts, leaving);
     // A drain under way goes on whatever else the group waits for.
@@ -209,13 +214,9 @@ fn maintenance_step(
     (None, held)
 }
 
-/// What one member at a time waits for before the next is touched, if anything.
-fn gate(
-    input: &RolloutInput<'_>,
-    pods: &[&MemberPod],
-    rendered: &str,
-    facts: GroupFacts,
-) -> Option<Until> {
+/// A replacement still under way in the group: a member Pod terminating, or fewer Pods than
+/// the DaemonSet runs (`facts.desired`), its successor not created yet.
+fn settling(pods: &[&MemberPod], facts: GroupFacts) -> Option<Until> {
     if let Some(p) = pods.iter().find(|p| p.terminating) {
         return Some(Until::Gone {
             pod: p.name.clone(),
@@ -226,11 +227,21 @@ fn gate(
         .desired
         .and_then(|d| usize::try_from(d).ok())
         .unwrap_or(0);
-    if pods.len() < desired {
-        return Some(Until::Created {
-            present: pods.len(),
-            desired,
-        });
+    (pods.len() < desired).then_some(Until::Created {
+        present: pods.len(),
+        desired,
+    })
+}
+
+/// What one member at a time waits for before the next is touched, if anything.
+fn gate(
+    input: &RolloutInput<'_>,
+    pods: &[&MemberPod],
+    rendered: &str,
+    facts: GroupFacts,
+) -> Option<Until> {
+    if let Some(until) = settling(pods, facts) {
+        return Some(until);
     }
     let listing = serving_listing(input).ok();
     for p in pods

@@ -25,6 +25,21 @@ pub struct GroupStep {
     pub held: Vec<Held>,
 }
 
+impl GroupStep {
+    /// Nothing is left to replace but the last replacement is under way: the replaced Pod
+    /// still terminating, or its successor not created yet. The rollout is not complete.
+    pub fn settling(&self) -> bool {
+        self.to_replace == 0
+            && matches!(
+                self.step,
+                Step::Wait {
+                    until: Until::Gone { .. } | Until::Created { .. },
+                    next: None,
+                }
+            )
+    }
+}
+
 /// A member about to lose its node, held rather than replaced.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Held {

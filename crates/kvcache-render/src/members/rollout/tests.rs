@@ -196,6 +196,51 @@ fn a_group_on_the_current_template_has_nothing_to_do() {
 }
 
 #[test]
+fn the_last_replacement_settles_before_the_group_is_up_to_date() {
+    let mut f = Fixture::new();
+    f.rendered = vec!["old".into()];
+    // The last member replaced still terminating (seen as Ready): not up to date.
+    f.member("m-b").terminating = true;
+    let steps = f.steps();
+    assert_eq!(
+        steps[0].step,
+        Step::Wait {
+            until: Until::Gone {
+                pod: "m-b".into(),
+                node: "node-m-b".into(),
+            },
+            next: None,
+        }
+    );
+    assert!(steps[0].settling(), "{steps:?}");
+    // Gone, its successor not created yet.
+    f.members.retain(|p| p.name != "m-b");
+    let steps = f.steps();
+    assert_eq!(
+        steps[0].step,
+        Step::Wait {
+            until: Until::Created {
+                present: 1,
+                desired: 2,
+            },
+            next: None,
+        }
+    );
+    assert!(steps[0].settling(), "{steps:?}");
+    // Its successor exists: up to date (its readiness is `MembersMounted`'s to tell).
+    let mut next = pod("m-c", "10.0.0.3");
+    next.ready = false;
+    f.members.push(next);
+    let steps = f.steps();
+    assert_eq!(steps[0].step, Step::UpToDate);
+    assert!(!steps[0].settling());
+    // A group with members still to replace waits the same way but is not settling: it rolls.
+    f.rendered = vec!["new".into()];
+    f.member("m-a").terminating = true;
+    assert!(!f.steps()[0].settling());
+}
+
+#[test]
 fn the_first_member_by_name_is_drained_onto_the_other_members_only() {
     let f = Fixture::new();
     let steps = f.steps();
@@ -756,7 +801,7 @@ fn each_step_reads_as_a_clause() {
                 },
                 next: None,
             },
-            "member group 1: waiting for the DaemonSet to create the replacement (1 of 2 member Pods exist) (2 member Pods to replace)",
+            "member group 1: waiting for the DaemonSet to create a member Pod (1 of 2 exist) (2 member Pods to replace)",
         ),
         (
             Step::Wait {

@@ -28,6 +28,8 @@ pub(super) fn deletable(used_by: &[ObjectRef]) -> Cond {
 /// (`MembersRolledWithoutDrain`).
 pub(super) fn rollout_complete(b: &KVCacheBackend, obs: &Observation) -> Cond {
     let stale = stale_member_pods(&obs.members, &obs.rendered_hashes);
+    // The last member replaced still going, or its successor not created: not complete yet.
+    let settling = obs.rollout.iter().any(|g| g.settling());
     match obs.leader {
         _ if obs.standbys_held => Cond::no(
             ROLLOUT_COMPLETE,
@@ -35,7 +37,11 @@ pub(super) fn rollout_complete(b: &KVCacheBackend, obs: &Observation) -> Cond {
             "election is being enabled at one replica first; standbys are added once that rollout is complete",
         ),
         Some(l)
-            if l.observed && l.updated == l.desired && l.total == l.desired && stale.is_empty() =>
+            if l.observed
+                && l.updated == l.desired
+                && l.total == l.desired
+                && stale.is_empty()
+                && !settling =>
         {
             Cond::yes(
                 ROLLOUT_COMPLETE,
@@ -49,7 +55,13 @@ pub(super) fn rollout_complete(b: &KVCacheBackend, obs: &Observation) -> Cond {
                 l.updated, l.desired, l.total
             );
             // While members roll, how (docs/design.md#member-rollout).
-            match member_progress(&obs.rollout).filter(|_| !stale.is_empty()) {
+            match member_progress(&obs.rollout).filter(|_| !stale.is_empty() || settling) {
+                // Only the last replacement settling: nothing drains any more.
+                Some((_, members)) if stale.is_empty() => Cond::no(
+                    ROLLOUT_COMPLETE,
+                    "RolloutInProgress",
+                    format!("{leader}; {members}"),
+                ),
                 Some((reason, members)) => {
                     Cond::no(ROLLOUT_COMPLETE, reason, format!("{leader}; {members}"))
                 }
