@@ -366,6 +366,17 @@ pub async fn client_from(kubeconfig: &Path) -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
+/// As [`client_from`], with kube's default retry of 429, 503 and 504 answers off, for a caller
+/// that must see a refusal: an eviction a disruption budget refuses answers 429, which the
+/// default client retries (15 times, backing off) until the budget allows it, so a refused
+/// eviction reads as granted once the Pod evicted before came back Ready.
+pub async fn client_without_retry(kubeconfig: &Path) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    config.default_retry = false;
+    Ok(Client::try_from(config)?)
+}
+
 fn write_kubeconfig(path: &Path, server: &str, pki: &PkiFiles) -> Result<()> {
     let read = |p: &Path| -> Result<String> {
         let bytes = std::fs::read(p).map_err(crate::io(format!("reading {}", p.display())))?;
