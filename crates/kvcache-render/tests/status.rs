@@ -527,9 +527,27 @@ fn exactly_the_pods_with_another_fingerprint_are_replaced() {
     );
 }
 
+/// The member rollout's steps for `obs`: one group on two nodes, with or without a tier.
+fn member_steps(obs: &Observation, tier: bool) -> Vec<kvcache_render::members::rollout::GroupStep> {
+    use kvcache_render::members::rollout::{GroupFacts, RolloutInput, member_rollout};
+    member_rollout(&RolloutInput {
+        members: &obs.members,
+        rendered: &obs.rendered_hashes,
+        groups: &[GroupFacts {
+            tier,
+            desired: Some(2),
+        }],
+        store: obs.store.as_ref(),
+        jobs: &Default::default(),
+        refused: &Default::default(),
+        now: "2026-12-02T12:00:00Z".parse().expect("a time"),
+        deadline: std::time::Duration::from_secs(600),
+        leader_unsettled: false,
+    })
+}
+
 #[test]
 fn while_members_roll_the_rollout_condition_says_drained_or_not_and_the_rest_is_unchanged() {
-    use kvcache_render::members::rollout::{RolloutInput, member_rollout};
     let mut a = pod("m-a", "node-1", "10.0.0.5");
     a.hash = "h0".into();
     let mut b = pod("m-b", "node-2", "10.0.0.6");
@@ -537,26 +555,10 @@ fn while_members_roll_the_rollout_condition_says_drained_or_not_and_the_rest_is_
     let mut held = segment("10.0.0.5", "a");
     held.allocator_used_bytes = 8 * MI;
     let store = serving(128 * MI, vec![held, segment("10.0.0.6", "b")]);
-    let decide = |tier: bool, obs: &Observation| {
-        member_rollout(&RolloutInput {
-            members: &obs.members,
-            rendered: &obs.rendered_hashes,
-            groups: &[kvcache_render::members::rollout::GroupFacts {
-                tier,
-                desired: Some(2),
-            }],
-            store: obs.store.as_ref(),
-            jobs: &Default::default(),
-            refused: &Default::default(),
-            now: "2026-12-02T12:00:00Z".parse().expect("a time"),
-            deadline: std::time::Duration::from_secs(600),
-            leader_unsettled: false,
-        })
-    };
     let plain = observation(Some(store), vec![a, b]);
     let before = backend_status(&dram(), &plain, &KVCacheBackendStatus::default());
     let mut drained = plain.clone();
-    drained.rollout = decide(false, &drained);
+    drained.rollout = member_steps(&drained, false);
     let s = backend_status(&dram(), &drained, &KVCacheBackendStatus::default());
     let rollout = cond(&s.conditions, conditions::ROLLOUT_COMPLETE);
     assert_eq!(
@@ -568,7 +570,7 @@ fn while_members_roll_the_rollout_condition_says_drained_or_not_and_the_rest_is_
         "leader: 1 of 1 replicas updated (1 Pods in all); member group 0: draining member Pod m-a (node node-1): its segment 10.0.0.5:13360 (8Mi) goes to the other members before the Pod is replaced (2 member Pods to replace)"
     );
     let mut tiered = plain.clone();
-    tiered.rollout = decide(true, &tiered);
+    tiered.rollout = member_steps(&tiered, true);
     let t = backend_status(&dram(), &tiered, &KVCacheBackendStatus::default());
     let rollout = cond(&t.conditions, conditions::ROLLOUT_COMPLETE);
     assert_eq!(rollout.reason, "MembersRolledWithoutDrain");
@@ -597,30 +599,13 @@ fn while_members_roll_the_rollout_condition_says_drained_or_not_and_the_rest_is_
 
 #[test]
 fn the_rollout_is_complete_only_once_the_last_replaced_member_went_and_its_successor_exists() {
-    use kvcache_render::members::rollout::{GroupFacts, RolloutInput, member_rollout};
-    let decide = |obs: &Observation| {
-        member_rollout(&RolloutInput {
-            members: &obs.members,
-            rendered: &obs.rendered_hashes,
-            groups: &[GroupFacts {
-                tier: false,
-                desired: Some(2),
-            }],
-            store: obs.store.as_ref(),
-            jobs: &Default::default(),
-            refused: &Default::default(),
-            now: "2026-12-02T12:00:00Z".parse().expect("a time"),
-            deadline: std::time::Duration::from_secs(600),
-            leader_unsettled: false,
-        })
-    };
     let store = serving(
         128 * MI,
         vec![segment("10.0.0.5", "a"), segment("10.0.0.6", "b")],
     );
     let rollout_of = |members: Vec<_>| {
         let mut obs = observation(Some(store.clone()), members);
-        obs.rollout = decide(&obs);
+        obs.rollout = member_steps(&obs, false);
         let s = backend_status(&dram(), &obs, &KVCacheBackendStatus::default());
         cond(&s.conditions, conditions::ROLLOUT_COMPLETE).clone()
     };
