@@ -33,8 +33,9 @@ pub fn name_of(pod: &Pod) -> &str {
     pod.metadata.name.as_deref().unwrap_or_default()
 }
 
-/// Waits until `count` Pods matching `selector` are Ready (and no more match); returns them,
-/// sorted by name. A timeout names the selector and shows each Pod's phase and conditions.
+/// Waits until `count` Pods matching `selector` are Ready, none terminating (and no more
+/// match); returns them, sorted by name. A timeout names the selector and shows each Pod's
+/// phase and conditions.
 pub async fn wait_ready(
     api: &Api<Pod>,
     selector: &str,
