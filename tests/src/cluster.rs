@@ -361,9 +361,13 @@ fn controller(bin: &Path, name: &str, kubeconfig: &Path, dir: &Path) -> Result<C
 
 /// A client built from a kubeconfig file.
 pub async fn client_from(kubeconfig: &Path) -> Result<Client> {
+    Ok(Client::try_from(config_from(kubeconfig).await?)?)
+}
+
+/// The client configuration the kubeconfig at `kubeconfig` gives.
+async fn config_from(kubeconfig: &Path) -> Result<Config> {
     let kc = Kubeconfig::read_from(kubeconfig)?;
-    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-    Ok(Client::try_from(config)?)
+    Ok(Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?)
 }
 
 /// As [`client_from`], with kube's default retry of 429, 503 and 504 answers off, for a caller
@@ -371,8 +375,7 @@ pub async fn client_from(kubeconfig: &Path) -> Result<Client> {
 /// default client retries (15 times, backing off) until the budget allows it, so a refused
 /// eviction reads as granted once the Pod evicted before came back Ready.
 pub async fn client_without_retry(kubeconfig: &Path) -> Result<Client> {
-    let kc = Kubeconfig::read_from(kubeconfig)?;
-    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    let mut config = config_from(kubeconfig).await?;
     config.default_retry = false;
     Ok(Client::try_from(config)?)
 }
